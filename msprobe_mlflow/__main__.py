@@ -1,0 +1,5 @@
+import sys
+
+from msprobe_mlflow.cli import main
+
+sys.exit(main())

@@ -1,0 +1,87 @@
+"""The worker thread between the training thread and the disk (and MLflow): training never waits for I/O.
+
+The training thread submits a *pending step*: a callable that turns what the device computed into a
+:class:`StepRecord` (waiting for the one asynchronous device-to-host copy, hashing for MD5). The worker resolves
+it and hands the record to each handler in order (the local dump first). The queue is bounded: when the disk is
+slower than training, ``submit`` waits instead of letting memory grow, because the local dump must stay complete.
+A failing handler is logged and remembered; it never stops the next steps nor touches files already written.
+"""
+from __future__ import annotations
+
+import atexit
+import logging
+import queue
+import threading
+import weakref
+from typing import Callable
+
+from msprobe_mlflow.records import StepRecord
+
+logger = logging.getLogger("msprobe_mlflow")
+
+PendingStep = Callable[[], StepRecord]
+StepHandler = Callable[[StepRecord], None]
+_STOP = object()
+
+
+class BackgroundStepWriter:
+    def __init__(self, handlers: list[StepHandler], max_pending: int = 4, name: str = "msprobe-mlflow-writer"):
+        self.handlers = list(handlers)
+        self.errors: list[str] = []
+        self._queue: queue.Queue = queue.Queue(maxsize=max_pending)
+        self._thread = threading.Thread(target=self._work, name=name, daemon=True)
+        self._thread.start()
+        _open_writers.add(self)
+
+    def submit(self, pending: PendingStep) -> None:
+        if not self._thread.is_alive():
+            raise RuntimeError("the writer was closed; call monitor() again to start a new one")
+        self._queue.put(pending)
+
+    def flush(self) -> None:
+        """Waits until every submitted step went through every handler."""
+        if self._thread.is_alive():
+            self._queue.join()
+
+    def close(self) -> None:
+        if self._thread.is_alive():
+            self._queue.put(_STOP)
+            self._thread.join()
+        _open_writers.discard(self)
+
+    def _work(self) -> None:
+        while True:
+            item = self._queue.get()
+            try:
+                if item is _STOP:
+                    return
+                self._process(item)
+            finally:
+                self._queue.task_done()
+
+    def _process(self, pending: PendingStep) -> None:
+        try:
+            record = pending()
+        except Exception as e:  # a device or hashing failure loses this step only
+            self._report(f"could not collect a step's statistics: {e!r}")
+            return
+        for handler in self.handlers:
+            try:
+                handler(record)
+            except Exception as e:
+                self._report(f"{getattr(handler, '__qualname__', handler)} failed on rank {record.rank} "
+                             f"step {record.step}: {e!r}")
+
+    def _report(self, message: str) -> None:
+        self.errors.append(message)
+        logger.error("msprobe-mlflow: %s", message, exc_info=True)
+
+
+_open_writers: "weakref.WeakSet[BackgroundStepWriter]" = weakref.WeakSet()
+
+
+@atexit.register
+def _close_open_writers() -> None:
+    """Interpreter exit flushes what the training submitted but the worker had not written yet."""
+    for writer in list(_open_writers):
+        writer.close()

@@ -1,0 +1,1 @@
+"""Sub-commands of the ``msprobe-mlflow`` CLI (see ``msprobe_mlflow.cli``)."""

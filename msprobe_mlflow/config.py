@@ -1,0 +1,141 @@
+"""The gradient-probe configuration: msprobe's ``config.json`` (task ``grad_probe``), validated when loaded.
+
+msprobe 1.0.3 accepts bad values silently (a string ``param_list`` matched as a substring, ``bounds: []`` giving a
+CSV whose rows are longer than the header, booleans as bounds...). Here every such value is rejected at load time
+with a ``ValueError`` that names the key, the value found and what is accepted.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+from dataclasses import dataclass, field, fields
+
+LEVELS = ("L0", "L1", "L2")
+DIRECTION_FORMATS = ("packed", "npy")
+DEFAULT_BOUNDS = (-1, 0, 1)
+
+
+def _reject(source: str, key: str, value, accepted: str):
+    raise ValueError(f"{source}: {key} = {value!r} is not accepted; expected {accepted}")
+
+
+def _int_list(source: str, key: str, value) -> tuple[int, ...]:
+    accepted = "a list of non-negative integers (empty = all)"
+    if not isinstance(value, (list, tuple)):
+        _reject(source, key, value, accepted)
+    for item in value:
+        if isinstance(item, bool) or not isinstance(item, int) or item < 0:
+            _reject(source, key, value, f"{accepted}; {item!r} is not one")
+    return tuple(value)
+
+
+def _bounds(source: str, value) -> tuple[float, ...]:
+    accepted = "a non-empty list of finite numbers in strictly ascending order, e.g. [-1, 0, 1]"
+    if not isinstance(value, (list, tuple)) or not value:
+        _reject(source, "grad_probe.bounds", value, accepted)
+    for item in value:
+        if isinstance(item, bool) or not isinstance(item, (int, float)) or not math.isfinite(item):
+            _reject(source, "grad_probe.bounds", value, f"{accepted}; {item!r} is not one")
+    if any(a >= b for a, b in zip(value, value[1:])):
+        _reject(source, "grad_probe.bounds", value, accepted)
+    return tuple(value)
+
+
+@dataclass(frozen=True)
+class GradProbeConfig:
+    """What to probe and where to write it.
+
+    ``level``: ``L0`` (MD5, max, min, norm, shape), ``L1`` (max, min, norm, shape + directions) or ``L2`` (L1 +
+    bucket fractions over ``bounds`` and the ``=0`` fraction). Empty ``rank``/``step``/``param_list`` mean all.
+    ``direction_format``: ``packed`` (1 bit per element, one archive per rank and step) or ``npy`` (msprobe's
+    boolean ``.npy`` per parameter).
+    """
+
+    dump_path: str
+    level: str = "L1"
+    bounds: tuple[float, ...] = DEFAULT_BOUNDS
+    param_list: tuple[str, ...] = ()
+    rank: tuple[int, ...] = ()
+    step: tuple[int, ...] = ()
+    direction_format: str = "packed"
+    source: str = field(default="GradProbeConfig", compare=False, repr=False)
+
+    def __post_init__(self):
+        src = self.source
+        if not isinstance(self.dump_path, (str, os.PathLike)) or not str(self.dump_path):
+            _reject(src, "dump_path", self.dump_path, "a non-empty folder path")
+        if self.level not in LEVELS:
+            _reject(src, "grad_probe.grad_level", self.level, f"one of {', '.join(LEVELS)} (exact case)")
+        if self.direction_format not in DIRECTION_FORMATS:
+            _reject(src, "direction_format", self.direction_format, f"one of {', '.join(DIRECTION_FORMATS)}")
+        if not isinstance(self.param_list, (list, tuple)) or not all(isinstance(p, str) for p in self.param_list):
+            _reject(src, "grad_probe.param_list", self.param_list, "a list of exact parameter names (empty = all)")
+        object.__setattr__(self, "dump_path", str(self.dump_path))
+        object.__setattr__(self, "param_list", tuple(self.param_list))
+        object.__setattr__(self, "bounds", _bounds(src, self.bounds))
+        object.__setattr__(self, "rank", _int_list(src, "rank", self.rank))
+        object.__setattr__(self, "step", _int_list(src, "step", self.step))
+
+    @property
+    def has_directions(self) -> bool:
+        return self.level != "L0"
+
+    def wants_rank(self, rank: int) -> bool:
+        return not self.rank or rank in self.rank
+
+    def wants_step(self, step: int) -> bool:
+        return not self.step or step in self.step
+
+    def wants_param(self, name: str) -> bool:
+        return not self.param_list or name in self.param_list
+
+    def replace(self, **changes) -> "GradProbeConfig":
+        values = {f.name: getattr(self, f.name) for f in fields(self)}
+        values.update(changes)
+        return GradProbeConfig(**values)
+
+    def to_msprobe_dict(self) -> dict:
+        """The config as msprobe's ``config.json`` would hold it (plus our ``direction_format``)."""
+        return {
+            "task": "grad_probe",
+            "dump_path": self.dump_path,
+            "rank": list(self.rank),
+            "step": list(self.step),
+            "grad_probe": {"grad_level": self.level, "param_list": list(self.param_list),
+                           "bounds": list(self.bounds)},
+            "direction_format": self.direction_format,
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict, source: str = "config", **overrides) -> "GradProbeConfig":
+        """Reads msprobe's config layout; ``overrides`` (our own options, or any field) win over the file."""
+        if not isinstance(data, dict):
+            _reject(source, "(top level)", data, "a JSON object")
+        if data.get("task") != "grad_probe":
+            _reject(source, "task", data.get("task"), '"grad_probe" (the only task this tool runs)')
+        section = data.get("grad_probe", {})
+        if not isinstance(section, dict):
+            _reject(source, "grad_probe", section, "an object with grad_level, param_list, bounds")
+        if "dump_path" not in data and "dump_path" not in overrides:
+            _reject(source, "dump_path", None, "a folder path (the key is missing)")
+        values = {
+            "dump_path": data.get("dump_path"),
+            "level": section.get("grad_level", "L1"),
+            "bounds": section.get("bounds", list(DEFAULT_BOUNDS)),
+            "param_list": section.get("param_list", []),
+            "rank": data.get("rank", []),
+            "step": data.get("step", []),
+            "direction_format": data.get("direction_format", "packed"),
+        }
+        values.update(overrides)
+        return cls(**values, source=source)
+
+    @classmethod
+    def from_json(cls, path: str | os.PathLike, **overrides) -> "GradProbeConfig":
+        try:
+            with open(path, encoding="utf-8") as f:
+                data = json.load(f)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{path}: not valid JSON ({e})") from e
+        return cls.from_dict(data, source=str(path), **overrides)

@@ -1,0 +1,182 @@
+"""The PyTorch gradient monitor: an optimizer step pre-hook that probes every monitored gradient.
+
+Unlike msprobe 1.0.3, the step counter counts the monitored optimizer's steps only, every hook is removable
+(``stop()``), a second ``monitor()`` does not double count, and a failure in the probe never breaks training.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import warnings
+from pathlib import Path
+
+import torch
+from torch.optim.optimizer import register_optimizer_step_pre_hook
+
+from msprobe_mlflow.background import BackgroundStepWriter, StepHandler
+from msprobe_mlflow.config import GradProbeConfig
+from msprobe_mlflow.dump import write_step
+from msprobe_mlflow.pytorch.statistics import launch_step_statistics
+
+logger = logging.getLogger("msprobe_mlflow")
+
+# model id -> the monitor watching it, so two monitors never probe one model by accident.
+_monitored_models: dict[int, "GradientMonitor"] = {}
+
+
+def current_rank() -> int:
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        return torch.distributed.get_rank()
+    return 0
+
+
+def _as_config(config: GradProbeConfig | str | os.PathLike | dict) -> GradProbeConfig:
+    if isinstance(config, GradProbeConfig):
+        return config
+    if isinstance(config, dict):
+        return GradProbeConfig.from_dict(config)
+    return GradProbeConfig.from_json(config)
+
+
+def ensure_writable_folder(path: str) -> None:
+    """Fails before training starts, not mid-run, when the dump folder cannot be written."""
+    folder = Path(path)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        probe = folder / f".msprobe-mlflow-write-test-{os.getpid()}"
+        probe.write_bytes(b"ok")
+        probe.unlink()
+    except OSError as e:
+        raise ValueError(f"dump_path = {path!r} is not a writable folder ({e.strerror or e})") from e
+
+
+class GradientMonitor:
+    """Probes gradients at every step of one optimizer and writes msprobe's dump (and, with a sink, MLflow).
+
+    ``handlers`` run on the writer thread after the local dump for each :class:`StepRecord` (the MLflow sink is
+    one). Use as ``GradientMonitor(config).monitor(model, optimizer)`` ... ``stop()``, or as a context manager.
+    """
+
+    def __init__(self, config: GradProbeConfig | str | os.PathLike | dict, *, handlers: list[StepHandler] = ()):
+        self.config = _as_config(config)
+        self.step = 0
+        self._extra_handlers = list(handlers)
+        self._parameters: list[tuple[str, torch.nn.Parameter]] = []
+        self._optimizer: torch.optim.Optimizer | None = None
+        self._model_id: int | None = None
+        self._hook = None
+        self._writer: BackgroundStepWriter | None = None
+        self._failed_steps = 0
+
+    def monitor(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None) -> "GradientMonitor":
+        """Starts probing ``model``'s gradients at each ``optimizer.step()``.
+
+        Without ``optimizer``, the first optimizer whose ``step()`` updates one of the model's parameters is the
+        one counted. Calling it again re-targets the monitor; the step counter goes on.
+        """
+        other = _monitored_models.get(id(model))
+        if other is not None and other is not self:
+            raise ValueError("this model is already monitored by another GradientMonitor; call its stop() first")
+        self._remove_hook()
+        ensure_writable_folder(self.config.dump_path)
+        self._parameters = [(n, p) for n, p in model.named_parameters() if self.config.wants_param(n)]
+        missing = set(self.config.param_list) - {n for n, _ in model.named_parameters()}
+        if missing:
+            warnings.warn(f"grad_probe.param_list names parameters the model does not have: {sorted(missing)}")
+        self._optimizer = optimizer
+        self._model_id = id(model)
+        _monitored_models[self._model_id] = self
+        if optimizer is not None:
+            self._hook = optimizer.register_step_pre_hook(self._on_optimizer_step)
+        else:
+            self._hook = register_optimizer_step_pre_hook(self._on_optimizer_step)
+        if self._writer is None:
+            self._writer = BackgroundStepWriter([self._write_local_dump, *self._extra_handlers])
+        return self
+
+    def _owns_model_parameters(self, optimizer: torch.optim.Optimizer) -> bool:
+        watched = {id(p) for _, p in self._parameters}
+        return any(id(p) in watched for group in optimizer.param_groups for p in group["params"])
+
+    def _on_optimizer_step(self, optimizer, args, kwargs) -> None:
+        if self._optimizer is None and self._owns_model_parameters(optimizer):
+            self._optimizer = optimizer
+        if optimizer is not self._optimizer:
+            return
+        step, self.step = self.step, self.step + 1
+        try:
+            rank = current_rank()
+            if self.config.wants_step(step) and self.config.wants_rank(rank):
+                self._probe(rank, step)
+        except Exception as e:  # observability must never break training
+            self._failed_steps += 1
+            logger.exception("msprobe-mlflow: probing step %d failed", step)
+            if self._failed_steps == 1:
+                warnings.warn(f"msprobe-mlflow: probing step {step} failed ({e!r}); training goes on")
+
+    def _probe(self, rank: int, step: int) -> None:
+        names, grads = [], []
+        for name, parameter in self._parameters:
+            grad = parameter.main_grad if hasattr(parameter, "main_grad") else parameter.grad
+            if grad is None:
+                continue
+            if grad.is_sparse:
+                grad = grad.to_dense()
+            names.append(name)
+            grads.append(grad.detach())
+        pending = launch_step_statistics(names, grads, rank=rank, step=step, level=self.config.level,
+                                         bounds=self.config.bounds)
+        self._writer.submit(pending)
+
+    def _write_local_dump(self, record) -> None:
+        write_step(self.config.dump_path, record, self.config.direction_format)
+
+    @property
+    def errors(self) -> list[str]:
+        """What the writer thread could not do (each also logged)."""
+        return list(self._writer.errors) if self._writer else []
+
+    def flush(self) -> None:
+        """Waits until every probed step is on disk (and through the other handlers)."""
+        if self._writer:
+            self._writer.flush()
+
+    def _remove_hook(self) -> None:
+        if self._hook is not None:
+            self._hook.remove()
+            self._hook = None
+        if self._model_id is not None and _monitored_models.get(self._model_id) is self:
+            del _monitored_models[self._model_id]
+
+    def stop(self) -> None:
+        """Removes every hook, writes what is pending and stops the writer thread. Safe to call twice."""
+        self._remove_hook()
+        if self._writer:
+            self._writer.close()
+            if self._writer.errors:
+                warnings.warn(f"msprobe-mlflow: {len(self._writer.errors)} write failure(s); first: "
+                              f"{self._writer.errors[0]}")
+            self._writer = None
+
+    def __enter__(self) -> "GradientMonitor":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+class PrecisionDebugger:
+    """Drop-in for ``msprobe.pytorch.PrecisionDebugger(config_path).monitor(model)`` (task ``grad_probe``).
+
+    Each instance uses its own config; a second debugger on the same model is refused, not silently ignored.
+    """
+
+    def __init__(self, config_path: str | os.PathLike, **overrides):
+        self.config = GradProbeConfig.from_json(config_path, **overrides)
+        self.monitor_ = GradientMonitor(self.config)
+
+    def monitor(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None) -> GradientMonitor:
+        return self.monitor_.monitor(model, optimizer)
+
+    def stop(self) -> None:
+        self.monitor_.stop()

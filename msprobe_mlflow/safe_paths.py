@@ -1,0 +1,53 @@
+"""Turning untrusted names (parameter names, dump file names, ``data_name`` fields) into paths safely."""
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import tempfile
+from pathlib import Path
+
+MAX_FILE_NAME_BYTES = 255
+_UNSAFE_CHARACTERS = re.compile(r"[\x00-\x1f\x7f/\\]")
+
+
+def _short_hash(text: str) -> str:
+    return hashlib.md5(text.encode("utf-8", "surrogatepass")).hexdigest()[:8]
+
+
+def param_file_stem(name: str, suffix: str = ".npy") -> str:
+    """A file stem for ``name`` that stays inside its folder and fits ``MAX_FILE_NAME_BYTES`` with ``suffix``.
+
+    Safe names (``fc1.weight``, also with ``:``, spaces or non-ASCII) are kept as they are, as msprobe writes
+    them. Separators and control characters become ``_``, and a leading dot gets a ``_`` before it (no ``..``
+    or hidden files); any changed or shortened name ends in ``-`` plus 8 hex digits of the original's MD5, so two
+    names never share a stem.
+    """
+    stem = _UNSAFE_CHARACTERS.sub("_", name)
+    if not stem or stem.startswith("."):
+        stem = "_" + stem
+    budget = MAX_FILE_NAME_BYTES - len(suffix.encode())
+    if stem == name and len(stem.encode()) <= budget:
+        return stem
+    tag = "-" + _short_hash(name)
+    encoded = stem.encode("utf-8", "surrogatepass")[: budget - len(tag)]
+    return encoded.decode("utf-8", "ignore") + tag
+
+
+def confined_path(root: str | os.PathLike, relative: str, what: str) -> Path:
+    """``root/relative``, refusing absolute paths, ``..`` and symlinks that lead outside ``root``."""
+    if os.path.isabs(relative) or re.match(r"^[A-Za-z]:", relative):
+        raise ValueError(f"{what} = {relative!r} is an absolute path; expected a path inside {root}")
+    root_real = Path(root).resolve()
+    candidate = (Path(root) / relative).resolve()
+    if candidate != root_real and root_real not in candidate.parents:
+        raise ValueError(f"{what} = {relative!r} leads outside {root}")
+    return candidate
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    """Write through a temporary file and rename, so a crash never leaves a half-written file under ``path``."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.NamedTemporaryFile(dir=path.parent, prefix=".partial-", delete=False) as f:
+        f.write(data)
+    os.replace(f.name, path)
