@@ -8,14 +8,13 @@ from __future__ import annotations
 import logging
 import os
 import warnings
-from pathlib import Path
 
 import torch
 from torch.optim.optimizer import register_optimizer_step_pre_hook
 
-from msprobe_mlflow.background import BackgroundStepWriter, StepHandler
+from msprobe_mlflow.background import StepHandler
 from msprobe_mlflow.config import GradProbeConfig
-from msprobe_mlflow.dump import write_step
+from msprobe_mlflow.session import ProbeSession, load_config
 from msprobe_mlflow.pytorch.statistics import launch_step_statistics
 
 logger = logging.getLogger("msprobe_mlflow")
@@ -30,26 +29,6 @@ def current_rank() -> int:
     return 0
 
 
-def _as_config(config: GradProbeConfig | str | os.PathLike | dict) -> GradProbeConfig:
-    if isinstance(config, GradProbeConfig):
-        return config
-    if isinstance(config, dict):
-        return GradProbeConfig.from_dict(config)
-    return GradProbeConfig.from_json(config)
-
-
-def ensure_writable_folder(path: str) -> None:
-    """Fails before training starts, not mid-run, when the dump folder cannot be written."""
-    folder = Path(path)
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-        probe = folder / f".msprobe-mlflow-write-test-{os.getpid()}"
-        probe.write_bytes(b"ok")
-        probe.unlink()
-    except OSError as e:
-        raise ValueError(f"dump_path = {path!r} is not a writable folder ({e.strerror or e})") from e
-
-
 class GradientMonitor:
     """Probes gradients at every step of one optimizer and writes msprobe's dump (and, with a sink, MLflow).
 
@@ -58,14 +37,14 @@ class GradientMonitor:
     """
 
     def __init__(self, config: GradProbeConfig | str | os.PathLike | dict, *, handlers: list[StepHandler] = ()):
-        self.config = _as_config(config)
+        self.config = load_config(config)
         self.step = 0
         self._extra_handlers = list(handlers)
         self._parameters: list[tuple[str, torch.nn.Parameter]] = []
         self._optimizer: torch.optim.Optimizer | None = None
         self._model_id: int | None = None
         self._hook = None
-        self._writer: BackgroundStepWriter | None = None
+        self._session: ProbeSession | None = None
         self._failed_steps = 0
 
     def monitor(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None) -> "GradientMonitor":
@@ -78,7 +57,8 @@ class GradientMonitor:
         if other is not None and other is not self:
             raise ValueError("this model is already monitored by another GradientMonitor; call its stop() first")
         self._remove_hook()
-        ensure_writable_folder(self.config.dump_path)
+        if self._session is None:  # first: an unwritable dump_path fails here, before any hook exists
+            self._session = ProbeSession(self.config, framework="pytorch", handlers=self._extra_handlers)
         self._parameters = [(n, p) for n, p in model.named_parameters() if self.config.wants_param(n)]
         missing = set(self.config.param_list) - {n for n, _ in model.named_parameters()}
         if missing:
@@ -90,8 +70,6 @@ class GradientMonitor:
             self._hook = optimizer.register_step_pre_hook(self._on_optimizer_step)
         else:
             self._hook = register_optimizer_step_pre_hook(self._on_optimizer_step)
-        if self._writer is None:
-            self._writer = BackgroundStepWriter([self._write_local_dump, *self._extra_handlers])
         return self
 
     def _owns_model_parameters(self, optimizer: torch.optim.Optimizer) -> bool:
@@ -126,20 +104,17 @@ class GradientMonitor:
             grads.append(grad.detach())
         pending = launch_step_statistics(names, grads, rank=rank, step=step, level=self.config.level,
                                          bounds=self.config.bounds)
-        self._writer.submit(pending)
-
-    def _write_local_dump(self, record) -> None:
-        write_step(self.config.dump_path, record, self.config.direction_format)
+        self._session.submit(pending)
 
     @property
     def errors(self) -> list[str]:
         """What the writer thread could not do (each also logged)."""
-        return list(self._writer.errors) if self._writer else []
+        return self._session.errors if self._session else []
 
     def flush(self) -> None:
         """Waits until every probed step is on disk (and through the other handlers)."""
-        if self._writer:
-            self._writer.flush()
+        if self._session:
+            self._session.flush()
 
     def _remove_hook(self) -> None:
         if self._hook is not None:
@@ -151,12 +126,9 @@ class GradientMonitor:
     def stop(self) -> None:
         """Removes every hook, writes what is pending and stops the writer thread. Safe to call twice."""
         self._remove_hook()
-        if self._writer:
-            self._writer.close()
-            if self._writer.errors:
-                warnings.warn(f"msprobe-mlflow: {len(self._writer.errors)} write failure(s); first: "
-                              f"{self._writer.errors[0]}")
-            self._writer = None
+        if self._session:
+            self._session.close()
+            self._session = None
 
     def __enter__(self) -> "GradientMonitor":
         return self
