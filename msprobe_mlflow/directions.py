@@ -6,6 +6,8 @@
 - ``npy`` (msprobe's): one boolean ``.npy`` per parameter, 1 byte per element.
 
 Everything loads with ``allow_pickle=False``; a malformed file raises ``ValueError`` naming the file and field.
+``open_step_directions`` lists a step's parameters (names, shapes) and reads each one's bits only when asked, so a
+reader such as the comparator holds one parameter in memory at a time, not the whole step.
 """
 from __future__ import annotations
 
@@ -13,7 +15,11 @@ import io
 import json
 import math
 import os
+import struct
+import zipfile
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 
@@ -26,6 +32,23 @@ PACKED_FORMAT_VERSION = 1
 
 # Per-parameter directions as read back: name -> (shape, packed sign bits).
 Directions = dict[str, tuple[tuple[int, ...], np.ndarray]]
+
+
+@dataclass(frozen=True)
+class StoredDirection:
+    """One parameter's directions on disk: its shape is known, its bits are read only by ``packed_bits()``."""
+
+    path: Path
+    shape: tuple[int, ...]
+    load: Callable[[], np.ndarray] = field(repr=False, compare=False)
+
+    @property
+    def numel(self) -> int:
+        return math.prod(self.shape)
+
+    def packed_bits(self) -> np.ndarray:
+        """``np.packbits(grad > 0)`` of this parameter (``packed_length(numel)`` bytes), read from disk now."""
+        return self.load()
 
 
 def write_packed(path: Path, names: list[str], shapes: list[tuple[int, ...]], bits: np.ndarray) -> None:
@@ -41,32 +64,74 @@ def write_packed(path: Path, names: list[str], shapes: list[tuple[int, ...]], bi
     atomic_write_bytes(path, buffer.getvalue())
 
 
-def read_packed(path: Path) -> Directions:
+def _read_npy_header(f) -> tuple[tuple[int, ...], np.dtype]:
+    """Shape and dtype from an open ``.npy`` stream (NPY 1.0 or 2.0), leaving the stream at the data."""
+    version = np.lib.format.read_magic(f)
+    if version not in ((1, 0), (2, 0)):
+        raise ValueError(f"NPY version {version}, expected 1.0 or 2.0")
+    read_header = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+    shape, _, dtype = read_header(f)
+    return tuple(shape), dtype
+
+
+def _stored_array_bits(archive: zipfile.ZipFile, member: str, path: Path) -> np.ndarray:
+    """The uint8 array ``member`` of an uncompressed ``.npz``, memory-mapped (a compressed one is read whole)."""
+    info = archive.getinfo(member)
+    if info.compress_type != zipfile.ZIP_STORED:
+        with archive.open(member) as f:
+            return np.lib.format.read_array(f, allow_pickle=False)
+    with open(path, "rb") as f:
+        f.seek(info.header_offset)
+        local_header = f.read(30)
+        if len(local_header) != 30 or local_header[:4] != b"PK\x03\x04":
+            raise ValueError(f"field {member[:-4]} has a damaged zip header")
+        name_length, extra_length = struct.unpack("<HH", local_header[26:30])
+        f.seek(info.header_offset + 30 + name_length + extra_length)
+        shape, dtype = _read_npy_header(f)
+        offset = f.tell()
+    if dtype != np.uint8 or len(shape) != 1:
+        raise ValueError(f"field {member[:-4]} is {dtype} with shape {list(shape)}, expected 1-D uint8")
+    if shape[0] == 0:
+        return np.empty(0, dtype=np.uint8)
+    return np.memmap(path, dtype=np.uint8, mode="r", offset=offset, shape=shape)
+
+
+def open_packed(path: Path) -> dict[str, StoredDirection]:
+    """The parameters of a packed archive; the ``bits`` field is memory-mapped, each parameter read when asked."""
+    missing = []
     try:
         with np.load(path, allow_pickle=False) as archive:
-            fields = {key: archive[key] for key in ("format_version", "names", "ndims", "dims", "bits")}
-    except KeyError as e:
-        raise ValueError(f"{path}: field {e} is missing from the direction archive") from e
-    except Exception as e:  # zip or npy header damage
+            missing = [key for key in ("format_version", "names", "ndims", "dims", "bits") if key not in archive.files]
+            if not missing:
+                fields = {key: archive[key] for key in ("format_version", "names", "ndims", "dims")}
+                bits = _stored_array_bits(archive.zip, "bits.npy", path)
+    except Exception as e:  # zip or npy header damage, truncation
         raise ValueError(f"{path}: not a readable direction archive ({e})") from e
+    if missing:
+        raise ValueError(f"{path}: field {missing[0]} is missing from the direction archive")
     if int(fields["format_version"]) != PACKED_FORMAT_VERSION:
         raise ValueError(f"{path}: field format_version = {int(fields['format_version'])}, "
                          f"expected {PACKED_FORMAT_VERSION}")
-    names, ndims, dims, bits = fields["names"], fields["ndims"], fields["dims"], fields["bits"]
+    names, ndims, dims = fields["names"], fields["ndims"], fields["dims"]
     if len(ndims) != len(names) or int(ndims.sum()) != len(dims) or (dims < 0).any():
         raise ValueError(f"{path}: fields names/ndims/dims disagree ({len(names)} names, {len(ndims)} ndims, "
                          f"{len(dims)} dims)")
-    result: Directions = {}
+    result: dict[str, StoredDirection] = {}
     start_dim = start_byte = 0
     for name, ndim in zip(names.tolist(), ndims.tolist()):
         shape = tuple(dims[start_dim:start_dim + ndim].tolist())
         start_dim += ndim
         end_byte = start_byte + packed_length(math.prod(shape))
-        result[name] = (shape, bits[start_byte:end_byte])
+        piece = slice(start_byte, end_byte)
+        result[name] = StoredDirection(path, shape, lambda piece=piece: np.array(bits[piece]))
         start_byte = end_byte
     if start_byte != len(bits):
         raise ValueError(f"{path}: field bits holds {len(bits)} bytes, the shapes need {start_byte}")
     return result
+
+
+def read_packed(path: Path) -> Directions:
+    return {name: (stored.shape, stored.packed_bits()) for name, stored in open_packed(path).items()}
 
 
 def write_npy(step_dir: Path, names: list[str], shapes: list[tuple[int, ...]], bits: np.ndarray) -> None:
@@ -89,7 +154,18 @@ def write_npy(step_dir: Path, names: list[str], shapes: list[tuple[int, ...]], b
         atomic_write_bytes(step_dir / NAME_MAP_FILE_NAME, json.dumps(renamed, indent=1).encode())
 
 
-def read_npy_folder(step_dir: Path) -> Directions:
+def _load_npy_bits(path: Path, shape: tuple[int, ...]) -> np.ndarray:
+    try:
+        signs = np.load(path, allow_pickle=False)
+    except Exception as e:
+        raise ValueError(f"{path}: not a readable .npy file ({e})") from e
+    if signs.dtype != np.bool_ or signs.shape != shape:
+        raise ValueError(f"{path}: holds {signs.dtype} {list(signs.shape)}, its header said bool {list(shape)}")
+    return np.packbits(signs.reshape(-1))
+
+
+def open_npy_folder(step_dir: Path) -> dict[str, StoredDirection]:
+    """msprobe's boolean ``.npy`` files of a step folder: headers are checked now, data read when asked."""
     renamed = {}
     map_path = step_dir / NAME_MAP_FILE_NAME
     if map_path.exists():
@@ -97,24 +173,35 @@ def read_npy_folder(step_dir: Path) -> Directions:
             renamed = json.loads(map_path.read_text(encoding="utf-8"))
         except json.JSONDecodeError as e:
             raise ValueError(f"{map_path}: not valid JSON ({e})") from e
-    result: Directions = {}
+    result: dict[str, StoredDirection] = {}
     for path in sorted(step_dir.glob("*.npy")):
         if path.is_symlink():
             raise ValueError(f"{path}: is a symbolic link; direction files must be plain files")
         try:
-            signs = np.load(path, allow_pickle=False)
+            with open(path, "rb") as f:
+                shape, dtype = _read_npy_header(f)
         except Exception as e:
             raise ValueError(f"{path}: not a readable .npy file ({e})") from e
-        if signs.dtype != np.bool_:
-            raise ValueError(f"{path}: dtype {signs.dtype}, expected bool (np.save(grad > 0))")
-        result[renamed.get(path.stem, path.stem)] = (signs.shape, np.packbits(signs.reshape(-1)))
+        if dtype != np.bool_:
+            raise ValueError(f"{path}: dtype {dtype}, expected bool (np.save(grad > 0))")
+        result[renamed.get(path.stem, path.stem)] = StoredDirection(
+            path, shape, lambda path=path, shape=shape: _load_npy_bits(path, shape))
     return result
+
+
+def read_npy_folder(step_dir: Path) -> Directions:
+    return {name: (stored.shape, stored.packed_bits()) for name, stored in open_npy_folder(step_dir).items()}
+
+
+def open_step_directions(step_dir: str | os.PathLike) -> dict[str, StoredDirection]:
+    """Directions of one rank and step, whichever form the folder holds (packed archive first), read lazily."""
+    step_dir = Path(step_dir)
+    packed = step_dir / PACKED_FILE_NAME
+    if packed.exists():
+        return open_packed(packed)
+    return open_npy_folder(step_dir)
 
 
 def read_step_directions(step_dir: str | os.PathLike) -> Directions:
     """Directions of one rank and step, whichever form the folder holds (packed archive first)."""
-    step_dir = Path(step_dir)
-    packed = step_dir / PACKED_FILE_NAME
-    if packed.exists():
-        return read_packed(packed)
-    return read_npy_folder(step_dir)
+    return {name: (stored.shape, stored.packed_bits()) for name, stored in open_step_directions(step_dir).items()}
