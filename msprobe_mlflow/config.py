@@ -9,11 +9,13 @@ from __future__ import annotations
 import json
 import math
 import os
+import struct
 from dataclasses import dataclass, field, fields
 
 LEVELS = ("L0", "L1", "L2")
 DIRECTION_FORMATS = ("packed", "npy")
 DEFAULT_BOUNDS = (-1, 0, 1)
+GRAD_PROBE_KEYS = ("grad_level", "param_list", "bounds")
 
 
 def _reject(source: str, key: str, value, accepted: str):
@@ -31,13 +33,21 @@ def _int_list(source: str, key: str, value) -> tuple[int, ...]:
 
 
 def _bounds(source: str, value) -> tuple[float, ...]:
-    accepted = "a non-empty list of finite numbers in strictly ascending order, e.g. [-1, 0, 1]"
+    """Buckets are counted against the bounds cast to float32 (as msprobe), so they must stay finite and
+    strictly ascending as float32 too: ``[1.0, 1.00000001]`` would give an empty bucket whose label lies."""
+    accepted = "a non-empty list of finite numbers in strictly ascending order (also as float32), e.g. [-1, 0, 1]"
     if not isinstance(value, (list, tuple)) or not value:
         _reject(source, "grad_probe.bounds", value, accepted)
     for item in value:
         if isinstance(item, bool) or not isinstance(item, (int, float)) or not math.isfinite(item):
             _reject(source, "grad_probe.bounds", value, f"{accepted}; {item!r} is not one")
     if any(a >= b for a, b in zip(value, value[1:])):
+        _reject(source, "grad_probe.bounds", value, accepted)
+    try:
+        as_float32 = [struct.unpack("f", struct.pack("f", item))[0] for item in value]
+    except OverflowError:
+        _reject(source, "grad_probe.bounds", value, accepted)
+    if any(math.isinf(b) for b in as_float32) or any(a >= b for a, b in zip(as_float32, as_float32[1:])):
         _reject(source, "grad_probe.bounds", value, accepted)
     return tuple(value)
 
@@ -117,6 +127,10 @@ class GradProbeConfig:
         section = data.get("grad_probe", {})
         if not isinstance(section, dict):
             _reject(source, "grad_probe", section, "an object with grad_level, param_list, bounds")
+        unknown = sorted(set(section) - set(GRAD_PROBE_KEYS))
+        if unknown:  # a misspelt key would otherwise silently fall back to its default
+            _reject(source, "grad_probe", section, f"only the keys {', '.join(GRAD_PROBE_KEYS)}; "
+                                                   f"unknown: {', '.join(unknown)}")
         if "dump_path" not in data and "dump_path" not in overrides:
             _reject(source, "dump_path", None, "a folder path (the key is missing)")
         values = {
