@@ -8,11 +8,9 @@ A failing handler is logged and remembered; it never stops the next steps nor to
 """
 from __future__ import annotations
 
-import atexit
 import logging
 import queue
 import threading
-import weakref
 from typing import Callable
 
 from msprobe_mlflow.records import StepRecord
@@ -31,7 +29,6 @@ class BackgroundStepWriter:
         self._queue: queue.Queue = queue.Queue(maxsize=max_pending)
         self._thread = threading.Thread(target=self._work, name=name, daemon=True)
         self._thread.start()
-        _open_writers.add(self)
 
     def submit(self, pending: PendingStep) -> None:
         if not self._thread.is_alive():
@@ -47,7 +44,6 @@ class BackgroundStepWriter:
         if self._thread.is_alive():
             self._queue.put(_STOP)
             self._thread.join()
-        _open_writers.discard(self)
 
     def _work(self) -> None:
         while True:
@@ -75,13 +71,3 @@ class BackgroundStepWriter:
     def _report(self, message: str) -> None:
         self.errors.append(message)
         logger.error("msprobe-mlflow: %s", message, exc_info=True)
-
-
-_open_writers: "weakref.WeakSet[BackgroundStepWriter]" = weakref.WeakSet()
-
-
-@atexit.register
-def _close_open_writers() -> None:
-    """Interpreter exit flushes what the training submitted but the worker had not written yet."""
-    for writer in list(_open_writers):
-        writer.close()

@@ -2,13 +2,20 @@
 and the MLflow sink. A monitor only turns its framework's gradients into a pending :class:`StepRecord`."""
 from __future__ import annotations
 
+import atexit
+import json
 import os
 import warnings
+import weakref
 from pathlib import Path
+from typing import Callable
 
 from msprobe_mlflow.background import BackgroundStepWriter, PendingStep, StepHandler
 from msprobe_mlflow.config import GradProbeConfig
 from msprobe_mlflow.dump import write_step
+from msprobe_mlflow.safe_paths import atomic_write_bytes
+
+DUMP_CONFIG_FILE_NAME = "msprobe_mlflow_config.json"
 
 
 def load_config(config: GradProbeConfig | str | os.PathLike | dict) -> GradProbeConfig:
@@ -33,13 +40,36 @@ def ensure_writable_folder(path: str) -> None:
 
 
 class ProbeSession:
-    """One monitoring session: a writer thread that writes each step to the local dump, then to ``handlers``."""
+    """One monitoring session: a writer thread that writes each step to the local dump, then hands it to the
+    MLflow sink (when a run is found: ``tracking``) and to ``handlers``.
 
-    def __init__(self, config: GradProbeConfig, *, framework: str, handlers: list[StepHandler] = ()):
+    ``share_run_id`` turns this process's run ID into the one every rank uses (a broadcast from rank 0 under
+    torch.distributed); it must be called on every rank, so sessions of a distributed job start together.
+    """
+
+    def __init__(self, config: GradProbeConfig, *, framework: str, rank: int = 0, world_size: int = 1,
+                 tracking=None, share_run_id: Callable[[str | None], str | None] = lambda run_id: run_id,
+                 handlers: list[StepHandler] = ()):
         ensure_writable_folder(config.dump_path)
         self.config = config
         self.framework = framework
-        self._writer = BackgroundStepWriter([self._write_local_dump, *handlers])
+        atomic_write_bytes(Path(config.dump_path) / DUMP_CONFIG_FILE_NAME, json.dumps(
+            {"framework": framework, "config": config.to_msprobe_dict()}, indent=2).encode())
+        self.sink = None
+        if tracking is not None:
+            run_id = share_run_id(tracking.local_run_id())
+            if run_id and config.wants_rank(rank):
+                from msprobe_mlflow.tracking.sink import MlflowSink
+
+                self.sink = MlflowSink(run_id, config, tracking, framework=framework, rank=rank,
+                                       world_size=world_size)
+        sinks = [self.sink] if self.sink else []
+        self._writer = BackgroundStepWriter([self._write_local_dump, *sinks, *handlers])
+        _open_sessions.add(self)
+
+    @property
+    def run_id(self) -> str | None:
+        return self.sink.run_id if self.sink else None
 
     def _write_local_dump(self, record) -> None:
         write_step(self.config.dump_path, record, self.config.direction_format)
@@ -53,11 +83,26 @@ class ProbeSession:
         return list(self._writer.errors)
 
     def flush(self) -> None:
-        """Waits until every submitted step is on disk and through every handler."""
+        """Waits until every submitted step is on disk and handed to every handler."""
         self._writer.flush()
 
     def close(self) -> None:
+        """Writes what is pending, then lets the sink finish its uploads. Safe to call twice."""
         self._writer.close()
+        if self.sink:
+            self.sink.close()
+        _open_sessions.discard(self)
         if self._writer.errors:
             warnings.warn(f"msprobe-mlflow: {len(self._writer.errors)} write failure(s); first: "
                           f"{self._writer.errors[0]}")
+            self._writer.errors.clear()
+
+
+_open_sessions: "weakref.WeakSet[ProbeSession]" = weakref.WeakSet()
+
+
+@atexit.register
+def _close_open_sessions() -> None:
+    """Interpreter exit writes and uploads what training submitted but the threads had not finished."""
+    for session in list(_open_sessions):
+        session.close()

@@ -15,6 +15,8 @@ from torch.optim.optimizer import register_optimizer_step_pre_hook
 from msprobe_mlflow.background import StepHandler
 from msprobe_mlflow.config import GradProbeConfig
 from msprobe_mlflow.session import ProbeSession, load_config
+from msprobe_mlflow.tracking.sink import TrackingOptions
+from msprobe_mlflow.pytorch.distributed import current_rank, shared_run_id, world_size
 from msprobe_mlflow.pytorch.statistics import launch_step_statistics
 
 logger = logging.getLogger("msprobe_mlflow")
@@ -23,21 +25,21 @@ logger = logging.getLogger("msprobe_mlflow")
 _monitored_models: dict[int, "GradientMonitor"] = {}
 
 
-def current_rank() -> int:
-    if torch.distributed.is_available() and torch.distributed.is_initialized():
-        return torch.distributed.get_rank()
-    return 0
-
-
 class GradientMonitor:
-    """Probes gradients at every step of one optimizer and writes msprobe's dump (and, with a sink, MLflow).
+    """Probes gradients at every step of one optimizer, writes msprobe's dump and logs into MLflow.
 
-    ``handlers`` run on the writer thread after the local dump for each :class:`StepRecord` (the MLflow sink is
-    one). Use as ``GradientMonitor(config).monitor(model, optimizer)`` ... ``stop()``, or as a context manager.
+    MLflow: into ``run_id``, else the active run (else ``MLFLOW_RUN_ID``); with none, the local dump only. Under
+    torch.distributed, every rank logs into rank 0's run (call ``monitor()`` on every rank). ``log_to_mlflow=False``
+    turns MLflow off. ``handlers`` run on the writer thread after the local dump for each :class:`StepRecord`.
+    Use as ``GradientMonitor(config).monitor(model, optimizer)`` ... ``stop()``, or as a context manager.
     """
 
-    def __init__(self, config: GradProbeConfig | str | os.PathLike | dict, *, handlers: list[StepHandler] = ()):
+    def __init__(self, config: GradProbeConfig | str | os.PathLike | dict, *, run_id: str | None = None,
+                 tracking_uri: str | None = None, log_every_n_steps: int = 1, param_metrics=(),
+                 log_to_mlflow: bool = True, silent: bool = False, handlers: list[StepHandler] = ()):
         self.config = load_config(config)
+        self.tracking = TrackingOptions(run_id, tracking_uri, log_every_n_steps, param_metrics, silent) \
+            if log_to_mlflow else None
         self.step = 0
         self._extra_handlers = list(handlers)
         self._parameters: list[tuple[str, torch.nn.Parameter]] = []
@@ -58,7 +60,9 @@ class GradientMonitor:
             raise ValueError("this model is already monitored by another GradientMonitor; call its stop() first")
         self._remove_hook()
         if self._session is None:  # first: an unwritable dump_path fails here, before any hook exists
-            self._session = ProbeSession(self.config, framework="pytorch", handlers=self._extra_handlers)
+            self._session = ProbeSession(self.config, framework="pytorch", rank=current_rank(),
+                                         world_size=world_size(), tracking=self.tracking,
+                                         share_run_id=shared_run_id, handlers=self._extra_handlers)
         self._parameters = [(n, p) for n, p in model.named_parameters() if self.config.wants_param(n)]
         missing = set(self.config.param_list) - {n for n, _ in model.named_parameters()}
         if missing:
@@ -105,6 +109,11 @@ class GradientMonitor:
         pending = launch_step_statistics(names, grads, rank=rank, step=step, level=self.config.level,
                                          bounds=self.config.bounds)
         self._session.submit(pending)
+
+    @property
+    def run_id(self) -> str | None:
+        """The MLflow run this monitor logs into (None: the local dump only)."""
+        return self._session.run_id if self._session else None
 
     @property
     def errors(self) -> list[str]:

@@ -1,0 +1,201 @@
+"""The live MLflow sink: each probed step's metrics and files, sent from a thread of its own.
+
+Policy when MLflow is slower than training or unreachable: the local dump is always complete (it is written
+before the sink sees a step). The sink's queue holds step numbers only, at most ``max_pending``; it drains
+everything queued at once (one ``log_batch`` for many steps), a step that does not fit in the queue or whose
+request failed is remembered as unsent, and ``close()`` sends the unsent steps with the same idempotent code as
+``msprobe-mlflow upload``. What still cannot be sent is named in a warning with the command that completes it.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import queue
+import tempfile
+import threading
+import time
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+
+from mlflow.entities import Param, RunTag
+from mlflow.tracking import MlflowClient
+
+from msprobe_mlflow import __version__
+from msprobe_mlflow.config import GradProbeConfig
+from msprobe_mlflow.records import StepRecord
+from msprobe_mlflow.tracking import ARTIFACT_ROOT, TAG_PREFIX
+from msprobe_mlflow.tracking.upload import log_metrics_batched, metrics_for_step, upload_dump, upload_step_files
+
+logger = logging.getLogger("msprobe_mlflow")
+RANK_WAIT_SECONDS = float(os.environ.get("MSPROBE_MLFLOW_RANK_WAIT_SECONDS", "120"))
+
+
+@dataclass(frozen=True)
+class TrackingOptions:
+    """How a monitor logs to MLflow. ``run_id`` None: the active run, else ``MLFLOW_RUN_ID``, else none (the
+    local dump only). ``log_every_n_steps`` thins what is sent live; ``upload`` can still send every step.
+    ``param_metrics``: parameter names or glob patterns that also get per-parameter metrics."""
+
+    run_id: str | None = None
+    tracking_uri: str | None = None
+    log_every_n_steps: int = 1
+    param_metrics: tuple[str, ...] = ()
+    silent: bool = False
+
+    def __post_init__(self):
+        if isinstance(self.log_every_n_steps, bool) or not isinstance(self.log_every_n_steps, int) \
+                or self.log_every_n_steps < 1:
+            raise ValueError(f"log_every_n_steps = {self.log_every_n_steps!r} is not accepted; expected an "
+                             f"integer >= 1")
+        if isinstance(self.param_metrics, str):
+            object.__setattr__(self, "param_metrics", (self.param_metrics,))
+        object.__setattr__(self, "param_metrics", tuple(self.param_metrics or ()))
+
+    def local_run_id(self) -> str | None:
+        if self.run_id:
+            return self.run_id
+        import mlflow
+
+        active = mlflow.active_run()
+        return active.info.run_id if active else os.environ.get("MLFLOW_RUN_ID") or None
+
+
+def rank_status_tag(rank: int) -> str:
+    return f"{TAG_PREFIX}rank{rank}.status"
+
+
+class MlflowSink:
+    """A step handler (called on the writer thread after the local dump) that logs into one run, per rank."""
+
+    def __init__(self, run_id: str, config: GradProbeConfig, options: TrackingOptions, *, framework: str,
+                 rank: int, world_size: int, max_pending: int = 10_000):
+        self.run_id = run_id
+        self.config = config
+        self.options = options
+        self.framework = framework
+        self.rank = rank
+        self.world_size = world_size
+        self.client = MlflowClient(options.tracking_uri)
+        self.unsent_steps: set[int] = set()
+        self._failure: str | None = None
+        self._closing = False
+        self._queue: queue.Queue = queue.Queue(maxsize=max_pending)
+        self._thread = threading.Thread(target=self._work, name=f"msprobe-mlflow-sink-rank{rank}", daemon=True)
+        self._thread.start()
+
+    def __call__(self, record: StepRecord) -> None:
+        if record.step % self.options.log_every_n_steps:
+            return
+        try:
+            self._queue.put_nowait(record.step)
+        except queue.Full:
+            self.unsent_steps.add(record.step)
+
+    # --- worker thread -------------------------------------------------------------------------------
+    def _work(self) -> None:
+        self._attempt("describe the run", self._describe_run)
+        while True:
+            items = [self._queue.get()]
+            while True:  # coalesce everything already queued into one round of requests
+                try:
+                    items.append(self._queue.get_nowait())
+                except queue.Empty:
+                    break
+            steps = [s for s in items if s is not None]
+            if steps:
+                if self._closing and self._failure:  # do not wait on a dead server at exit: close() retries once
+                    self.unsent_steps.update(steps)
+                elif not self._attempt(f"log steps {steps[0]}..{steps[-1]}", lambda: self._send(steps)):
+                    self.unsent_steps.update(steps)
+            for _ in items:
+                self._queue.task_done()
+            if None in items:
+                return
+
+    def _attempt(self, what: str, action) -> bool:
+        try:
+            action()
+        except Exception as e:
+            first = self._failure is None
+            self._failure = f"could not {what} in run {self.run_id}: {e}"
+            logger.warning("msprobe-mlflow: %s", self._failure)
+            if first:
+                self._warn(f"{self._failure}. Training goes on and the local dump stays complete; "
+                           f"unsent steps are retried at stop().")
+            return False
+        self._failure = None
+        return True
+
+    def _describe_run(self) -> None:
+        tags = [RunTag(rank_status_tag(self.rank), "running"),
+                RunTag(f"{TAG_PREFIX}rank{self.rank}.dump_path", os.path.abspath(self.config.dump_path))]
+        params = []
+        if self.rank == 0:
+            tags += [RunTag(f"{TAG_PREFIX}{key}", str(value)) for key, value in (
+                ("framework", self.framework), ("level", self.config.level), ("version", __version__),
+                ("world_size", self.world_size), ("dump_path", os.path.abspath(self.config.dump_path)))]
+            params = [Param(f"grad_probe.{key}", (value if isinstance(value, str) else json.dumps(value))[:6000])
+                      for key, value in (
+                ("level", self.config.level), ("bounds", list(self.config.bounds)),
+                ("param_list", list(self.config.param_list)), ("rank", list(self.config.rank)),
+                ("step", list(self.config.step)), ("direction_format", self.config.direction_format))]
+        self.client.log_batch(self.run_id, params=params, tags=tags, synchronous=True)
+        if self.rank == 0:
+            with tempfile.TemporaryDirectory() as scratch:
+                path = Path(scratch) / "config.json"
+                path.write_text(json.dumps(self.config.to_msprobe_dict(), indent=2), encoding="utf-8")
+                self.client.log_artifact(self.run_id, str(path), ARTIFACT_ROOT)
+
+    def _send(self, steps: list[int]) -> None:
+        timestamp = int(time.time() * 1000)
+        metrics = [m for step in steps for m in metrics_for_step(self.config.dump_path, self.rank, step, timestamp,
+                                                                 self.options.param_metrics)]
+        log_metrics_batched(self.client, self.run_id, metrics)
+        for step in steps:
+            upload_step_files(self.client, self.run_id, self.config.dump_path, self.rank, step)
+
+    # --- end of monitoring ---------------------------------------------------------------------------
+    def close(self) -> None:
+        """Sends what is queued, retries the unsent steps once, marks this rank finished; rank 0 then waits
+        (``MSPROBE_MLFLOW_RANK_WAIT_SECONDS``) for the other ranks and tags the run with any that never finished."""
+        if not self._thread.is_alive():
+            return
+        self._closing = True
+        self._queue.put(None)
+        self._thread.join()
+        if self.unsent_steps:
+            steps = set(self.unsent_steps)
+            if self._attempt("send the unsent steps", lambda: upload_dump(
+                    self.config.dump_path, self.run_id, tracking_uri=self.options.tracking_uri, ranks=[self.rank],
+                    steps=steps, param_patterns=self.options.param_metrics)):
+                self.unsent_steps.clear()
+        if self.unsent_steps:
+            self._warn(f"rank {self.rank}: {len(self.unsent_steps)} step(s) are in the local dump but not in MLflow "
+                       f"run {self.run_id}; complete it with: msprobe-mlflow upload {self.config.dump_path} "
+                       f"--run-id {self.run_id}")
+        status = "incomplete" if self.unsent_steps else "finished"
+        if self._attempt("mark the rank finished", lambda: self.client.set_tag(
+                self.run_id, rank_status_tag(self.rank), status)) and self.rank == 0 and self.world_size > 1:
+            self._attempt("check the other ranks", self._wait_for_other_ranks)
+
+    def _wait_for_other_ranks(self) -> None:
+        expected = [r for r in range(self.world_size) if self.config.wants_rank(r)]
+        deadline = time.monotonic() + RANK_WAIT_SECONDS
+        while True:
+            tags = self.client.get_run(self.run_id).data.tags
+            missing = [r for r in expected if tags.get(rank_status_tag(r)) not in ("finished", "incomplete")]
+            if not missing or time.monotonic() > deadline:
+                break
+            time.sleep(0.5)
+        if missing:
+            self.client.set_tag(self.run_id, f"{TAG_PREFIX}missing_ranks", ",".join(map(str, missing)))
+            self._warn(f"ranks {missing} did not finish logging into run {self.run_id} within "
+                       f"{RANK_WAIT_SECONDS:.0f} s; the run is tagged {TAG_PREFIX}missing_ranks")
+
+    def _warn(self, message: str) -> None:
+        if self.options.silent:
+            logger.warning("msprobe-mlflow: %s", message)
+        else:
+            warnings.warn(f"msprobe-mlflow: {message}", stacklevel=2)

@@ -1,0 +1,75 @@
+"""The MLflow metrics of one rank and step, computed from its ``grad_summary`` CSV.
+
+The live sink and ``msprobe-mlflow upload`` both compute them from the CSV text, so a run completed later by an
+upload holds exactly the values the live run would have held. A fixed, small set of keys per rank (the MLflow UI
+degrades with thousands of keys); per-parameter metrics only for the names or glob patterns the user lists.
+"""
+from __future__ import annotations
+
+import fnmatch
+import json
+import math
+
+from msprobe_mlflow.dump import SummaryTable
+from msprobe_mlflow.tracking.keys import bucket_metric_name, metric_key
+
+
+def _floats(table: SummaryTable, column: str) -> list[float]:
+    values = []
+    for number, cell in enumerate(table.column(column), start=2):
+        try:
+            values.append(float(cell))
+        except ValueError:
+            raise ValueError(f"{table.path}: row {number}, column {column}: {cell!r} is not a number") from None
+    return values
+
+
+def _numels(table: SummaryTable) -> list[int]:
+    numels = []
+    for number, cell in enumerate(table.column("shape"), start=2):
+        try:
+            shape = json.loads(cell)
+            if not isinstance(shape, list) or not all(isinstance(d, int) and d >= 0 for d in shape):
+                raise ValueError
+        except ValueError:
+            raise ValueError(f"{table.path}: row {number}, column shape: {cell!r} is not a list of sizes "
+                             f"like [20, 8]") from None
+        numels.append(math.prod(shape))
+    return numels
+
+
+def _finite(values: list[float]) -> list[float]:
+    return [v for v in values if math.isfinite(v)]
+
+
+def step_metrics(table: SummaryTable, rank: int, param_patterns: tuple[str, ...] = ()) -> dict[str, float]:
+    """Summary scalars of one ``grad_summary`` table, keyed ``grad/rank{R}/...``.
+
+    ``total_norm`` = sqrt(sum of the parameters' squared norms); ``max``/``min`` over the finite values;
+    ``nonfinite_params`` = parameters whose max, min or norm is NaN or infinite; at L2 each bucket's and the ``=0``
+    fraction over all monitored elements (weighted by element count).
+    """
+    maxima, minima, norms = _floats(table, "max"), _floats(table, "min"), _floats(table, "norm")
+    prefix = f"grad/rank{rank}"
+    finite_max, finite_min = _finite(maxima), _finite(minima)
+    metrics = {
+        f"{prefix}/total_norm": math.sqrt(math.fsum(n * n for n in norms)),
+        f"{prefix}/max": max(finite_max) if finite_max else math.nan,
+        f"{prefix}/min": min(finite_min) if finite_min else math.nan,
+        f"{prefix}/nonfinite_params": float(sum(
+            not (math.isfinite(a) and math.isfinite(b) and math.isfinite(c)) for a, b, c in zip(maxima, minima, norms))),
+        f"{prefix}/params": float(len(table.rows)),
+    }
+    bucket_columns = [h for h in table.header if h.startswith("(") or h == "=0"]
+    if bucket_columns:
+        numels = _numels(table)
+        total = sum(numels)
+        for column in bucket_columns:
+            counts = (round(f * n) for f, n in zip(_floats(table, column), numels))
+            metrics[metric_key(prefix, bucket_metric_name(column))] = sum(counts) / total if total else 0.0
+    if param_patterns:
+        for name, high, low, norm in zip(table.column("param_name"), maxima, minima, norms):
+            if any(fnmatch.fnmatchcase(name, pattern) for pattern in param_patterns):
+                for statistic, value in (("max", high), ("min", low), ("norm", norm)):
+                    metrics[metric_key(prefix, "param", name, statistic)] = value
+    return metrics

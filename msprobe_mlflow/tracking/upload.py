@@ -1,0 +1,161 @@
+"""Uploading a local dump into an MLflow run: what the live sink could not send, or a whole msprobe 1.0.3 dump.
+
+Idempotent: it asks the run which steps already have their metrics (the ``total_norm`` history) and their CSV
+artifact, and sends only the rest, so running it twice adds nothing. Directions always travel as one packed
+archive per rank and step (an msprobe boolean ``.npy`` folder is packed on the way); within a step the archive
+is uploaded before the CSV, so a CSV artifact means the step is complete.
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+from mlflow.entities import Metric
+from mlflow.tracking import MlflowClient
+
+from msprobe_mlflow import __version__
+from msprobe_mlflow.directions import PACKED_FILE_NAME, read_step_directions, write_packed
+from msprobe_mlflow.dump import indexed_children, rank_dir, read_summary, step_dir, summary_csv_path, summary_steps
+from msprobe_mlflow.tracking import ARTIFACT_ROOT, TAG_PREFIX
+from msprobe_mlflow.session import DUMP_CONFIG_FILE_NAME
+from msprobe_mlflow.tracking.step_metrics import step_metrics
+
+MAX_METRICS_PER_REQUEST = 1000
+
+
+
+@dataclass
+class UploadReport:
+    run_id: str
+    metrics_logged: int = 0
+    files_uploaded: int = 0
+    steps_completed: dict[int, list[int]] = field(default_factory=dict)  # rank -> steps whose files were sent
+
+
+def log_metrics_batched(client: MlflowClient, run_id: str, metrics: list[Metric]) -> None:
+    for start in range(0, len(metrics), MAX_METRICS_PER_REQUEST):
+        client.log_batch(run_id, metrics=metrics[start:start + MAX_METRICS_PER_REQUEST], synchronous=True)
+
+
+def metrics_for_step(dump_path: str | os.PathLike, rank: int, step: int, timestamp_ms: int,
+                     param_patterns: tuple[str, ...] = ()) -> list[Metric]:
+    table = read_summary(summary_csv_path(dump_path, rank, step))
+    return [Metric(key, value, timestamp_ms, step) for key, value in step_metrics(table, rank, param_patterns).items()]
+
+
+def upload_step_files(client: MlflowClient, run_id: str, dump_path: str | os.PathLike, rank: int, step: int) -> int:
+    """Sends one step's directions (packed) then its CSV; returns the number of files sent."""
+    sent = 0
+    folder = step_dir(dump_path, rank, step)
+    destination = f"{ARTIFACT_ROOT}/rank{rank}"
+    if folder.is_dir():
+        packed = folder / PACKED_FILE_NAME
+        if packed.exists():
+            client.log_artifact(run_id, str(packed), f"{destination}/step{step}")
+        else:  # msprobe's boolean .npy per parameter: pack on the way
+            directions = read_step_directions(folder)
+            with tempfile.TemporaryDirectory() as scratch:
+                converted = Path(scratch) / PACKED_FILE_NAME
+                names = list(directions)
+                write_packed(converted, names, [directions[n][0] for n in names],
+                             np.concatenate([np.zeros(0, np.uint8)] + [directions[n][1] for n in names]))
+                client.log_artifact(run_id, str(converted), f"{destination}/step{step}")
+        sent += 1
+    client.log_artifact(run_id, str(summary_csv_path(dump_path, rank, step)), destination)
+    return sent + 1
+
+
+def _steps_with_csv_artifact(client: MlflowClient, run_id: str, rank: int) -> set[int]:
+    prefix = "grad_summary_"
+    steps = set()
+    for info in client.list_artifacts(run_id, f"{ARTIFACT_ROOT}/rank{rank}"):
+        name = info.path.rsplit("/", 1)[-1]
+        if not info.is_dir and name.startswith(prefix) and name.endswith(".csv") and name[len(prefix):-4].isdigit():
+            steps.add(int(name[len(prefix):-4]))
+    return steps
+
+
+def _new_run(client: MlflowClient, dump_path: Path, experiment: str | None) -> str:
+    from mlflow.tracking.fluent import _get_experiment_id  # honours MLFLOW_EXPERIMENT_NAME / _ID
+
+    if experiment:
+        found = client.get_experiment_by_name(experiment)
+        experiment_id = found.experiment_id if found else client.create_experiment(experiment)
+    else:
+        experiment_id = _get_experiment_id()
+    run = client.create_run(experiment_id, run_name=f"upload {dump_path.name}",
+                            tags={f"{TAG_PREFIX}dump_path": str(dump_path.resolve()),
+                                  f"{TAG_PREFIX}version": __version__, "mlflow.source.name": "msprobe-mlflow upload"})
+    return run.info.run_id
+
+
+def _level_of(dump_path: Path, rank: int, step: int) -> str:
+    header = read_summary(summary_csv_path(dump_path, rank, step)).header
+    return "L0" if "MD5" in header else "L2" if "=0" in header else "L1"
+
+
+def upload_dump(dump_path: str | os.PathLike, run_id: str | None = None, *, experiment: str | None = None,
+                tracking_uri: str | None = None, ranks: list[int] | None = None, steps: set[int] | None = None,
+                param_patterns: tuple[str, ...] = (), progress: bool = False) -> UploadReport:
+    """Makes the run hold every step of the dump (or of ``ranks``/``steps``); creates a run when ``run_id`` is None."""
+    dump_path = Path(dump_path)
+    if not dump_path.is_dir():
+        raise ValueError(f"dump path {str(dump_path)!r} is not a folder")
+    found_ranks = indexed_children(dump_path, "rank")
+    if not found_ranks:
+        raise ValueError(f"dump path {str(dump_path)!r} holds no rank<N> folder: not a grad_probe dump")
+    client = MlflowClient(tracking_uri)
+    if run_id is None:
+        run_id = _new_run(client, dump_path, experiment)
+    else:
+        client.get_run(run_id)  # a wrong ID fails here, clearly, before anything is sent
+    report = UploadReport(run_id)
+    config_file = dump_path / DUMP_CONFIG_FILE_NAME
+    if config_file.exists() and not any(i.path.endswith("config.json")
+                                        for i in client.list_artifacts(run_id, ARTIFACT_ROOT)):
+        _upload_config(client, run_id, config_file)
+        report.files_uploaded += 1
+    for rank in found_ranks:
+        if ranks is not None and rank not in ranks:
+            continue
+        wanted = [s for s in summary_steps(rank_dir(dump_path, rank)) if steps is None or s in steps]
+        if not wanted:
+            continue
+        if not config_file.exists():
+            client.set_tag(run_id, f"{TAG_PREFIX}level", _level_of(dump_path, rank, wanted[0]))
+        logged = {m.step for m in client.get_metric_history(run_id, f"grad/rank{rank}/total_norm")}
+        uploaded = _steps_with_csv_artifact(client, run_id, rank)
+        timestamp = _now_ms()
+        metrics = [m for s in wanted if s not in logged
+                   for m in metrics_for_step(dump_path, rank, s, timestamp, param_patterns)]
+        log_metrics_batched(client, run_id, metrics)
+        report.metrics_logged += len(metrics)
+        missing = [s for s in wanted if s not in uploaded]
+        for number, step in enumerate(missing, start=1):
+            report.files_uploaded += upload_step_files(client, run_id, dump_path, rank, step)
+            if progress:
+                print(f"\rrank {rank}: uploaded step {step} ({number}/{len(missing)})", end="", file=sys.stderr)
+        if progress and missing:
+            print(file=sys.stderr)
+        report.steps_completed[rank] = missing
+    return report
+
+
+def _upload_config(client: MlflowClient, run_id: str, config_file: Path) -> None:
+    saved = json.loads(config_file.read_text(encoding="utf-8"))
+    with tempfile.TemporaryDirectory() as scratch:
+        path = Path(scratch) / "config.json"
+        path.write_text(json.dumps(saved.get("config", saved), indent=2), encoding="utf-8")
+        client.log_artifact(run_id, str(path), ARTIFACT_ROOT)
+    if "framework" in saved:
+        client.set_tag(run_id, f"{TAG_PREFIX}framework", saved["framework"])
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)
