@@ -4,7 +4,7 @@ from __future__ import annotations
 import hashlib
 import os
 import re
-import tempfile
+import secrets
 from pathlib import Path
 
 MAX_FILE_NAME_BYTES = 255
@@ -46,8 +46,18 @@ def confined_path(root: str | os.PathLike, relative: str, what: str) -> Path:
 
 
 def atomic_write_bytes(path: Path, data: bytes) -> None:
-    """Write through a temporary file and rename, so a crash never leaves a half-written file under ``path``."""
+    """Write through a temporary file and rename, so a crash never leaves a half-written file under ``path``.
+
+    The file gets the permissions ``open()`` would give (0666 less the umask), not a temporary file's 0600, so a
+    dump stays readable by whoever could read one written by msprobe. A failed write removes its temporary file.
+    """
     path.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.NamedTemporaryFile(dir=path.parent, prefix=".partial-", delete=False) as f:
-        f.write(data)
-    os.replace(f.name, path)
+    partial = path.parent / f".partial-{secrets.token_hex(8)}"
+    descriptor = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+    try:
+        with os.fdopen(descriptor, "wb") as f:
+            f.write(data)
+        os.replace(partial, path)
+    except BaseException:
+        partial.unlink(missing_ok=True)
+        raise
