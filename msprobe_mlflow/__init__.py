@@ -1,5 +1,19 @@
 """msprobe-mlflow: MLflow as the system of record for precision debugging of PyTorch and MindSpore training."""
+import importlib
+
 from msprobe_mlflow.config import GradProbeConfig
 
 __version__ = "0.1.0"
-__all__ = ["GradProbeConfig", "__version__"]
+
+# Imported on first use, so that ``import msprobe_mlflow`` stays light (no torch, mlflow or matplotlib).
+_LAZY_EXPORTS = {
+    "autolog": "msprobe_mlflow.tracking.autolog",
+    "upload_dump": "msprobe_mlflow.tracking.upload",
+}
+__all__ = ["GradProbeConfig", "__version__", *_LAZY_EXPORTS]
+
+
+def __getattr__(name):
+    if name in _LAZY_EXPORTS:
+        return getattr(importlib.import_module(_LAZY_EXPORTS[name]), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
