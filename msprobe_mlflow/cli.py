@@ -11,6 +11,7 @@ import importlib
 import sys
 
 COMMAND_MODULES = {
+    "upload": "msprobe_mlflow.commands.upload",
 }
 
 
@@ -29,9 +30,20 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+USAGE_ERROR = 2
+
+
 def main(argv: list[str] | None = None) -> int:
+    """Runs a command; bad input (a ValueError, a missing file, a run MLflow does not know) is one line on
+    stderr and exit code 2, not a traceback."""
     args = build_parser().parse_args(argv)
-    return args.run(args)
+    try:
+        return args.run(args)
+    except Exception as e:
+        if isinstance(e, (ValueError, OSError)) or type(e).__name__ == "MlflowException":
+            print(f"msprobe-mlflow {args.command}: error: {e}", file=sys.stderr)
+            return USAGE_ERROR
+        raise
 
 
 if __name__ == "__main__":

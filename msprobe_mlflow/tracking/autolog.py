@@ -1,0 +1,108 @@
+"""``msprobe_mlflow.autolog()``: gradient probing of any PyTorch model trained inside ``mlflow.start_run()``.
+
+How it finds the model without a line of user code: a global module forward pre-hook sees the outermost module
+whose forward runs while a run is active (a model's forward starts before its children's) and starts a
+:class:`GradientMonitor` on it, which binds to the first optimizer that steps its parameters. Modules inside a
+monitored model, or without parameters, are remembered and cost one set lookup per forward afterwards.
+``mlflow.end_run()`` (patched with MLflow's ``safe_patch``) stops the run's monitors first, so the run ends with
+every step uploaded. ``disable=True`` removes the hook and the patches, as for MLflow's own integrations.
+"""
+from __future__ import annotations
+
+import logging
+import os
+
+import mlflow
+import mlflow.tracking.fluent
+import torch
+from mlflow.utils.autologging_utils import autologging_integration, get_autologging_config, safe_patch
+from mlflow.utils.autologging_utils.safety import _AUTOLOGGING_CLEANUP_CALLBACKS
+
+from msprobe_mlflow.config import DEFAULT_BOUNDS, GradProbeConfig
+from msprobe_mlflow.pytorch.distributed import is_distributed, shared_run_id
+from msprobe_mlflow.pytorch.monitor import GradientMonitor, _monitored_models
+from msprobe_mlflow.session import load_config
+
+FLAVOR_NAME = "msprobe_mlflow"
+DEFAULT_DUMP_PATH = "msprobe_dump"
+logger = logging.getLogger("msprobe_mlflow")
+
+
+class _AutologState:
+    """The monitors autolog started, and which modules it has already looked at."""
+
+    def __init__(self, config: GradProbeConfig, log_every_n_steps: int, param_metrics):
+        self.config = config
+        self.log_every_n_steps = log_every_n_steps
+        self.param_metrics = param_metrics
+        self.monitors: list[GradientMonitor] = []
+        self.seen: set[int] = set()
+
+    def on_forward(self, module: torch.nn.Module, args) -> None:
+        if id(module) in self.seen:
+            return
+        try:
+            self._consider(module)
+        except Exception:  # observability must never break training
+            self.seen.add(id(module))
+            logger.warning("msprobe-mlflow autolog: could not monitor %s", type(module).__name__, exc_info=True)
+
+    def _consider(self, module: torch.nn.Module) -> None:
+        if next(module.parameters(), None) is None or id(module) in _monitored_models:
+            self.seen.add(id(module))
+            return
+        active = mlflow.active_run()
+        if active is None and not is_distributed():
+            return  # looked at again at the next forward: a run may start later
+        run_id = shared_run_id(active.info.run_id if active else None)
+        config = self.config.replace(dump_path=os.path.join(self.config.dump_path, run_id or "no-run"))
+        monitor = GradientMonitor(config, run_id=run_id, log_every_n_steps=self.log_every_n_steps,
+                                  param_metrics=self.param_metrics,
+                                  silent=get_autologging_config(FLAVOR_NAME, "silent", False))
+        self.monitors.append(monitor.monitor(module))
+        self.seen.update(id(m) for m in module.modules())
+
+    def stop_monitors(self) -> None:
+        monitors, self.monitors = self.monitors, []
+        self.seen.clear()
+        for monitor in monitors:
+            monitor.stop()
+
+
+@autologging_integration(FLAVOR_NAME)
+def autolog(config: GradProbeConfig | str | os.PathLike | dict | None = None, *, level: str | None = None,
+            bounds=None, dump_path: str | None = None, log_every_n_steps: int = 1, param_metrics=None,
+            disable: bool = False, silent: bool = False) -> None:
+    """Probes the gradients of every PyTorch model trained inside ``mlflow.start_run()`` into that run.
+
+    Args:
+        config: msprobe's ``config.json`` path, its dict, or a :class:`GradProbeConfig`; ``level``, ``bounds`` and
+            ``dump_path`` override it. Without any, level ``L1``, bounds ``[-1, 0, 1]``, dump ``./msprobe_dump``.
+            Each run's local dump goes to ``{dump_path}/{run_id}``.
+        log_every_n_steps: send every n-th probed step to MLflow (the local dump keeps every step).
+        param_metrics: parameter names or glob patterns (``"layers.0.*"``) that also get per-parameter metrics.
+        disable: remove the hook and the patches; monitors already running are stopped (flushed).
+        silent: no warnings from msprobe-mlflow; problems go to the ``msprobe_mlflow`` logger only.
+    """
+    overrides = {key: value for key, value in (("level", level), ("bounds", bounds), ("dump_path", dump_path))
+                 if value is not None}
+    if config is None:
+        base = GradProbeConfig(**{"dump_path": DEFAULT_DUMP_PATH, "bounds": DEFAULT_BOUNDS, **overrides},
+                               source="autolog()")
+    else:
+        base = load_config(config).replace(**overrides)
+    state = _AutologState(base, log_every_n_steps, param_metrics or ())
+    handle = torch.nn.modules.module.register_module_forward_pre_hook(state.on_forward)
+
+    def end_run_after_monitors(original, *args, **kwargs):
+        state.stop_monitors()
+        return original(*args, **kwargs)
+
+    safe_patch(FLAVOR_NAME, mlflow.tracking.fluent, "end_run", end_run_after_monitors)
+    safe_patch(FLAVOR_NAME, mlflow, "end_run", end_run_after_monitors)
+
+    def teardown() -> None:
+        handle.remove()
+        state.stop_monitors()
+
+    _AUTOLOGGING_CLEANUP_CALLBACKS.setdefault(FLAVOR_NAME, []).append(teardown)
