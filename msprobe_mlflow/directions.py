@@ -113,7 +113,7 @@ def open_packed(path: Path) -> dict[str, StoredDirection]:
         raise ValueError(f"{path}: field format_version = {int(fields['format_version'])}, "
                          f"expected {PACKED_FORMAT_VERSION}")
     names, ndims, dims = fields["names"], fields["ndims"], fields["dims"]
-    if len(ndims) != len(names) or int(ndims.sum()) != len(dims) or (dims < 0).any():
+    if len(ndims) != len(names) or int(ndims.sum()) != len(dims) or (dims < 0).any() or (ndims < 0).any():
         raise ValueError(f"{path}: fields names/ndims/dims disagree ({len(names)} names, {len(ndims)} ndims, "
                          f"{len(dims)} dims)")
     result: dict[str, StoredDirection] = {}
