@@ -1,0 +1,64 @@
+"""A real ``mlflow server`` on 127.0.0.1 for tests: started, stopped and restarted on the same port and stores."""
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class MlflowServer:
+    """``mlflow server --workers 1`` with proxied artifacts; ``backend_uri`` defaults to SQLite in ``folder``."""
+
+    def __init__(self, folder: Path, backend_uri: str | None = None, extra_args: list[str] = (),
+                 env: dict[str, str] | None = None):
+        self.folder = Path(folder)
+        self.folder.mkdir(parents=True, exist_ok=True)
+        self.port = free_port()
+        self.backend_uri = backend_uri or f"sqlite:///{self.folder / 'server.db'}"
+        self.extra_args = list(extra_args)
+        self.env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false", **(env or {})}
+        self.process: subprocess.Popen | None = None
+
+    @property
+    def uri(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self, timeout: float = 120) -> "MlflowServer":
+        command = [sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(self.port),
+                   "--workers", "1", "--backend-store-uri", self.backend_uri, "--serve-artifacts",
+                   "--artifacts-destination", str(self.folder / "artifacts"), *self.extra_args]
+        self.log = open(self.folder / "server.log", "ab")
+        self.process = subprocess.Popen(command, stdout=self.log, stderr=subprocess.STDOUT, env=self.env,
+                                        start_new_session=True)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"mlflow server exited: {(self.folder / 'server.log').read_text()[-3000:]}")
+            try:
+                with urllib.request.urlopen(f"{self.uri}/health", timeout=2) as response:
+                    if response.status == 200:
+                        return self
+            except OSError:
+                time.sleep(0.3)
+        self.stop()
+        raise RuntimeError(f"mlflow server did not answer in {timeout} s")
+
+    def stop(self) -> None:
+        """Kills the whole process group (the server and its uvicorn worker)."""
+        if self.process and self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait()
+        self.process = None
+        if getattr(self, "log", None):
+            self.log.close()

@@ -1,0 +1,252 @@
+"""MLflow tracking of the PyTorch gradient monitor, against a real SQLite store (and a real server)."""
+from __future__ import annotations
+
+import math
+import os
+import subprocess
+import sys
+import uuid
+import warnings
+from pathlib import Path
+
+import mlflow
+import numpy as np
+import pytest
+import torch
+from mlflow.tracking import MlflowClient
+
+import msprobe_mlflow
+from msprobe_mlflow import GradProbeConfig
+from msprobe_mlflow.directions import read_packed
+from msprobe_mlflow.dump import write_csv
+from msprobe_mlflow.pytorch import GradientMonitor
+from msprobe_mlflow.tracking.upload import upload_dump
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def tracking_uri(tmp_path_factory):
+    uri = f"sqlite:///{tmp_path_factory.mktemp('store') / 'mlflow.db'}"
+    previous = mlflow.get_tracking_uri()
+    mlflow.set_tracking_uri(uri)
+    yield uri
+    mlflow.set_tracking_uri(previous)
+
+
+@pytest.fixture
+def experiment(tracking_uri):
+    name = f"test-{uuid.uuid4().hex[:8]}"
+    mlflow.set_experiment(name)
+    return name
+
+
+def small_model() -> torch.nn.Module:
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.ReLU(), torch.nn.Linear(3, 2))
+
+
+def train(model, steps: int, captured: list | None = None, optimizer=None):
+    """A plain PyTorch loop; ``captured`` receives each step's gradients as numpy arrays, by name."""
+    optimizer = optimizer or torch.optim.SGD(model.parameters(), lr=0.1)
+    generator = torch.Generator().manual_seed(1)
+    for _ in range(steps):
+        optimizer.zero_grad()
+        x = torch.randn(6, 4, generator=generator)
+        torch.nn.functional.mse_loss(model(x), torch.ones(6, 2)).backward()
+        if captured is not None:
+            captured.append({n: p.grad.detach().numpy().copy() for n, p in model.named_parameters()})
+        optimizer.step()
+    return optimizer
+
+
+def expected_summary(grads: dict[str, np.ndarray], bounds=(-1, 0, 1)) -> dict[str, float]:
+    """The per-rank summary metrics, computed here from the raw gradients with numpy."""
+    values = np.concatenate([g.ravel() for g in grads.values()]).astype(np.float64)
+    edges = np.float32(bounds).astype(np.float64)
+    at_most = [(values <= b).sum() for b in edges]
+    counts = np.diff([0, *at_most, values.size])
+    labels = ["-inf_to_-1", "-1_to_0", "0_to_1", "1_to_inf"]
+    return {
+        "total_norm": math.sqrt(sum(float(np.linalg.norm(g.astype(np.float64))) ** 2 for g in grads.values())),
+        "max": values.max(), "min": values.min(), "zero_fraction": (values == 0).sum() / values.size,
+        **{f"fraction/{label}": count / values.size for label, count in zip(labels, counts)},
+    }
+
+
+def test_autolog_logs_metrics_csv_tables_and_directions_for_every_step(experiment, tmp_path):
+    msprobe_mlflow.autolog(level="L2", dump_path=str(tmp_path / "dump"))
+    try:
+        model, captured = small_model(), []
+        with mlflow.start_run() as run:
+            train(model, 3, captured)
+    finally:
+        msprobe_mlflow.autolog(disable=True)
+    client = MlflowClient()
+    data = client.get_run(run.info.run_id).data
+    expected_keys = {f"grad/rank0/{k}" for k in expected_summary(captured[0])} | {
+        "grad/rank0/nonfinite_params", "grad/rank0/params"}
+    assert set(data.metrics) == expected_keys
+    for key in expected_keys:
+        assert [m.step for m in client.get_metric_history(run.info.run_id, key)] == [0, 1, 2]
+    for step, grads in enumerate(captured):
+        history = {k: {m.step: m.value for m in client.get_metric_history(run.info.run_id, f"grad/rank0/{k}")}[step]
+                   for k in expected_summary(grads)}
+        for key, value in expected_summary(grads).items():
+            assert history[key] == pytest.approx(value, rel=1e-6), key
+    assert data.tags["msprobe_mlflow.framework"] == "pytorch"
+    assert data.tags["msprobe_mlflow.level"] == "L2"
+    assert data.params["grad_probe.level"] == "L2"
+
+    local = tmp_path / "dump" / run.info.run_id / "rank0"
+    downloaded = Path(mlflow.artifacts.download_artifacts(run_id=run.info.run_id, artifact_path="grad_probe",
+                                                          dst_path=str(tmp_path / "downloaded")))
+    assert (downloaded / "config.json").exists()
+    for step, grads in enumerate(captured):
+        name = f"grad_summary_{step}.csv"
+        assert (downloaded / "rank0" / name).read_bytes() == (local / name).read_bytes()
+        directions = read_packed(downloaded / "rank0" / f"step{step}" / "directions.npz")
+        assert list(directions) == list(grads)
+        for param, grad in grads.items():
+            shape, bits = directions[param]
+            assert shape == grad.shape
+            np.testing.assert_array_equal(np.unpackbits(bits, count=grad.size).astype(bool), (grad > 0).ravel())
+
+
+def test_autolog_disable_removes_the_hook_and_logs_nothing(experiment, tmp_path):
+    hooks_before = len(torch.nn.modules.module._global_forward_pre_hooks)
+    msprobe_mlflow.autolog(dump_path=str(tmp_path / "dump"))
+    assert len(torch.nn.modules.module._global_forward_pre_hooks) == hooks_before + 1
+    msprobe_mlflow.autolog(disable=True)
+    assert len(torch.nn.modules.module._global_forward_pre_hooks) == hooks_before
+    with mlflow.start_run() as run:
+        train(small_model(), 2)
+    assert MlflowClient().get_run(run.info.run_id).data.metrics == {}
+    assert not (tmp_path / "dump").exists()
+
+
+def _train_into_deleted_run(tmp_path, silent: bool):
+    """The run is deleted after the first step, so every later request of the sink fails for real."""
+    monitor = GradientMonitor(GradProbeConfig(dump_path=str(tmp_path / "dump"), level="L1"), silent=silent)
+    model = small_model()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    with mlflow.start_run() as run:
+        monitor.monitor(model, optimizer)
+        train(model, 1, optimizer=optimizer)
+        monitor.flush()
+        MlflowClient().delete_run(run.info.run_id)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            train(model, 3, optimizer=optimizer)
+            monitor.stop()
+        MlflowClient().restore_run(run.info.run_id)  # so that leaving the block can end it
+    return caught
+
+
+@pytest.mark.parametrize("silent", [False, True])
+def test_tracking_failure_keeps_training_and_the_dump_and_warns_unless_silent(experiment, tmp_path, silent):
+    caught = _train_into_deleted_run(tmp_path, silent)
+    ours = [w for w in caught if "msprobe-mlflow" in str(w.message)]
+    assert bool(ours) is not silent
+    if not silent:
+        assert any("msprobe-mlflow upload" in str(w.message) for w in ours)
+    assert sorted(p.name for p in (tmp_path / "dump" / "rank0").glob("*.csv")) == [
+        f"grad_summary_{s}.csv" for s in range(4)]
+
+
+def test_monitor_without_active_run_writes_only_the_local_dump(experiment, tmp_path):
+    model = small_model()
+    runs_before = len(mlflow.search_runs(experiment_names=[experiment]))
+    with GradientMonitor(GradProbeConfig(dump_path=str(tmp_path / "dump"))) as monitor:
+        monitor.monitor(model)
+        train(model, 2)
+        assert monitor.run_id is None
+    assert len(mlflow.search_runs(experiment_names=[experiment])) == runs_before
+    assert len(list((tmp_path / "dump" / "rank0").glob("*.csv"))) == 2
+
+
+def test_monitor_with_run_id_logs_into_that_run_not_the_active_one(experiment, tmp_path):
+    target = MlflowClient().create_run(mlflow.get_experiment_by_name(experiment).experiment_id)
+    model = small_model()
+    with mlflow.start_run() as active:
+        with GradientMonitor(GradProbeConfig(dump_path=str(tmp_path / "dump")), run_id=target.info.run_id) as m:
+            m.monitor(model)
+            train(model, 2)
+    client = MlflowClient()
+    assert len(client.get_metric_history(target.info.run_id, "grad/rank0/total_norm")) == 2
+    assert client.get_run(active.info.run_id).data.metrics == {}
+
+
+def _metric_and_file_counts(run_id: str) -> tuple[int, int]:
+    client = MlflowClient()
+    metrics = sum(len(client.get_metric_history(run_id, key)) for key in client.get_run(run_id).data.metrics)
+
+    def count(path):
+        return sum(count(i.path) if i.is_dir else 1 for i in client.list_artifacts(run_id, path))
+    return metrics, count("grad_probe")
+
+
+def test_upload_completes_a_run_and_a_second_upload_adds_nothing(experiment, tmp_path):
+    model = small_model()
+    with GradientMonitor(GradProbeConfig(dump_path=str(tmp_path / "dump"), level="L2"), log_to_mlflow=False) as m:
+        m.monitor(model)
+        train(model, 3)
+    run = MlflowClient().create_run(mlflow.get_experiment_by_name(experiment).experiment_id)
+    first = upload_dump(tmp_path / "dump", run.info.run_id)
+    assert first.steps_completed == {0: [0, 1, 2]}
+    metrics, files = _metric_and_file_counts(run.info.run_id)
+    assert metrics == 3 * 10  # 10 summary keys (L2, bounds [-1, 0, 1]) x 3 steps
+    assert files == 1 + 3 * 2  # config.json + (CSV + directions) per step
+    second = upload_dump(tmp_path / "dump", run.info.run_id)
+    assert (second.metrics_logged, second.files_uploaded) == (0, 0)
+    assert _metric_and_file_counts(run.info.run_id) == (metrics, files)
+
+
+def write_msprobe_1_0_3_dump(folder: Path, grads_per_step: list[dict[str, np.ndarray]]) -> None:
+    """What msprobe 1.0.3's MindSpore graph mode writes: capitalised L1 header, boolean .npy directions."""
+    for step, grads in enumerate(grads_per_step):
+        rows = [["Param_name", "Max", "Min", "Norm", "Shape"]]
+        for name, grad in grads.items():
+            rows.append([name, float(grad.max()), float(grad.min()), float(np.linalg.norm(grad)), list(grad.shape)])
+            (folder / "rank0" / f"step{step}").mkdir(parents=True, exist_ok=True)
+            np.save(folder / "rank0" / f"step{step}" / f"{name}.npy", grad > 0)
+        write_csv(folder / "rank0" / f"grad_summary_{step}.csv", rows)
+
+
+def test_upload_imports_an_msprobe_1_0_3_dump_into_a_new_run(experiment, tmp_path):
+    rng = np.random.default_rng(3)
+    grads = [{"fc.weight": rng.standard_normal((3, 5)).astype(np.float32),
+              "fc.bias": rng.standard_normal(3).astype(np.float32)} for _ in range(2)]
+    write_msprobe_1_0_3_dump(tmp_path / "old", grads)
+    report = upload_dump(tmp_path / "old", experiment=experiment)
+    client = MlflowClient()
+    run = client.get_run(report.run_id)
+    assert run.info.experiment_id == mlflow.get_experiment_by_name(experiment).experiment_id
+    assert run.data.tags["msprobe_mlflow.level"] == "L1"
+    history = client.get_metric_history(report.run_id, "grad/rank0/total_norm")
+    assert [m.step for m in history] == [0, 1]
+    for step, metric in enumerate(history):
+        norms = [np.linalg.norm(g.astype(np.float64)) for g in grads[step].values()]
+        assert metric.value == pytest.approx(math.sqrt(sum(n * n for n in norms)), rel=1e-6)
+    downloaded = Path(mlflow.artifacts.download_artifacts(
+        run_id=report.run_id, artifact_path="grad_probe/rank0/step1/directions.npz", dst_path=str(tmp_path / "d")))
+    directions = read_packed(downloaded)
+    for name, grad in grads[1].items():
+        np.testing.assert_array_equal(directions[name][1], np.packbits((grad > 0).ravel()))
+
+
+def test_cli_upload_prints_the_run_and_rejects_a_folder_that_is_not_a_dump(tracking_uri, experiment, tmp_path):
+    model = small_model()
+    with GradientMonitor(GradProbeConfig(dump_path=str(tmp_path / "dump")), log_to_mlflow=False) as m:
+        m.monitor(model)
+        train(model, 2)
+    env = {**os.environ, "MLFLOW_TRACKING_URI": tracking_uri}
+    command = [sys.executable, "-m", "msprobe_mlflow", "upload", str(tmp_path / "dump"), "--experiment", experiment]
+    done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == 0, done.stderr
+    run_id = done.stdout.split()[1].rstrip(":")
+    assert len(MlflowClient().get_metric_history(run_id, "grad/rank0/total_norm")) == 2
+    (tmp_path / "empty").mkdir()
+    bad = subprocess.run([*command[:4], str(tmp_path / "empty")], capture_output=True, text=True, env=env, timeout=300)
+    assert bad.returncode == 2
+    assert "holds no rank<N> folder" in bad.stderr and str(tmp_path / "empty") in bad.stderr
