@@ -9,6 +9,8 @@ __version__ = "0.1.0"
 _LAZY_EXPORTS = {
     "autolog": "msprobe_mlflow.tracking.autolog",
     "upload_dump": "msprobe_mlflow.tracking.upload",
+    "compare_dumps": "msprobe_mlflow.compare.engine",
+    "compare_runs": "msprobe_mlflow.tracking.comparison_run",
 }
 __all__ = ["GradProbeConfig", "__version__", *_LAZY_EXPORTS]
 

@@ -12,6 +12,7 @@ import sys
 
 COMMAND_MODULES = {
     "upload": "msprobe_mlflow.commands.upload",
+    "compare": "msprobe_mlflow.commands.compare",
 }
 
 

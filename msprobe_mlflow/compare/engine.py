@@ -1,0 +1,306 @@
+"""Compare the gradient directions of two local dumps, streaming, and write msprobe's comparison output.
+
+Either dump may be msprobe 1.0.3's (boolean ``.npy`` per parameter) or ours (packed ``directions.npz``); both are
+read through ``msprobe_mlflow.directions``. Semantics (FORMATS.md section 5): the ranks and steps present in both
+dumps, the parameters present in both at each step (those in one only are reported by name), similarity =
+agreeing elements / numel, the summary weighted by element count. Parameters are read one at a time, on a few
+threads, so memory stays bounded by the largest parameters, not by the dump. Every file is written in a staging
+folder first and moved into the output only once everything succeeded.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from msprobe_mlflow.compare.progress import ProgressLine
+from msprobe_mlflow.compare.similarity import agreeing_directions, similarity, summary_similarity
+from msprobe_mlflow.compare.verdict import (DEFAULT_DROP_THRESHOLD, DEFAULT_FIRST_THRESHOLD, Verdict,
+                                            check_thresholds, judge_rank)
+from msprobe_mlflow.directions import StoredDirection, open_step_directions
+from msprobe_mlflow.dump import (indexed_children, rank_dir, read_summary, step_dir, summary_csv_path,
+                                 summary_steps, write_csv)
+
+SIMILARITIES_FILE_NAME = "similarities.csv"
+PICTURE_FOLDER_NAME = "similarities_picture"
+VERDICT_FILE_NAME = "verdict.json"
+
+
+class CompareInputError(ValueError):
+    """The dumps cannot be compared as given (missing, L0, nothing in common, shapes differ...)."""
+
+
+# agreeing elements and numel of one parameter at one step; None where it was not compared.
+Counts = tuple[int, int] | None
+
+
+@dataclass
+class RankComparison:
+    """One rank's result. ``counts[name][j]`` belongs to ``steps[j]``; ``parameters`` are in A's model order."""
+
+    rank: int
+    steps: list[int]
+    parameters: list[str]
+    counts: dict[str, list[Counts]]
+    summary_counts: list[tuple[int, int]]
+    only_in_a: list[str] = field(default_factory=list)
+    only_in_b: list[str] = field(default_factory=list)
+
+    def similarities(self, name: str) -> list[float | None]:
+        """msprobe's values: agreeing / numel, 0.0 for an empty parameter, ``None`` where not compared."""
+        return [None if c is None else similarity(*c) for c in self.counts[name]]
+
+    @property
+    def summary(self) -> list[float]:
+        return [summary_similarity([agreeing], [numel]) for agreeing, numel in self.summary_counts]
+
+    def judged_series(self, name: str | None = None) -> list[float | None]:
+        """The series the verdict sees: empty parameters (and steps with no elements) are left out as ``None``."""
+        counts = self.summary_counts if name is None else self.counts[name]
+        return [None if c is None or c[1] == 0 else similarity(*c) for c in counts]
+
+    def csv_rows(self) -> list[list]:
+        """``similarities.csv``: header ``step,S...``, a row per parameter, ``summary`` last (empty cell: not
+        compared at that step)."""
+        def cell(counts: Counts):
+            if counts is None:
+                return ""
+            return counts[0] / counts[1] if counts[1] else 0  # msprobe writes an int 0 for an empty parameter
+
+        rows = [["step", *[str(s) for s in self.steps]]]
+        rows += [[name, *[cell(c) for c in self.counts[name]]] for name in self.parameters]
+        rows.append(["summary", *[cell(c) for c in self.summary_counts]])
+        return rows
+
+    def matrix(self) -> np.ndarray:
+        """Parameter x step similarities, NaN where not compared."""
+        return np.array([[np.nan if v is None else v for v in self.similarities(n)] for n in self.parameters],
+                        dtype=np.float64).reshape(len(self.parameters), len(self.steps))
+
+
+@dataclass
+class DumpComparison:
+    dump_a: Path
+    dump_b: Path
+    ranks: list[RankComparison]
+    verdict: Verdict
+    output_dir: Path | None = None
+
+    def to_dict(self) -> dict:
+        """What ``verdict.json`` holds: the sources, each rank's series and the verdict."""
+        return {
+            "dump_a": str(self.dump_a),
+            "dump_b": str(self.dump_b),
+            "verdict": self.verdict.to_dict(),
+            "ranks": [{"rank": r.rank, "steps": r.steps, "summary": r.summary, "parameters": len(r.parameters),
+                       "only_in_a": r.only_in_a, "only_in_b": r.only_in_b} for r in self.ranks],
+        }
+
+    def table(self, steps_per_line: int = 10) -> str:
+        """Per rank, the summary similarity at each step, a few steps per line."""
+        lines = []
+        for rank in self.ranks:
+            lines.append(f"rank {rank.rank} ({len(rank.parameters)} parameters compared)")
+            for start in range(0, len(rank.steps), steps_per_line):
+                chunk = slice(start, start + steps_per_line)
+                lines.append("  step    " + "".join(f"{s:>9}" for s in rank.steps[chunk]))
+                lines.append("  summary " + "".join(f"{v:>9.4f}" for v in rank.summary[chunk]))
+            for side, names in (("A", rank.only_in_a), ("B", rank.only_in_b)):
+                if names:
+                    shown = ", ".join(names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
+                    lines.append(f"  only in {side} (not compared): {shown}")
+        return "\n".join(lines)
+
+
+def _dump_folder(path: str | os.PathLike, label: str) -> Path:
+    folder = Path(path)
+    if not folder.is_dir():
+        raise CompareInputError(f"{label} = {str(path)!r}: no such folder; expected a grad_probe dump folder "
+                                f"(holding rank0/grad_summary_0.csv, rank0/step0/...)")
+    if not indexed_children(folder, "rank"):
+        raise CompareInputError(f"{label} = {str(path)!r} holds no rank<N> folders; expected a grad_probe dump "
+                                f"folder (holding rank0/grad_summary_0.csv, rank0/step0/...)")
+    return folder
+
+
+def direction_steps(dump: Path, rank: int, label: str) -> list[int]:
+    """The ``step{S}`` folders of a rank; refuses an L0 dump (summary CSVs, no directions) with a clear message."""
+    steps = indexed_children(rank_dir(dump, rank), "step")
+    if not steps and summary_steps(rank_dir(dump, rank)):
+        raise CompareInputError(
+            f"{label} {rank_dir(dump, rank)}: grad_summary_*.csv but no step<N> folders: this is a grad_level L0 "
+            f"dump, which records no gradient directions; compare needs grad_level L1 or L2 in both runs")
+    return steps
+
+
+def _parameter_order(dump: Path, rank: int, step: int, stored: dict[str, StoredDirection]) -> list[str]:
+    """The model order: the summary CSV's ``param_name`` column (the npy form lists files alphabetically)."""
+    csv_path = summary_csv_path(dump, rank, step)
+    listed = read_summary(csv_path).column("param_name") if csv_path.exists() else []
+    ordered = [name for name in listed if name in stored]
+    seen = set(ordered)
+    return ordered + [name for name in stored if name not in seen]
+
+
+def _open_step(dump: Path, rank: int, step: int) -> dict[str, StoredDirection]:
+    stored = open_step_directions(step_dir(dump, rank, step))
+    if not stored:
+        raise CompareInputError(f"{step_dir(dump, rank, step)}: holds no direction files (expected "
+                                f"directions.npz or <param>.npy)")
+    return stored
+
+
+def _compare_pair(pair: tuple[StoredDirection, StoredDirection]) -> int:
+    stored_a, stored_b = pair
+    return agreeing_directions(stored_a.packed_bits(), stored_b.packed_bits(), stored_a.numel)
+
+
+def _compare_rank(dump_a: Path, dump_b: Path, rank: int, pool: ThreadPoolExecutor,
+                  progress: bool | None) -> RankComparison:
+    steps_a = direction_steps(dump_a, rank, "dump A")
+    steps_b = direction_steps(dump_b, rank, "dump B")
+    steps = sorted(set(steps_a) & set(steps_b))
+    if not steps:
+        raise CompareInputError(f"rank{rank}: no step folder in both dumps (A has steps {steps_a}, B has {steps_b})")
+    order: list[str] = []
+    counts: dict[str, list[Counts]] = {}
+    only_a: dict[str, None] = {}
+    only_b: dict[str, None] = {}
+    summary_counts = []
+    line = ProgressLine(f"rank{rank} steps", len(steps), progress)
+    for index, step in enumerate(steps):
+        stored_a, stored_b = _open_step(dump_a, rank, step), _open_step(dump_b, rank, step)
+        names = [name for name in _parameter_order(dump_a, rank, step, stored_a) if name in stored_b]
+        if not names:
+            raise CompareInputError(f"rank{rank} step{step}: no parameter in both dumps (A has "
+                                    f"{sorted(stored_a)[:5]}, B has {sorted(stored_b)[:5]})")
+        only_a.update(dict.fromkeys(n for n in stored_a if n not in stored_b))
+        only_b.update(dict.fromkeys(n for n in stored_b if n not in stored_a))
+        for name in names:
+            if stored_a[name].shape != stored_b[name].shape:
+                raise CompareInputError(
+                    f"rank{rank} step{step}: parameter {name!r} has shape {list(stored_a[name].shape)} in "
+                    f"{stored_a[name].path} but {list(stored_b[name].shape)} in {stored_b[name].path}; "
+                    f"shapes must match (were both runs the same model?)")
+        agreeing = list(pool.map(_compare_pair, [(stored_a[n], stored_b[n]) for n in names]))
+        for name, agree in zip(names, agreeing):
+            if name not in counts:
+                order.append(name)
+                counts[name] = [None] * len(steps)
+            counts[name][index] = (agree, stored_a[name].numel)
+        summary_counts.append((sum(agreeing), sum(stored_a[n].numel for n in names)))
+        line.advance()
+    line.close()
+    compared = set(counts)
+    return RankComparison(rank, steps, order, counts, summary_counts,
+                          [n for n in only_a if n not in compared], [n for n in only_b if n not in compared])
+
+
+def _check_output_folder(output_dir: Path, ranks: list[int]) -> None:
+    """Refuses an output that holds other things where the comparison's files go (e.g. a dump's rank folder)."""
+    if output_dir.exists() and not output_dir.is_dir():
+        raise CompareInputError(f"output_dir = {str(output_dir)!r} is a file; expected a folder (new or holding "
+                                f"an earlier comparison)")
+    for rank in ranks:
+        folder = output_dir / f"rank{rank}"
+        if not folder.exists():
+            continue
+        foreign = [p.name for p in folder.iterdir() if p.name not in (SIMILARITIES_FILE_NAME, PICTURE_FOLDER_NAME)]
+        pictures = folder / PICTURE_FOLDER_NAME
+        if pictures.is_dir():
+            foreign += [f"{PICTURE_FOLDER_NAME}/{p.name}" for p in pictures.iterdir() if p.suffix != ".png"]
+        if foreign or folder.is_symlink():
+            raise CompareInputError(
+                f"output_dir = {str(output_dir)!r}: {folder} holds files a comparison does not write "
+                f"({', '.join(sorted(foreign)[:5]) or 'a symbolic link'}); choose a new or an earlier comparison's "
+                f"output folder")
+
+
+def _write_rank(folder: Path, rank: RankComparison, plots: bool, per_param_plots: bool,
+                progress: bool | None) -> None:
+    write_csv(folder / SIMILARITIES_FILE_NAME, rank.csv_rows())
+    if not plots:
+        return
+    from msprobe_mlflow.compare import plots as pictures  # matplotlib only when drawing
+
+    picture_folder = folder / PICTURE_FOLDER_NAME
+    pictures.summary_plot(picture_folder, rank.steps, rank.summary)
+    pictures.heatmap(picture_folder, rank.parameters, rank.steps, rank.matrix())
+    if per_param_plots:
+        line = ProgressLine(f"rank{rank.rank} parameter plots", len(rank.parameters), progress)
+        for name in rank.parameters:
+            pictures.parameter_plot(picture_folder, name, rank.steps, rank.similarities(name))
+            line.advance()
+        line.close()
+
+
+def _publish(staging: Path, output_dir: Path) -> None:
+    """Moves each staged rank folder (and verdict.json) into ``output_dir``, replacing an earlier comparison's."""
+    if not output_dir.exists():
+        os.replace(staging, output_dir)
+        return
+    replaced = Path(tempfile.mkdtemp(prefix=".compare-replaced-", dir=output_dir.parent))
+    try:
+        for item in sorted(staging.iterdir()):
+            target = output_dir / item.name
+            if target.exists():
+                os.replace(target, replaced / item.name)
+            os.replace(item, target)
+    finally:
+        shutil.rmtree(replaced, ignore_errors=True)
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+def write_comparison(comparison: DumpComparison, output_dir: str | os.PathLike, plots: bool = True,
+                     per_param_plots: bool = False, progress: bool | None = None) -> Path:
+    """Writes ``rank{R}/similarities.csv``, the plots and ``verdict.json``: staged, then moved into place."""
+    output_dir = Path(output_dir)
+    _check_output_folder(output_dir, [r.rank for r in comparison.ranks])
+    output_dir.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=".compare-partial-", dir=output_dir.parent))
+    try:
+        for rank in comparison.ranks:
+            _write_rank(staging / f"rank{rank.rank}", rank, plots, per_param_plots, progress)
+        (staging / VERDICT_FILE_NAME).write_text(json.dumps(comparison.to_dict(), indent=1), encoding="utf-8")
+        _publish(staging, output_dir)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    comparison.output_dir = output_dir
+    return output_dir
+
+
+def compare_dumps(dump_a: str | os.PathLike, dump_b: str | os.PathLike, output_dir: str | os.PathLike | None,
+                  *, first_threshold: float = DEFAULT_FIRST_THRESHOLD, drop_threshold: float = DEFAULT_DROP_THRESHOLD,
+                  plots: bool = True, per_param_plots: bool = False, workers: int | None = None,
+                  progress: bool | None = None) -> DumpComparison:
+    """Compares two local dumps rank by rank, step by step, parameter by parameter.
+
+    Writes ``{output_dir}/rank{R}/similarities.csv`` (msprobe's format), ``similarities_picture/`` (the summary
+    curve and the heat map; one curve per parameter with ``per_param_plots``) and ``verdict.json``; nothing when
+    ``output_dir`` is None. Raises ``CompareInputError`` (or ``ValueError`` for a damaged file), naming the file
+    and the reason, before anything is written. ``progress``: None shows it when stderr is a terminal.
+    """
+    check_thresholds(first_threshold, drop_threshold)
+    folder_a, folder_b = _dump_folder(dump_a, "dump_a"), _dump_folder(dump_b, "dump_b")
+    ranks_a, ranks_b = indexed_children(folder_a, "rank"), indexed_children(folder_b, "rank")
+    ranks = sorted(set(ranks_a) & set(ranks_b))
+    if not ranks:
+        raise CompareInputError(f"no rank in both dumps: {folder_a} has ranks {ranks_a}, {folder_b} has {ranks_b}")
+    if output_dir is not None:
+        _check_output_folder(Path(output_dir), ranks)
+    workers = workers or min(4, os.cpu_count() or 1)
+    with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="msprobe-compare") as pool:
+        compared = [_compare_rank(folder_a, folder_b, rank, pool, progress) for rank in ranks]
+    verdict = Verdict(first_threshold, drop_threshold, [
+        judge_rank(r.rank, r.steps, r.judged_series(), {n: r.judged_series(n) for n in r.parameters},
+                   first_threshold, drop_threshold) for r in compared])
+    comparison = DumpComparison(folder_a, folder_b, compared, verdict)
+    if output_dir is not None:
+        write_comparison(comparison, output_dir, plots, per_param_plots, progress)
+    return comparison

@@ -1,0 +1,244 @@
+"""``compare_runs``: compare two monitored runs (or dump folders) and log the result as a new MLflow run.
+
+The comparison run (default experiment: the first source run's; name ``compare <a> vs <b>``) holds:
+
+- tags ``msprobe_mlflow.compare.run_a`` / ``run_b`` (source run IDs) and ``dump_path_a`` / ``dump_path_b`` (source
+  folders), ``msprobe_mlflow.compare.verdict`` (``suspicious`` or ``consistent``),
+  ``msprobe_mlflow.compare.first_suspicious_step`` and per rank ``...rank{R}.first_suspicious_step`` and
+  ``...rank{R}.suspicious_parameters``; the verdict text as the run description;
+- params ``first_threshold``, ``drop_threshold``;
+- metrics ``summary_similarity/rank{R}`` whose MLflow step is the training step (the UI draws the curve), and
+  ``verdict/suspicious``, ``verdict/first_suspicious_step``, ``verdict/rank{R}/first_suspicious_step``,
+  ``verdict/rank{R}/suspicious_parameters`` (a count);
+- artifacts ``grad_compare/``: ``rank{R}/similarities.csv``, ``rank{R}/similarities_picture/*.png``,
+  ``verdict.json``.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from mlflow.entities import Metric, Param, RunTag
+from mlflow.exceptions import MlflowException
+from mlflow.tracking import MlflowClient
+
+from msprobe_mlflow import __version__
+from msprobe_mlflow.compare.engine import CompareInputError, DumpComparison, compare_dumps, direction_steps
+from msprobe_mlflow.compare.verdict import DEFAULT_DROP_THRESHOLD, DEFAULT_FIRST_THRESHOLD, Verdict, check_thresholds
+from msprobe_mlflow.dump import indexed_children
+from msprobe_mlflow.tracking import TAG_PREFIX
+from msprobe_mlflow.tracking.keys import metric_key
+from msprobe_mlflow.tracking.run_dump import RunDumpListing, fetch_run_dump, list_run_dump
+from msprobe_mlflow.tracking.upload import log_metrics_batched
+
+COMPARE_TAG_PREFIX = f"{TAG_PREFIX}compare."
+ARTIFACT_FOLDER = "grad_compare"
+MAX_TAG_VALUE_LENGTH = 5000
+
+
+@dataclass
+class RunComparison:
+    """What ``compare_runs`` returns: the comparison run (None with ``log_run=False``), the verdict, the full
+    result (series per rank and parameter) and where the run lives."""
+
+    run_id: str | None
+    verdict: Verdict
+    comparison: DumpComparison
+    experiment_id: str | None = None
+    tracking_uri: str | None = None
+
+    def run_url(self) -> str | None:
+        """The run's page when the store is a server, else None (open it with ``mlflow ui``)."""
+        if self.run_id and self.tracking_uri and self.tracking_uri.startswith(("http://", "https://")):
+            return f"{self.tracking_uri.rstrip('/')}/#/experiments/{self.experiment_id}/runs/{self.run_id}"
+        return None
+
+
+@dataclass
+class ComparisonSource:
+    """One side of a comparison: a local dump folder, or a run logged by the monitor."""
+
+    given: str
+    folder: Path | None = None
+    listing: RunDumpListing | None = None
+
+    @property
+    def run_id(self) -> str | None:
+        return self.listing.run_id if self.listing else None
+
+    @property
+    def label(self) -> str:
+        """A short name for the run name: the run's name, else the folder's."""
+        if self.listing:
+            return self.listing.run.info.run_name or self.listing.run_id[:8]
+        return self.folder.resolve().name
+
+    def steps(self, side: str) -> dict[int, list[int]]:
+        """Rank -> steps holding directions."""
+        if self.listing:
+            return self.listing.steps
+        return {rank: direction_steps(self.folder, rank, side) for rank in indexed_children(self.folder, "rank")}
+
+
+def resolve_source(given: str | os.PathLike, side: str, client_factory) -> ComparisonSource:
+    """A folder if ``given`` is one, else an MLflow run ID (``client_factory()`` is only called then)."""
+    if Path(given).is_dir():
+        if not indexed_children(given, "rank"):
+            raise CompareInputError(f"{side} = {str(given)!r} holds no rank<N> folders; expected a grad_probe dump "
+                                    f"folder (rank0/grad_summary_0.csv, rank0/step0/...) or an MLflow run ID")
+        return ComparisonSource(str(given), folder=Path(given))
+    client = client_factory()
+    try:
+        run = client.get_run(str(given))
+    except MlflowException as e:
+        raise CompareInputError(f"{side} = {str(given)!r}: no such folder, and no MLflow run with this ID at "
+                                f"{client.tracking_uri} ({e.message.splitlines()[0]})") from None
+    return ComparisonSource(str(given), listing=list_run_dump(client, run))
+
+
+def common_steps(source_a: ComparisonSource, source_b: ComparisonSource) -> dict[int, list[int]]:
+    """Rank -> the steps both sides hold, refusing when a rank or its steps have nothing in common."""
+    steps_a, steps_b = source_a.steps("A"), source_b.steps("B")
+    ranks = sorted(set(steps_a) & set(steps_b))
+    if not ranks:
+        raise CompareInputError(f"no rank in both sources: A ({source_a.given}) has ranks {sorted(steps_a)}, "
+                                f"B ({source_b.given}) has {sorted(steps_b)}")
+    common = {}
+    for rank in ranks:
+        common[rank] = sorted(set(steps_a[rank]) & set(steps_b[rank]))
+        if not common[rank]:
+            raise CompareInputError(f"rank{rank}: no step in both sources (A has steps {steps_a[rank]}, B has "
+                                    f"{steps_b[rank]})")
+    return common
+
+
+def local_dumps(source_a: ComparisonSource, source_b: ComparisonSource, client_factory,
+                cache_dir: str | os.PathLike | None = None, progress: bool | None = None) -> tuple[Path, Path]:
+    """Both sides as local folders: runs are read in place or downloaded (the common ranks and steps only)."""
+    steps = common_steps(source_a, source_b)
+    folders = []
+    for source in (source_a, source_b):
+        if source.folder is not None:
+            folders.append(source.folder)
+        else:
+            folders.append(fetch_run_dump(client_factory(), source.listing, steps, cache_dir, progress))
+    return folders[0], folders[1]
+
+
+def _experiment_id(client: MlflowClient, experiment: str | None, sources: list[ComparisonSource]) -> str:
+    if experiment:
+        found = client.get_experiment_by_name(experiment)
+        return found.experiment_id if found else client.create_experiment(experiment)
+    for source in sources:
+        if source.listing:
+            return source.listing.run.info.experiment_id
+    from mlflow.tracking.fluent import _get_experiment_id  # honours MLFLOW_EXPERIMENT_NAME / _ID
+
+    return _get_experiment_id()
+
+
+def _tags(comparison: DumpComparison, sources: list[ComparisonSource]) -> list[RunTag]:
+    verdict = comparison.verdict
+    tags = {"mlflow.source.name": "msprobe-mlflow compare", f"{TAG_PREFIX}version": __version__,
+            "mlflow.note.content": f"{comparison.table()}\n\n{verdict.describe()}",
+            f"{COMPARE_TAG_PREFIX}verdict": "suspicious" if verdict.suspicious else "consistent"}
+    for side, source in zip("ab", sources):
+        if source.run_id:
+            tags[f"{COMPARE_TAG_PREFIX}run_{side}"] = source.run_id
+        else:
+            tags[f"{COMPARE_TAG_PREFIX}dump_path_{side}"] = str(source.folder.resolve())
+    if verdict.suspicious:
+        tags[f"{COMPARE_TAG_PREFIX}first_suspicious_step"] = str(verdict.first_suspicious_step)
+    for rank in verdict.ranks:
+        if rank.suspicious:
+            tags[f"{COMPARE_TAG_PREFIX}rank{rank.rank}.first_suspicious_step"] = str(rank.first_suspicious_step)
+            names = ", ".join(f"{t.name} (fell {t.fall:.4f})" for t in rank.parameter_trips)
+            tags[f"{COMPARE_TAG_PREFIX}rank{rank.rank}.suspicious_parameters"] = names[:MAX_TAG_VALUE_LENGTH]
+    return [RunTag(key, value) for key, value in tags.items()]
+
+
+def _metrics(comparison: DumpComparison) -> list[Metric]:
+    now = int(time.time() * 1000)
+    verdict = comparison.verdict
+    metrics = [Metric(metric_key("summary_similarity", f"rank{r.rank}"), value, now, step)
+               for r in comparison.ranks for step, value in zip(r.steps, r.summary)]
+    metrics.append(Metric("verdict/suspicious", float(verdict.suspicious), now, 0))
+    if verdict.suspicious:
+        metrics.append(Metric("verdict/first_suspicious_step", float(verdict.first_suspicious_step), now, 0))
+    for rank in verdict.ranks:
+        if rank.suspicious:
+            metrics.append(Metric(metric_key("verdict", f"rank{rank.rank}", "first_suspicious_step"),
+                                  float(rank.first_suspicious_step), now, 0))
+        metrics.append(Metric(metric_key("verdict", f"rank{rank.rank}", "suspicious_parameters"),
+                              float(len(rank.parameter_trips)), now, 0))
+    return metrics
+
+
+def log_comparison_run(client: MlflowClient, comparison: DumpComparison, sources: list[ComparisonSource],
+                       experiment: str | None = None, run_name: str | None = None) -> tuple[str, str]:
+    """Creates the comparison run and logs tags, params, metrics and the output folder; returns its run and
+    experiment IDs."""
+    experiment_id = _experiment_id(client, experiment, sources)
+    run_name = run_name or f"compare {sources[0].label} vs {sources[1].label}"
+    run = client.create_run(experiment_id, run_name=run_name)
+    run_id = run.info.run_id
+    try:
+        verdict = comparison.verdict
+        client.log_batch(run_id, tags=_tags(comparison, sources), synchronous=True,
+                         params=[Param("first_threshold", str(verdict.first_threshold)),
+                                 Param("drop_threshold", str(verdict.drop_threshold))])
+        log_metrics_batched(client, run_id, _metrics(comparison))
+        if comparison.output_dir is not None:
+            client.log_artifacts(run_id, str(comparison.output_dir), ARTIFACT_FOLDER)
+    except BaseException:
+        client.set_terminated(run_id, "FAILED")
+        raise
+    client.set_terminated(run_id, "FINISHED")
+    return run_id, experiment_id
+
+
+def compare_runs(run_a: str | os.PathLike, run_b: str | os.PathLike, tracking_uri: str | None = None,
+                 experiment: str | None = None, run_name: str | None = None,
+                 first_threshold: float = DEFAULT_FIRST_THRESHOLD, drop_threshold: float = DEFAULT_DROP_THRESHOLD,
+                 output_dir: str | os.PathLike | None = None, *, plots: bool = True, per_param_plots: bool = False,
+                 cache_dir: str | os.PathLike | None = None, log_run: bool = True,
+                 progress: bool | None = None) -> RunComparison:
+    """Compares two sources (each an MLflow run ID or a dump folder) and logs a comparison run.
+
+    ``tracking_uri`` None: the active one (``mlflow.set_tracking_uri`` / ``MLFLOW_TRACKING_URI``). Runs on a
+    tracking server are downloaded only for the ranks and steps both sides hold, cached under ``cache_dir``
+    (default ``~/.cache/msprobe-mlflow/runs``). ``output_dir`` None: the local outputs go to a temporary folder,
+    removed once logged. ``log_run=False`` writes the local outputs only (``run_id`` is then None).
+    """
+    check_thresholds(first_threshold, drop_threshold)
+    clients: list[MlflowClient] = []
+
+    def client_factory() -> MlflowClient:
+        if not clients:
+            clients.append(MlflowClient(tracking_uri))
+        return clients[0]
+
+    sources = [resolve_source(run_a, "A", client_factory), resolve_source(run_b, "B", client_factory)]
+    folder_a, folder_b = local_dumps(*sources, client_factory, cache_dir, progress)
+    scratch = None
+    if output_dir is None and log_run:
+        scratch = Path(tempfile.mkdtemp(prefix="msprobe-compare-"))
+        output_dir = scratch / "grad_compare"
+    try:
+        comparison = compare_dumps(folder_a, folder_b, output_dir, first_threshold=first_threshold,
+                                   drop_threshold=drop_threshold, plots=plots, per_param_plots=per_param_plots,
+                                   progress=progress)
+        run_id = experiment_id = None
+        if log_run:
+            run_id, experiment_id = log_comparison_run(client_factory(), comparison, sources, experiment, run_name)
+    finally:
+        if scratch is not None:
+            shutil.rmtree(scratch, ignore_errors=True)
+    if scratch is not None:
+        comparison.output_dir = None  # logged, then removed
+    return RunComparison(run_id, comparison.verdict, comparison, experiment_id,
+                         client_factory().tracking_uri if log_run else None)

@@ -1,0 +1,135 @@
+"""A monitored run's dump as a local folder, for the comparator.
+
+The run's ``grad_probe/`` artifacts mirror the local dump. When the artifact store is a local folder (the embedded
+SQLite/file store), the dump is read where it lies. Otherwise only the files asked for (the ranks and steps being
+compared) are downloaded, in parallel, into a cache keyed by run ID (``~/.cache/msprobe-mlflow/runs/<run_id>/``);
+a file already cached with the listed size is not fetched again. Each destination is confined to the cache folder
+(``safe_paths.confined_path``) and written by rename, so an interrupted download leaves no half file.
+"""
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import tempfile
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from urllib.parse import unquote, urlparse
+
+from mlflow.entities import Run
+from mlflow.tracking import MlflowClient
+
+from msprobe_mlflow.compare.progress import ProgressLine
+from msprobe_mlflow.safe_paths import confined_path
+from msprobe_mlflow.tracking import ARTIFACT_ROOT, TAG_PREFIX
+
+DOWNLOAD_WORKERS = 8
+_RANK = re.compile(r"^rank(\d+)$")
+_STEP = re.compile(r"^step(\d+)$")
+_SUMMARY = re.compile(r"^grad_summary_(\d+)\.csv$")
+
+
+class RunDumpError(ValueError):
+    """The run holds no comparable dump (no ``grad_probe/`` artifacts, or an L0 dump)."""
+
+
+def default_cache_dir() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "msprobe-mlflow" / "runs"
+
+
+@dataclass
+class RunDumpListing:
+    """What a run's ``grad_probe/`` holds: ``steps[rank]`` are the steps with both a summary CSV and a
+    ``step{S}/`` folder (the sink uploads the CSV last, so such a step is complete)."""
+
+    run: Run
+    steps: dict[int, list[int]] = field(default_factory=dict)
+    file_sizes: dict[str, int | None] = field(default_factory=dict)  # artifact path of each summary CSV -> bytes
+
+    @property
+    def run_id(self) -> str:
+        return self.run.info.run_id
+
+
+def _name(path: str) -> str:
+    return path.rstrip("/").rsplit("/", 1)[-1]
+
+
+def list_run_dump(client: MlflowClient, run: Run) -> RunDumpListing:
+    """Lists the run's ranks and complete steps (one request per rank), refusing an L0 or empty run."""
+    run_id = run.info.run_id
+    level = run.data.tags.get(f"{TAG_PREFIX}level")
+    if level == "L0":
+        raise RunDumpError(f"run {run_id}: tag {TAG_PREFIX}level = 'L0': an L0 run records no gradient "
+                           f"directions; compare needs grad_level L1 or L2 in both runs")
+    listing = RunDumpListing(run)
+    rank_folders = [info for info in client.list_artifacts(run_id, ARTIFACT_ROOT) if info.is_dir]
+    for folder in rank_folders:
+        match = _RANK.match(_name(folder.path))
+        if not match:
+            continue
+        entries = client.list_artifacts(run_id, folder.path)
+        summaries = {int(m.group(1)) for e in entries if not e.is_dir and (m := _SUMMARY.match(_name(e.path)))}
+        listing.file_sizes.update({e.path: e.file_size for e in entries if not e.is_dir})
+        step_folders = {int(m.group(1)) for e in entries if e.is_dir and (m := _STEP.match(_name(e.path)))}
+        if summaries and not step_folders:
+            raise RunDumpError(f"run {run_id}: {folder.path}/ holds grad_summary_*.csv but no step<N>/ folders: "
+                               f"an L0 dump records no gradient directions; compare needs grad_level L1 or L2")
+        listing.steps[int(match.group(1))] = sorted(summaries & step_folders)
+    if not listing.steps:
+        raise RunDumpError(f"run {run_id} has no {ARTIFACT_ROOT}/rank<N>/ artifacts; expected a run logged by "
+                           f"msprobe-mlflow's monitor (autolog, GradientMonitor) or by 'msprobe-mlflow upload'")
+    return listing
+
+
+def local_artifact_dump(run: Run) -> Path | None:
+    """The run's ``grad_probe/`` folder when its artifact store is on this file system, else None."""
+    parsed = urlparse(run.info.artifact_uri)
+    if parsed.scheme not in ("", "file"):
+        return None
+    folder = Path(unquote(parsed.path)) / ARTIFACT_ROOT
+    return folder if folder.is_dir() else None
+
+
+def _download(client: MlflowClient, run_id: str, artifact_path: str, destination: Path, scratch: Path) -> None:
+    fetched = Path(client.download_artifacts(run_id, artifact_path, str(scratch)))
+    destination.parent.mkdir(parents=True, exist_ok=True)
+    os.replace(fetched, destination)
+
+
+def fetch_run_dump(client: MlflowClient, listing: RunDumpListing, steps: dict[int, list[int]],
+                   cache_dir: str | os.PathLike | None = None, progress: bool | None = None) -> Path:
+    """A local dump folder holding at least ``steps[rank]`` of every rank in ``steps`` (read in place when the
+    artifact store is local, else downloaded into ``{cache_dir}/{run_id}/grad_probe``)."""
+    in_place = local_artifact_dump(listing.run)
+    if in_place is not None:
+        return in_place
+    run_id = listing.run_id
+    cache_root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+    run_root = cache_root / run_id
+    run_root.mkdir(parents=True, exist_ok=True)
+    wanted = []  # (artifact path, size)
+    folders = [f"{ARTIFACT_ROOT}/rank{rank}/step{step}" for rank, rank_steps in steps.items() for step in rank_steps]
+    with ThreadPoolExecutor(DOWNLOAD_WORKERS, thread_name_prefix="msprobe-download") as pool:
+        for folder, entries in zip(folders, pool.map(lambda f: client.list_artifacts(run_id, f), folders)):
+            wanted += [(e.path, e.file_size) for e in entries if not e.is_dir]
+        summaries = [f"{ARTIFACT_ROOT}/rank{rank}/grad_summary_{step}.csv"
+                     for rank, rank_steps in steps.items() for step in rank_steps]
+        wanted += [(path, listing.file_sizes.get(path)) for path in summaries]
+        missing = []
+        for artifact_path, size in wanted:
+            destination = confined_path(run_root, artifact_path, f"run {run_id}: artifact path")
+            if not destination.is_file() or (size is not None and destination.stat().st_size != size):
+                missing.append((artifact_path, destination))
+        if missing:
+            scratch = Path(tempfile.mkdtemp(prefix=".download-", dir=run_root))
+            line = ProgressLine(f"downloading run {run_id[:8]}", len(missing), progress)
+            try:
+                for _ in pool.map(lambda item: _download(client, run_id, *item, scratch), missing):
+                    line.advance()
+            finally:
+                line.close()
+                shutil.rmtree(scratch, ignore_errors=True)
+    return run_root / ARTIFACT_ROOT
