@@ -1,0 +1,60 @@
+"""One rank of a small DDP job (gloo, CPU) monitored into one MLflow run; started by torchrun from the tests.
+
+Rank 0 starts the run (``--run-name``) and prints ``RUN_ID <id>``; every rank calls ``monitor()`` and so logs into
+rank 0's run. ``--perturb-from S`` scales the inputs of every rank from step S on, so gradient directions
+change from that step: the comparator must name it. ``--die-at S`` makes rank 1 exit abruptly at step S (the
+ranks then train without DDP, so the survivor is not stuck in an all-reduce with a dead peer).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+
+import mlflow
+import torch
+import torch.distributed as dist
+
+from msprobe_mlflow import GradProbeConfig
+from msprobe_mlflow.pytorch import GradientMonitor
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--dump", required=True)
+    parser.add_argument("--steps", type=int, default=4)
+    parser.add_argument("--level", default="L2")
+    parser.add_argument("--run-name", default="distributed")
+    parser.add_argument("--perturb-from", type=int, default=None)
+    parser.add_argument("--die-at", type=int, default=None)
+    args = parser.parse_args()
+
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 4))
+    if args.die_at is None:
+        model = torch.nn.parallel.DistributedDataParallel(model)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+    run = mlflow.start_run(run_name=args.run_name) if rank == 0 else None
+    monitor = GradientMonitor(GradProbeConfig(dump_path=args.dump, level=args.level)).monitor(model, optimizer)
+    if rank == 0:
+        print("RUN_ID", run.info.run_id, flush=True)
+    generator = torch.Generator().manual_seed(100 + rank)
+    for step in range(args.steps):
+        if args.die_at is not None and rank == 1 and step == args.die_at:
+            os._exit(17)
+        x = torch.randn(16, 8, generator=generator)
+        if args.perturb_from is not None and step >= args.perturb_from:
+            x = -3 * x.flip(0)
+        optimizer.zero_grad()
+        torch.nn.functional.mse_loss(model(x), torch.ones(16, 4)).backward()
+        optimizer.step()
+    monitor.stop()
+    if run is not None:
+        mlflow.end_run()
+    if args.die_at is None:
+        dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

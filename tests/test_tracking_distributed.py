@@ -1,0 +1,85 @@
+"""A 2-process torch.distributed (gloo) job logs both ranks into one MLflow run, nothing lost."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from mlflow.tracking import MlflowClient
+
+from mlflow_server import free_port
+
+WORKER = Path(__file__).with_name("distributed_worker.py")
+
+
+def torchrun(tracking_uri: str, *worker_args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    """Runs tests/distributed_worker.py on 2 ranks; returns the finished process (stdout holds RUN_ID)."""
+    command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr",
+               "127.0.0.1", "--master-port", str(free_port()), str(WORKER), *worker_args]
+    env = {**os.environ, "MLFLOW_TRACKING_URI": tracking_uri, "MSPROBE_MLFLOW_RANK_WAIT_SECONDS": "20"}
+    return subprocess.run(command, capture_output=True, text=True, env=env, timeout=timeout)
+
+
+def launch_ranks_separately(tracking_uri: str, *worker_args: str, timeout: float = 300) -> list[subprocess.CompletedProcess]:
+    """Each rank its own launcher (as on separate nodes), so one rank dying does not kill the other."""
+    port = str(free_port())
+    processes = []
+    for rank in (0, 1):
+        env = {**os.environ, "MLFLOW_TRACKING_URI": tracking_uri, "MSPROBE_MLFLOW_RANK_WAIT_SECONDS": "10",
+               "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1",
+               "MASTER_PORT": port}
+        processes.append(subprocess.Popen([sys.executable, str(WORKER), *worker_args], env=env, text=True,
+                                          stdout=subprocess.PIPE, stderr=subprocess.PIPE))
+    return [subprocess.CompletedProcess(p.args, p.wait(timeout), *p.communicate()) for p in processes]
+
+
+def run_id_of(done: subprocess.CompletedProcess) -> str:
+    lines = [line for line in done.stdout.splitlines() if line.startswith("RUN_ID ")]
+    assert lines, done.stdout + done.stderr
+    return lines[0].split()[1]
+
+
+def artifact_files(client: MlflowClient, run_id: str, path: str) -> list[str]:
+    found = []
+    for info in client.list_artifacts(run_id, path):
+        found += artifact_files(client, run_id, info.path) if info.is_dir else [info.path]
+    return found
+
+
+def test_two_ranks_log_into_one_run_with_every_metric_and_file(tmp_path):
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    done = torchrun(uri, "--dump", str(tmp_path / "dump"), "--steps", "4")
+    assert done.returncode == 0, done.stderr[-3000:]
+    run_id = run_id_of(done)
+    client = MlflowClient(uri)
+    run = client.get_run(run_id)
+    assert run.data.tags["msprobe_mlflow.world_size"] == "2"
+    assert [run.data.tags[f"msprobe_mlflow.rank{r}.status"] for r in (0, 1)] == ["finished", "finished"]
+    assert "msprobe_mlflow.missing_ranks" not in run.data.tags
+    for rank in (0, 1):
+        keys = [k for k in run.data.metrics if k.startswith(f"grad/rank{rank}/")]
+        assert len(keys) == 10  # L2 with bounds [-1, 0, 1]: 5 scalars + 4 buckets + zero_fraction
+        for key in keys:
+            assert [m.step for m in client.get_metric_history(run_id, key)] == [0, 1, 2, 3]
+        files = artifact_files(client, run_id, f"grad_probe/rank{rank}")
+        assert sorted(files) == sorted([f"grad_probe/rank{rank}/grad_summary_{s}.csv" for s in range(4)]
+                                       + [f"grad_probe/rank{rank}/step{s}/directions.npz" for s in range(4)])
+        local = sorted(p.name for p in (tmp_path / "dump" / f"rank{rank}").glob("*.csv"))
+        assert local == [f"grad_summary_{s}.csv" for s in range(4)]
+    # DDP all-reduces the gradients: both ranks saw the same ones.
+    assert (tmp_path / "dump/rank0/grad_summary_3.csv").read_bytes() == \
+        (tmp_path / "dump/rank1/grad_summary_3.csv").read_bytes()
+
+
+def test_a_rank_that_dies_is_named_in_the_run_and_the_other_rank_is_complete(tmp_path):
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    rank0, rank1 = launch_ranks_separately(uri, "--dump", str(tmp_path / "dump"), "--steps", "4", "--die-at", "2")
+    assert (rank0.returncode, rank1.returncode) == (0, 17), rank0.stderr[-3000:]
+    run_id = run_id_of(rank0)
+    run = MlflowClient(uri).get_run(run_id)
+    assert run.data.tags["msprobe_mlflow.missing_ranks"] == "1"
+    assert run.data.tags["msprobe_mlflow.rank1.status"] == "running"
+    assert "ranks [1] did not finish" in rank0.stderr
+    assert [m.step for m in MlflowClient(uri).get_metric_history(run_id, "grad/rank0/total_norm")] == [0, 1, 2, 3]
