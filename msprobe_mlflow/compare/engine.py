@@ -79,8 +79,8 @@ class RankComparison:
         return rows
 
     def matrix(self) -> np.ndarray:
-        """Parameter x step similarities, NaN where not compared."""
-        return np.array([[np.nan if v is None else v for v in self.similarities(n)] for n in self.parameters],
+        """Parameter x step similarities for the heat map, NaN where not compared or empty."""
+        return np.array([[np.nan if v is None else v for v in self.judged_series(n)] for n in self.parameters],
                         dtype=np.float64).reshape(len(self.parameters), len(self.steps))
 
 

@@ -1,0 +1,118 @@
+"""The comparator's pure core: similarity on packed sign bits and the suspicious-step rule, checked by hand."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from msprobe_mlflow.compare import similarity as similarity_module
+from msprobe_mlflow.compare.similarity import agreeing_directions, similarity, summary_similarity
+from msprobe_mlflow.compare.verdict import Verdict, check_thresholds, judge_rank, series_trips
+
+
+def packed(signs) -> np.ndarray:
+    return np.packbits(np.asarray(signs, dtype=bool).reshape(-1))
+
+
+def test_odd_numel_counts_only_real_elements():
+    a = np.array([1, 0, 1, 1, 0, 0, 1, 0, 1, 1, 1, 0, 1], dtype=bool)  # 13 elements: 2 bytes, 3 padding bits
+    b = a.copy()
+    b[[0, 7, 12]] = ~b[[0, 7, 12]]  # three flips, the last one in the padded byte
+    assert agreeing_directions(packed(a), packed(b), 13) == 10
+    assert similarity(10, 13) == pytest.approx(10 / 13)
+
+
+def test_garbage_in_padding_bits_is_ignored():
+    a = np.array([1, 0, 1, 1, 0], dtype=bool)  # 5 elements: bits 7..3 of one byte, 3 padding bits
+    bits_a, bits_b = packed(a), packed(a)
+    bits_b[0] |= 0b00000111  # a foreign writer left the padding set
+    assert agreeing_directions(bits_a, bits_b, 5) == 5
+
+
+def test_scalar_parameter():
+    assert agreeing_directions(packed([True]), packed([True]), 1) == 1
+    assert agreeing_directions(packed([True]), packed([False]), 1) == 0
+    assert similarity(0, 1) == 0.0
+
+
+def test_empty_parameter_has_similarity_zero():
+    empty = np.zeros(0, dtype=np.uint8)
+    assert agreeing_directions(empty, empty, 0) == 0
+    assert similarity(0, 0) == 0.0
+
+
+def test_matches_elementwise_equality_across_chunks(monkeypatch):
+    monkeypatch.setattr(similarity_module, "CHUNK_BYTES", 3)  # many chunks, a partial last one
+    rng = np.random.default_rng(0)
+    a, b = rng.random(1001) > 0.5, rng.random(1001) > 0.5
+    assert agreeing_directions(packed(a), packed(b), 1001) == int((a == b).sum())
+
+
+def test_wrong_byte_count_is_refused():
+    with pytest.raises(ValueError, match="12 elements need 2"):
+        agreeing_directions(np.zeros(1, np.uint8), np.zeros(2, np.uint8), 12)
+
+
+def test_summary_is_weighted_by_element_count():
+    # 10 agreeing of 10, 0 of 2: weighted 10/12, where the mean of the rows would be 0.5
+    assert summary_similarity([10, 0], [10, 2]) == pytest.approx(10 / 12)
+    assert summary_similarity([0], [0]) == 0.0
+
+
+STEPS = [0, 5, 10, 15]
+
+
+def test_first_step_below_threshold_trips():
+    trips = series_trips("w", STEPS[:2], [0.96, 0.96])
+    assert [(t.step, t.reason) for t in trips] == [(0, "first")]
+    assert trips[0].fall == pytest.approx(0.04)
+
+
+def test_thresholds_are_strict():
+    assert series_trips("w", STEPS[:2], [0.97, 0.97]) == []  # not below 0.97
+    assert series_trips("w", STEPS[:2], [1.0, 0.97]) == []  # a drop of exactly 0.03 is not more than 0.03
+    assert [t.step for t in series_trips("w", STEPS[:2], [1.0, 0.969])] == [5]
+
+
+def test_drop_is_measured_from_the_previous_compared_value():
+    trips = series_trips("w", STEPS, [1.0, 0.99, 0.90, 0.5])
+    assert [(t.step, t.previous, t.similarity) for t in trips] == [(10, 0.99, 0.90), (15, 0.90, 0.5)]
+
+
+def test_missing_values_are_skipped():
+    trips = series_trips("w", STEPS[:3], [1.0, None, 0.9])
+    assert [(t.step, t.previous) for t in trips] == [(10, 1.0)]
+    assert series_trips("w", STEPS[:2], [None, 0.5]) == []  # the first-step rule needs a value at step 0
+
+
+def test_rank_verdict_names_first_step_and_orders_parameters_by_fall():
+    parameters = {"small.fall": [1.0, 0.99, 0.95, 0.95], "big.fall": [1.0, 0.99, 0.90, 0.5],
+                  "later": [1.0, 1.0, 1.0, 0.5], "steady": [1.0, 1.0, 1.0, 1.0]}
+    verdict = judge_rank(0, STEPS, [1.0, 0.995, 0.93, 0.7], parameters)
+    assert verdict.first_suspicious_step == 10
+    assert [t.name for t in verdict.parameter_trips] == ["big.fall", "small.fall"]  # fell 0.09, then 0.04
+    assert verdict.summary_trip.fall == pytest.approx(0.065)
+
+
+def test_thresholds_are_options():
+    parameters = {"w": [1.0, 0.99, 0.95, 0.95]}
+    assert judge_rank(0, STEPS, [1.0] * 4, parameters, drop_threshold=0.05).first_suspicious_step is None
+    assert judge_rank(0, STEPS, [1.0] * 4, parameters, first_threshold=1.0, drop_threshold=0.05) \
+        .first_suspicious_step is None
+    assert judge_rank(0, STEPS, [0.99] * 4, parameters, first_threshold=0.995).first_suspicious_step == 0
+
+
+def test_verdict_over_ranks():
+    quiet = judge_rank(0, STEPS, [1.0] * 4, {})
+    loud = judge_rank(1, STEPS, [1.0, 1.0, 0.8, 0.8], {})
+    verdict = Verdict(0.97, 0.03, [quiet, loud])
+    assert verdict.suspicious and verdict.first_suspicious_step == 10
+    as_dict = verdict.to_dict()
+    assert as_dict["ranks"][1]["summary_trip"]["fall"] == pytest.approx(0.2)
+    assert "rank 1: first suspicious step 10" in verdict.describe()
+    assert not Verdict(0.97, 0.03, [quiet]).suspicious
+
+
+@pytest.mark.parametrize("value", [1.5, -0.1, True, "0.9", float("nan")])
+def test_bad_threshold_is_refused(value):
+    with pytest.raises(ValueError, match=r"drop_threshold = .* expected a number between 0 and 1"):
+        check_thresholds(0.97, value)
