@@ -75,9 +75,11 @@ def launch_step_statistics(names: list[str], grads: list[torch.Tensor], *, rank:
             maximum = minimum = torch.full((), math.nan, device=grad.device)
         statistics += [maximum.float(), minimum.float(), norm.float()]
         if level == "L2":
-            grad32 = grad.float()
-            counts += [(grad32 <= bound).sum() for bound in bounds32]
-            counts.append((grad32 == 0).sum())
+            # bf16/fp16 go up to float32 so the float32 bounds are not rounded to the gradient's dtype; float64
+            # stays float64, as msprobe compares it (float32(1e-50) would be a zero).
+            comparable = grad if grad.dtype == torch.float64 else grad.float()
+            counts += [(comparable <= bound).sum() for bound in bounds32]
+            counts.append((comparable == 0).sum())
     device = grads[0].device if grads else torch.device("cpu")
     parts = [torch.stack(statistics).double()] if statistics else []
     if counts:
