@@ -48,6 +48,7 @@ class GradientMonitor:
         self._hook = None
         self._session: ProbeSession | None = None
         self._failed_steps = 0
+        self._stopped_errors: list[str] = []  # errors of sessions already stopped: still readable after stop()
 
     def monitor(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None) -> "GradientMonitor":
         """Starts probing ``model``'s gradients at each ``optimizer.step()``.
@@ -118,7 +119,7 @@ class GradientMonitor:
     @property
     def errors(self) -> list[str]:
         """What the writer thread could not do (each also logged)."""
-        return self._session.errors if self._session else []
+        return self._stopped_errors + (self._session.errors if self._session else [])
 
     def flush(self) -> None:
         """Waits until every probed step is on disk (and through the other handlers)."""
@@ -136,6 +137,8 @@ class GradientMonitor:
         """Removes every hook, writes what is pending and stops the writer thread. Safe to call twice."""
         self._remove_hook()
         if self._session:
+            self._session.flush()  # the pending steps' failures too
+            self._stopped_errors += self._session.errors
             self._session.close()
             self._session = None
 
