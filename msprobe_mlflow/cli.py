@@ -13,6 +13,7 @@ import sys
 COMMAND_MODULES = {
     "upload": "msprobe_mlflow.commands.upload",
     "compare": "msprobe_mlflow.commands.compare",
+    "api-check": "msprobe_mlflow.commands.api_check",
 }
 
 

@@ -1,0 +1,60 @@
+"""The MindSpore API accuracy checker: ``mindspore.mint`` calls recorded by msprobe's dump are run again in MindSpore
+(tested) and torch (benchmark), forward and backward, compared, written as msprobe's two CSVs and recorded in MLflow
+(one run for the check, one nested run per API). See docs/api_check.md and FORMATS.md section 6.
+"""
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+from typing import Callable
+
+from msprobe_mlflow.mindspore.api_check.metrics import Thresholds
+from msprobe_mlflow.mindspore.api_check.parser import read_api_info
+from msprobe_mlflow.mindspore.api_check.report import write_reports
+from msprobe_mlflow.mindspore.api_check.results import ApiCheckReport, ApiResult, OutputResult, SideResult
+from msprobe_mlflow.mindspore.api_check.runner import check_call, prepare_mindspore
+
+__all__ = ["check_api_accuracy", "ApiCheckReport", "ApiResult", "OutputResult", "SideResult", "Thresholds"]
+
+
+def check_api_accuracy(path: str | os.PathLike, *, output_dir: str | os.PathLike = ".",
+                       experiment: str | None = None, parent_run_id: str | None = None, nested: bool = True,
+                       api_filter: str | None = None, cosine_threshold: float = 0.99,
+                       max_abs_threshold: float = 0.001, log_to_mlflow: bool = True,
+                       tracking_uri: str | None = None, on_progress: Callable[[int, int, str], None] | None = None) -> ApiCheckReport:
+    """Checks every API call of an msprobe MindSpore dump (``api_info.json`` / ``dump.json``) and reports.
+
+    ``api_filter``: a regular expression searched in the call name (``Mint.add.0``); calls that do not match are
+    left out. An API passes when every output has ``Cosine > cosine_threshold`` and ``MaxAbsErr <
+    max_abs_threshold``. The CSVs go to ``output_dir`` (written before anything is logged); with ``log_to_mlflow``
+    one MLflow run holds them (nested under ``parent_run_id``, else under the active run if there is one; in
+    ``experiment`` if given; ``tracking_uri`` None: MLflow's active one) with one nested run per API unless
+    ``nested`` is false. ``on_progress(done, total, name)`` is called after each call.
+
+    Raises ``ValueError`` only for what stops the whole check (an unreadable file, no ``task``/``data``, a bad
+    ``api_filter``); every problem of one entry becomes that API's ``error`` or ``skip`` row.
+    """
+    try:
+        pattern = re.compile(api_filter) if api_filter else None
+    except re.error as error:
+        raise ValueError(f"api_filter = {api_filter!r} is not a regular expression ({error})") from None
+    thresholds = Thresholds(cosine=cosine_threshold, max_abs_err=max_abs_threshold)
+    dump = read_api_info(path)
+    calls = [call for call in dump.calls if pattern is None or pattern.search(call.name)]
+    if dump.task == "statistics":
+        prepare_mindspore()
+    results: list[ApiResult] = []
+    for done, call in enumerate(calls, start=1):
+        results.append(check_call(call, dump.task, thresholds))
+        if on_progress is not None:
+            on_progress(done, len(calls), call.name)
+    details_csv, result_csv = write_reports(results, output_dir)
+    report = ApiCheckReport(results, details_csv, result_csv)
+    if log_to_mlflow:
+        from msprobe_mlflow.tracking.api_check_runs import log_api_check
+
+        report.run_id = log_api_check(report, api_info=Path(path), task=dump.task, thresholds=thresholds,
+                                      api_filter=api_filter, experiment=experiment, parent_run_id=parent_run_id,
+                                      nested=nested, tracking_uri=tracking_uri)
+    return report

@@ -1,0 +1,353 @@
+"""Runs each recorded call in MindSpore (tested) and torch (benchmark), forward and backward, and compares.
+
+``Mint.X`` maps to ``mindspore.mint.X`` / ``torch.X``, ``MintFunctional.X`` to ``mindspore.mint.nn.functional.X``
+/ ``torch.nn.functional.X``. Both frameworks get the same inputs in the recorded dtype. Statistics task: the tested
+outputs come from running MindSpore here; tensor task: they are the recorded ones (MindSpore does not run).
+
+Backward: the recorded backward ``input`` is the sensitivity (the gradient of each forward output); MindSpore
+differentiates with ``GradOperation(get_all=True, sens_param=True)``, torch with autograd. Gradients are taken with
+respect to the floating-point tensors among the positional arguments (tuple arguments such as ``cat``'s included,
+depth first); ``backward.output.i`` is the gradient of the ``i``-th positional tensor, and int or bool tensors get
+no row (they have no gradient). A call MindSpore or torch cannot run here is a ``skip`` with the framework's message.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import mindspore
+import numpy as np
+import torch
+
+from msprobe_mlflow.mindspore.api_check.inputs import (InputError, TensorPair, MINDSPORE_DTYPES, TORCH_DTYPES,
+                                                        dtype_name, make_pair, recorded_values, to_float64)
+from msprobe_mlflow.mindspore.api_check.metrics import ERROR, SKIP, Thresholds, compare_arrays
+from msprobe_mlflow.mindspore.api_check.parser import (DTYPE_TYPE, FLOAT_DTYPES, ApiCall, Argument, ForwardEntry,
+                                                        TensorArg, ValueArg)
+from msprobe_mlflow.mindspore.api_check.results import ApiResult, OutputResult, SideResult, side_from_outputs
+
+MODULES = {
+    "Mint": (("mindspore.mint", lambda: mindspore.mint), ("torch", lambda: torch)),
+    "MintFunctional": (("mindspore.mint.nn.functional", lambda: mindspore.mint.nn.functional),
+                       ("torch.nn.functional", lambda: torch.nn.functional)),
+}
+DESCRIPTION_LIMIT = 500
+
+
+class _SideStopped(Exception):
+    """A forward or backward check that ends before comparing; ``status`` is ``skip`` or ``error``."""
+
+    def __init__(self, status: str, message: str):
+        super().__init__(message)
+        self.status, self.message = status, message
+
+
+@dataclass
+class _Observed:
+    """One output ready to compare: float64 values (``None`` if not a tensor), msprobe dtype name, shape."""
+
+    values: np.ndarray | None
+    dtype: str
+    shape: tuple[int, ...] | None
+
+    @classmethod
+    def of(cls, value) -> _Observed:
+        shape = tuple(value.shape) if isinstance(value, (mindspore.Tensor, torch.Tensor)) else None
+        return cls(to_float64(value), dtype_name(value), shape)
+
+
+def prepare_mindspore() -> None:
+    """Makes a failing MindSpore kernel raise at its own call: without it an unregistered CPU kernel can make the
+    next, valid, op fail too. It applies to the whole process (MindSpore has no way back)."""
+    mindspore.runtime.launch_blocking()
+
+
+def check_call(call: ApiCall, task: str, thresholds: Thresholds) -> ApiResult:
+    """The verdict for one API call; never raises for a problem of the call's own entries or frameworks."""
+    inputs = describe_inputs(call.forward) if call.forward is not None else {}
+    stop = (ERROR, call.problem) if call.problem else (SKIP, call.skip_reason) if call.skip_reason else None
+    if stop is not None:
+        sides = {side: _stopped_side(call, side, *stop) for side in ("forward", "backward")
+                 if getattr(call, f"has_{side}")}
+        if not sides:
+            return ApiResult(call.name, stop[0], stop[1], inputs=inputs)
+        return ApiResult.from_sides(call.name, sides.get("forward"), sides.get("backward"), inputs)
+    checker = _CallChecker(call, task, thresholds)
+    forward = checker.side("forward", checker.forward) if call.has_forward else None
+    backward = checker.side("backward", checker.backward) if call.has_backward else None
+    return ApiResult.from_sides(call.name, forward, backward, inputs)
+
+
+def _stopped_side(call: ApiCall, side: str, status: str, message: str) -> SideResult:
+    return SideResult(status, message, [OutputResult(f"{call.name}.{side}", status, message)])
+
+
+class _CallChecker:
+    def __init__(self, call: ApiCall, task: str, thresholds: Thresholds):
+        self.call, self.task, self.thresholds = call, task, thresholds
+
+    def side(self, side: str, compute: Callable[[], list[OutputResult]]) -> SideResult:
+        try:
+            return side_from_outputs(compute())
+        except _SideStopped as stopped:
+            return _stopped_side(self.call, side, stopped.status, stopped.message)
+
+    # --- what both sides need -------------------------------------------------------------------------------------
+
+    def qualified_name(self, framework_index: int) -> str:
+        """``mindspore.mint.nn.functional.relu`` (0) or ``torch.nn.functional.relu`` (1)."""
+        return f"{MODULES[self.call.family][framework_index][0]}.{self.call.function}"
+
+    def functions(self) -> tuple[Callable | None, Callable]:
+        """(MindSpore function or None in the tensor task, torch function); a missing one skips the call."""
+        (mindspore_path, mindspore_module), (torch_path, torch_module) = MODULES[self.call.family]
+        name = self.call.function
+        torch_function = getattr(torch_module(), name, None)
+        if not callable(torch_function):
+            raise _SideStopped(SKIP, f"{torch_path}.{name} does not exist, so there is no benchmark")
+        if self.task == "tensor":
+            return None, torch_function
+        mindspore_function = getattr(mindspore_module(), name, None)
+        if not callable(mindspore_function):
+            raise _SideStopped(SKIP, f"{mindspore_path}.{name} does not exist in MindSpore {mindspore.__version__}")
+        return mindspore_function, torch_function
+
+    def forward_entry(self, needed_by: str) -> ForwardEntry:
+        call = self.call
+        if call.forward_problem:
+            raise _SideStopped(ERROR, call.forward_problem)
+        if call.forward is None:
+            raise _SideStopped(SKIP, f"{call.name}.forward is missing, so the {needed_by} cannot be run "
+                                     "(it needs the forward inputs)")
+        return call.forward
+
+    def materialize(self, argument: Argument, where: str):
+        """The argument tree with each ``TensorArg`` replaced by a ``TensorPair`` holding its values."""
+        if isinstance(argument, TensorArg):
+            try:
+                return make_pair(argument, recorded_values(argument, self.task, where))
+            except InputError as error:
+                raise _SideStopped(ERROR, str(error)) from None
+        if isinstance(argument, tuple):
+            return tuple(self.materialize(item, f"{where}[{i}]") for i, item in enumerate(argument))
+        return argument
+
+    def forward_inputs(self, entry: ForwardEntry) -> tuple[tuple, dict]:
+        key = f"{self.call.name}.forward"
+        args = tuple(self.materialize(arg, f"{key}: input_args[{i}]") for i, arg in enumerate(entry.args))
+        kwargs = {name: self.materialize(arg, f"{key}: input_kwargs.{name}") for name, arg in entry.kwargs.items()}
+        return args, kwargs
+
+    def recorded_outputs(self, recorded: tuple[Argument, ...], where: str) -> list[_Observed]:
+        """The tested outputs of the tensor task: the recorded tensors, loaded (``None`` entries compare as
+        non-tensors)."""
+        observed = []
+        for i, spec in enumerate(_flatten(recorded)):
+            if not isinstance(spec, TensorArg):
+                observed.append(_Observed(None, type(spec).__name__ if spec is not None else "None", None))
+                continue
+            try:
+                values = recorded_values(spec, self.task, f"{where}[{i}]")
+            except InputError as error:
+                raise _SideStopped(ERROR, str(error)) from None
+            observed.append(_Observed(values.astype(np.float64), spec.dtype, spec.shape))
+        return observed
+
+    def compare(self, prefix: str, bench: list[_Observed], tested: list[_Observed],
+                positions: list[int] | None = None) -> list[OutputResult]:
+        positions = positions if positions is not None else list(range(max(len(bench), len(tested))))
+        rows = []
+        for slot, position in enumerate(positions):
+            name = f"{prefix}.{position}"
+            if slot >= len(bench) or slot >= len(tested):
+                rows.append(OutputResult(name, ERROR, f"the benchmark has {len(bench)} outputs and the tested "
+                                                      f"{len(tested)}, so output {position} has no counterpart"))
+                continue
+            b, t = bench[slot], tested[slot]
+            comparison = compare_arrays(b.values, t.values, self.thresholds)
+            rows.append(OutputResult(name, comparison.status, comparison.message, b.dtype, t.dtype,
+                                     b.shape if b.shape is not None else t.shape, comparison.cosine,
+                                     comparison.max_abs_err, comparison.max_relative_err))
+        return rows
+
+    # --- forward --------------------------------------------------------------------------------------------------
+
+    def forward(self) -> list[OutputResult]:
+        entry = self.forward_entry("forward")
+        mindspore_function, torch_function = self.functions()
+        args, kwargs = self.forward_inputs(entry)
+        if self.task == "statistics":
+            tested = [_Observed.of(value) for value in _flatten(self.run_mindspore(
+                lambda: mindspore_function(*_for_mindspore(args), **_for_mindspore(kwargs))))]
+        else:
+            tested = self.recorded_outputs(entry.outputs, f"{self.call.name}.forward: output")
+        bench = [_Observed.of(value) for value in _flatten(self.run_torch(
+            lambda: torch_function(*_for_torch(args), **_for_torch(kwargs))))]
+        return self.compare(f"{self.call.name}.forward.output", bench, tested)
+
+    # --- backward -------------------------------------------------------------------------------------------------
+
+    def backward(self) -> list[OutputResult]:
+        call = self.call
+        forward_entry = self.forward_entry("backward")
+        if call.backward_problem:
+            raise _SideStopped(ERROR, call.backward_problem)
+        mindspore_function, torch_function = self.functions()
+        args, kwargs = self.forward_inputs(forward_entry)
+        leaves = _tensor_leaves(args)
+        positions = [i for i, leaf in enumerate(leaves) if leaf.spec.dtype in FLOAT_DTYPES]
+        if not positions:
+            raise _SideStopped(SKIP, "no positional argument is a floating-point tensor, so there is no gradient "
+                                     "to compare")
+        key = f"{call.name}.backward"
+        sensitivities = [self.materialize(spec, f"{key}: input[{i}]")
+                         for i, spec in enumerate(_flatten(call.backward.output_grads))]
+        bench = self.torch_gradients(torch_function, args, kwargs, leaves, positions, sensitivities)
+        if self.task == "statistics":
+            tested = self.mindspore_gradients(mindspore_function, args, kwargs, leaves, positions, sensitivities)
+        else:
+            recorded = _flatten(call.backward.input_grads)
+            if len(recorded) != len(leaves):
+                raise _SideStopped(ERROR, f"{key}: output has {len(recorded)} gradients but the forward has "
+                                          f"{len(leaves)} positional tensors; expected one gradient per tensor")
+            tested = self.recorded_outputs(tuple(recorded[i] for i in positions), f"{key}: output")
+        return self.compare(f"{key}.output", bench, tested, positions)
+
+    def torch_gradients(self, function, args, kwargs, leaves, positions, sensitivities) -> list[_Observed]:
+        differentiated = {id(leaves[i]): leaves[i].torch.detach().clone().requires_grad_(True) for i in positions}
+        torch_args = _for_torch(args, lambda pair: differentiated.get(id(pair), pair.torch))
+
+        def run():
+            outputs = _flatten(function(*torch_args, **_for_torch(kwargs)))
+            roots, grads = self.sensitivity_pairs(outputs, sensitivities, "torch")
+            if not roots:
+                raise _SideStopped(SKIP, f"no output of {self.call.function} in torch depends differentiably on "
+                                         "the floating-point inputs")
+            torch.autograd.backward(roots, grads)
+
+        self.run_torch(run)
+        gradients = [differentiated[id(leaves[i])].grad for i in positions]
+        return [_Observed.of(grad if grad is not None else torch.zeros_like(differentiated[id(leaves[i])]))
+                for grad, i in zip(gradients, positions)]
+
+    def sensitivity_pairs(self, outputs: list, sensitivities: list, framework: str) -> tuple[list, list]:
+        """(outputs to differentiate, their sensitivities); a null recorded sensitivity is zeros."""
+        key = f"{self.call.name}.backward"
+        if len(sensitivities) != len(outputs):
+            raise _SideStopped(ERROR, f"{key}: input has {len(sensitivities)} gradients but the forward returns "
+                                      f"{len(outputs)} outputs; expected one per output")
+        roots, grads = [], []
+        for i, (output, sensitivity) in enumerate(zip(outputs, sensitivities)):
+            if framework == "torch" and not (isinstance(output, torch.Tensor) and output.requires_grad):
+                continue
+            if sensitivity is None:
+                grads.append(torch.zeros_like(output) if framework == "torch"
+                             else mindspore.Tensor(np.zeros(output.shape), dtype=output.dtype))
+            elif not isinstance(sensitivity, TensorPair) or sensitivity.spec.shape != tuple(output.shape):
+                found = list(sensitivity.spec.shape) if isinstance(sensitivity, TensorPair) else "not a tensor"
+                raise _SideStopped(ERROR, f"{key}: input[{i}] is {found} but forward output {i} has shape "
+                                          f"{list(output.shape)}; expected a gradient of that shape")
+            else:
+                grads.append(sensitivity.torch.to(output.dtype) if framework == "torch" else sensitivity.mindspore)
+            roots.append(output)
+        return roots, grads
+
+    def mindspore_gradients(self, function, args, kwargs, leaves, positions, sensitivities) -> list[_Observed]:
+        differentiated = [leaves[i] for i in positions]
+        mindspore_kwargs = _for_mindspore(kwargs)
+
+        def forward(*tensors):
+            replacement = {id(pair): tensor for pair, tensor in zip(differentiated, tensors)}
+            return function(*_for_mindspore(args, lambda pair: replacement.get(id(pair), pair.mindspore)),
+                            **mindspore_kwargs)
+
+        def run():
+            tensors = [pair.mindspore for pair in differentiated]
+            _, grads = self.sensitivity_pairs(_flatten(forward(*tensors)), sensitivities, "mindspore")
+            gradient_function = mindspore.ops.GradOperation(get_all=True, sens_param=True)(forward)
+            return gradient_function(*tensors, grads[0] if len(grads) == 1 else tuple(grads))
+
+        return [_Observed.of(grad) for grad in _flatten(self.run_mindspore(run))]
+
+    # --- running the frameworks -----------------------------------------------------------------------------------
+
+    def run_mindspore(self, run: Callable):
+        try:
+            return run()
+        except _SideStopped:
+            raise
+        except Exception as error:  # noqa: BLE001 - any framework failure is reported, never raised
+            raise _SideStopped(SKIP, f"MindSpore cannot run {self.qualified_name(0)} here: "
+                                     f"{_first_line(error)}") from None
+
+    def run_torch(self, run: Callable):
+        try:
+            return run()
+        except _SideStopped:
+            raise
+        except Exception as error:  # noqa: BLE001
+            raise _SideStopped(SKIP, f"the benchmark {self.qualified_name(1)} cannot run these inputs: "
+                                     f"{_first_line(error)}") from None
+
+
+def _first_line(error: Exception, limit: int = 300) -> str:
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    text = f"{type(error).__name__}: {lines[0] if lines else ''}"
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _flatten(value) -> list:
+    """Tuples and lists (torch's named tuples included) flattened depth first; anything else is one item."""
+    if isinstance(value, (tuple, list)):
+        return [item for element in value for item in _flatten(element)]
+    return [value]
+
+
+def _tensor_leaves(tree) -> list[TensorPair]:
+    return [leaf for leaf in _flatten(tree) if isinstance(leaf, TensorPair)]
+
+
+def _for_framework(tree, framework: str, tensor_for: Callable[[TensorPair], object] | None):
+    if isinstance(tree, TensorPair):
+        return tensor_for(tree) if tensor_for is not None else getattr(tree, framework)
+    if isinstance(tree, tuple):
+        return tuple(_for_framework(item, framework, tensor_for) for item in tree)
+    if isinstance(tree, dict):
+        return {name: _for_framework(item, framework, tensor_for) for name, item in tree.items()}
+    if isinstance(tree, ValueArg):
+        if tree.type_name == DTYPE_TYPE:
+            return (MINDSPORE_DTYPES if framework == "mindspore" else TORCH_DTYPES)[tree.value]
+        return tree.value
+    return tree
+
+
+def _for_mindspore(tree, tensor_for=None):
+    return _for_framework(tree, "mindspore", tensor_for)
+
+
+def _for_torch(tree, tensor_for=None):
+    return _for_framework(tree, "torch", tensor_for)
+
+
+def describe(argument: Argument) -> str:
+    """A short text for a recorded argument: ``Tensor Float32 [2, 3] in [-1.0, 1.0]``, ``int 1``, ``None``."""
+    if argument is None:
+        return "None"
+    if isinstance(argument, tuple):
+        return "(" + ", ".join(describe(item) for item in argument) + ")"
+    if isinstance(argument, ValueArg):
+        return f"{argument.type_name} {argument.value!r}"
+    text = f"Tensor {argument.dtype} {list(argument.shape)}"
+    if argument.data_path is not None:
+        return f"{text} from {argument.data_path.name}"
+    if argument.minimum is not None:
+        return f"{text} in [{argument.minimum!r}, {argument.maximum!r}]"
+    return text
+
+
+def describe_inputs(entry: ForwardEntry) -> dict[str, str]:
+    """One description per top-level argument, keyed ``input_args.0`` and ``input_kwargs.{name}``."""
+    described = {f"input_args.{i}": describe(arg) for i, arg in enumerate(entry.args)}
+    described.update({f"input_kwargs.{name}": describe(arg) for name, arg in entry.kwargs.items()})
+    return {key: text if len(text) <= DESCRIPTION_LIMIT else text[: DESCRIPTION_LIMIT - 3] + "..."
+            for key, text in described.items()}
