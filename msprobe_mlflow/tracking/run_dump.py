@@ -94,7 +94,9 @@ def local_artifact_dump(run: Run) -> Path | None:
 
 
 def _download(client: MlflowClient, run_id: str, artifact_path: str, destination: Path, scratch: Path) -> None:
-    fetched = Path(client.download_artifacts(run_id, artifact_path, str(scratch)))
+    """One file, fetched into a folder of its own (MLflow names it by its base name), then renamed into place."""
+    own_folder = tempfile.mkdtemp(dir=scratch)
+    fetched = Path(client.download_artifacts(run_id, artifact_path, own_folder))
     destination.parent.mkdir(parents=True, exist_ok=True)
     os.replace(fetched, destination)
 
