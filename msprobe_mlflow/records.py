@@ -5,6 +5,7 @@ MLflow sink and the comparator only ever see this.
 """
 from __future__ import annotations
 
+import hashlib
 import math
 from dataclasses import dataclass
 
@@ -82,3 +83,40 @@ class StepRecord:
                 fractions = [count / numel if numel else 0 for count in counts]
                 rows.append([name, *fractions, *stats, list(shape)])
         return rows
+
+
+def md5_per_parameter(flat_float32: np.ndarray, numels: list[int]) -> list[str]:
+    """Hex MD5 of each parameter's float32 little-endian C-order bytes (msprobe's L0 ``MD5`` column)."""
+    flat = np.asarray(flat_float32).astype("<f4", copy=False)
+    digests, start = [], 0
+    for numel in numels:
+        digests.append(hashlib.md5(flat[start:start + numel].tobytes()).hexdigest())
+        start += numel
+    return digests
+
+
+def record_from_statistics(*, rank: int, step: int, level: str, bounds, names: list[str],
+                           shapes: list[tuple[int, ...]], statistics: np.ndarray, signs: np.ndarray | None = None,
+                           float32_values: np.ndarray | None = None) -> StepRecord:
+    """The :class:`StepRecord` of the flat vector a monitor computes on the device, whatever the framework.
+
+    ``statistics`` holds ``max, min, norm`` per parameter, then at L2, per parameter, the counts of ``x <= b``
+    for each float32 bound and of ``x == 0``; buckets are differences of those counts (so NaN and +inf land in the
+    last one). ``signs`` are the packed directions (L1/L2), ``float32_values`` the flattened gradients (L0 MD5).
+    """
+    count = len(names)
+    statistics = np.asarray(statistics, dtype=np.float64)
+    record = StepRecord(rank=rank, step=step, level=level, bounds=tuple(bounds), names=list(names),
+                        shapes=[tuple(s) for s in shapes],
+                        values=statistics[: 3 * count].reshape(count, 3).astype(np.float32))
+    if level == "L2":
+        cumulative = statistics[3 * count:].reshape(count, len(bounds) + 1).astype(np.int64)
+        numels = np.array(record.numels, dtype=np.int64)[:, None]
+        record.bucket_counts = np.diff(cumulative[:, :-1], axis=1, prepend=0, append=numels)
+        record.zero_counts = cumulative[:, -1]
+    if level != "L0":
+        record.directions = np.zeros(0, np.uint8) if signs is None else np.asarray(signs, dtype=np.uint8)
+    else:
+        values = np.zeros(0, np.float32) if float32_values is None else float32_values
+        record.md5 = md5_per_parameter(values, record.numels)
+    return record
