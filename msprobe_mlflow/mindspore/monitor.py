@@ -1,0 +1,232 @@
+"""The MindSpore gradient monitor: the same config, dump and MLflow run as the PyTorch monitor, in PyNative, in
+GRAPH_MODE and under ``@mindspore.jit``.
+
+The optimizer computes each probed step's statistics into buffers (:mod:`msprobe_mlflow.mindspore.probe`); the
+monitor reads them after the step and hands them to the shared :class:`ProbeSession` (local dump, MLflow). When the
+optimizer is called directly from Python (PyNative, or ``optimizer(grads)`` in GRAPH_MODE) that happens by itself.
+When it runs inside a compiled graph (a ``TrainOneStepCell`` in GRAPH_MODE, a ``@jit`` train step), Python sees
+the whole step only when the graph returns: call ``monitor.collect()`` after each train step (``stop()`` and
+interpreter exit collect the last one). Unlike msprobe 1.0.3 there is no ``TensorDump`` and no reader process,
+the step and rank filters work in graph mode, and the monitor never hangs at exit, with or without ``stop()``.
+"""
+from __future__ import annotations
+
+import atexit
+import functools
+import logging
+import os
+import warnings
+import weakref
+
+from mindspore import nn
+
+from msprobe_mlflow.background import StepHandler
+from msprobe_mlflow.config import GradProbeConfig
+from msprobe_mlflow.mindspore.distributed import current_rank, world_size
+from msprobe_mlflow.mindspore.probe import GradientProbe, install_probe, installed_probe, remove_probe
+from msprobe_mlflow.records import record_from_statistics
+from msprobe_mlflow.session import ProbeSession, load_config
+from msprobe_mlflow.tracking.sink import TrackingOptions
+
+logger = logging.getLogger("msprobe_mlflow")
+
+# optimizer id -> the monitor probing it, so two monitors never probe one optimizer by accident.
+_monitored_optimizers: dict[int, "GradientMonitor"] = {}
+
+
+class GradientMonitor:
+    """Probes the gradients an optimizer receives at each of its steps, writes msprobe's dump and logs into MLflow.
+
+    MLflow: into ``run_id``, else the active run (else ``MLFLOW_RUN_ID``); with none, the local dump only.
+    ``log_to_mlflow=False`` turns MLflow off. ``handlers`` run on the writer thread after the local dump for each
+    :class:`StepRecord`. Use as ``GradientMonitor(config).monitor(optimizer)`` ... ``stop()``, or as a context
+    manager; in graph mode add ``monitor.collect()`` after each train step. ``step`` is the number of optimizer
+    steps counted so far (as of the last collection).
+    """
+
+    def __init__(self, config: GradProbeConfig | str | os.PathLike | dict, *, run_id: str | None = None,
+                 tracking_uri: str | None = None, log_every_n_steps: int = 1, param_metrics=(),
+                 log_to_mlflow: bool = True, silent: bool = False, handlers: list[StepHandler] = ()):
+        self.config = load_config(config)
+        self.tracking = TrackingOptions(run_id, tracking_uri, log_every_n_steps, param_metrics, silent) \
+            if log_to_mlflow else None
+        self.step = 0
+        self._extra_handlers = list(handlers)
+        self._optimizer: nn.Optimizer | None = None
+        self._probe: GradientProbe | None = None
+        self._names: list[str] = []
+        self._shapes: list[tuple[int, ...]] = []
+        self._rank = 0
+        self._last_probed_step = -1
+        self._session: ProbeSession | None = None
+        self._failed_collections = 0
+        self._lost_steps = 0
+        self._exit_hook_registered = False
+
+    def monitor(self, optimizer: nn.Optimizer) -> "GradientMonitor":
+        """Starts probing the gradients ``optimizer`` receives, from its next step on.
+
+        Call it after ``mindspore.communication.init()`` (the rank is read here). Calling it with another
+        optimizer re-targets the monitor; the step counter goes on.
+        """
+        if not isinstance(optimizer, nn.Optimizer):
+            raise TypeError(f"monitor() takes a mindspore.nn.Optimizer, got {type(optimizer).__name__}")
+        if optimizer is self._optimizer:
+            return self
+        other = _monitored_optimizers.get(id(optimizer))
+        if other is not None and other is not self:
+            raise ValueError("this optimizer is already monitored by another GradientMonitor; call its stop() first")
+        if installed_probe(optimizer) is not None:
+            raise ValueError("this optimizer is already probed (by a monitor that was never stopped)")
+        if getattr(optimizer, "msprobe_mlflow_probe", None) is not None:
+            warnings.warn("msprobe-mlflow: this optimizer was monitored before; graphs compiled then (a "
+                          "TrainOneStepCell in GRAPH_MODE, a @jit train step) keep that stopped probe and do not "
+                          "feed this monitor: build the training cell or jit function again")
+        self._detach()
+        self._rank = current_rank()
+        if self._session is None:  # first: an unwritable dump_path fails here, before the optimizer is touched
+            self._session = ProbeSession(self.config, framework="mindspore", rank=self._rank,
+                                         world_size=world_size(), tracking=self.tracking,
+                                         handlers=self._extra_handlers)
+        parameters = list(optimizer.parameters)
+        selected = [(i, p) for i, p in enumerate(parameters) if self.config.wants_param(p.name)]
+        missing = set(self.config.param_list) - {p.name for p in parameters}
+        if missing:
+            warnings.warn(f"grad_probe.param_list names parameters the optimizer does not have: {sorted(missing)}")
+        self._names = [p.name for _, p in selected]
+        self._shapes = [tuple(p.shape) for _, p in selected]
+        probe = GradientProbe([i for i, _ in selected], self._shapes, level=self.config.level,
+                              bounds=self.config.bounds, steps=self.config.step, first_step=self.step,
+                              rank_wanted=self.config.wants_rank(self._rank))
+        try:
+            probe.check_compiles([p.dtype for _, p in selected])
+        except Exception as e:  # observability must never break training: the optimizer stays untouched
+            logger.exception("msprobe-mlflow: the gradient probe does not compile for this optimizer")
+            warnings.warn(f"msprobe-mlflow: the gradient probe does not compile for this optimizer ({e!r}); "
+                          f"gradients are not monitored, training goes on")
+            return self
+        self._probe = probe
+        self._optimizer = optimizer
+        self._last_probed_step = self.step - 1
+        _monitored_optimizers[id(optimizer)] = self
+        install_probe(optimizer, probe, self.collect)
+        if not self._exit_hook_registered:  # after MindSpore's own: runs before MindSpore shuts down
+            atexit.register(_stop_at_exit, weakref.ref(self))
+            self._exit_hook_registered = True
+        return self
+
+    def collect(self) -> None:
+        """Writes the last optimizer step's statistics if that step was probed; a no-op when nothing new ran.
+
+        Needed once after each train step only when the optimizer runs inside a compiled graph; a probed step that
+        a later step overwrote before this call is lost (counted, and warned about once).
+        """
+        probe = self._probe
+        if probe is None:
+            return
+        try:
+            steps_run, probed_step = probe.read_progress()
+            if probed_step > self._last_probed_step:
+                statistics, signs, values = probe.read()
+                self._session.submit(functools.partial(
+                    record_from_statistics, rank=self._rank, step=probed_step, level=self.config.level,
+                    bounds=self.config.bounds, names=self._names, shapes=self._shapes, statistics=statistics,
+                    signs=signs, float32_values=values))
+            self._count_lost_steps(steps_run, probed_step)
+            self._last_probed_step = max(self._last_probed_step, probed_step)
+            self.step = steps_run
+        except Exception as e:  # observability must never break training
+            self._failed_collections += 1
+            logger.exception("msprobe-mlflow: collecting step %d failed", self.step)
+            if self._failed_collections == 1:
+                warnings.warn(f"msprobe-mlflow: collecting the gradient statistics failed ({e!r}); training goes on")
+
+    def _count_lost_steps(self, steps_run: int, probed_step: int) -> None:
+        """Steps between the last collection and this one that were wanted but are not the one in the buffers."""
+        if not self.config.wants_rank(self._rank) or steps_run <= self.step:
+            return
+        new_steps = range(self.step, steps_run)
+        wanted = len(new_steps) if not self.config.step else sum(s in new_steps for s in set(self.config.step))
+        lost = wanted - (1 if probed_step in new_steps else 0)
+        if lost > 0:
+            self._lost_steps += lost
+            logger.warning("msprobe-mlflow: %d probed step(s) before step %d were overwritten before collect()",
+                           lost, probed_step)
+            if self._lost_steps == lost:
+                warnings.warn(f"msprobe-mlflow: {lost} probed step(s) between steps {self.step} and "
+                              f"{steps_run - 1} were overwritten before they were collected; when the optimizer runs "
+                              f"inside a compiled graph, call monitor.collect() after each train step")
+
+    @property
+    def lost_steps(self) -> int:
+        """Probed steps overwritten before they were collected (graph mode without ``collect()`` each step)."""
+        return self._lost_steps
+
+    @property
+    def run_id(self) -> str | None:
+        """The MLflow run this monitor logs into (None: the local dump only)."""
+        return self._session.run_id if self._session else None
+
+    @property
+    def errors(self) -> list[str]:
+        """What the writer thread could not do (each also logged)."""
+        return self._session.errors if self._session else []
+
+    def flush(self) -> None:
+        """Collects the last step, then waits until every probed step is on disk (and through the handlers)."""
+        self.collect()
+        if self._session:
+            self._session.flush()
+
+    def _detach(self) -> None:
+        """Collects the last step, then gives the optimizer its own class back."""
+        if self._optimizer is None:
+            return
+        self.collect()
+        self._probe.deactivate()
+        remove_probe(self._optimizer)
+        if _monitored_optimizers.get(id(self._optimizer)) is self:
+            del _monitored_optimizers[id(self._optimizer)]
+        self._optimizer = self._probe = None
+
+    def stop(self) -> None:
+        """Collects the last step, unpatches the optimizer, writes what is pending and stops the writer thread.
+        Safe to call twice. Graphs compiled while monitored keep an inactive probe that only counts steps."""
+        self._detach()
+        if self._session:
+            self._session.close()
+            self._session = None
+
+    def __enter__(self) -> "GradientMonitor":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+def _stop_at_exit(monitor_ref: "weakref.ref[GradientMonitor]") -> None:
+    monitor = monitor_ref()
+    if monitor is not None:
+        monitor.stop()
+
+
+class PrecisionDebugger:
+    """Drop-in for ``msprobe.mindspore.PrecisionDebugger(config_path).monitor(optimizer)`` (task ``grad_probe``).
+
+    ``step()`` (msprobe's per-step call) collects the last step: the one line graph mode needs. Each instance
+    uses its own config; a second debugger on the same optimizer is refused, not silently ignored.
+    """
+
+    def __init__(self, config_path: str | os.PathLike, **overrides):
+        self.config = GradProbeConfig.from_json(config_path, **overrides)
+        self.monitor_ = GradientMonitor(self.config)
+
+    def monitor(self, optimizer: nn.Optimizer) -> GradientMonitor:
+        return self.monitor_.monitor(optimizer)
+
+    def step(self) -> None:
+        self.monitor_.collect()
+
+    def stop(self) -> None:
+        self.monitor_.stop()
+

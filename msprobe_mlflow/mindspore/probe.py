@@ -1,0 +1,183 @@
+"""The device side of the MindSpore monitor: statistics written into preallocated ``Parameter`` buffers from
+inside the optimizer's ``construct``, so the same code runs in PyNative, in GRAPH_MODE and under ``@jit``.
+
+Why not msprobe's ways: a forward pre-hook is compiled into any graph that calls the optimizer (a
+``TrainOneStepCell`` in GRAPH_MODE, a ``@jit`` train step), where a hook with side effects fails to compile
+("Graph cycle exists") and a hook with host code cannot compile at all; ``TensorDump`` does not run on CPU and
+needs a reader process. Instead :func:`install_probe` gives the optimizer a subclass whose ``construct`` first
+calls a :class:`GradientProbe`, then the optimizer's own ``construct``. The probe writes the statistics (and the
+step they belong to) into its buffers with ``assign``, which works eagerly and compiled; the host reads them
+after the step (:meth:`GradientProbe.read`). Nothing is registered on the optimizer: its ``parameters_dict()``
+and checkpoints are unchanged.
+"""
+from __future__ import annotations
+
+import itertools
+import logging
+import math
+import warnings
+from typing import Callable
+
+import numpy as np
+import mindspore as ms
+from mindspore import Parameter, mint, nn, ops
+
+from msprobe_mlflow.mindspore.statistics import float32_bounds, float32_values, gradient_statistics, pack_signs
+from msprobe_mlflow.records import packed_length
+
+logger = logging.getLogger("msprobe_mlflow")
+_probe_numbers = itertools.count()
+_probed_classes: dict[type, type] = {}
+
+
+class GradientProbe(nn.Cell):
+    """Writes one optimizer step's statistics into Parameter buffers when the step is wanted.
+
+    ``indices`` pick the monitored gradients out of the optimizer's gradient tuple. A step is wanted when the
+    probe is active, ``rank_wanted`` and the step (counted from 0 by ``steps_run``) is in ``steps`` (empty: every
+    step). After a wanted step, ``probed_step`` holds its number and the buffers its statistics: ``statistics``
+    (float64, :func:`gradient_statistics` layout), ``signs`` (packed directions, L1/L2), ``float32_values``
+    (L0, for MD5). The construct is compiled (``@jit``) even in PyNative, so both modes run the same kernels.
+    """
+
+    def __init__(self, indices: list[int], shapes: list[tuple[int, ...]], *, level: str, bounds,
+                 steps: tuple[int, ...], rank_wanted: bool, first_step: int = 0):
+        super().__init__(auto_prefix=False)
+        tag = f"msprobe_mlflow_{next(_probe_numbers)}"
+        numels = [math.prod(shape) for shape in shapes]
+        self.indices = tuple(indices)
+        self.level = level
+        self.bounds32 = float32_bounds(bounds)
+        self.rank_wanted = bool(rank_wanted)
+        self.has_parameters = bool(indices)
+        self.has_values = sum(numels) > 0
+        self.has_step_filter = bool(steps)
+        self.wanted_steps = ms.Tensor(np.array(steps or (0,), dtype=np.int32))
+        statistics_length = len(indices) * (3 + (len(bounds) + 1 if level == "L2" else 0))
+        signs_length = sum(packed_length(n) for n in numels) if level != "L0" else 0
+        values_length = sum(numels) if level == "L0" else 0
+
+        def buffer(name, length, dtype):  # at least one element: a Parameter cannot be empty
+            return Parameter(ms.Tensor(np.zeros(max(length, 1), dtype=dtype)), name=f"{tag}.{name}",
+                             requires_grad=False)
+
+        self.statistics = buffer("statistics", statistics_length, np.float64)
+        self.signs = buffer("signs", signs_length, np.uint8)
+        self.float32_values = buffer("float32_values", values_length, np.float32)
+        self.first_step = first_step
+        self.steps_run = Parameter(ms.Tensor(np.array(first_step, dtype=np.int32)), name=f"{tag}.steps_run",
+                                   requires_grad=False)
+        self.probed_step = Parameter(ms.Tensor(np.array(-1, dtype=np.int32)), name=f"{tag}.probed_step",
+                                     requires_grad=False)
+        self.active = Parameter(ms.Tensor(True), name=f"{tag}.active", requires_grad=False)
+        self.lengths = (statistics_length, signs_length, values_length)
+        self.failures = 0
+
+    @ms.jit
+    def construct(self, gradients):
+        step = self.steps_run * 1
+        if self.rank_wanted:
+            wanted = self.active
+            if self.has_step_filter:
+                wanted = mint.logical_and(wanted, mint.any(mint.eq(self.wanted_steps, step)))
+            if wanted:
+                self._write(gradients)
+                ops.assign(self.probed_step, step)
+        ops.assign_add(self.steps_run, ms.Tensor(1, ms.int32))
+        return step
+
+    def _write(self, gradients):
+        if self.has_parameters:
+            grads = []
+            for index in self.indices:
+                grads.append(gradients[index])
+            grads = tuple(grads)
+            ops.assign(self.statistics, gradient_statistics(grads, self.level, self.bounds32))
+            if self.has_values:
+                if self.level == "L0":
+                    ops.assign(self.float32_values, float32_values(grads))
+                else:
+                    ops.assign(self.signs, pack_signs(grads))
+        return True
+
+    def __call__(self, gradients):
+        """Runs only when called eagerly (graphs inline ``construct``): a failing probe must not fail the step."""
+        try:
+            return super().__call__(gradients)
+        except Exception as e:
+            self.failures += 1
+            logger.exception("msprobe-mlflow: the gradient probe failed")
+            if self.failures == 1:
+                warnings.warn(f"msprobe-mlflow: the gradient probe failed ({e!r}); training goes on")
+            return None
+
+    def check_compiles(self, dtypes) -> None:
+        """Compiles and runs the statistics once on a small tensor of each gradient dtype, so that an op the device
+        cannot run fails here, where the monitor can refuse to start, not inside the training graph."""
+        samples = tuple(ms.Tensor(np.linspace(-2.0, 2.0, 9), dtype) for dtype in dict.fromkeys(dtypes))
+        if samples:
+            _statistics_graph(samples, self.level, self.bounds32)
+
+    def read_progress(self) -> tuple[int, int]:
+        """``(steps_run, probed_step)`` as the last finished step left them."""
+        return int(self.steps_run.asnumpy()), int(self.probed_step.asnumpy())
+
+    def read(self) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None]:
+        """Copies of the buffers (the next step overwrites them): statistics, signs (L1/L2), float32 values (L0)."""
+        statistics_length, signs_length, values_length = self.lengths
+        statistics = np.array(self.statistics.asnumpy()[:statistics_length])
+        signs = np.array(self.signs.asnumpy()[:signs_length]) if self.level != "L0" else None
+        values = np.array(self.float32_values.asnumpy()[:values_length]) if self.level == "L0" else None
+        return statistics, signs, values
+
+    def deactivate(self) -> None:
+        """Graphs compiled with the probe keep calling it; inactive, it only counts steps."""
+        self.active.set_data(ms.Tensor(False))
+
+
+@ms.jit
+def _statistics_graph(grads, level, bounds32):
+    return gradient_statistics(grads, level, bounds32), pack_signs(grads), float32_values(grads)
+
+
+def _probed_class(base: type) -> type:
+    """``base`` with a ``construct`` that runs the probe first, and a ``__call__`` that tells the monitor when
+    the optimizer was called directly (eagerly, or as a graph of its own), so no extra user call is needed then."""
+    if base not in _probed_classes:
+        def construct(self, gradients):
+            self.msprobe_mlflow_probe(gradients)
+            return self.msprobe_mlflow_base_construct(gradients)
+
+        if getattr(base.construct, "__wrapped_by_jit__", False):
+            # A @jit construct (nn.Adam's) compiles ``self.construct``: make that graph ours, or the probe ran twice.
+            construct = ms.jit(construct)
+
+        def __call__(self, *args, **kwargs):
+            output = base.__call__(self, *args, **kwargs)
+            self.msprobe_mlflow_after_call()
+            return output
+
+        _probed_classes[base] = type(base.__name__, (base,), {
+            "construct": construct, "__call__": __call__, "msprobe_mlflow_base_construct": base.construct,
+            "__module__": base.__module__, "__qualname__": base.__qualname__, "msprobe_mlflow_base": base})
+    return _probed_classes[base]
+
+
+def install_probe(optimizer: nn.Optimizer, probe: GradientProbe, after_call: Callable[[], None]) -> None:
+    """Makes ``optimizer`` run ``probe`` on its gradients at every step; ``after_call`` runs after each direct
+    ``optimizer(grads)`` from Python."""
+    object.__setattr__(optimizer, "msprobe_mlflow_probe", probe)
+    object.__setattr__(optimizer, "msprobe_mlflow_after_call", after_call)
+    optimizer.__class__ = _probed_class(type(optimizer))
+
+
+def remove_probe(optimizer: nn.Optimizer) -> None:
+    """Gives ``optimizer`` its own class back. Graphs already compiled keep the (deactivated) probe."""
+    base = getattr(type(optimizer), "msprobe_mlflow_base", None)
+    if base is not None:
+        optimizer.__class__ = base
+    object.__setattr__(optimizer, "msprobe_mlflow_after_call", lambda: None)
+
+
+def installed_probe(optimizer: nn.Optimizer) -> GradientProbe | None:
+    return getattr(optimizer, "msprobe_mlflow_probe", None) if hasattr(type(optimizer), "msprobe_mlflow_base") else None
