@@ -230,12 +230,13 @@ def _write_rank(folder: Path, rank: RankComparison, plots: bool, per_param_plots
     from msprobe_mlflow.compare import plots as pictures  # matplotlib only when drawing
 
     picture_folder = folder / PICTURE_FOLDER_NAME
-    pictures.summary_plot(picture_folder, rank.steps, rank.summary)
+    curves = pictures.CurvePlotter()
+    curves.summary(picture_folder, rank.steps, rank.summary)
     pictures.heatmap(picture_folder, rank.parameters, rank.steps, rank.matrix())
     if per_param_plots:
         line = ProgressLine(f"rank{rank.rank} parameter plots", len(rank.parameters), progress)
         for name in rank.parameters:
-            pictures.parameter_plot(picture_folder, name, rank.steps, rank.similarities(name))
+            curves.parameter(picture_folder, name, rank.steps, rank.similarities(name))
             line.advance()
         line.close()
 

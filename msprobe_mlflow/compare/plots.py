@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
+from matplotlib.ticker import MaxNLocator
 
 from msprobe_mlflow.safe_paths import param_file_stem
 
@@ -20,30 +21,37 @@ MAX_LABELLED_ROWS = 80
 
 def _save(figure: Figure, path: Path) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    FigureCanvasAgg(figure)
     figure.savefig(path)
 
 
-def _curve(path: Path, title: str, steps: list[int], values: list[float | None]) -> None:
-    figure = Figure(figsize=(6.4, 4.8), dpi=80)
-    axes = figure.add_subplot()
-    axes.plot(steps, [math.nan if v is None else v for v in values], marker="o" if len(steps) < 50 else None)
-    axes.set_xlabel("steps")
-    axes.set_ylabel("similarities")
-    axes.set_title(title)
-    _save(figure, path)
+class CurvePlotter:
+    """Similarity curves (x ``steps``, y ``similarities``, as msprobe draws them) on one figure reused for every
+    curve: redrawing a line is about twice as fast as building a figure per parameter."""
 
+    def __init__(self):
+        self.figure = Figure(figsize=(6.4, 4.8), dpi=80)
+        FigureCanvasAgg(self.figure)
+        self.axes = self.figure.add_subplot()
+        (self.line,) = self.axes.plot([], [])
+        self.axes.set_xlabel("steps")
+        self.axes.set_ylabel("similarities")
+        self.axes.xaxis.set_major_locator(MaxNLocator(integer=True))
 
-def summary_plot(folder: Path, steps: list[int], summary: list[float | None]) -> Path:
-    path = folder / "summary_similarities.png"
-    _curve(path, "summary_similarities", steps, summary)
-    return path
+    def save(self, path: Path, title: str, steps: list[int], values: list[float | None]) -> Path:
+        self.line.set_data(steps, [math.nan if v is None else v for v in values])
+        self.line.set_marker("o" if len(steps) < 50 else "")
+        self.axes.relim()
+        self.axes.autoscale_view()
+        self.axes.set_title(title)
+        _save(self.figure, path)
+        return path
 
+    def summary(self, folder: Path, steps: list[int], summary: list[float | None]) -> Path:
+        return self.save(folder / "summary_similarities.png", "summary_similarities", steps, summary)
 
-def parameter_plot(folder: Path, name: str, steps: list[int], values: list[float | None]) -> Path:
-    path = folder / f"{param_file_stem(name, suffix='_similarities.png')}_similarities.png"
-    _curve(path, f"{name}_similarities", steps, values)
-    return path
+    def parameter(self, folder: Path, name: str, steps: list[int], values: list[float | None]) -> Path:
+        stem = param_file_stem(name, suffix="_similarities.png")
+        return self.save(folder / f"{stem}_similarities.png", f"{name}_similarities", steps, values)
 
 
 def heatmap(folder: Path, names: list[str], steps: list[int], matrix: np.ndarray) -> Path:
@@ -52,6 +60,7 @@ def heatmap(folder: Path, names: list[str], steps: list[int], matrix: np.ndarray
     height = min(3 + 0.18 * min(len(names), MAX_LABELLED_ROWS), 20)
     width = min(6 + 0.15 * len(steps), 20)
     figure = Figure(figsize=(width, height), dpi=80, layout="constrained")
+    FigureCanvasAgg(figure)
     axes = figure.add_subplot()
     finite = matrix[np.isfinite(matrix)]
     low = min(0.5, float(finite.min())) if finite.size else 0.5

@@ -1,0 +1,183 @@
+"""Comparator speed: msprobe-mlflow's compare_dumps against msprobe 1.0.3's GradComparator on the same dump.
+
+The dump: 3 optimizer steps of a 67M-parameter model (16 x nn.Linear(2048, 2048), 32 parameters), written by our
+GradientMonitor in msprobe's boolean ``.npy`` form (what both tools read), then converted to our packed form; dump
+B has other inputs from step 1 on. Each variant runs ``--repeats`` times, interleaved (one of each per round, so
+drift in the machine's load hits all alike); the medians and the ratios msprobe / ours are written to
+``results/compare.json`` and ``results/compare.md``. Our ``similarities.csv`` is checked against msprobe's.
+Run it with ``benchmarks/run-compare`` (it sets up ``benchmarks/.venv`` with msprobe 1.0.3 first).
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import platform
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from msprobe_mlflow import GradProbeConfig, compare_dumps
+from msprobe_mlflow.directions import PACKED_FILE_NAME, read_step_directions, write_packed
+from msprobe_mlflow.dump import indexed_children, rank_dir, step_dir, summary_csv_path, summary_steps
+from msprobe_mlflow.pytorch import GradientMonitor
+
+RESULTS = Path(__file__).resolve().parent / "results"
+LAYERS, WIDTH, STEPS = 16, 2048, 3
+
+
+def train(dump: Path, perturb_from: int | None) -> None:
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(*[torch.nn.Linear(WIDTH, WIDTH) for _ in range(LAYERS)])
+    optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
+    config = GradProbeConfig(dump_path=str(dump), direction_format="npy")
+    monitor = GradientMonitor(config, log_to_mlflow=False).monitor(model, optimizer)
+    inputs, noise = torch.Generator().manual_seed(1), torch.Generator().manual_seed(2)
+    for step in range(STEPS):
+        x = torch.randn(8, WIDTH, generator=inputs)
+        if perturb_from is not None and step >= perturb_from:
+            x = x + 0.5 * torch.randn(8, WIDTH, generator=noise)
+        optimizer.zero_grad()
+        model(x).square().mean().backward()
+        optimizer.step()
+    monitor.stop()
+
+
+def to_packed(npy_dump: Path, packed_dump: Path) -> None:
+    """The same directions in our packed form (one ``directions.npz`` per step), CSVs copied."""
+    for rank in indexed_children(npy_dump, "rank"):
+        for step in summary_steps(rank_dir(npy_dump, rank)):
+            directions = read_step_directions(step_dir(npy_dump, rank, step))
+            names = list(directions)
+            write_packed(step_dir(packed_dump, rank, step) / PACKED_FILE_NAME, names,
+                         [directions[n][0] for n in names], np.concatenate([directions[n][1] for n in names]))
+            shutil.copy(summary_csv_path(npy_dump, rank, step), summary_csv_path(packed_dump, rank, step))
+
+
+def folder_bytes(folder: Path) -> int:
+    return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
+
+
+def read_similarities(path: Path) -> dict[str, list[float]]:
+    with open(path, encoding="utf-8-sig", newline="") as f:
+        rows = list(csv.reader(f))
+    return {row[0]: [float(v) for v in row[1:]] for row in rows[1:]}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--repeats", type=int, default=5, help="rounds of every variant (default 5)")
+    parser.add_argument("--work-dir", help="where the dumps go (default: a temporary folder, deleted afterwards)")
+    args = parser.parse_args()
+    from msprobe.core.grad_probe.grad_compare import GradComparator  # msprobe 1.0.3, benchmark environment only
+
+    work = Path(tempfile.mkdtemp(prefix="compare-bench-", dir=args.work_dir))
+    try:
+        started = time.perf_counter()
+        npy_a, npy_b, packed_a, packed_b = (work / name for name in ("npy_a", "npy_b", "packed_a", "packed_b"))
+        train(npy_a, None)
+        train(npy_b, 1)
+        to_packed(npy_a, packed_a)
+        to_packed(npy_b, packed_b)
+        print(f"dumps written in {time.perf_counter() - started:.1f} s", file=sys.stderr)
+
+        def ours(a: Path, b: Path, **options):
+            return lambda out: compare_dumps(a, b, out, progress=False, **options)
+
+        variants = {
+            "msprobe 1.0.3 GradComparator (npy, a plot per parameter)":
+                lambda out: GradComparator.compare_distributed(str(npy_a), str(npy_b), str(out)),
+            "ours, npy, a plot per parameter": ours(npy_a, npy_b, per_param_plots=True),
+            "ours, npy, default plots (summary + heat map)": ours(npy_a, npy_b),
+            "ours, npy, no plots": ours(npy_a, npy_b, plots=False),
+            "ours, packed, default plots (summary + heat map)": ours(packed_a, packed_b),
+            "ours, packed, no plots": ours(packed_a, packed_b, plots=False),
+        }
+        times: dict[str, list[float]] = {name: [] for name in variants}
+        outputs: dict[str, Path] = {}
+        for round_number in range(args.repeats):
+            for index, (name, run) in enumerate(variants.items()):
+                out = work / f"out_{index}_{round_number}"
+                begin = time.perf_counter()
+                with open(os.devnull, "w") as quiet, _redirect_stdout(quiet):
+                    run(out)
+                times[name].append(time.perf_counter() - begin)
+                if round_number == 0:
+                    outputs[name] = out
+                else:
+                    shutil.rmtree(out)
+            print(f"round {round_number + 1}/{args.repeats} done", file=sys.stderr)
+
+        reference_name = next(iter(variants))
+        reference = read_similarities(outputs[reference_name] / "rank0" / "similarities.csv")
+        agree = all(read_similarities(out / "rank0" / "similarities.csv") == reference for out in outputs.values())
+        medians = {name: statistics.median(values) for name, values in times.items()}
+        summary = reference["summary"]
+        result = {
+            "model": f"{LAYERS} x nn.Linear({WIDTH}, {WIDTH})",
+            "parameters": LAYERS * (WIDTH * WIDTH + WIDTH),
+            "steps": STEPS,
+            "dump_bytes": {"npy (per dump)": folder_bytes(npy_a), "packed (per dump)": folder_bytes(packed_a)},
+            "summary_similarity": summary,
+            "results_identical_to_msprobe": agree,
+            "repeats": args.repeats,
+            "seconds": times,
+            "median_seconds": medians,
+            "speedup_vs_msprobe": {name: medians[reference_name] / m for name, m in medians.items()},
+            "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "numpy": np.__version__,
+                        "torch": torch.__version__, "platform": platform.platform()},
+        }
+        RESULTS.mkdir(exist_ok=True)
+        (RESULTS / "compare.json").write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
+        (RESULTS / "compare.md").write_text(markdown(result, reference_name), encoding="utf-8")
+        print(markdown(result, reference_name))
+        return 0 if agree else 1
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+class _redirect_stdout:
+    """msprobe logs every step to stdout; keep the benchmark's output readable."""
+
+    def __init__(self, target):
+        self.target = target
+
+    def __enter__(self):
+        self.saved, sys.stdout = sys.stdout, self.target
+
+    def __exit__(self, *exc):
+        sys.stdout = self.saved
+
+
+def markdown(result: dict, reference_name: str) -> str:
+    lines = [
+        "# Comparator benchmark",
+        "",
+        f"{result['model']} ({result['parameters']:,} parameters), {result['steps']} steps, one rank; "
+        f"dump B takes other inputs from step 1 on (summary similarity "
+        f"{', '.join(f'{v:.4f}' for v in result['summary_similarity'])}).",
+        f"Dump size per run: npy {result['dump_bytes']['npy (per dump)'] / 1e6:.0f} MB, packed "
+        f"{result['dump_bytes']['packed (per dump)'] / 1e6:.0f} MB. "
+        f"{result['repeats']} interleaved rounds, median wall time; {result['machine']['cpus']} CPUs, "
+        f"Python {result['machine']['python']}, numpy {result['machine']['numpy']}, "
+        f"torch {result['machine']['torch']}.",
+        f"similarities.csv identical to msprobe's: {'yes' if result['results_identical_to_msprobe'] else 'NO'}.",
+        "",
+        "| variant | median s | msprobe / this |",
+        "|---|---:|---:|",
+    ]
+    for name, median in result["median_seconds"].items():
+        lines.append(f"| {name} | {median:.3f} | {result['speedup_vs_msprobe'][name]:.1f}x |")
+    lines += ["", f"Reproduce: `benchmarks/run-compare` (reference: {reference_name}).", ""]
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
