@@ -99,7 +99,11 @@ def _host_statistics(grads, norms, level, bounds32):
     statistics = np.array([v for triple in per_parameter for v in triple] + counts, dtype=np.float64)
     signs = float32_values = None
     if level == "L0":  # a snapshot: the optimizer may change the gradients before the writer hashes them
-        float32_values = np.concatenate([np.zeros(0, np.float32)] + [a.astype(np.float32) for a in arrays])
+        float32_values = np.empty(sum(a.size for a in arrays), np.float32)
+        start = 0
+        for array in arrays:
+            float32_values[start:start + array.size] = array
+            start += array.size
     else:
         signs = np.concatenate([np.zeros(0, np.uint8)] + [np.packbits(a > 0) for a in arrays])
     return statistics, signs, float32_values
