@@ -15,7 +15,7 @@ from torch.optim.optimizer import register_optimizer_step_pre_hook
 from msprobe_mlflow.background import StepHandler
 from msprobe_mlflow.config import GradProbeConfig
 from msprobe_mlflow.session import ProbeSession, load_config
-from msprobe_mlflow.tracking.sink import TrackingOptions
+from msprobe_mlflow.tracking.options import TrackingOptions
 from msprobe_mlflow.pytorch.distributed import current_rank, shared_run_id, world_size
 from msprobe_mlflow.pytorch.statistics import launch_step_statistics
 

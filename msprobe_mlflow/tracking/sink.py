@@ -5,6 +5,11 @@ before the sink sees a step). The sink's queue holds step numbers only, at most 
 everything queued at once (one ``log_batch`` for many steps), a step that does not fit in the queue or whose
 request failed is remembered as unsent, and ``close()`` sends the unsent steps with the same idempotent code as
 ``msprobe-mlflow upload``. What still cannot be sent is named in a warning with the command that completes it.
+
+Credentials are checked when the sink starts: the first request (the run's tags) is awaited for up to
+``MSPROBE_MLFLOW_START_CHECK_SECONDS`` (10 s), and a 401/403 answer gives one warning at ``monitor()`` naming the
+tracking URI and ``MLFLOW_TRACKING_USERNAME``/``MLFLOW_TRACKING_PASSWORD``; the sink then sends nothing more and
+training goes on with the local dump only.
 """
 from __future__ import annotations
 
@@ -16,50 +21,23 @@ import tempfile
 import threading
 import time
 import warnings
-from dataclasses import dataclass
 from pathlib import Path
 
 from mlflow.entities import Param, RunTag
+from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
 from msprobe_mlflow import __version__
 from msprobe_mlflow.config import GradProbeConfig
 from msprobe_mlflow.records import StepRecord
 from msprobe_mlflow.tracking import ARTIFACT_ROOT, TAG_PREFIX
+from msprobe_mlflow.tracking.options import TrackingOptions
 from msprobe_mlflow.tracking.upload import log_metrics_batched, metrics_for_step, upload_dump, upload_step_files
 
 logger = logging.getLogger("msprobe_mlflow")
 RANK_WAIT_SECONDS = float(os.environ.get("MSPROBE_MLFLOW_RANK_WAIT_SECONDS", "120"))
-
-
-@dataclass(frozen=True)
-class TrackingOptions:
-    """How a monitor logs to MLflow. ``run_id`` None: the active run, else ``MLFLOW_RUN_ID``, else none (the
-    local dump only). ``log_every_n_steps`` thins what is sent live; ``upload`` can still send every step.
-    ``param_metrics``: parameter names or glob patterns that also get per-parameter metrics."""
-
-    run_id: str | None = None
-    tracking_uri: str | None = None
-    log_every_n_steps: int = 1
-    param_metrics: tuple[str, ...] = ()
-    silent: bool = False
-
-    def __post_init__(self):
-        if isinstance(self.log_every_n_steps, bool) or not isinstance(self.log_every_n_steps, int) \
-                or self.log_every_n_steps < 1:
-            raise ValueError(f"log_every_n_steps = {self.log_every_n_steps!r} is not accepted; expected an "
-                             f"integer >= 1")
-        if isinstance(self.param_metrics, str):
-            object.__setattr__(self, "param_metrics", (self.param_metrics,))
-        object.__setattr__(self, "param_metrics", tuple(self.param_metrics or ()))
-
-    def local_run_id(self) -> str | None:
-        if self.run_id:
-            return self.run_id
-        import mlflow
-
-        active = mlflow.active_run()
-        return active.info.run_id if active else os.environ.get("MLFLOW_RUN_ID") or None
+START_CHECK_SECONDS = float(os.environ.get("MSPROBE_MLFLOW_START_CHECK_SECONDS", "10"))
+REFUSED_CREDENTIALS = ("UNAUTHENTICATED", "PERMISSION_DENIED")  # MLflow's error codes for HTTP 401 and 403
 
 
 def rank_status_tag(rank: int) -> str:
@@ -80,13 +58,18 @@ class MlflowSink:
         self.client = MlflowClient(options.tracking_uri)
         self.unsent_steps: set[int] = set()
         self._failure: str | None = None
+        self._refused: str | None = None  # set when the server refused the credentials: nothing more is sent
+        self._refusal_told = False
+        self._start_checked = threading.Event()
         self._closing = False
         self._queue: queue.Queue = queue.Queue(maxsize=max_pending)
         self._thread = threading.Thread(target=self._work, name=f"msprobe-mlflow-sink-rank{rank}", daemon=True)
         self._thread.start()
+        self._start_checked.wait(START_CHECK_SECONDS)
+        self._tell_refusal()
 
     def __call__(self, record: StepRecord) -> None:
-        if record.step % self.options.log_every_n_steps:
+        if self._refused or record.step % self.options.log_every_n_steps:
             return
         try:
             self._queue.put_nowait(record.step)
@@ -96,6 +79,9 @@ class MlflowSink:
     # --- worker thread -------------------------------------------------------------------------------
     def _work(self) -> None:
         self._attempt("describe the run", self._describe_run)
+        self._start_checked.set()
+        if self._refused:
+            return
         while True:
             items = [self._queue.get()]
             while True:  # coalesce everything already queued into one round of requests
@@ -118,6 +104,10 @@ class MlflowSink:
         try:
             action()
         except Exception as e:
+            if isinstance(e, MlflowException) and e.error_code in REFUSED_CREDENTIALS:
+                self._refused = self._refusal_message(e)
+                logger.error("msprobe-mlflow: %s", self._refused)
+                return False
             first = self._failure is None
             self._failure = f"could not {what} in run {self.run_id}: {e}"
             logger.warning("msprobe-mlflow: %s", self._failure)
@@ -127,6 +117,20 @@ class MlflowSink:
             return False
         self._failure = None
         return True
+
+    def _refusal_message(self, error: MlflowException) -> str:
+        status = "401 not authenticated" if error.error_code == "UNAUTHENTICATED" else "403 permission denied"
+        return (f"rank {self.rank}: the MLflow tracking server at {self.client.tracking_uri} refused the "
+                f"credentials ({status}) for run {self.run_id}; set MLFLOW_TRACKING_USERNAME and "
+                f"MLFLOW_TRACKING_PASSWORD to an account that may edit this run's experiment. Nothing is sent to "
+                f"MLflow; training goes on with the local dump in {self.config.dump_path}; once the credentials "
+                f"are right, send it with: msprobe-mlflow upload {self.config.dump_path} --run-id {self.run_id}")
+
+    def _tell_refusal(self) -> None:
+        """Warns once (at start, or at close when the answer came later) that the credentials were refused."""
+        if self._refused and not self._refusal_told:
+            self._refusal_told = True
+            self._warn(self._refused)
 
     def _describe_run(self) -> None:
         tags = [RunTag(rank_status_tag(self.rank), "running"),
@@ -160,11 +164,15 @@ class MlflowSink:
     def close(self) -> None:
         """Sends what is queued, retries the unsent steps once, marks this rank finished; rank 0 then waits
         (``MSPROBE_MLFLOW_RANK_WAIT_SECONDS``) for the other ranks and tags the run with any that never finished."""
-        if not self._thread.is_alive():
+        if self._thread.is_alive():
+            self._closing = True
+            self._queue.put(None)
+            self._thread.join()
+        elif not self._refused:
+            return  # closed already
+        if self._refused:
+            self._tell_refusal()
             return
-        self._closing = True
-        self._queue.put(None)
-        self._thread.join()
         if self.unsent_steps:
             steps = set(self.unsent_steps)
             if self._attempt("send the unsent steps", lambda: upload_dump(

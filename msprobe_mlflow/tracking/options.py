@@ -1,0 +1,35 @@
+"""How a monitor logs to MLflow, importable without importing MLflow (it is imported when a run is looked up)."""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class TrackingOptions:
+    """How a monitor logs to MLflow. ``run_id`` None: the active run, else ``MLFLOW_RUN_ID``, else none (the
+    local dump only). ``log_every_n_steps`` thins what is sent live; ``upload`` can still send every step.
+    ``param_metrics``: parameter names or glob patterns that also get per-parameter metrics."""
+
+    run_id: str | None = None
+    tracking_uri: str | None = None
+    log_every_n_steps: int = 1
+    param_metrics: tuple[str, ...] = ()
+    silent: bool = False
+
+    def __post_init__(self):
+        if isinstance(self.log_every_n_steps, bool) or not isinstance(self.log_every_n_steps, int) \
+                or self.log_every_n_steps < 1:
+            raise ValueError(f"log_every_n_steps = {self.log_every_n_steps!r} is not accepted; expected an "
+                             f"integer >= 1")
+        if isinstance(self.param_metrics, str):
+            object.__setattr__(self, "param_metrics", (self.param_metrics,))
+        object.__setattr__(self, "param_metrics", tuple(self.param_metrics or ()))
+
+    def local_run_id(self) -> str | None:
+        if self.run_id:
+            return self.run_id
+        import mlflow
+
+        active = mlflow.active_run()
+        return active.info.run_id if active else os.environ.get("MLFLOW_RUN_ID") or None
