@@ -118,6 +118,9 @@ def main() -> int:
         reference_name = next(iter(variants))
         reference = read_similarities(outputs[reference_name] / "rank0" / "similarities.csv")
         agree = all(read_similarities(out / "rank0" / "similarities.csv") == reference for out in outputs.values())
+        reference_bytes = (outputs[reference_name] / "rank0" / "similarities.csv").read_bytes()
+        same_bytes = all((out / "rank0" / "similarities.csv").read_bytes() == reference_bytes
+                         for out in outputs.values())
         medians = {name: statistics.median(values) for name, values in times.items()}
         summary = reference["summary"]
         result = {
@@ -127,6 +130,7 @@ def main() -> int:
             "dump_bytes": {"npy (per dump)": folder_bytes(npy_a), "packed (per dump)": folder_bytes(packed_a)},
             "summary_similarity": summary,
             "results_identical_to_msprobe": agree,
+            "csv_bytes_identical_to_msprobe": same_bytes,
             "repeats": args.repeats,
             "seconds": times,
             "median_seconds": medians,
@@ -168,7 +172,8 @@ def markdown(result: dict, reference_name: str) -> str:
         f"{result['repeats']} interleaved rounds, median wall time; {result['machine']['cpus']} CPUs, "
         f"Python {result['machine']['python']}, numpy {result['machine']['numpy']}, "
         f"torch {result['machine']['torch']}.",
-        f"similarities.csv identical to msprobe's: {'yes' if result['results_identical_to_msprobe'] else 'NO'}.",
+        f"similarities.csv values identical to msprobe's: {'yes' if result['results_identical_to_msprobe'] else 'NO'}"
+        f" (byte for byte: {'yes' if result['csv_bytes_identical_to_msprobe'] else 'no'}).",
         "",
         "| variant | median s | msprobe / this |",
         "|---|---:|---:|",

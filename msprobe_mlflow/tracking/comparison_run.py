@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from mlflow.entities import Metric, Param, RunTag
+from mlflow.tracking.default_experiment import DEFAULT_EXPERIMENT_ID
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
@@ -37,7 +38,8 @@ from msprobe_mlflow.tracking.upload import log_metrics_batched
 
 COMPARE_TAG_PREFIX = f"{TAG_PREFIX}compare."
 ARTIFACT_FOLDER = "grad_compare"
-MAX_TAG_VALUE_LENGTH = 5000
+MAX_TAG_VALUE_LENGTH = 5000  # MLflow accepts 8000
+MAX_TAGS_PER_REQUEST = 100  # MLflow's limit per log_batch
 
 
 @dataclass
@@ -84,6 +86,11 @@ class ComparisonSource:
         return {rank: direction_steps(self.folder, rank, side) for rank in indexed_children(self.folder, "rank")}
 
 
+def _looks_like_a_path(given: str) -> bool:
+    """Run IDs are plain tokens; anything with a separator, a leading dot or tilde, is a mistyped folder."""
+    return any(mark in given for mark in ("/", "\\", os.sep)) or given.startswith((".", "~")) or not given
+
+
 def resolve_source(given: str | os.PathLike, side: str, client_factory) -> ComparisonSource:
     """A folder if ``given`` is one, else an MLflow run ID (``client_factory()`` is only called then)."""
     if Path(given).is_dir():
@@ -91,6 +98,9 @@ def resolve_source(given: str | os.PathLike, side: str, client_factory) -> Compa
             raise CompareInputError(f"{side} = {str(given)!r} holds no rank<N> folders; expected a grad_probe dump "
                                     f"folder (rank0/grad_summary_0.csv, rank0/step0/...) or an MLflow run ID")
         return ComparisonSource(str(given), folder=Path(given))
+    if _looks_like_a_path(str(given)):
+        raise CompareInputError(f"{side} = {str(given)!r}: no such folder; expected a grad_probe dump folder or "
+                                f"an MLflow run ID")
     client = client_factory()
     try:
         run = client.get_run(str(given))
@@ -136,9 +146,12 @@ def _experiment_id(client: MlflowClient, experiment: str | None, sources: list[C
     for source in sources:
         if source.listing:
             return source.listing.run.info.experiment_id
+    import mlflow
     from mlflow.tracking.fluent import _get_experiment_id  # honours MLFLOW_EXPERIMENT_NAME / _ID
 
-    return _get_experiment_id()
+    if client.tracking_uri == mlflow.get_tracking_uri():
+        return _get_experiment_id()
+    return DEFAULT_EXPERIMENT_ID  # another store than the active one: its Default experiment
 
 
 def _tags(comparison: DumpComparison, sources: list[ComparisonSource]) -> list[RunTag]:
@@ -157,8 +170,8 @@ def _tags(comparison: DumpComparison, sources: list[ComparisonSource]) -> list[R
         if rank.suspicious:
             tags[f"{COMPARE_TAG_PREFIX}rank{rank.rank}.first_suspicious_step"] = str(rank.first_suspicious_step)
             names = ", ".join(f"{t.name} (fell {t.fall:.4f})" for t in rank.parameter_trips)
-            tags[f"{COMPARE_TAG_PREFIX}rank{rank.rank}.suspicious_parameters"] = names[:MAX_TAG_VALUE_LENGTH]
-    return [RunTag(key, value) for key, value in tags.items()]
+            tags[f"{COMPARE_TAG_PREFIX}rank{rank.rank}.suspicious_parameters"] = names
+    return [RunTag(key, value[:MAX_TAG_VALUE_LENGTH]) for key, value in tags.items()]
 
 
 def _metrics(comparison: DumpComparison) -> list[Metric]:
@@ -188,9 +201,11 @@ def log_comparison_run(client: MlflowClient, comparison: DumpComparison, sources
     run_id = run.info.run_id
     try:
         verdict = comparison.verdict
-        client.log_batch(run_id, tags=_tags(comparison, sources), synchronous=True,
-                         params=[Param("first_threshold", str(verdict.first_threshold)),
-                                 Param("drop_threshold", str(verdict.drop_threshold))])
+        client.log_batch(run_id, params=[Param("first_threshold", str(verdict.first_threshold)),
+                                         Param("drop_threshold", str(verdict.drop_threshold))], synchronous=True)
+        tags = _tags(comparison, sources)
+        for start in range(0, len(tags), MAX_TAGS_PER_REQUEST):
+            client.log_batch(run_id, tags=tags[start:start + MAX_TAGS_PER_REQUEST], synchronous=True)
         log_metrics_batched(client, run_id, _metrics(comparison))
         if comparison.output_dir is not None:
             client.log_artifacts(run_id, str(comparison.output_dir), ARTIFACT_FOLDER)
