@@ -35,7 +35,8 @@ def start(dump_path, model, optimizer=None, **config) -> GradientMonitor:
 def set_grads(model: torch.nn.Module, grads: dict) -> None:
     parameters = dict(model.named_parameters())
     for name, values in grads.items():
-        parameters[name].grad = torch.tensor(np.asarray(values, np.float32)).to(parameters[name].dtype)
+        parameter = parameters[name]
+        parameter.grad = torch.tensor(np.asarray(values, np.float32)).to(parameter.device, parameter.dtype)
 
 
 def random_grads(model, rng, on_bounds=(-1.0, 0.0, 1.0)) -> dict:
@@ -56,12 +57,16 @@ def summary(dump_path, step, rank=0):
 
 # ---------------------------------------------------------------- rows against numpy
 
+CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+
 @pytest.mark.parametrize("level", ["L0", "L1", "L2"])
-@pytest.mark.parametrize("direction_format", ["packed", "npy"])
-def test_rows_and_directions_match_numpy_at_each_level_over_two_steps(tmp_path, level, direction_format):
+@pytest.mark.parametrize("direction_format, device", [("packed", "cpu"), ("npy", "cpu"),
+                                                      pytest.param("packed", "cuda", marks=CUDA)])
+def test_rows_and_directions_match_numpy_at_each_level_over_two_steps(tmp_path, level, direction_format, device):
     torch.manual_seed(0)
     rng = np.random.default_rng(1)
-    model = TwoLayers()
+    model = TwoLayers().to(device)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     monitor = start(tmp_path, model, optimizer, level=level, direction_format=direction_format)
     steps = []
@@ -617,6 +622,32 @@ def test_the_accelerator_path_reads_nothing_on_the_host_until_the_writer_resolve
     for level in ("L0", "L1", "L2"):
         _device_statistics(grads, torch._foreach_norm(grads), level, [np.float32(0)])
         assert calls == [], f"{level}: {calls}"
+
+
+@CUDA
+def test_on_cuda_the_optimizer_step_returns_while_the_gpu_is_still_busy(tmp_path):
+    model = TwoLayers().cuda()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    grads = []
+
+    def timed_step() -> float:
+        grads.append(random_grads(model, np.random.default_rng(20 + len(grads))))
+        set_grads(model, grads[-1])
+        torch.cuda.synchronize()
+        started = time.perf_counter()
+        torch.cuda._sleep(2_000_000_000)  # about a second of GPU work queued ahead (a backward pass, say)
+        optimizer.step()
+        return time.perf_counter() - started
+
+    timed_step()
+    assert timed_step() < 0.25  # SGD alone does not wait for the GPU
+    monitor = start(tmp_path, model, optimizer, level="L2")
+    timed_step()  # warms the monitor's caches (kernels, pinned host memory)
+    stepped = timed_step()
+    monitor.stop()
+    assert stepped < 0.25, stepped
+    header, rows = summary(tmp_path, 1)
+    assert_row(rows["fc1.weight"], header, expected_row(grads[1]["fc1.weight"], "L2"))
 
 
 # ---------------------------------------------------------------- processes: interpreter exit, distributed ranks
