@@ -59,9 +59,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 class _ProgressLine:
     """``api-check  12/40  Mint.add.0`` rewritten in place on stderr (a plain line per call when not a terminal)."""
 
-    def __init__(self, stream=sys.stderr):
-        self.stream = stream
-        self.interactive = stream.isatty()
+    def __init__(self, stream=None):
+        self.stream = stream if stream is not None else sys.stderr
+        self.interactive = self.stream.isatty()
 
     def __call__(self, done: int, total: int, name: str) -> None:
         text = f"api-check {done:>{len(str(total))}}/{total}  {name}"

@@ -11,6 +11,7 @@ requests (create with its tags, one ``log_batch``, terminate), whatever its numb
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 import mlflow
@@ -42,25 +43,53 @@ def summary_metrics(report: ApiCheckReport) -> dict[str, float]:
     return metrics
 
 
-def log_api_check(report: ApiCheckReport, *, api_info: Path, task: str, thresholds: Thresholds,
-                  api_filter: str | None = None, experiment: str | None = None, parent_run_id: str | None = None,
-                  nested: bool = True, tracking_uri: str | None = None) -> str:
-    """Records the check in MLflow (see the module docstring); returns the ID of the check's run.
+@dataclass(frozen=True)
+class CheckRunTarget:
+    """Where the check's run goes, settled before the check starts so that a wrong run ID or experiment fails
+    at once rather than after the last API."""
 
-    ``tracking_uri`` None: the active one (``mlflow.set_tracking_uri`` / ``MLFLOW_TRACKING_URI``); only then is
-    the active run (which lives there) a parent. The active run, if any, stays active and unchanged.
-    """
+    client: MlflowClient
+    experiment_id: str
+    parent_run_id: str | None
+
+
+def resolve_target(experiment: str | None = None, parent_run_id: str | None = None,
+                   tracking_uri: str | None = None) -> CheckRunTarget:
+    """The parent is ``parent_run_id``, else the active run (only when ``tracking_uri`` is None: the active run
+    lives in the active store). The experiment is the parent's (``experiment``, if given, must be that one),
+    else ``experiment`` (created if missing), else MLflow's current experiment."""
     client = MlflowClient(tracking_uri)
     active = mlflow.active_run() if tracking_uri is None else None
     parent = parent_run_id or (active.info.run_id if active is not None else None)
-    experiment_id = _experiment_id(client, experiment, parent)
+    if parent is not None:
+        parent_experiment = client.get_run(parent).info.experiment_id
+        if experiment is not None:
+            found = client.get_experiment_by_name(experiment)
+            if found is None or found.experiment_id != parent_experiment:
+                raise ValueError(f"experiment = {experiment!r} is not the experiment of the parent run {parent} "
+                                 f"(experiment ID {parent_experiment}); a nested run lives in its parent's "
+                                 "experiment: leave the experiment out")
+        return CheckRunTarget(client, parent_experiment, parent)
+    if experiment is not None:
+        found = client.get_experiment_by_name(experiment)
+        return CheckRunTarget(client, found.experiment_id if found else client.create_experiment(experiment), None)
+    from mlflow.tracking.fluent import _get_experiment_id  # honours MLFLOW_EXPERIMENT_NAME / _ID, set_experiment
+
+    return CheckRunTarget(client, _get_experiment_id(), None)
+
+
+def log_api_check(report: ApiCheckReport, target: CheckRunTarget, *, api_info: Path, task: str,
+                  thresholds: Thresholds, api_filter: str | None = None, nested: bool = True) -> str:
+    """Records the check in MLflow (see the module docstring); returns the ID of the check's run. The active run,
+    if any, stays active and unchanged."""
+    client = target.client
     tags = {MLFLOW_RUN_NAME: f"api-check {api_info.name}", "mlflow.source.name": "msprobe-mlflow api-check",
             f"{TAG_PREFIX}version": __version__, f"{TAG_PREFIX}framework": "mindspore", TASK_TAG: task}
-    if parent is not None:
-        tags[MLFLOW_PARENT_RUN_ID] = parent
+    if target.parent_run_id is not None:
+        tags[MLFLOW_PARENT_RUN_ID] = target.parent_run_id
     params = {"api_info": str(api_info), "task": task, "cosine_threshold": thresholds.cosine,
               "max_abs_threshold": thresholds.max_abs_err, "api_filter": api_filter or "", "nested": nested}
-    run_id = client.create_run(experiment_id, tags=tags).info.run_id
+    run_id = client.create_run(target.experiment_id, tags=tags).info.run_id
     try:
         _log_batch(client, run_id, summary_metrics(report), params)
         for csv_path in (report.details_csv, report.result_csv):
@@ -68,33 +97,12 @@ def log_api_check(report: ApiCheckReport, *, api_info: Path, task: str, threshol
                 client.log_artifact(run_id, str(csv_path), ARTIFACT_FOLDER)
         if nested:
             for result in report.results:
-                _log_api_run(client, experiment_id, run_id, result)
+                _log_api_run(client, target.experiment_id, run_id, result)
     except BaseException:
         client.set_terminated(run_id, "FAILED")
         raise
     client.set_terminated(run_id, "FINISHED")
     return run_id
-
-
-def _experiment_id(client: MlflowClient, experiment: str | None, parent: str | None) -> str:
-    """The parent's experiment when there is a parent, else ``experiment`` (created if missing), else MLflow's
-    current one; a named experiment that is not the parent's is refused (a nested run lives with its parent)."""
-    named = None
-    if experiment is not None:
-        found = client.get_experiment_by_name(experiment)
-        named = found.experiment_id if found is not None else client.create_experiment(experiment)
-    if parent is not None:
-        parent_experiment = client.get_run(parent).info.experiment_id
-        if named is not None and named != parent_experiment:
-            raise ValueError(f"experiment = {experiment!r} is not the experiment of the parent run {parent} "
-                             f"(experiment ID {parent_experiment}); a nested run must live in its parent's "
-                             "experiment")
-        return parent_experiment
-    if named is not None:
-        return named
-    from mlflow.tracking.fluent import _get_experiment_id  # honours MLFLOW_EXPERIMENT_NAME / _ID, set_experiment
-
-    return _get_experiment_id()
 
 
 def _log_api_run(client: MlflowClient, experiment_id: str, parent_run_id: str, result: ApiResult) -> None:

@@ -21,8 +21,8 @@ __all__ = ["check_api_accuracy", "ApiCheckReport", "ApiResult", "OutputResult", 
 def check_api_accuracy(path: str | os.PathLike, *, output_dir: str | os.PathLike = ".",
                        experiment: str | None = None, parent_run_id: str | None = None, nested: bool = True,
                        api_filter: str | None = None, cosine_threshold: float = 0.99,
-                       max_abs_threshold: float = 0.001, log_to_mlflow: bool = True,
-                       tracking_uri: str | None = None, on_progress: Callable[[int, int, str], None] | None = None) -> ApiCheckReport:
+                       max_abs_threshold: float = 0.001, log_to_mlflow: bool = True, tracking_uri: str | None = None,
+                       on_progress: Callable[[int, int, str], None] | None = None) -> ApiCheckReport:
     """Checks every API call of an msprobe MindSpore dump (``api_info.json`` / ``dump.json``) and reports.
 
     ``api_filter``: a regular expression searched in the call name (``Mint.add.0``); calls that do not match are
@@ -33,7 +33,9 @@ def check_api_accuracy(path: str | os.PathLike, *, output_dir: str | os.PathLike
     ``nested`` is false. ``on_progress(done, total, name)`` is called after each call.
 
     Raises ``ValueError`` only for what stops the whole check (an unreadable file, no ``task``/``data``, a bad
-    ``api_filter``); every problem of one entry becomes that API's ``error`` or ``skip`` row.
+    ``api_filter``, an ``output_dir`` that cannot be made, an ``experiment`` that is not the parent's), before any
+    API is run; every problem of one entry
+    becomes that API's ``error`` or ``skip`` row.
     """
     try:
         pattern = re.compile(api_filter) if api_filter else None
@@ -41,6 +43,15 @@ def check_api_accuracy(path: str | os.PathLike, *, output_dir: str | os.PathLike
         raise ValueError(f"api_filter = {api_filter!r} is not a regular expression ({error})") from None
     thresholds = Thresholds(cosine=cosine_threshold, max_abs_err=max_abs_threshold)
     dump = read_api_info(path)
+    try:
+        Path(output_dir).mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise ValueError(f"output_dir = {str(output_dir)!r} cannot be created ({error.strerror or error})") from None
+    target = None
+    if log_to_mlflow:
+        from msprobe_mlflow.tracking.api_check_runs import log_api_check, resolve_target
+
+        target = resolve_target(experiment, parent_run_id, tracking_uri)
     calls = [call for call in dump.calls if pattern is None or pattern.search(call.name)]
     if dump.task == "statistics":
         prepare_mindspore()
@@ -51,10 +62,7 @@ def check_api_accuracy(path: str | os.PathLike, *, output_dir: str | os.PathLike
             on_progress(done, len(calls), call.name)
     details_csv, result_csv = write_reports(results, output_dir)
     report = ApiCheckReport(results, details_csv, result_csv)
-    if log_to_mlflow:
-        from msprobe_mlflow.tracking.api_check_runs import log_api_check
-
-        report.run_id = log_api_check(report, api_info=Path(path), task=dump.task, thresholds=thresholds,
-                                      api_filter=api_filter, experiment=experiment, parent_run_id=parent_run_id,
-                                      nested=nested, tracking_uri=tracking_uri)
+    if target is not None:
+        report.run_id = log_api_check(report, target, api_info=Path(path), task=dump.task, thresholds=thresholds,
+                                      api_filter=api_filter, nested=nested)
     return report

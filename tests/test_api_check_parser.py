@@ -1,0 +1,163 @@
+"""Reading msprobe's MindSpore dump: typed records, and for each malformed entry a message that names the key, the
+field, the value and what is accepted, without stopping at it."""
+import json
+import math
+
+import numpy as np
+import pytest
+
+from msprobe_mlflow.mindspore.api_check.inputs import regenerate
+from msprobe_mlflow.mindspore.api_check.parser import TensorArg, ValueArg, read_api_info
+
+
+def tensor(dtype="Float32", shape=(2, 3), maximum=1.0, minimum=-1.0, **extra):
+    return {"type": "mindspore.Tensor", "dtype": dtype, "shape": list(shape), "Max": maximum, "Min": minimum,
+            **extra}
+
+
+def write_dump(folder, data, task="statistics", **top):
+    path = folder / "api_info.json"
+    path.write_text(json.dumps({"task": task, **top, "data": data}), encoding="utf-8")
+    return path
+
+
+def calls_by_name(path):
+    return {call.name: call for call in read_api_info(path).calls}
+
+
+def test_forward_and_backward_entries_become_one_call(tmp_path):
+    path = write_dump(tmp_path, {
+        "Mint.add.0.forward": {"input_args": [tensor(), {"type": "float", "value": 2.0}],
+                               "input_kwargs": {"alpha": {"type": "int", "value": 1}}, "output": [tensor()]},
+        "Mint.add.0.backward": {"input": [tensor()], "output": [tensor()]}})
+    call = calls_by_name(path)["Mint.add.0"]
+    assert (call.family, call.function, call.has_forward, call.has_backward) == ("Mint", "add", True, True)
+    assert call.forward.args == (TensorArg("Float32", (2, 3), 1.0, -1.0), ValueArg("float", 2.0))
+    assert call.forward.kwargs == {"alpha": ValueArg("int", 1)}
+    assert call.backward.output_grads == (TensorArg("Float32", (2, 3), 1.0, -1.0),)
+
+
+def test_null_arguments_and_kwargs_are_none(tmp_path):
+    path = write_dump(tmp_path, {"MintFunctional.linear.0.forward": {
+        "input_args": [tensor(), tensor(shape=(4, 3)), None], "input_kwargs": {"dtype": None}}})
+    call = calls_by_name(path)["MintFunctional.linear.0"]
+    assert call.forward_problem is None
+    assert call.forward.args[2] is None and call.forward.kwargs == {"dtype": None}
+
+
+def test_list_argument_is_a_tuple_of_arguments(tmp_path):
+    path = write_dump(tmp_path, {"Mint.cat.0.forward": {
+        "input_args": [[tensor(), tensor(shape=(1, 3))]], "input_kwargs": {"dim": {"type": "int", "value": 0}}}})
+    args = calls_by_name(path)["Mint.cat.0"].forward.args
+    assert args == ((TensorArg("Float32", (2, 3), 1.0, -1.0), TensorArg("Float32", (1, 3), 1.0, -1.0)),)
+
+
+def test_slice_and_mindspore_dtype_values(tmp_path):
+    path = write_dump(tmp_path, {"Mint.f.0.forward": {"input_args": [
+        {"type": "slice", "value": [0, None, 2]}, {"type": "mindspore.dtype", "value": "Float16"}]}})
+    assert calls_by_name(path)["Mint.f.0"].forward.args == (ValueArg("slice", slice(0, None, 2)),
+                                                           ValueArg("mindspore.dtype", "Float16"))
+
+
+def test_empty_tensor_may_have_null_statistics(tmp_path):
+    path = write_dump(tmp_path, {"Mint.abs.0.forward": {"input_args": [tensor(shape=(0, 3), maximum=None,
+                                                                                minimum=None)]}})
+    call = calls_by_name(path)["Mint.abs.0"]
+    assert call.forward_problem is None and call.forward.args[0].numel == 0
+
+
+def test_infinite_statistics_are_kept_and_clipped_when_regenerated(tmp_path):
+    path = write_dump(tmp_path, {"Mint.abs.0.forward": {"input_args": [
+        tensor(maximum=math.inf, minimum=-math.inf), tensor("Float16", maximum=math.inf, minimum=0.0)]}})
+    float32, float16 = calls_by_name(path)["Mint.abs.0"].forward.args
+    assert (float32.maximum, float32.minimum) == (math.inf, -math.inf)
+    values32, values16 = regenerate(float32), regenerate(float16)
+    assert np.isfinite(values32).all() and np.abs(values32).max() <= np.finfo(np.float32).max
+    assert np.isfinite(values16).all() and values16.max() <= 65504 and values16.min() >= 0
+
+
+def test_regeneration_is_uniform_between_min_and_max_with_seed_42():
+    spec = TensorArg("Float32", (2, 3), maximum=3.0, minimum=1.0)
+    np.testing.assert_array_equal(regenerate(spec), np.random.RandomState(42).uniform(1.0, 3.0, (2, 3)))
+    integers = regenerate(TensorArg("Int64", (4,), maximum=5, minimum=0))
+    np.testing.assert_array_equal(integers, np.trunc(np.random.RandomState(42).uniform(0, 5, 4)))
+    flags = regenerate(TensorArg("Bool", (5,), maximum=True, minimum=False))
+    np.testing.assert_array_equal(flags, np.random.RandomState(42).rand(5) > 0.5)
+
+
+@pytest.mark.parametrize("argument, field, accepted", [
+    (tensor(dtype="Float33"), "input_args[0].dtype", "Float32"),
+    (tensor(shape=(2, -1)), "input_args[0].shape", "non-negative integers"),
+    (tensor(maximum=None), "input_args[0].Max", "null only for empty tensors"),
+    (tensor(maximum="big"), "input_args[0].Max", "a number, Infinity"),
+    (tensor(maximum=math.nan), "input_args[0].Max", "a number, Infinity"),
+    (tensor(maximum=-2.0, minimum=1.0), "input_args[0].Min", "not above Max"),
+    ({"type": "numpy.ndarray", "value": 1}, "input_args[0].type", "mindspore.Tensor"),
+    ({"type": "int", "value": "3"}, "input_args[0].value", "an integer"),
+    ({"type": "slice", "value": [0, 1]}, "input_args[0].value", "[start, stop, step]"),
+    ("a string", "input_args[0]", "an object with a type"),
+])
+def test_malformed_argument_names_key_field_value_and_what_is_accepted(tmp_path, argument, field, accepted):
+    path = write_dump(tmp_path, {"Mint.abs.0.forward": {"input_args": [argument]},
+                                 "Mint.neg.0.forward": {"input_args": [tensor()]}})
+    calls = calls_by_name(path)
+    problem = calls["Mint.abs.0"].forward_problem
+    assert problem.startswith(f"Mint.abs.0.forward: {field} = ")
+    assert accepted in problem
+    assert calls["Mint.neg.0"].forward_problem is None  # the next entry still parses
+
+
+def test_missing_input_args_is_a_problem_of_that_entry(tmp_path):
+    path = write_dump(tmp_path, {"Mint.abs.0.forward": {"input_kwargs": {}}})
+    assert calls_by_name(path)["Mint.abs.0"].forward_problem == (
+        "Mint.abs.0.forward: input_args = None is not accepted; expected a list of arguments")
+
+
+def test_tensor_task_needs_the_recorded_outputs(tmp_path):
+    path = write_dump(tmp_path, {"Mint.abs.0.forward": {"input_args": []}}, task="tensor", dump_data_dir=".")
+    assert calls_by_name(path)["Mint.abs.0"].forward_problem == (
+        "Mint.abs.0.forward: output = None is not accepted; expected a list of arguments")
+
+
+def test_unknown_suffix_and_other_families_are_skipped_with_a_reason(tmp_path):
+    path = write_dump(tmp_path, {"Mint.add.0.recompute": {}, "Tensor.add.0.forward": {"input_args": []},
+                                 "Mint.add.forward": {"input_args": []}})
+    calls = calls_by_name(path)
+    assert "suffix 'recompute' is not forward or backward" in calls["Mint.add.0.recompute"].skip_reason
+    assert "Tensor APIs are not checked" in calls["Tensor.add.0"].skip_reason
+    assert "not Family.function.index" in calls["Mint.add"].problem
+
+
+def test_relative_dump_data_dir_resolves_against_the_json_file(tmp_path, monkeypatch):
+    (tmp_path / "dump" / "npy").mkdir(parents=True)
+    path = write_dump(tmp_path / "dump", {"Mint.abs.0.forward": {"input_args": [
+        {"type": "mindspore.Tensor", "dtype": "Float32", "shape": [2], "data_name": "x.npy"}], "output": []}},
+                      task="tensor", dump_data_dir="npy")
+    monkeypatch.chdir(tmp_path)
+    dump = read_api_info("dump/api_info.json")
+    assert dump.calls[0].forward.args[0].data_path == (tmp_path / "dump" / "npy" / "x.npy").resolve()
+
+
+@pytest.mark.parametrize("data_name, reason", [("../secret.npy", "leads outside"),
+                                               ("/etc/passwd", "is an absolute path")])
+def test_data_name_outside_dump_data_dir_is_refused(tmp_path, data_name, reason):
+    (tmp_path / "npy").mkdir()
+    path = write_dump(tmp_path, {"Mint.abs.0.forward": {"input_args": [
+        {"type": "mindspore.Tensor", "dtype": "Float32", "shape": [2], "data_name": data_name}]}},
+                      task="tensor", dump_data_dir="npy")
+    problem = calls_by_name(path)["Mint.abs.0"].forward_problem
+    assert f"input_args[0].data_name = {data_name!r} {reason}" in problem
+
+
+@pytest.mark.parametrize("content, message", [
+    ("not json", "is not a JSON file"),
+    (json.dumps({"task": "grad_probe", "data": {}}), "task = 'grad_probe' is not accepted"),
+    (json.dumps({"task": "tensor", "data": {}}), "dump_data_dir = None is not accepted"),
+    (json.dumps({"task": "statistics", "data": []}), "data = [] is not accepted"),
+])
+def test_a_file_that_is_not_a_dump_is_refused_as_a_whole(tmp_path, content, message):
+    path = tmp_path / "api_info.json"
+    path.write_text(content, encoding="utf-8")
+    with pytest.raises(ValueError, match="api_info.json: ") as raised:
+        read_api_info(path)
+    assert message in str(raised.value)

@@ -1,0 +1,388 @@
+"""The API checker on real MindSpore 2.10 (CPU) and real torch: its metrics equal a numpy computation of the
+formulas on the two frameworks' own outputs, forward and backward; disagreements are errors; what cannot run is a
+skip that does not poison later ops; every malformed entry gets its row and the CSVs list every API."""
+import json
+import math
+
+import mindspore
+import numpy as np
+import pytest
+import torch
+from mindspore import mint
+
+from msprobe_mlflow.dump import read_csv
+from msprobe_mlflow.mindspore.api_check import check_api_accuracy
+
+
+# --- the expectation, computed here from FORMATS.md section 6 ------------------------------------------------------
+
+def hand_metrics(bench: np.ndarray, tested: np.ndarray) -> tuple[float, float, float]:
+    b, t = bench.astype(np.float64).ravel(), tested.astype(np.float64).ravel()
+    cosine = (1e-8 + float(b @ t)) / (1e-8 + math.sqrt(float(b @ b)) * math.sqrt(float(t @ t)))
+    difference = np.abs(b - t)
+    relative = difference / np.where(b == 0, 1e-8, np.abs(b))
+    return cosine, float(difference.max()), float(relative.max())
+
+
+def rebuilt(low, high, shape, dtype=np.float32):
+    """An input as the statistics task rebuilds it: uniform in [Min, Max] from a fresh RandomState(42)."""
+    values = np.random.RandomState(42).uniform(low, high, shape)
+    return np.trunc(values).astype(dtype) if np.issubdtype(dtype, np.integer) else values.astype(dtype)
+
+
+def rebuilt_bool(shape):
+    return np.random.RandomState(42).rand(*shape) > 0.5
+
+
+def stat(shape, low=-1.0, high=1.0, dtype="Float32"):
+    return {"type": "mindspore.Tensor", "dtype": dtype, "shape": list(shape), "Max": high, "Min": low}
+
+
+def write_dump(folder, data, task="statistics", dump_data_dir=None):
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / "api_info.json"
+    path.write_text(json.dumps({"task": task, "dump_data_dir": dump_data_dir, "data": data}), encoding="utf-8")
+    return path
+
+
+def rows_by_name(report):
+    return {row.name: row for result in report.results for row in result.output_rows()}
+
+
+# --- statistics task: ops that run on this CPU, forward and backward -----------------------------------------------
+
+def F(name):
+    return getattr(mint.nn.functional, name)
+
+
+# name: (mint function, torch function, inputs as numpy, recorded inputs, kwargs, sensitivity shape and range)
+OPS = {
+    "Mint.add.0": (mint.add, torch.add, [(-1, 1, (2, 3)), (0, 2, (2, 3))], {}, (-1, 1, (2, 3))),
+    "Mint.matmul.0": (mint.matmul, torch.matmul, [(-1, 1, (2, 3)), (-2, 1, (3, 4))], {}, (-1, 1, (2, 4))),
+    "Mint.exp.0": (mint.exp, torch.exp, [(-3, 3, (2, 3))], {}, (-1, 1, (2, 3))),
+    "MintFunctional.relu.0": (F("relu"), torch.nn.functional.relu, [(-1, 1, (2, 3))], {}, (-1, 2, (2, 3))),
+    "MintFunctional.softmax.0": (F("softmax"), torch.nn.functional.softmax, [(-2, 2, (2, 3))], {"dim": -1},
+                                 (-1, 1, (2, 3))),
+    "MintFunctional.linear.0": (F("linear"), torch.nn.functional.linear,
+                                [(-1, 1, (2, 3)), (-1, 0.5, (4, 3)), (0, 1, (4,))], {}, (-1, 1, (2, 4))),
+    "Mint.sum.0": (mint.sum, torch.sum, [(-1, 1, (2, 3))], {"dim": 1}, (-1, 1, (2,))),
+}
+
+
+def statistics_data():
+    data = {}
+    for name, (_, _, inputs, kwargs, sensitivity) in OPS.items():
+        data[f"{name}.forward"] = {"input_args": [stat(shape, low, high) for low, high, shape in inputs],
+                                   "input_kwargs": {key: {"type": "int", "value": value}
+                                                    for key, value in kwargs.items()}}
+        data[f"{name}.backward"] = {"input": [stat(sensitivity[2], *sensitivity[:2])]}
+    data["Mint.sum.0.forward"]["input_kwargs"]["dtype"] = None  # msprobe writes dtype=mindspore.float32 as null
+    data["Mint.mul.0.forward"] = {"input_args": [stat((2, 3)), stat((2, 3), 0, 5, "Int64")], "input_kwargs": {}}
+    data["Mint.mul.0.backward"] = {"input": [stat((2, 3), -2, 2)]}
+    data["Mint.cat.0.forward"] = {"input_args": [[stat((2, 3)), stat((1, 3), 0, 3)]],
+                                  "input_kwargs": {"dim": {"type": "int", "value": 0}}}
+    data["Mint.cat.0.backward"] = {"input": [stat((3, 3), -1, 2)]}
+    data["Mint.where.0.forward"] = {"input_args": [stat((2, 3), False, True, "Bool"), stat((2, 3)),
+                                                   stat((2, 3), 2, 3)], "input_kwargs": {}}
+    data["Mint.where.0.backward"] = {"input": [stat((2, 3), -3, 1)]}
+    data["Mint.sort.0.forward"] = {"input_args": [stat((4,))], "input_kwargs": {}}  # no CPU kernel in 2.10
+    data["Mint.add.1.forward"] = {"input_args": [stat((3,)), stat((3,), 1, 2)], "input_kwargs": {}}
+    return data
+
+
+@pytest.fixture(scope="module")
+def statistics_report(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("statistics")
+    return check_api_accuracy(write_dump(folder, statistics_data()), output_dir=folder / "out", log_to_mlflow=False)
+
+
+def mindspore_gradients(function, inputs, kwargs, sensitivity):
+    tensors = [mindspore.Tensor(value) for value in inputs]
+    gradient = mindspore.ops.GradOperation(get_all=True, sens_param=True)(lambda *a: function(*a, **kwargs))
+    return [g.asnumpy() for g in gradient(*tensors, mindspore.Tensor(sensitivity))]
+
+
+def torch_gradients(function, inputs, kwargs, sensitivity, differentiable):
+    leaves = [torch.tensor(value, requires_grad=flag) for value, flag in zip(inputs, differentiable)]
+    function(*leaves, **kwargs).backward(torch.from_numpy(sensitivity))
+    return [leaf.grad.numpy() for leaf, flag in zip(leaves, differentiable) if flag]
+
+
+@pytest.mark.parametrize("name", list(OPS))
+def test_forward_and_backward_metrics_equal_numpy_on_both_frameworks_outputs(statistics_report, name):
+    mint_function, torch_function, inputs, kwargs, (low, high, shape) = OPS[name]
+    values = [rebuilt(*spec) for spec in inputs]
+    sensitivity = rebuilt(low, high, shape)
+    tested = mint_function(*[mindspore.Tensor(v) for v in values], **kwargs).asnumpy()
+    bench = torch_function(*[torch.from_numpy(v) for v in values], **kwargs).numpy()
+    rows = rows_by_name(statistics_report)
+    forward = rows[f"{name}.forward.output.0"]
+    assert (forward.cosine, forward.max_abs_err, forward.max_relative_err) == pytest.approx(
+        hand_metrics(bench, tested), rel=1e-12, abs=1e-15)
+    assert (forward.bench_dtype, forward.tested_dtype, forward.shape) == ("Float32", "Float32", bench.shape)
+    tested_grads = mindspore_gradients(mint_function, values, kwargs, sensitivity)
+    bench_grads = torch_gradients(torch_function, values, kwargs, sensitivity, [True] * len(values))
+    for i, (b, t) in enumerate(zip(bench_grads, tested_grads)):
+        row = rows[f"{name}.backward.output.{i}"]
+        assert (row.cosine, row.max_abs_err, row.max_relative_err) == pytest.approx(hand_metrics(b, t),
+                                                                                      rel=1e-12, abs=1e-15)
+        assert row.shape == b.shape
+    result = next(r for r in statistics_report.results if r.name == name)
+    assert (result.status, result.forward.status, result.backward.status) == ("pass", "pass", "pass")
+
+
+def test_the_tested_outputs_really_come_from_mindspore(statistics_report):
+    """exp and softmax differ by float32 rounding between the frameworks: a checker comparing torch with itself
+    would report 0 everywhere."""
+    rows = rows_by_name(statistics_report)
+    assert rows["Mint.exp.0.forward.output.0"].max_abs_err > 0
+    assert rows["MintFunctional.softmax.0.forward.output.0"].max_abs_err > 0
+
+
+def test_int_tensor_input_gets_no_gradient_row_but_the_float_input_does(statistics_report):
+    x, integers = rebuilt(-1, 1, (2, 3)), rebuilt(0, 5, (2, 3), np.int64)
+    sensitivity = rebuilt(-2, 2, (2, 3))
+    tested = mindspore_gradients(mint.mul, [x, integers], {}, sensitivity)[0]
+    bench = torch_gradients(torch.mul, [x, integers], {}, sensitivity, [True, False])[0]
+    np.testing.assert_allclose(bench, sensitivity * integers, rtol=1e-6)  # d(x*i)/dx = i
+    rows = rows_by_name(statistics_report)
+    assert (rows["Mint.mul.0.backward.output.0"].cosine, rows["Mint.mul.0.backward.output.0"].max_abs_err) == \
+        pytest.approx(hand_metrics(bench, tested)[:2], rel=1e-12, abs=1e-15)
+    assert "Mint.mul.0.backward.output.1" not in rows
+
+
+def test_bool_input_gets_no_gradient_row_and_the_two_branches_do(statistics_report):
+    condition, x, y = rebuilt_bool((2, 3)), rebuilt(-1, 1, (2, 3)), rebuilt(2, 3, (2, 3))
+    sensitivity = rebuilt(-3, 1, (2, 3))
+    tested = mindspore_gradients(mint.where, [condition, x, y], {}, sensitivity)[1:]
+    bench = torch_gradients(torch.where, [condition, x, y], {}, sensitivity, [False, True, True])
+    np.testing.assert_array_equal(bench[0], np.where(condition, sensitivity, 0))
+    rows = rows_by_name(statistics_report)
+    assert "Mint.where.0.backward.output.0" not in rows
+    for position, b, t in zip((1, 2), bench, tested):
+        row = rows[f"Mint.where.0.backward.output.{position}"]
+        assert (row.cosine, row.max_abs_err) == pytest.approx(hand_metrics(b, t)[:2], rel=1e-12, abs=1e-15)
+        assert row.status == "pass"
+
+
+def test_tuple_input_is_run_and_each_of_its_tensors_gets_a_gradient(statistics_report):
+    x, y = rebuilt(-1, 1, (2, 3)), rebuilt(0, 3, (1, 3))
+    sensitivity = rebuilt(-1, 2, (3, 3))
+    tested = mint.cat((mindspore.Tensor(x), mindspore.Tensor(y)), dim=0).asnumpy()
+    bench = torch.cat((torch.from_numpy(x), torch.from_numpy(y)), dim=0).numpy()
+    rows = rows_by_name(statistics_report)
+    assert rows["Mint.cat.0.forward.output.0"].cosine == pytest.approx(hand_metrics(bench, tested)[0], rel=1e-12)
+    # d cat / d x is the first two rows of the sensitivity, d cat / d y the last one
+    assert rows["Mint.cat.0.backward.output.0"].shape == (2, 3)
+    assert rows["Mint.cat.0.backward.output.1"].shape == (1, 3)
+    assert rows["Mint.cat.0.backward.output.1"].status == "pass"
+
+
+def test_kernel_missing_on_this_cpu_is_a_skip_that_does_not_poison_the_next_op(statistics_report):
+    results = {result.name: result for result in statistics_report.results}
+    sort = results["Mint.sort.0"]
+    assert (sort.status, sort.forward.status) == ("skip", "skip")
+    assert sort.message.startswith("MindSpore cannot run mindspore.mint.sort here: RuntimeError: ")
+    assert "unregistered" in sort.message
+    assert results["Mint.add.1"].status == "pass"
+
+
+# --- tensor task: recorded outputs against torch --------------------------------------------------------------------
+
+def npy(folder, name, values):
+    np.save(folder / name, np.asarray(values))
+    return name
+
+
+def recorded(folder, name, values, dtype="Float32"):
+    values = np.asarray(values)
+    return {"type": "mindspore.Tensor", "dtype": dtype, "shape": list(values.shape),
+            "data_name": npy(folder, f"{name}.npy", values)}
+
+
+@pytest.fixture(scope="module")
+def tensor_report(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("tensor")
+    data_dir = folder / "dump_tensor_data"
+    data_dir.mkdir()
+    f32 = lambda values: np.array(values, dtype=np.float32)  # noqa: E731
+    t = lambda name, values, dtype="Float32": recorded(data_dir, name, values, dtype)  # noqa: E731
+    x = [[1.0, 2.0], [3.0, 5.0]]
+    softmax_last = np.exp(f32(x)) / np.exp(f32(x)).sum(axis=1, keepdims=True)
+    np.save(data_dir / "object.npy", np.array([{"a": 1}], dtype=object), allow_pickle=True)
+    data = {
+        "Mint.add.0.forward": {"input_args": [t("a0x", f32([1, 2, 3])), t("a0y", f32([10, 20, 30]))],
+                               "input_kwargs": {}, "output": [t("a0o", f32([11, 22, 33]))]},
+        "Mint.add.0.backward": {"input": [t("a0s", f32([1, -1, 2]))],
+                                "output": [t("a0g0", f32([1, -1, 2])), t("a0g1", f32([1, -1, 2]))]},
+        # the recorded output is off by one in its last element
+        "Mint.mul.0.forward": {"input_args": [t("m0x", f32([1, 2, 3])), t("m0y", f32([2, 2, 2]))],
+                               "input_kwargs": {}, "output": [t("m0o", f32([2, 4, 7]))]},
+        # the recorded kwarg (dim=0) is not the one the recorded output was computed with (dim=-1)
+        "MintFunctional.softmax.0.forward": {"input_args": [t("s0x", f32(x))],
+                                             "input_kwargs": {"dim": {"type": "int", "value": 0}},
+                                             "output": [t("s0o", softmax_last)]},
+        "Mint.where.0.forward": {"input_args": [t("w0c", np.array([True, False, True]), "Bool"),
+                                                t("w0x", f32([1, 2, 3])), t("w0y", f32([4, 5, 6]))],
+                                 "input_kwargs": {}, "output": [t("w0o", f32([1, 5, 3]))]},
+        "Mint.where.0.backward": {"input": [t("w0s", f32([1, 2, 3]))],
+                                  "output": [None, t("w0g1", f32([1, 0, 3])), t("w0g2", f32([0, 2, 0]))]},
+        "Mint.mul.1.forward": {"input_args": [t("m1x", f32([1, 2, 3])), t("m1i", np.array([4, 5, 6]), "Int64")],
+                               "input_kwargs": {}, "output": [t("m1o", f32([4, 10, 18]))]},
+        "Mint.mul.1.backward": {"input": [t("m1s", f32([1, 1, 1]))],
+                                "output": [t("m1g0", f32([4, 5, 6])), t("m1g1", np.zeros(3, np.int64), "Int64")]},
+        "Mint.neg.0.forward": {"input_args": [{"type": "mindspore.Tensor", "dtype": "Float32", "shape": [3],
+                                               "data_name": "missing.npy"}], "output": []},
+        "Mint.neg.1.forward": {"input_args": [{"type": "mindspore.Tensor", "dtype": "Float32", "shape": [1],
+                                               "data_name": "object.npy"}], "output": []},
+        "Mint.neg.2.forward": {"input_args": [{**t("n2x", f32([1, 2])), "shape": [3]}], "output": []},
+        "Mint.neg.3.forward": {"input_args": [{"type": "mindspore.Tensor", "dtype": "Float32", "shape": [1],
+                                               "data_name": "../api_info.json"}], "output": []},
+    }
+    path = write_dump(folder, data, task="tensor", dump_data_dir="dump_tensor_data")
+    return check_api_accuracy(path, output_dir=folder / "out", log_to_mlflow=False)
+
+
+def test_recorded_outputs_and_gradients_that_match_torch_pass(tensor_report):
+    rows = rows_by_name(tensor_report)
+    for name in ("Mint.add.0.forward.output.0", "Mint.add.0.backward.output.0", "Mint.add.0.backward.output.1"):
+        assert (rows[name].cosine, rows[name].max_abs_err, rows[name].status) == (pytest.approx(1.0), 0.0, "pass")
+
+
+def test_backward_uses_the_recorded_sensitivity(tensor_report):
+    """The recorded gradients of add are the recorded sensitivity [1, -1, 2], not ones: they only match torch if
+    torch was given that sensitivity."""
+    assert rows_by_name(tensor_report)["Mint.add.0.backward.output.1"].max_abs_err == 0.0
+
+
+def test_perturbed_recorded_output_is_an_error_with_hand_computed_metrics(tensor_report):
+    row = rows_by_name(tensor_report)["Mint.mul.0.forward.output.0"]
+    cosine = (1e-8 + (2 * 2 + 4 * 4 + 6 * 7)) / (1e-8 + math.sqrt(4 + 16 + 36) * math.sqrt(4 + 16 + 49))
+    assert (row.cosine, row.max_abs_err, row.max_relative_err) == pytest.approx((cosine, 1.0, 1 / 6), rel=1e-12)
+    assert (row.status, row.message) == ("error", "max absolute difference is greater than threshold: 0.001")
+
+
+def test_wrong_recorded_kwarg_is_an_error(tensor_report):
+    x = np.array([[1.0, 2.0], [3.0, 5.0]])
+    by_column = np.exp(x) / np.exp(x).sum(axis=0, keepdims=True)  # what torch computes with dim=0
+    by_row = np.exp(x) / np.exp(x).sum(axis=1, keepdims=True)  # what was recorded
+    row = rows_by_name(tensor_report)["MintFunctional.softmax.0.forward.output.0"]
+    assert row.status == "error"
+    assert row.max_abs_err == pytest.approx(np.abs(by_column - by_row).max(), rel=1e-6)
+
+
+def test_tensor_task_int_and_bool_inputs_get_no_gradient_rows(tensor_report):
+    rows = rows_by_name(tensor_report)
+    assert [name for name in rows if name.startswith(("Mint.where.0.backward", "Mint.mul.1.backward"))] == [
+        "Mint.where.0.backward.output.1", "Mint.where.0.backward.output.2", "Mint.mul.1.backward.output.0"]
+    assert all(rows[name].status == "pass" for name in rows if name.startswith(("Mint.where.0", "Mint.mul.1")))
+
+
+@pytest.mark.parametrize("name, message", [
+    ("Mint.neg.0", "missing.npy cannot be loaded as a .npy file"),
+    ("Mint.neg.1", "allow_pickle=False"),
+    ("Mint.neg.2", "n2x.npy has shape [2] but the dump records [3]"),
+    ("Mint.neg.3", "input_args[0].data_name = '../api_info.json' leads outside"),
+])
+def test_bad_tensor_files_are_errors_naming_the_file_and_field(tensor_report, name, message):
+    result = next(r for r in tensor_report.results if r.name == name)
+    assert result.status == "error"
+    assert result.message.startswith(f"{name}.forward: input_args[0]")
+    assert message in result.message
+
+
+# --- malformed entries: each its row, the run completes ------------------------------------------------------------
+
+MALFORMED = {
+    "Mint.abs.0.forward": {"input_args": [stat((2, 3))]},
+    "MintFunctional.linear.1.forward": {"input_args": [stat((2, 3)), stat((4, 3)), None], "input_kwargs": {}},
+    "Mint.abs.1.forward": {"input_args": [{**stat((0, 3)), "Max": None, "Min": None}]},
+    "Mint.abs.2.forward": {"input_args": [stat((2, 3), -math.inf, math.inf)]},
+    "Mint.abs.3.forward": {"input_args": [{**stat((2, 3)), "Max": None}]},
+    "Mint.abs.4.forward": {"input_args": [stat((2, 3), dtype="Float33")]},
+    "Mint.no_such_function.0.forward": {"input_args": [stat((2, 3))]},
+    "Mint.exp.1.backward": {"input": [stat((2, 3))]},
+    "Mint.exp.2.forward": {"input_args": [stat((2, 3))]},
+    "Mint.add.9.inplace": {"input_args": []},
+    "Tensor.add.0.forward": {"input_args": [stat((2, 3)), stat((2, 3))]},
+    "Mint.add.bad.forward": {"input_args": []},
+}
+EXPECTED = {  # API name in the result CSV: (forward, backward, overall status, a piece of the message)
+    "Mint.abs.0": ("pass", "", "pass", ""),
+    "MintFunctional.linear.1": ("pass", "", "pass", ""),
+    "Mint.abs.1": ("pass", "", "pass", ""),
+    "Mint.abs.2": ("pass", "", "pass", ""),
+    "Mint.abs.3": ("error", "", "error", "Mint.abs.3.forward: input_args[0].Max = None is not accepted"),
+    "Mint.abs.4": ("error", "", "error", "Mint.abs.4.forward: input_args[0].dtype = 'Float33' is not accepted"),
+    "Mint.no_such_function.0": ("skip", "", "skip", "torch.no_such_function does not exist"),
+    "Mint.exp.1": ("", "skip", "skip", "Mint.exp.1.forward is missing"),
+    "Mint.exp.2": ("pass", "", "pass", ""),
+    "Mint.add.9.inplace": ("", "", "skip", "suffix 'inplace' is not forward or backward"),
+    "Tensor.add.0": ("skip", "", "skip", "Tensor APIs are not checked"),
+    "Mint.add.bad": ("error", "", "error", "is not Family.function.index"),
+}
+
+
+@pytest.fixture(scope="module")
+def malformed_report(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("malformed")
+    return check_api_accuracy(write_dump(folder, MALFORMED), output_dir=folder / "out", log_to_mlflow=False)
+
+
+def test_every_api_of_a_malformed_dump_is_in_the_result_csv_with_its_status(malformed_report):
+    rows = read_csv(malformed_report.result_csv)
+    assert rows[0] == ["API Name", "Forward Test Success", "Backward Test Success", "Message"]
+    assert [row[0] for row in rows[1:]] == list(EXPECTED)
+    for name, forward, backward, message in rows[1:]:
+        expected_forward, expected_backward, _, expected_message = EXPECTED[name]
+        assert (forward, backward) == (expected_forward, expected_backward), name
+        assert expected_message in message, name
+
+
+def test_every_api_of_a_malformed_dump_has_a_details_row(malformed_report):
+    rows = read_csv(malformed_report.details_csv)
+    assert rows[0] == ["API Name", "Bench Dtype", "Tested Dtype", "Shape", "Cosine", "MaxAbsErr", "MaxRelativeErr",
+                       "Status", "Message"]
+    for name, (_, _, status, message) in EXPECTED.items():
+        mine = [row for row in rows[1:] if row[0] == name or row[0].startswith(name + ".")]
+        assert mine and all(row[7] == status for row in mine), name
+        assert all(message in row[8] for row in mine), name
+
+
+def test_details_row_formats_shape_as_tuple_and_metrics_as_float_reprs(malformed_report):
+    rows = {row[0]: row for row in read_csv(malformed_report.details_csv)[1:]}
+    empty = rows["Mint.abs.1.forward.output.0"]
+    assert empty[1:8] == ["Float32", "Float32", "(0, 3)", "1.0", "0.0", "0.0", "pass"]
+    skipped = rows["Mint.no_such_function.0.forward"]
+    assert skipped[1:8] == ["", "", "", "", "", "", "skip"]
+
+
+def test_results_keep_the_dump_order_and_statuses(malformed_report):
+    assert [(r.name, r.status) for r in malformed_report.results] == [(n, e[2]) for n, e in EXPECTED.items()]
+
+
+def test_thresholds_are_options(tmp_path):
+    path = write_dump(tmp_path, {"Mint.exp.0.forward": {"input_args": [stat((2, 3), -3, 3)]}})
+    strict = check_api_accuracy(path, output_dir=tmp_path / "out", log_to_mlflow=False, max_abs_threshold=0.0)
+    assert strict.results[0].status == "error"  # MaxAbsErr < 0 can never hold
+    lenient = check_api_accuracy(path, output_dir=tmp_path / "out", log_to_mlflow=False, cosine_threshold=-2.0,
+                                 max_abs_threshold=math.inf, api_filter="exp")
+    assert lenient.results[0].status == "pass"
+
+
+def test_filter_keeps_only_matching_calls_and_bad_filter_is_refused(tmp_path):
+    path = write_dump(tmp_path, {"Mint.exp.0.forward": {"input_args": [stat((2, 3))]},
+                                 "Mint.abs.0.forward": {"input_args": [stat((2, 3))]}})
+    report = check_api_accuracy(path, output_dir=tmp_path / "out", log_to_mlflow=False, api_filter=r"^Mint\.abs")
+    assert [r.name for r in report.results] == ["Mint.abs.0"]
+    with pytest.raises(ValueError, match=r"api_filter = '\(' is not a regular expression"):
+        check_api_accuracy(path, output_dir=tmp_path / "out", log_to_mlflow=False, api_filter="(")
+
+
+def test_csvs_never_replace_existing_files(tmp_path):
+    path = write_dump(tmp_path, {"Mint.abs.0.forward": {"input_args": [stat((2,))]}})
+    first = check_api_accuracy(path, output_dir=tmp_path / "out", log_to_mlflow=False)
+    second = check_api_accuracy(path, output_dir=tmp_path / "out", log_to_mlflow=False)
+    assert len({first.details_csv, second.details_csv, first.result_csv, second.result_csv}) == 4
+    assert first.details_csv.exists() and second.details_csv.exists()
+    assert first.details_csv.read_bytes().startswith(b"\xef\xbb\xbfAPI Name,") and b"\r\n" in first.details_csv.read_bytes()
