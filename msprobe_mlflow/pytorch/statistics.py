@@ -38,23 +38,39 @@ def _to_host(tensor: torch.Tensor) -> Callable[[], np.ndarray]:
     return host.numpy
 
 
+_constants: dict[tuple, torch.Tensor] = {}
+
+
+def _device_constant(values, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """A small constant on ``device``, copied once and cached: a per-step host-to-device copy would sync."""
+    key = (tuple(values), dtype, str(device))
+    if key not in _constants:
+        _constants[key] = torch.tensor(values, dtype=dtype).to(device)
+    return _constants[key]
+
+
+def pack_bits(bits: torch.Tensor) -> torch.Tensor:
+    """A bool vector whose length is a multiple of 8, packed like ``np.packbits`` (first element, high bit)."""
+    weights = _device_constant(_BIT_WEIGHTS, torch.uint8, bits.device)
+    return (bits.view(-1, 8).to(torch.uint8) * weights).sum(dim=1, dtype=torch.uint8)
+
+
 def pack_signs(grads: list[torch.Tensor]) -> torch.Tensor:
     """``grad > 0`` of each gradient bit-packed like ``np.packbits``, each padded to a whole byte, concatenated.
 
     Zero, -0.0 and NaN give 0 bits, as msprobe's ``np.save(grad > 0)``.
     """
-    device = grads[0].device if grads else "cpu"
-    pieces = []
-    for grad in grads:
-        pieces.append((grad > 0).reshape(-1))
-        padding = -grad.numel() % 8
-        if padding:
-            pieces.append(torch.zeros(padding, dtype=torch.bool, device=device))
-    if not pieces:
+    if not grads:
         return torch.zeros(0, dtype=torch.uint8)
-    bits = torch.cat(pieces).view(-1, 8).to(torch.uint8)
-    weights = torch.tensor(_BIT_WEIGHTS, dtype=torch.uint8, device=device)
-    return (bits * weights).sum(dim=1, dtype=torch.uint8)
+    return pack_bits(torch.cat([piece for g in grads for piece in _padded((g > 0).reshape(-1))]))
+
+
+def _padded(vector: torch.Tensor) -> list[torch.Tensor]:
+    """``vector`` and the zeros that pad it to a whole byte of bits (cached zeros: no kernel per parameter)."""
+    padding = -vector.numel() % 8
+    if not padding:
+        return [vector]
+    return [vector, _device_constant([0] * padding, vector.dtype, vector.device)]
 
 
 def launch_step_statistics(names: list[str], grads: list[torch.Tensor], *, rank: int, step: int, level: str,
@@ -109,21 +125,116 @@ def _host_statistics(grads, norms, level, bounds32):
     return statistics, signs, float32_values
 
 
+SMALL_TENSOR = 1 << 16  # elements: below this, kernel launches cost more than the data; batch such tensors
+CHUNK = 1 << 24  # elements per batch, so float32 counts of a segment stay exact
+
+
 def _device_statistics(grads, norms, level, bounds32):
-    """Any other device: torch ops that stay on it, one asynchronous copy of each result to the host."""
-    statistics, counts = [], []
-    for grad, norm in zip(grads, norms):
-        if grad.numel():
+    """Any other device: torch ops that stay on it, one asynchronous copy of each result to the host.
+
+    Large gradients are reduced one by one; small ones are batched, by dtype, into chunks of one padded flat
+    vector reduced with ``segment_reduce``, so a model of many small tensors costs a few kernels per chunk,
+    not several per tensor.
+    """
+    device = grads[0].device
+    blocks, order = [], []  # per block: (max, min, [counts]) tensors; order: parameter index per block row
+    signs = []
+    small = [i for i, g in enumerate(grads) if g.numel() < SMALL_TENSOR]
+    for i, grad in enumerate(grads):
+        if grad.numel() >= SMALL_TENSOR:
             minimum, maximum = torch.aminmax(grad)
-        else:
-            maximum = minimum = torch.full((), math.nan, device=grad.device)
-        statistics += [maximum.float(), minimum.float(), norm.float()]
-        if level == "L2":
             comparable = _comparable(grad)
-            counts += [(comparable <= float(bound)).sum() for bound in bounds32]
-            counts.append((comparable == 0).sum())
-    parts = [torch.stack(statistics).double()] + ([torch.stack(counts).double()] if counts else [])
-    result = _to_host(torch.cat(parts))
-    signs = _to_host(pack_signs(grads)) if level != "L0" else None
+            counts = [(comparable <= float(b)).sum() for b in bounds32] + [(comparable == 0).sum()] \
+                if level == "L2" else []
+            blocks.append(torch.stack([maximum.float(), minimum.float()]).double().reshape(2, 1))
+            if counts:
+                blocks[-1] = torch.cat([blocks[-1], torch.stack(counts).double().reshape(-1, 1)])
+            order.append([i])
+    for indices in _small_chunks(grads, small):
+        block, bits = _small_chunk_statistics([grads[i] for i in indices], level, bounds32)
+        blocks.append(block)
+        order.append(indices)
+        signs.append((indices, bits))
+    norm_values = torch.stack(norms).float().double()  # float32, as msprobe writes
+    result = _to_host(torch.cat([norm_values] + [b.reshape(-1) for b in blocks]))
+    row_count = 2 + (len(bounds32) + 1 if level == "L2" else 0)
+    packed = None
+    if level != "L0":
+        large = [g for g in grads if g.numel() >= SMALL_TENSOR]
+        packed = _to_host(torch.cat([pack_signs(large)] + [bits for _, bits in signs]))
     float32_values = _to_host(torch.cat([g.reshape(-1).float() for g in grads])) if level == "L0" else None
-    return result, signs, float32_values
+
+    def statistics() -> np.ndarray:
+        """Back in parameter order: max, min, norm per parameter, then the L2 counts per parameter."""
+        values = result()
+        count = len(grads)
+        norms_host, rows = values[:count], np.zeros((count, row_count))
+        offset = count
+        for indices in order:
+            size = row_count * len(indices)
+            rows[indices] = values[offset:offset + size].reshape(row_count, len(indices)).T
+            offset += size
+        head = np.column_stack([rows[:, 0], rows[:, 1], norms_host]).reshape(-1)
+        return np.concatenate([head, rows[:, 2:].reshape(-1)])
+
+    def directions() -> np.ndarray:
+        """Packed signs back in parameter order (large ones came first, then the small chunks)."""
+        host = packed()
+        pieces, offset = {}, 0
+        for i, g in enumerate(grads):
+            if g.numel() >= SMALL_TENSOR:
+                pieces[i] = host[offset:offset + (g.numel() + 7) // 8]
+                offset += (g.numel() + 7) // 8
+        for indices, _ in signs:
+            for i in indices:
+                pieces[i] = host[offset:offset + (grads[i].numel() + 7) // 8]
+                offset += (grads[i].numel() + 7) // 8
+        return np.concatenate([np.zeros(0, np.uint8)] + [pieces[i] for i in range(len(grads))])
+
+    return statistics, (directions if packed else None), float32_values
+
+
+def _small_chunks(grads, small: list[int]) -> list[list[int]]:
+    """Indices of the small gradients, grouped by the dtype they are compared in, in chunks under ``CHUNK``."""
+    chunks, current, size, dtype = [], [], 0, None
+    for i in sorted(small, key=lambda i: str(_comparison_dtype(grads[i]))):
+        numel = grads[i].numel() + 7
+        if current and (size + numel > CHUNK or _comparison_dtype(grads[i]) != dtype):
+            chunks.append(current)
+            current, size = [], 0
+        current.append(i)
+        size += numel
+        dtype = _comparison_dtype(grads[i])
+    return chunks + ([current] if current else [])
+
+
+def _comparison_dtype(grad: torch.Tensor) -> torch.dtype:
+    return torch.float64 if grad.dtype == torch.float64 else torch.float32
+
+
+def _small_chunk_statistics(grads, level, bounds32):
+    """One padded flat vector for the chunk: segments alternate parameter, padding (zeros to a whole byte);
+    reductions run over all segments and keep the parameters' ones. Returns the (rows x parameters) block and
+    the packed signs."""
+    pieces, lengths = [], []
+    for grad in grads:
+        vector = _comparable(grad).reshape(-1)
+        padded = _padded(vector)
+        pieces += padded
+        lengths += [vector.numel(), sum(p.numel() for p in padded) - vector.numel()]
+    flat = torch.cat(pieces)
+    segment_lengths = _device_constant(lengths, torch.int64, flat.device)
+    empty = _device_constant([n == 0 for n in lengths[0::2]], torch.bool, flat.device)
+
+    def per_parameter(data: torch.Tensor, reduction: str) -> torch.Tensor:
+        return torch.segment_reduce(data, reduction, lengths=segment_lengths, unsafe=True)[0::2]
+
+    nan = torch.full((), math.nan, dtype=torch.float64, device=flat.device)
+    rows = [torch.where(empty, nan, per_parameter(flat, "max").float().double()),  # float32, as msprobe writes
+            torch.where(empty, nan, per_parameter(flat, "min").float().double())]
+    if level == "L2":
+        rows += [per_parameter((flat <= float(b)).float(), "sum").double() for b in bounds32]
+        rows.append(per_parameter((flat == 0).float(), "sum").double())
+    block = torch.stack(rows)
+    bits = pack_bits(flat > 0) if level != "L0" else None
+    return block, bits

@@ -1,0 +1,49 @@
+"""The accelerator path (batched small tensors, one-by-one large ones) gives the host path's exact numbers.
+
+It runs here on CPU tensors: the same torch ops a CUDA device runs, without the device."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from msprobe_mlflow.pytorch.statistics import SMALL_TENSOR, _device_statistics, _host_statistics
+
+
+def awkward_gradients() -> list[torch.Tensor]:
+    generator = torch.Generator().manual_seed(0)
+    return [
+        torch.randn(SMALL_TENSOR + 3, generator=generator),                      # large, odd length
+        torch.tensor([0.0, -0.0, float("nan"), float("inf"), -float("inf"), -1.0, 0.5]),
+        torch.zeros(0),                                                          # empty
+        torch.tensor(-2.5),                                                      # scalar
+        torch.randn(33, 7, generator=generator).to(torch.bfloat16),
+        torch.randn(5, generator=generator, dtype=torch.float64),
+        torch.randn(SMALL_TENSOR, generator=generator).to(torch.float16),       # large, half
+        torch.randn(9, generator=generator),
+    ]
+
+
+@pytest.mark.parametrize("level", ["L0", "L1", "L2"])
+def test_device_path_equals_host_path(level):
+    grads = awkward_gradients()
+    norms = torch._foreach_norm(grads)
+    bounds = [np.float32(b) for b in (-1, -0.25, 0, 0.5)]
+    host_statistics, host_signs, host_values = _host_statistics(grads, norms, level, bounds)
+    statistics, signs, values = _device_statistics(grads, norms, level, bounds)
+    np.testing.assert_array_equal(statistics(), host_statistics)
+    if level == "L0":
+        np.testing.assert_array_equal(values(), host_values)
+        assert signs is None
+    else:
+        np.testing.assert_array_equal(signs(), host_signs)
+
+
+def test_host_path_counts_match_numpy_by_hand():
+    grad = torch.tensor([-2.0, -1.0, -0.5, 0.0, -0.0, 0.25, 1.0, 3.0, float("nan")])
+    statistics, signs, _ = _host_statistics([grad], torch._foreach_norm([grad]), "L2",
+                                            [np.float32(b) for b in (-1, 0, 1)])
+    # max, min are NaN (NaN propagates); counts of x <= -1, <= 0, <= 1 and == 0 exclude the NaN.
+    assert np.isnan(statistics[0]) and np.isnan(statistics[1])
+    assert statistics[3:].tolist() == [2, 5, 7, 2]
+    assert signs.tolist() == [np.packbits([0, 0, 0, 0, 0, 1, 1, 1, 0])[0], 0]
