@@ -11,7 +11,6 @@ import uuid
 from pathlib import Path
 
 import mlflow
-import numpy as np
 import pytest
 import torch
 from mlflow.tracking import MlflowClient

@@ -66,7 +66,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "~/.cache/msprobe-mlflow/runs)")
 
 
-def _print_result(comparison, run_id: str | None, run_url: str | None, tracking_uri: str | None) -> None:
+def _print_result(comparison, run_id: str | None, run_url: str | None, tracking_uri: str | None,
+                  experiment_id: str | None = None) -> None:
     print(comparison.table())
     print()
     print(comparison.verdict.describe())
@@ -78,6 +79,7 @@ def _print_result(comparison, run_id: str | None, run_url: str | None, tracking_
             print(f"open: {run_url}")
         else:
             print(f"open: mlflow ui --backend-store-uri {tracking_uri}")
+            print(f"      then http://127.0.0.1:5000/#/experiments/{experiment_id}/runs/{run_id}")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -102,7 +104,8 @@ def run(args: argparse.Namespace) -> int:
             except MlflowException as e:
                 print(f"msprobe-mlflow compare: MLflow error: {e.message}", file=sys.stderr)
                 return 1
-            _print_result(result.comparison, result.run_id, result.run_url(), result.tracking_uri)
+            _print_result(result.comparison, result.run_id, result.run_url(), result.tracking_uri,
+                          result.experiment_id)
             verdict = result.verdict
     except ValueError as e:
         print(f"msprobe-mlflow compare: error: {e}", file=sys.stderr)
