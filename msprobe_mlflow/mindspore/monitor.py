@@ -26,7 +26,7 @@ from msprobe_mlflow.mindspore.distributed import current_rank, world_size
 from msprobe_mlflow.mindspore.probe import GradientProbe, install_probe, installed_probe, remove_probe
 from msprobe_mlflow.records import record_from_statistics
 from msprobe_mlflow.session import ProbeSession, load_config
-from msprobe_mlflow.tracking.sink import TrackingOptions
+from msprobe_mlflow.tracking.options import TrackingOptions
 
 logger = logging.getLogger("msprobe_mlflow")
 

@@ -116,7 +116,7 @@ class GradientProbe(nn.Cell):
         cannot run fails here, where the monitor can refuse to start, not inside the training graph."""
         samples = tuple(ms.Tensor(np.linspace(-2.0, 2.0, 9), dtype) for dtype in dict.fromkeys(dtypes))
         if samples:
-            _statistics_graph(samples, self.level, self.bounds32)
+            _statistics_graph(ms.mutable(samples), self.level, self.bounds32)
 
     def read_progress(self) -> tuple[int, int]:
         """``(steps_run, probed_step)`` as the last finished step left them."""
