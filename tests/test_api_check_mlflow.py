@@ -36,7 +36,8 @@ def dump_path(tmp_path_factory):
 
     data = {
         "Mint.add.0.forward": {"input_args": [t("ax", [1, 2, 3]), t("ay", [10, 20, 30])],
-                               "input_kwargs": {"alpha": {"type": "int", "value": 1}}, "output": [t("ao", [11, 22, 33])]},
+                               "input_kwargs": {"alpha": {"type": "int", "value": 1}},
+                               "output": [t("ao", [11, 22, 33])]},
         "Mint.add.0.backward": {"input": [t("as", [1, -1, 2])], "output": [t("ag0", [1, -1, 2]), t("ag1", [1, -1, 2])]},
         "Mint.mul.0.forward": {"input_args": [t("mx", [1, 2, 3]), t("my", [2, 2, 2])], "input_kwargs": {},
                                "output": [t("mo", [2, 4, 7])]},
@@ -94,7 +95,8 @@ def test_nested_run_has_metrics_per_output_status_message_and_inputs(logged):
     _, client, run = logged
     by_name = {r.info.run_name: r for r in children(client, run)}
     mul = by_name["Mint.mul.0"]
-    assert mul.data.metrics == pytest.approx({"forward.output.0.cosine": MUL_COSINE, "forward.output.0.max_abs_err": 1.0,
+    assert mul.data.metrics == pytest.approx({"forward.output.0.cosine": MUL_COSINE,
+                                              "forward.output.0.max_abs_err": 1.0,
                                               "forward.output.0.max_relative_err": 1 / 6}, rel=1e-12)
     assert mul.data.tags["status"] == "error" and mul.data.tags["forward_status"] == "error"
     assert mul.data.tags["message"] == "max absolute difference is greater than threshold: 0.001"

@@ -385,4 +385,5 @@ def test_csvs_never_replace_existing_files(tmp_path):
     second = check_api_accuracy(path, output_dir=tmp_path / "out", log_to_mlflow=False)
     assert len({first.details_csv, second.details_csv, first.result_csv, second.result_csv}) == 4
     assert first.details_csv.exists() and second.details_csv.exists()
-    assert first.details_csv.read_bytes().startswith(b"\xef\xbb\xbfAPI Name,") and b"\r\n" in first.details_csv.read_bytes()
+    written = first.details_csv.read_bytes()
+    assert written.startswith(b"\xef\xbb\xbfAPI Name,") and written.endswith(b"\r\n")

@@ -71,7 +71,8 @@ class Recorder:
     def forward(self, name: str, args: tuple, kwargs: dict, outputs) -> None:
         self.data[f"{name}.forward"] = {
             "input_args": self.describe(list(args), f"{name}.forward.input"),
-            "input_kwargs": {key: self.describe(value, f"{name}.forward.kwargs.{key}") for key, value in kwargs.items()},
+            "input_kwargs": {key: self.describe(value, f"{name}.forward.kwargs.{key}")
+                             for key, value in kwargs.items()},
             "output": self.describe(list(outputs) if isinstance(outputs, tuple) else [outputs],
                                     f"{name}.forward.output"),
         }

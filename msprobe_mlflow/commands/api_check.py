@@ -1,4 +1,4 @@
-"""``msprobe-mlflow api-check``: the MindSpore API accuracy checker (``msprobe_mlflow.mindspore.check_api_accuracy``)."""
+"""``msprobe-mlflow api-check``: the MindSpore API accuracy checker (``mindspore.check_api_accuracy``) as a command."""
 from __future__ import annotations
 
 import argparse

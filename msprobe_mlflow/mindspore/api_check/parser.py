@@ -276,8 +276,8 @@ class _EntryParser:
             empty = math.prod(shape) == 0
             if (maximum is None or minimum is None) and not empty:
                 field_name = "Max" if maximum is None else "Min"
-                self.fail(f"{where}.{field_name}", None,
-                          f"a number: shape {list(shape)} has {math.prod(shape)} elements (null only for empty tensors)")
+                self.fail(f"{where}.{field_name}", None, f"a number: shape {list(shape)} has {math.prod(shape)} "
+                                                         "elements (null only for empty tensors)")
             if maximum is not None and minimum is not None and minimum > maximum:
                 self.fail(f"{where}.Min", minimum, f"a number not above Max = {maximum!r}")
             return TensorArg(dtype, shape, maximum=maximum, minimum=minimum)

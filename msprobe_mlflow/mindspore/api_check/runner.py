@@ -248,7 +248,8 @@ class _CallChecker:
                 raise _SideStopped(ERROR, f"{key}: input[{i}] is {found} but forward output {i} has shape "
                                           f"{list(output.shape)}; expected a gradient of that shape")
             else:
-                grads.append(sensitivity.torch.to(output.dtype) if framework == "torch" else sensitivity.mindspore)
+                grads.append(sensitivity.torch.to(output.dtype) if framework == "torch"
+                             else sensitivity.mindspore.astype(output.dtype))
             roots.append(output)
         return roots, grads
 
