@@ -15,7 +15,7 @@ from pathlib import Path
 import mindspore as ms
 import numpy as np
 import pytest
-from mindspore import Parameter, Tensor, nn, ops
+from mindspore import Parameter, Tensor, mint, nn, ops
 
 from msprobe_mlflow.config import GradProbeConfig
 from msprobe_mlflow.directions import read_step_directions
@@ -141,8 +141,9 @@ def train_mlp(style: str, optimizer_name: str, steps: int, monitor_config: GradP
     """
     ms.set_seed(0)
     net = MLP()
-    optimizer = (nn.Adam(net.trainable_params(), learning_rate=0.01) if optimizer_name == "adam"
-                 else nn.SGD(net.trainable_params(), learning_rate=0.1))
+    optimizer = {"adam": lambda: nn.Adam(net.trainable_params(), learning_rate=0.01),
+                 "sgd": lambda: nn.SGD(net.trainable_params(), learning_rate=0.1),
+                 "mint_sgd": lambda: mint.optim.SGD(net.trainable_params(), lr=0.1)}[optimizer_name]()
     monitor = None
     if monitor_config is not None:
         monitor = GradientMonitor(monitor_config, log_to_mlflow=False).monitor(optimizer)
@@ -213,6 +214,18 @@ def test_training_rows_and_directions_equal_numpy_on_the_captured_gradients(rest
             shape, bits = directions[name]
             assert shape == grad.shape
             np.testing.assert_array_equal(np.unpackbits(bits, count=grad.size).astype(bool), (grad > 0).ravel())
+
+
+@pytest.mark.parametrize("mode_name, style", [("pynative", "direct"), ("graph", "jit")])
+def test_mint_optimizers_are_monitored_too(restore_mode, tmp_path, mode_name, style):
+    use_mode(mode_name)
+    captured = train_mlp(style, "mint_sgd", 2, config(tmp_path, level="L2"))
+    for step, grads in enumerate(captured):
+        rows = read_summary(summary_csv_path(tmp_path, 0, step)).rows
+        assert [row[0] for row in rows] == list(grads) == ["fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias"]
+        for row, grad in zip(rows, grads.values()):
+            expected = expected_l2_row(grad)
+            assert [float(c) for c in row[1:8]] == expected["fractions"] + [expected["max"], expected["min"]]
 
 
 @pytest.mark.parametrize("mode_name, style", [("pynative", "direct"), ("graph", "cell")])

@@ -2,6 +2,8 @@
 PyTorch monitor and to the MindSpore monitor give byte-identical dumps and the same metrics and artifacts."""
 from __future__ import annotations
 
+import subprocess
+import sys
 import uuid
 from pathlib import Path
 
@@ -222,3 +224,20 @@ def test_under_an_active_run_both_frameworks_log_the_same_metrics_and_artifacts(
     expected = {"grad_probe/config.json"} | {f"grad_probe/rank0/grad_summary_{s}.csv" for s in range(3)} | {
         f"grad_probe/rank0/step{s}/directions.npz" for s in range(3)}
     assert artifact_paths(client, runs["mindspore"]) == artifact_paths(client, runs["pytorch"]) == expected
+
+
+def test_the_example_trains_in_both_modes_and_logs_two_complete_runs(tmp_path):
+    example = Path(__file__).resolve().parents[1] / "examples" / "mindspore_monitor.py"
+    result = subprocess.run([sys.executable, str(example), "--output", str(tmp_path / "out"), "--steps", "2",
+                             "--level", "L1"], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    client = MlflowClient(f"sqlite:///{tmp_path / 'out' / 'mlflow.db'}")
+    experiment = client.get_experiment_by_name("msprobe-mlflow-mindspore-example")
+    runs = {run.info.run_name: run for run in client.search_runs([experiment.experiment_id])}
+    assert set(runs) == {"mindspore-pynative", "mindspore-graph"}
+    expected = {"grad_probe/config.json"} | {f"grad_probe/rank0/grad_summary_{s}.csv" for s in range(2)} | {
+        f"grad_probe/rank0/step{s}/directions.npz" for s in range(2)}
+    for run in runs.values():
+        assert run.data.tags["msprobe_mlflow.framework"] == "mindspore"
+        assert artifact_paths(client, run.info.run_id) == expected
+        assert [m.step for m in client.get_metric_history(run.info.run_id, "loss")] == [0, 1]

@@ -69,8 +69,9 @@ class GradientMonitor:
         Call it after ``mindspore.communication.init()`` (the rank is read here). Calling it with another
         optimizer re-targets the monitor; the step counter goes on.
         """
-        if not isinstance(optimizer, nn.Optimizer):
-            raise TypeError(f"monitor() takes a mindspore.nn.Optimizer, got {type(optimizer).__name__}")
+        if not isinstance(optimizer, nn.Cell) or not hasattr(optimizer, "parameters"):
+            raise TypeError(f"monitor() takes a MindSpore optimizer (mindspore.nn.Optimizer, mindspore.mint.optim), "
+                            f"got {type(optimizer).__name__}")
         if optimizer is self._optimizer:
             return self
         other = _monitored_optimizers.get(id(optimizer))
