@@ -7,11 +7,11 @@ import sys
 from pathlib import Path
 
 import mindspore
-import mlflow
 import numpy as np
 import pytest
 import torch
 from mindspore import mint
+from mlflow import MlflowClient
 
 from msprobe_mlflow.cli import build_parser, main
 from msprobe_mlflow.dump import read_csv
@@ -60,15 +60,12 @@ def test_statistics_example_end_to_end_with_mlflow(tmp_path):
     assert statuses["Mint.cat.0"] == ["pass", ""]  # tuple input: msprobe's hook records no backward
     assert statuses["Mint.atan2.0"] == ["skip", "skip"]
     run_id = done.stdout.split("MLflow run: ")[1].split()[0]
-    mlflow.set_tracking_uri(uri)
-    try:
-        failures = mlflow.search_runs(experiment_names=["example"], filter_string="tags.status = 'error'")
-        nested = mlflow.search_runs(experiment_names=["example"],
-                                    filter_string=f"tags.mlflow.parentRunId = '{run_id}'")
-        check = mlflow.get_run(run_id)
-    finally:
-        mlflow.set_tracking_uri(None)
-    assert list(failures["tags.mlflow.runName"]) == ["Mint.erfinv.0"]
+    client = MlflowClient(uri)
+    experiment_id = client.get_experiment_by_name("example").experiment_id
+    failures = client.search_runs([experiment_id], filter_string="tags.status = 'error'")
+    nested = client.search_runs([experiment_id], filter_string=f"tags.mlflow.parentRunId = '{run_id}'")
+    check = client.get_run(run_id)
+    assert [run.info.run_name for run in failures] == ["Mint.erfinv.0"]
     assert len(nested) == len(names)
     assert check.data.metrics["apis_failed"] == 1 and check.data.metrics["apis_total"] == len(names)
 

@@ -130,16 +130,13 @@ def test_nested_runs_are_logged_in_one_batch_each(tracking_uri, dump_path, tmp_p
 
 
 def test_check_run_nests_under_the_active_run_and_leaves_it_active(tracking_uri, dump_path, tmp_path):
-    mlflow.set_experiment("api-check-active")
-    try:
-        with mlflow.start_run() as training:
-            report = check_api_accuracy(dump_path, output_dir=tmp_path, nested=False)
-            assert mlflow.active_run().info.run_id == training.info.run_id
-        check = MlflowClient().get_run(report.run_id)
-        assert check.data.tags["mlflow.parentRunId"] == training.info.run_id
-        assert check.info.experiment_id == training.info.experiment_id
-    finally:
-        mlflow.set_experiment("Default")
+    experiment_id = MlflowClient().create_experiment("api-check-active")
+    with mlflow.start_run(experiment_id=experiment_id) as training:
+        report = check_api_accuracy(dump_path, output_dir=tmp_path, nested=False)
+        assert mlflow.active_run().info.run_id == training.info.run_id
+    check = MlflowClient().get_run(report.run_id)
+    assert check.data.tags["mlflow.parentRunId"] == training.info.run_id
+    assert check.info.experiment_id == experiment_id
 
 
 def test_no_nested_logs_only_the_check_run(tracking_uri, dump_path, tmp_path):

@@ -57,8 +57,10 @@ class _Observed:
 
 
 def prepare_mindspore() -> None:
-    """Makes a failing MindSpore kernel raise at its own call: without it an unregistered CPU kernel can make the
-    next, valid, op fail too. It applies to the whole process (MindSpore has no way back)."""
+    """PyNative mode (each API runs on its own, as recorded) with blocking launches, so that a failing kernel
+    raises at its own call: without it an unregistered CPU kernel can make the next, valid, op fail too. Both
+    apply to the whole process, and MindSpore cannot turn blocking launches off again."""
+    mindspore.set_context(mode=mindspore.PYNATIVE_MODE)
     mindspore.runtime.launch_blocking()
 
 
