@@ -165,3 +165,16 @@ def test_experiment_other_than_the_parents_is_refused_before_anything_is_run(tra
                            experiment="other")
     assert not list((tmp_path / "out").glob("*.csv"))
     assert client.get_experiment_by_name("other") is None
+
+
+def test_untrusted_kwarg_names_become_valid_param_keys(tracking_uri, tmp_path):
+    np.save(tmp_path / "x.npy", np.ones(2, np.float32))
+    x = {"type": "mindspore.Tensor", "dtype": "Float32", "shape": [2], "data_name": "x.npy"}
+    path = tmp_path / "api_info.json"
+    path.write_text(json.dumps({"task": "tensor", "dump_data_dir": ".", "data": {"Mint.abs.0.forward": {
+        "input_args": [x], "input_kwargs": {"we!rd=name": None}, "output": [x]}}}), encoding="utf-8")
+    report = check_api_accuracy(path, output_dir=tmp_path / "out", experiment="api-check-keys")
+    client = MlflowClient()
+    (api_run,) = children(client, client.get_run(report.run_id))
+    assert api_run.data.params == {"input_args.0": "Tensor Float32 [2] from x.npy", "input_kwargs.we_rd_name": "None"}
+    assert api_run.data.tags["status"] == "skip"  # torch.abs takes no such keyword

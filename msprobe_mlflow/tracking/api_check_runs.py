@@ -106,8 +106,9 @@ def log_api_check(report: ApiCheckReport, target: CheckRunTarget, *, api_info: P
 
 
 def _log_api_run(client: MlflowClient, experiment_id: str, parent_run_id: str, result: ApiResult) -> None:
-    tags = {MLFLOW_PARENT_RUN_ID: parent_run_id, MLFLOW_RUN_NAME: result.name, "api_name": result.name,
-            "status": result.status, "message": _clip(result.message, MAX_TAG_LENGTH)}
+    tags = {MLFLOW_PARENT_RUN_ID: parent_run_id, MLFLOW_RUN_NAME: _clip(result.name, MAX_PARAM_LENGTH),
+            "api_name": _clip(result.name, MAX_TAG_LENGTH), "status": result.status,
+            "message": _clip(result.message, MAX_TAG_LENGTH)}
     for side_name, side in (("forward", result.forward), ("backward", result.backward)):
         if side is not None:
             tags[f"{side_name}_status"] = side.status
