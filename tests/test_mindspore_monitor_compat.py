@@ -20,8 +20,9 @@ from msprobe_mlflow.dump import read_summary
 from msprobe_mlflow.mindspore import GradientMonitor as MindSporeMonitor
 from msprobe_mlflow.pytorch import GradientMonitor as TorchMonitor
 
-MS_DTYPES = {"float32": ms.float32, "float16": ms.float16, "bfloat16": ms.bfloat16}
-TORCH_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+MS_DTYPES = {"float32": ms.float32, "float16": ms.float16, "bfloat16": ms.bfloat16, "float64": ms.float64}
+TORCH_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
+                "float64": torch.float64}
 
 
 @pytest.fixture(autouse=True)
@@ -64,7 +65,8 @@ class KeepParameters(nn.Optimizer):
 
 def gradients_for(dtype: str, seed: int, hidden=(20, 30)) -> dict[str, np.ndarray]:
     """Random gradients exactly representable in ``dtype`` (so both frameworks hold the same values), with NaN,
-    ±inf, ±0 and the bucket bounds -1, 0, 1 themselves (right-closed buckets) placed by hand."""
+    ±inf, ±0 and the bucket bounds -1, 0, 1 themselves (right-closed buckets) placed by hand; in float64 also
+    1e-50, which is positive although its float32 value is 0."""
     rng = np.random.default_rng(seed)
     shapes = {"fc1.weight": (hidden[1], hidden[0]), "fc1.bias": (hidden[1],), "head.weight": (1, hidden[1]),
               "head.bias": (1,)}
@@ -78,6 +80,10 @@ def gradients_for(dtype: str, seed: int, hidden=(20, 30)) -> dict[str, np.ndarra
             grads[name] = grad.astype(np.float16)
         elif dtype == "bfloat16":  # keep the top 16 bits: a bfloat16 value
             grads[name] = (grad.view(np.uint32) & np.uint32(0xFFFF0000)).view(np.float32)
+        elif dtype == "float64":
+            grads[name] = grad.astype(np.float64)
+    if dtype == "float64":
+        grads["fc1.bias"][5] = 1e-50
     return grads
 
 
@@ -142,7 +148,7 @@ def assert_same_dump(torch_path: Path, mindspore_path: Path, dtype: str, steps: 
 
 
 @pytest.mark.parametrize("level, dtype", [("L0", "float32"), ("L1", "float32"), ("L2", "float32"),
-                                          ("L2", "float16"), ("L2", "bfloat16")])
+                                          ("L2", "float16"), ("L2", "bfloat16"), ("L2", "float64")])
 def test_same_gradients_give_the_same_dump_in_both_frameworks(mode, tmp_path, level, dtype):
     """max, min, buckets, ``=0``, MD5, shapes and directions are exact; norms agree to one rounding."""
     steps = [gradients_for(dtype, seed) for seed in (1, 2)]

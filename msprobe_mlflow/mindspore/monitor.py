@@ -62,6 +62,7 @@ class GradientMonitor:
         self._failed_collections = 0
         self._lost_steps = 0
         self._exit_hook_registered = False
+        self._stopped_errors: list[str] = []  # errors of sessions already stopped: still readable after stop()
 
     def monitor(self, optimizer: nn.Optimizer) -> "GradientMonitor":
         """Starts probing the gradients ``optimizer`` receives, from its next step on.
@@ -171,7 +172,7 @@ class GradientMonitor:
     @property
     def errors(self) -> list[str]:
         """What the writer thread could not do (each also logged)."""
-        return self._session.errors if self._session else []
+        return self._stopped_errors + (self._session.errors if self._session else [])
 
     def flush(self) -> None:
         """Collects the last step, then waits until every probed step is on disk (and through the handlers)."""
@@ -195,6 +196,8 @@ class GradientMonitor:
         Safe to call twice. Graphs compiled while monitored keep an inactive probe that only counts steps."""
         self._detach()
         if self._session:
+            self._session.flush()  # the pending steps' failures too
+            self._stopped_errors += self._session.errors
             self._session.close()
             self._session = None
 

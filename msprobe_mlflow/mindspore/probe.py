@@ -26,6 +26,7 @@ from msprobe_mlflow.mindspore.statistics import float32_bounds, float32_values, 
 from msprobe_mlflow.records import packed_length
 
 logger = logging.getLogger("msprobe_mlflow")
+_LAST_STEP = np.iinfo(np.int32).max
 _probe_numbers = itertools.count()
 _probed_classes: dict[type, type] = {}
 
@@ -34,8 +35,8 @@ class GradientProbe(nn.Cell):
     """Writes one optimizer step's statistics into Parameter buffers when the step is wanted.
 
     ``indices`` pick the monitored gradients out of the optimizer's gradient tuple. A step is wanted when the
-    probe is active, ``rank_wanted`` and the step (counted from 0 by ``steps_run``) is in ``steps`` (empty: every
-    step). After a wanted step, ``probed_step`` holds its number and the buffers its statistics: ``statistics``
+    probe is active, ``rank_wanted`` and the step (counted by ``steps_run`` from ``first_step``) is in ``steps``
+    (empty: every step). After a wanted step, ``probed_step`` holds its number and the buffers its statistics: ``statistics``
     (float64, :func:`gradient_statistics` layout), ``signs`` (packed directions, L1/L2), ``float32_values``
     (L0, for MD5). The construct is compiled (``@jit``) even in PyNative, so both modes run the same kernels.
     """
@@ -52,7 +53,8 @@ class GradientProbe(nn.Cell):
         self.has_parameters = bool(indices)
         self.has_values = sum(numels) > 0
         self.has_step_filter = bool(steps)
-        self.wanted_steps = ms.Tensor(np.array(steps or (0,), dtype=np.int32))
+        reachable = [s for s in steps if s <= _LAST_STEP]  # the int32 counter never reaches the others
+        self.wanted_steps = ms.Tensor(np.array(reachable or [-1], dtype=np.int32))
         statistics_length = len(indices) * (3 + (len(bounds) + 1 if level == "L2" else 0))
         signs_length = sum(packed_length(n) for n in numels) if level != "L0" else 0
         values_length = sum(numels) if level == "L0" else 0

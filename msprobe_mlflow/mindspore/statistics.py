@@ -5,11 +5,11 @@ Every function here takes a tuple of gradients and returns one flat tensor; loop
 compile time and every ``if`` tests a dtype or a shape, which the compiler knows. The layout is the one
 :func:`msprobe_mlflow.records.record_from_statistics` decodes, which the PyTorch monitor also produces.
 
-MindSpore's CPU kernels reject most bfloat16 ops (max, comparisons, reductions), so each gradient is cast to
-float32 first. That changes no value: max, min, the comparisons and ``> 0`` are exact on the float32 copy of a
-bfloat16 or float16 tensor. The norm is accumulated in float32 and, for bfloat16 and float16 gradients, rounded to
-the gradient's dtype, as ``torch._foreach_norm`` returns it. Only float64 gradients keep their dtype for the norm
-and the signs (a float64 value too small for float32 is still ``> 0``).
+MindSpore's CPU kernels reject most bfloat16 ops (max, comparisons, reductions), so each bfloat16 or float16
+gradient is cast to float32 first. That changes no value: max, min, the comparisons and ``> 0`` are exact on the
+float32 copy. The norm is accumulated in float32 and then rounded to the gradient's dtype, as
+``torch._foreach_norm`` returns it. float64 gradients stay float64 (as the PyTorch monitor and msprobe compare
+them: a value too small for float32 is still ``> 0``), their max, min and norm are then rounded to float32.
 """
 from __future__ import annotations
 
@@ -29,6 +29,11 @@ def _as_float32(grad):
     return grad if grad.dtype == ms.float32 else grad.astype(ms.float32)
 
 
+def _comparable(grad):
+    """The gradient in the dtype its statistics are computed in: float64 stays, anything else becomes float32."""
+    return grad if grad.dtype == ms.float64 else _as_float32(grad)
+
+
 def _scalar(value):
     return mint.reshape(value, (1,))
 
@@ -42,24 +47,24 @@ def gradient_statistics(grads: tuple, level: str, bounds32: tuple) -> ms.Tensor:
     """
     values, counts = [], []
     for grad in grads:
-        grad32 = _as_float32(grad)
+        comparable = _comparable(grad)
         if grad.size == 0:
             nan = mint.zeros((2,), dtype=ms.float32) / 0.0
             values += [nan, mint.zeros((1,), dtype=ms.float32)]
         else:
-            accumulated = grad if grad.dtype == ms.float64 else grad32
-            sum_of_squares = mint.sum(accumulated * accumulated)
+            sum_of_squares = mint.sum(comparable * comparable)
             norm = mint.sqrt(sum_of_squares)
             if grad.dtype == ms.float16 or grad.dtype == ms.bfloat16:
                 norm = norm.astype(grad.dtype)
             has_nan = mint.isnan(sum_of_squares)  # a sum of squares is NaN exactly when an element is NaN
-            maximum = mint.where(has_nan, sum_of_squares.astype(ms.float32), mint.max(grad32))
-            minimum = mint.where(has_nan, sum_of_squares.astype(ms.float32), mint.min(grad32))
-            values += [_scalar(maximum), _scalar(minimum), _scalar(norm.astype(ms.float32))]
+            maximum = mint.where(has_nan, sum_of_squares, mint.max(comparable))
+            minimum = mint.where(has_nan, sum_of_squares, mint.min(comparable))
+            values += [_scalar(maximum.astype(ms.float32)), _scalar(minimum.astype(ms.float32)),
+                       _scalar(norm.astype(ms.float32))]
         if level == "L2":
             for bound in bounds32:
-                counts.append(_scalar(mint.sum((grad32 <= bound).astype(ms.int32), dtype=ms.int64)))
-            counts.append(_scalar(mint.sum((grad32 == 0).astype(ms.int32), dtype=ms.int64)))
+                counts.append(_scalar(mint.sum((comparable <= bound).astype(ms.int32), dtype=ms.int64)))
+            counts.append(_scalar(mint.sum((comparable == 0).astype(ms.int32), dtype=ms.int64)))
     statistics = mint.cat(values).astype(ms.float64)
     if level == "L2":
         statistics = mint.cat((statistics, mint.cat(counts).astype(ms.float64)))
@@ -74,8 +79,7 @@ def pack_signs(grads: tuple) -> ms.Tensor:
     pieces = []
     for grad in grads:
         if grad.size:
-            source = grad if grad.dtype == ms.float64 else _as_float32(grad)
-            pieces.append(mint.reshape(source > 0, (-1,)).astype(ms.int32))
+            pieces.append(mint.reshape(_comparable(grad) > 0, (-1,)).astype(ms.int32))
             padding = -grad.size % 8
             if padding:
                 pieces.append(mint.zeros((padding,), dtype=ms.int32))
