@@ -3,16 +3,21 @@
 Rank 0 starts the run (``--run-name``) and prints ``RUN_ID <id>``; every rank calls ``monitor()`` and so logs into
 rank 0's run. ``--perturb-from S`` scales the inputs of every rank from step S on, so gradient directions
 change from that step: the comparator must name it. ``--die-at S`` makes rank 1 exit abruptly at step S (the
-ranks then train without DDP, so the survivor is not stuck in an all-reduce with a dead peer).
+ranks then train without DDP, so the survivor is not stuck in an all-reduce with a dead peer). ``--pause-at S
+--resume-file F`` makes every rank wait before step S until file F exists (a test breaks something meanwhile);
+a run that cannot be ended (tracking server down) is reported on stderr, as the job's last line of work.
 """
 from __future__ import annotations
 
 import argparse
 import os
+import sys
+import time
 
 import mlflow
 import torch
 import torch.distributed as dist
+from mlflow.exceptions import MlflowException
 
 from msprobe_mlflow import GradProbeConfig
 from msprobe_mlflow.pytorch import GradientMonitor
@@ -26,6 +31,8 @@ def main() -> None:
     parser.add_argument("--run-name", default="distributed")
     parser.add_argument("--perturb-from", type=int, default=None)
     parser.add_argument("--die-at", type=int, default=None)
+    parser.add_argument("--pause-at", type=int, default=None)
+    parser.add_argument("--resume-file", default=None)
     args = parser.parse_args()
 
     dist.init_process_group("gloo")
@@ -43,6 +50,10 @@ def main() -> None:
     for step in range(args.steps):
         if args.die_at is not None and rank == 1 and step == args.die_at:
             os._exit(17)
+        if step == args.pause_at:
+            deadline = time.monotonic() + 300
+            while not os.path.exists(args.resume_file) and time.monotonic() < deadline:
+                time.sleep(0.1)
         x = torch.randn(16, 8, generator=generator)
         if args.perturb_from is not None and step >= args.perturb_from:
             x = -3 * x.flip(0)
@@ -51,7 +62,10 @@ def main() -> None:
         optimizer.step()
     monitor.stop()
     if run is not None:
-        mlflow.end_run()
+        try:
+            mlflow.end_run()
+        except MlflowException as e:
+            print(f"could not end run {run.info.run_id}: {e.message[:300]}", file=sys.stderr)
     if args.die_at is None:
         dist.destroy_process_group()
 

@@ -1,7 +1,9 @@
-"""A real ``mlflow server`` on 127.0.0.1 for tests: started, stopped and restarted on the same port and stores."""
+"""A real ``mlflow server`` on 127.0.0.1 for tests: started, stopped and restarted on the same port and stores;
+with ``basic_auth_env`` and ``extra_args=["--app-name", "basic-auth"]``, behind MLflow's basic authentication."""
 from __future__ import annotations
 
 import os
+import secrets
 import signal
 import socket
 import subprocess
@@ -9,6 +11,25 @@ import sys
 import time
 import urllib.request
 from pathlib import Path
+
+
+def basic_auth_env(folder: Path, database_uri: str, admin_username: str, admin_password: str) -> dict[str, str]:
+    """The environment of ``mlflow server --app-name basic-auth``: an auth config (``MLFLOW_AUTH_CONFIG_PATH``) whose
+    users live in ``database_uri``, ``default_permission = READ`` (a user edits only what they created or were
+    granted), the admin created at first start, the static secret key the auth app needs for CSRF, and verified
+    credentials cached for 60 s (each check is a deliberately slow password hash: uncached, every metric batch and
+    artifact of a training pays it)."""
+    Path(folder).mkdir(parents=True, exist_ok=True)
+    config = Path(folder) / "basic_auth.ini"
+    config.write_text("[mlflow]\n"
+                      "default_permission = READ\n"
+                      f"database_uri = {database_uri}\n"
+                      f"admin_username = {admin_username}\n"
+                      f"admin_password = {admin_password}\n"
+                      "authorization_function = mlflow.server.auth:authenticate_request_basic_auth\n"
+                      "auth_cache_ttl_seconds = 60\n")
+    config.chmod(0o600)
+    return {"MLFLOW_AUTH_CONFIG_PATH": str(config), "MLFLOW_FLASK_SERVER_SECRET_KEY": secrets.token_hex(16)}
 
 
 def free_port() -> int:
