@@ -45,7 +45,10 @@ def _device_constant(values, dtype: torch.dtype, device: torch.device) -> torch.
     """A small constant on ``device``, copied once and cached: a per-step host-to-device copy would sync."""
     key = (tuple(values), dtype, str(device))
     if key not in _constants:
-        _constants[key] = torch.tensor(values, dtype=dtype).to(device)
+        source = torch.tensor(values, dtype=dtype)
+        if device.type == "cuda":  # pageable host memory would make the copy synchronous
+            source = source.pin_memory()
+        _constants[key] = source.to(device, non_blocking=True)
     return _constants[key]
 
 
@@ -62,7 +65,7 @@ def pack_signs(grads: list[torch.Tensor]) -> torch.Tensor:
     """
     if not grads:
         return torch.zeros(0, dtype=torch.uint8)
-    return pack_bits(torch.cat([piece for g in grads for piece in _padded((g > 0).reshape(-1))]))
+    return torch.cat([pack_bits(torch.cat(_padded((g > 0).reshape(-1)))) for g in grads])
 
 
 def _padded(vector: torch.Tensor) -> list[torch.Tensor]:
@@ -161,7 +164,8 @@ def _device_statistics(grads, norms, level, bounds32):
     packed = None
     if level != "L0":
         large = [g for g in grads if g.numel() >= SMALL_TENSOR]
-        packed = _to_host(torch.cat([pack_signs(large)] + [bits for _, bits in signs]))
+        packed = _to_host(torch.cat([pack_signs(large) if large else torch.zeros(0, dtype=torch.uint8, device=device)]
+                                    + [bits for _, bits in signs]))
     float32_values = _to_host(torch.cat([g.reshape(-1).float() for g in grads])) if level == "L0" else None
 
     def statistics() -> np.ndarray:
