@@ -81,11 +81,12 @@ def topology(tmp_path_factory):
             server.start()
             env.setenv("MLFLOW_TRACKING_URI", server.uri)
             log_in(env, ADMIN, passwords[ADMIN])
-            users = AuthServiceClient(server.uri)
+            users = AuthServiceClient(server.uri)  # the accounts, as docker/README.md "Accounts" creates them
             for user in (TRAINER, VIEWER):
                 users.create_user(user, passwords[user])
-            log_in(env, TRAINER, passwords[TRAINER])  # the trainer creates the experiment, so may edit it
             experiment_id = MlflowClient(server.uri).create_experiment(f"topology-{uuid.uuid4().hex[:8]}")
+            users.grant_user_permission(TRAINER, "experiment", experiment_id, "EDIT")  # the viewer keeps READ
+            log_in(env, TRAINER, passwords[TRAINER])
             env.setenv("MLFLOW_EXPERIMENT_ID", experiment_id)
             env.setenv("MSPROBE_MLFLOW_RANK_WAIT_SECONDS", "20")
             yield Topology(postgres, server, passwords, experiment_id)
