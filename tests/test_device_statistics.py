@@ -47,3 +47,22 @@ def test_host_path_counts_match_numpy_by_hand():
     assert np.isnan(statistics[0]) and np.isnan(statistics[1])
     assert statistics[3:].tolist() == [2, 5, 7, 2]
     assert signs.tolist() == [np.packbits([0, 0, 0, 0, 0, 1, 1, 1, 0])[0], 0]
+
+
+@pytest.mark.parametrize("level", ["L0", "L1", "L2"])
+def test_results_of_several_devices_merge_back_into_parameter_order(level):
+    """CPU offload puts some gradients on the host and others on the accelerator: each device's group is
+    computed apart, then merged; here two CPU groups stand in for two devices."""
+    from msprobe_mlflow.pytorch.statistics import _launch_group, _merge
+
+    grads = awkward_gradients()
+    bounds = [np.float32(b) for b in (-1, 0, 1)]
+    whole = _host_statistics(grads, torch._foreach_norm(grads), level, bounds)
+    groups = [[0, 2, 5], [1, 3, 4, 6, 7]]
+    parts = [(indices, _launch_group([grads[i] for i in indices], level, bounds)()) for indices in groups]
+    merged = _merge(parts, [g.numel() for g in grads], level, len(bounds) + 1)
+    for expected, found in zip(whole, merged):
+        if expected is None:
+            assert found is None
+        else:
+            np.testing.assert_array_equal(found, expected)

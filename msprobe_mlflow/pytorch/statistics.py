@@ -83,18 +83,58 @@ def launch_step_statistics(names: list[str], grads: list[torch.Tensor], *, rank:
     The flat result holds ``max, min, norm`` per parameter (in the gradient's dtype; ``_foreach_norm`` accumulates
     in float32), then at L2 per parameter the counts of ``x <= b`` for each float32 bound and of ``x == 0`` (see
     :func:`record_from_statistics`). bf16/fp16 are compared in float32, so the float32 bounds are not rounded to
-    the gradient's dtype; float64 stays float64, as msprobe compares it.
+    the gradient's dtype; float64 stays float64, as msprobe compares it. Gradients on several devices (CPU
+    offload) are handled per device and merged back into parameter order on the writer thread.
     """
-    norms = torch._foreach_norm(grads) if grads else []
     bounds32 = [np.float32(b) for b in bounds]
-    describe = dict(rank=rank, step=step, level=level, bounds=bounds, names=names, shapes=[g.shape for g in grads])
-    if all(g.device.type == "cpu" for g in grads):
-        statistics, signs, float32_values = _host_statistics(grads, norms, level, bounds32)
-        return lambda: record_from_statistics(**describe, statistics=statistics, signs=signs,
-                                              float32_values=float32_values)
-    result, signs, float32_values = _device_statistics(grads, norms, level, bounds32)
-    return lambda: record_from_statistics(**describe, statistics=result(), signs=signs() if signs else None,
-                                          float32_values=float32_values() if float32_values else None)
+    by_device: dict[torch.device, list[int]] = {}
+    for index, grad in enumerate(grads):
+        by_device.setdefault(grad.device, []).append(index)
+    pending = [(indices, _launch_group([grads[i] for i in indices], level, bounds32))
+               for indices in by_device.values()]
+
+    def resolve() -> StepRecord:
+        parts = [(indices, collect()) for indices, collect in pending]
+        if len(parts) == 1:  # the usual case: one device
+            statistics, signs, float32_values = parts[0][1]
+        else:
+            statistics, signs, float32_values = _merge(parts, [g.numel() for g in grads], level, len(bounds) + 1)
+        return record_from_statistics(rank=rank, step=step, level=level, bounds=bounds, names=names,
+                                      shapes=[g.shape for g in grads], statistics=statistics, signs=signs,
+                                      float32_values=float32_values)
+
+    return resolve
+
+
+def _launch_group(grads: list[torch.Tensor], level: str, bounds32) -> Callable[[], tuple]:
+    """Statistics of gradients that share a device: computed now on the CPU, queued on an accelerator."""
+    norms = torch._foreach_norm(grads)
+    if grads[0].device.type == "cpu":
+        computed = _host_statistics(grads, norms, level, bounds32)
+        return lambda: computed
+    statistics, signs, float32_values = _device_statistics(grads, norms, level, bounds32)
+    return lambda: (statistics(), signs() if signs else None, float32_values() if float32_values else None)
+
+
+def _merge(parts, numels: list[int], level: str, count_columns: int) -> tuple:
+    """Per-device results ``(indices, (statistics, signs, float32_values))`` back in parameter order."""
+    head, counts = np.zeros((len(numels), 3)), np.zeros((len(numels), count_columns))
+    signs, values = [None] * len(numels), [None] * len(numels)
+    for indices, (statistics, packed, flat) in parts:
+        head[indices] = statistics[:3 * len(indices)].reshape(-1, 3)
+        if level == "L2":
+            counts[indices] = statistics[3 * len(indices):].reshape(-1, count_columns)
+        packed_offset = value_offset = 0
+        for i in indices:
+            if packed is not None:
+                signs[i] = packed[packed_offset:packed_offset + (numels[i] + 7) // 8]
+                packed_offset += (numels[i] + 7) // 8
+            if flat is not None:
+                values[i] = flat[value_offset:value_offset + numels[i]]
+                value_offset += numels[i]
+    statistics = np.concatenate([head.reshape(-1), counts.reshape(-1) if level == "L2" else []])
+    return (statistics, np.concatenate([np.zeros(0, np.uint8), *signs]) if level != "L0" else None,
+            np.concatenate([np.zeros(0, np.float32), *values]) if level == "L0" else None)
 
 
 def _comparable(grad: torch.Tensor) -> torch.Tensor:
