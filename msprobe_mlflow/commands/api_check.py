@@ -4,6 +4,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from msprobe_mlflow.progress import ProgressLine
+
 HELP = "check mindspore.mint APIs recorded by msprobe against torch, and record the verdicts in MLflow"
 DESCRIPTION = """\
 Runs every Mint / MintFunctional call recorded in an msprobe MindSpore dump (api_info.json or dump.json, task
@@ -56,20 +58,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="only write the CSVs; log nothing to MLflow")
 
 
-class _ProgressLine:
-    """``api-check  12/40  Mint.add.0`` rewritten in place on stderr (a plain line per call when not a terminal)."""
+def _progress_callback():
+    """``on_progress(done, total, name)`` drawing the shared progress line (plain lines in logs)."""
+    lines = []
 
-    def __init__(self, stream=None):
-        self.stream = stream if stream is not None else sys.stderr
-        self.interactive = self.stream.isatty()
-
-    def __call__(self, done: int, total: int, name: str) -> None:
-        text = f"api-check {done:>{len(str(total))}}/{total}  {name}"
-        if self.interactive:
-            self.stream.write("\r\033[K" + text[:120] + ("\n" if done == total else ""))
-        elif done == total or done % 100 == 0:
-            self.stream.write(text + "\n")
-        self.stream.flush()
+    def on_progress(done: int, total: int, name: str) -> None:
+        if not lines:
+            lines.append(ProgressLine("api-check", total, enabled=True))
+        lines[0].advance(done - lines[0].done, name)
+        if done == total:
+            lines[0].close()
+    return on_progress
 
 
 def _print_failures(report) -> None:
@@ -95,7 +94,7 @@ def run(args: argparse.Namespace) -> int:
                                     parent_run_id=args.parent_run_id, nested=args.nested,
                                     api_filter=args.api_filter, cosine_threshold=args.cosine_threshold,
                                     max_abs_threshold=args.max_abs_threshold, log_to_mlflow=args.log_to_mlflow,
-                                    tracking_uri=args.tracking_uri, on_progress=_ProgressLine())
+                                    tracking_uri=args.tracking_uri, on_progress=_progress_callback())
     except ValueError as error:
         print(f"msprobe-mlflow api-check: error: {error}", file=sys.stderr)
         return EXIT_BAD_INPUT

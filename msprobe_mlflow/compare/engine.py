@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from msprobe_mlflow.compare.progress import ProgressLine
+from msprobe_mlflow.progress import ProgressLine
 from msprobe_mlflow.compare.similarity import agreeing_directions, similarity, summary_similarity
 from msprobe_mlflow.compare.verdict import (DEFAULT_DROP_THRESHOLD, DEFAULT_FIRST_THRESHOLD, Verdict,
                                             check_thresholds, judge_rank)

@@ -20,7 +20,7 @@ from urllib.parse import unquote, urlparse
 from mlflow.entities import Run
 from mlflow.tracking import MlflowClient
 
-from msprobe_mlflow.compare.progress import ProgressLine
+from msprobe_mlflow.progress import ProgressLine
 from msprobe_mlflow.safe_paths import confined_path
 from msprobe_mlflow.tracking import ARTIFACT_ROOT, TAG_PREFIX
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -23,6 +22,7 @@ from msprobe_mlflow import __version__
 from msprobe_mlflow.directions import PACKED_FILE_NAME, read_step_directions, write_packed
 from msprobe_mlflow.dump import indexed_children, rank_dir, read_summary, step_dir, summary_csv_path, summary_steps
 from msprobe_mlflow.tracking import ARTIFACT_ROOT, TAG_PREFIX
+from msprobe_mlflow.progress import ProgressLine
 from msprobe_mlflow.session import DUMP_CONFIG_FILE_NAME
 from msprobe_mlflow.tracking.step_metrics import step_metrics
 
@@ -137,12 +137,11 @@ def upload_dump(dump_path: str | os.PathLike, run_id: str | None = None, *, expe
         log_metrics_batched(client, run_id, metrics)
         report.metrics_logged += len(metrics)
         missing = [s for s in wanted if s not in uploaded]
-        for number, step in enumerate(missing, start=1):
+        line = ProgressLine(f"rank{rank} upload", len(missing), enabled=progress and bool(missing))
+        for step in missing:
             report.files_uploaded += upload_step_files(client, run_id, dump_path, rank, step)
-            if progress:
-                print(f"\rrank {rank}: uploaded step {step} ({number}/{len(missing)})", end="", file=sys.stderr)
-        if progress and missing:
-            print(file=sys.stderr)
+            line.advance(item=f"step {step}")
+        line.close()
         report.steps_completed[rank] = missing
     return report
 
