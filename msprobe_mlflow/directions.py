@@ -24,7 +24,7 @@ from typing import Callable
 import numpy as np
 
 from msprobe_mlflow.records import packed_length
-from msprobe_mlflow.safe_paths import atomic_write_bytes, param_file_stem
+from msprobe_mlflow.safe_paths import atomic_write_bytes, param_file_stem, refuse_symlink
 
 PACKED_FILE_NAME = "directions.npz"
 NAME_MAP_FILE_NAME = "param_names.json"
@@ -99,6 +99,7 @@ def _stored_array_bits(archive: zipfile.ZipFile, member: str, path: Path) -> np.
 def open_packed(path: Path) -> dict[str, StoredDirection]:
     """The parameters of a packed archive; the ``bits`` field is memory-mapped, each parameter read when asked."""
     missing = []
+    refuse_symlink(path)
     try:
         with np.load(path, allow_pickle=False) as archive:
             missing = [key for key in ("format_version", "names", "ndims", "dims", "bits") if key not in archive.files]
@@ -173,10 +174,12 @@ def open_npy_folder(step_dir: Path) -> dict[str, StoredDirection]:
             renamed = json.loads(map_path.read_text(encoding="utf-8"))
         except json.JSONDecodeError as e:
             raise ValueError(f"{map_path}: not valid JSON ({e})") from e
+        if not isinstance(renamed, dict) or not all(isinstance(v, str) for v in renamed.values()):
+            raise ValueError(f"{map_path}: expected an object mapping file stems to parameter names, found "
+                             f"{json.dumps(renamed)[:200]}")
     result: dict[str, StoredDirection] = {}
     for path in sorted(step_dir.glob("*.npy")):
-        if path.is_symlink():
-            raise ValueError(f"{path}: is a symbolic link; direction files must be plain files")
+        refuse_symlink(path)
         try:
             with open(path, "rb") as f:
                 shape, dtype = _read_npy_header(f)

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from msprobe_mlflow.directions import PACKED_FILE_NAME, write_npy, write_packed
 from msprobe_mlflow.records import StepRecord, csv_header
-from msprobe_mlflow.safe_paths import atomic_write_bytes
+from msprobe_mlflow.safe_paths import atomic_write_bytes, refuse_symlink
 
 
 def rank_dir(dump_path: str | os.PathLike, rank: int) -> Path:
@@ -44,7 +44,7 @@ def write_csv(path: Path, rows: list[list]) -> None:
 
 
 def read_csv(path: str | os.PathLike) -> list[list[str]]:
-    with open(path, encoding="utf-8-sig", newline="") as f:
+    with open(refuse_symlink(Path(path)), encoding="utf-8-sig", newline="") as f:
         return list(csv.reader(f))
 
 

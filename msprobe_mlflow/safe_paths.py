@@ -36,6 +36,8 @@ def param_file_stem(name: str, suffix: str = ".npy") -> str:
 
 def confined_path(root: str | os.PathLike, relative: str, what: str) -> Path:
     """``root/relative``, refusing absolute paths, ``..`` and symlinks that lead outside ``root``."""
+    if "\x00" in relative:
+        raise ValueError(f"{what} = {relative!r} contains a NUL character; expected a path inside {root}")
     if os.path.isabs(relative) or re.match(r"^[A-Za-z]:", relative):
         raise ValueError(f"{what} = {relative!r} is an absolute path; expected a path inside {root}")
     root_real = Path(root).resolve()
@@ -43,6 +45,15 @@ def confined_path(root: str | os.PathLike, relative: str, what: str) -> Path:
     if candidate != root_real and root_real not in candidate.parents:
         raise ValueError(f"{what} = {relative!r} leads outside {root}")
     return candidate
+
+
+def refuse_symlink(path: Path) -> Path:
+    """``path`` itself, unless it is a symbolic link: files read from a dump (and so possibly sent to MLflow) must
+    be plain files, as msprobe requires, so that a link planted in a dump cannot make us read or upload a file
+    from elsewhere. Folders may be links (a dump assembled from several disks)."""
+    if path.is_symlink():
+        raise ValueError(f"{path}: is a symbolic link (to {os.readlink(path)}); dump files must be plain files")
+    return path
 
 
 def atomic_write_bytes(path: Path, data: bytes) -> None:
