@@ -28,6 +28,7 @@ DOWNLOAD_WORKERS = 8
 _RANK = re.compile(r"^rank(\d+)$")
 _STEP = re.compile(r"^step(\d+)$")
 _SUMMARY = re.compile(r"^grad_summary_(\d+)\.csv$")
+_PLAIN_RUN_ID = re.compile(r"^[A-Za-z0-9_-]{1,64}$")  # MLflow's are 32 hex digits; the cache folder is named by it
 
 
 class RunDumpError(ValueError):
@@ -109,6 +110,9 @@ def fetch_run_dump(client: MlflowClient, listing: RunDumpListing, steps: dict[in
     if in_place is not None:
         return in_place
     run_id = listing.run_id
+    if not _PLAIN_RUN_ID.match(run_id):
+        raise RunDumpError(f"run ID {run_id!r} from {client.tracking_uri} is not a plain name (1 to 64 letters, "
+                           f"digits, '-' or '_'); refusing to name a cache folder after it")
     cache_root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
     run_root = cache_root / run_id
     run_root.mkdir(parents=True, exist_ok=True)

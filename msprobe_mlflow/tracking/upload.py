@@ -19,8 +19,9 @@ from mlflow.entities import Metric
 from mlflow.tracking import MlflowClient
 
 from msprobe_mlflow import __version__
-from msprobe_mlflow.directions import PACKED_FILE_NAME, read_step_directions, write_packed
+from msprobe_mlflow.directions import PACKED_FILE_NAME, open_step_directions, read_step_directions, write_packed
 from msprobe_mlflow.dump import indexed_children, rank_dir, read_summary, step_dir, summary_csv_path, summary_steps
+from msprobe_mlflow.safe_paths import refuse_symlink
 from msprobe_mlflow.tracking import ARTIFACT_ROOT, TAG_PREFIX
 from msprobe_mlflow.progress import ProgressLine
 from msprobe_mlflow.session import DUMP_CONFIG_FILE_NAME
@@ -100,6 +101,17 @@ def _level_of(dump_path: Path, rank: int, step: int) -> str:
     return "L0" if "MD5" in header else "L2" if "=0" in header else "L1"
 
 
+def check_steps(dump_path: Path, rank: int, steps: list[int], param_patterns: tuple[str, ...]) -> None:
+    """Reads every step's CSV (as its metrics) and the headers of its direction files, so that a damaged or
+    hostile dump (a symbolic link, a pickled array, a file that is no archive) is refused before anything of it is
+    sent, with the error naming the file."""
+    for step in steps:
+        metrics_for_step(dump_path, rank, step, 0, param_patterns)
+        folder = step_dir(dump_path, rank, step)
+        if folder.is_dir():
+            open_step_directions(folder)
+
+
 def upload_dump(dump_path: str | os.PathLike, run_id: str | None = None, *, experiment: str | None = None,
                 tracking_uri: str | None = None, ranks: list[int] | None = None, steps: set[int] | None = None,
                 param_patterns: tuple[str, ...] = (), progress: bool = False) -> UploadReport:
@@ -110,24 +122,27 @@ def upload_dump(dump_path: str | os.PathLike, run_id: str | None = None, *, expe
     found_ranks = indexed_children(dump_path, "rank")
     if not found_ranks:
         raise ValueError(f"dump path {str(dump_path)!r} holds no rank<N> folder: not a grad_probe dump")
+    wanted_steps = {}
+    for rank in found_ranks:
+        if ranks is None or rank in ranks:
+            wanted_steps[rank] = [s for s in summary_steps(rank_dir(dump_path, rank)) if steps is None or s in steps]
+            check_steps(dump_path, rank, wanted_steps[rank], param_patterns)
+    config_file = dump_path / DUMP_CONFIG_FILE_NAME
+    saved_config = _read_saved_config(config_file) if config_file.exists() else None
     client = MlflowClient(tracking_uri)
     if run_id is None:
         run_id = _new_run(client, dump_path, experiment)
     else:
         client.get_run(run_id)  # a wrong ID fails here, clearly, before anything is sent
     report = UploadReport(run_id)
-    config_file = dump_path / DUMP_CONFIG_FILE_NAME
-    if config_file.exists() and not any(i.path.endswith("config.json")
-                                        for i in client.list_artifacts(run_id, ARTIFACT_ROOT)):
-        _upload_config(client, run_id, config_file)
+    if saved_config is not None and not any(i.path.endswith("config.json")
+                                            for i in client.list_artifacts(run_id, ARTIFACT_ROOT)):
+        _upload_config(client, run_id, saved_config)
         report.files_uploaded += 1
-    for rank in found_ranks:
-        if ranks is not None and rank not in ranks:
-            continue
-        wanted = [s for s in summary_steps(rank_dir(dump_path, rank)) if steps is None or s in steps]
+    for rank, wanted in wanted_steps.items():
         if not wanted:
             continue
-        if not config_file.exists():
+        if saved_config is None:
             client.set_tag(run_id, f"{TAG_PREFIX}level", _level_of(dump_path, rank, wanted[0]))
         logged = {m.step for m in client.get_metric_history(run_id, f"grad/rank{rank}/total_norm")}
         uploaded = _steps_with_csv_artifact(client, run_id, rank)
@@ -146,11 +161,22 @@ def upload_dump(dump_path: str | os.PathLike, run_id: str | None = None, *, expe
     return report
 
 
-def _upload_config(client: MlflowClient, run_id: str, config_file: Path) -> None:
-    saved = json.loads(config_file.read_text(encoding="utf-8"))
+def _read_saved_config(config_file: Path) -> dict:
+    """The monitor's ``{"framework": ..., "config": {...}}`` record of a dump; only its ``config`` is uploaded."""
+    try:
+        saved = json.loads(refuse_symlink(config_file).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ValueError(f"{config_file}: not a readable JSON file ({e})") from None
+    if not isinstance(saved, dict) or not isinstance(saved.get("config"), dict):
+        raise ValueError(f"{config_file}: field config is missing or not an object; expected the "
+                         f'{{"framework": ..., "config": {{...}}}} the monitor writes')
+    return saved
+
+
+def _upload_config(client: MlflowClient, run_id: str, saved: dict) -> None:
     with tempfile.TemporaryDirectory() as scratch:
         path = Path(scratch) / "config.json"
-        path.write_text(json.dumps(saved.get("config", saved), indent=2), encoding="utf-8")
+        path.write_text(json.dumps(saved["config"], indent=2), encoding="utf-8")
         client.log_artifact(run_id, str(path), ARTIFACT_ROOT)
     if "framework" in saved:
         client.set_tag(run_id, f"{TAG_PREFIX}framework", saved["framework"])
