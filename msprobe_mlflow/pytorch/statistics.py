@@ -112,8 +112,7 @@ def _launch_group(grads: list[torch.Tensor], level: str, bounds32) -> Callable[[
     if grads[0].device.type == "cpu":
         computed = _host_statistics(grads, norms, level, bounds32)
         return lambda: computed
-    statistics, signs, float32_values = _device_statistics(grads, norms, level, bounds32)
-    return lambda: (statistics(), signs() if signs else None, float32_values() if float32_values else None)
+    return _device_statistics(grads, norms, level, bounds32)
 
 
 def _merge(parts, numels: list[int], level: str, count_columns: int) -> tuple:
@@ -134,7 +133,7 @@ def _merge(parts, numels: list[int], level: str, count_columns: int) -> tuple:
                 value_offset += numels[i]
     statistics = np.concatenate([head.reshape(-1), counts.reshape(-1) if level == "L2" else []])
     return (statistics, np.concatenate([np.zeros(0, np.uint8), *signs]) if level != "L0" else None,
-            np.concatenate([np.zeros(0, np.float32), *values]) if level == "L0" else None)
+            np.concatenate([np.zeros(0, np.float32), *values]) if level == "L0" and all(v is not None for v in values) else None)
 
 
 def _comparable(grad: torch.Tensor) -> torch.Tensor:
@@ -172,70 +171,50 @@ SMALL_TENSOR = 1 << 16  # elements: below this, kernel launches cost more than t
 CHUNK = 1 << 24  # elements per batch, so float32 counts of a segment stay exact
 
 
-def _device_statistics(grads, norms, level, bounds32):
+def _device_statistics(grads, norms, level, bounds32) -> Callable[[], tuple]:
     """Any other device: torch ops that stay on it, one asynchronous copy of each result to the host.
 
     Large gradients are reduced one by one; small ones are batched, by dtype, into chunks of one padded flat
     vector reduced with ``segment_reduce``, so a model of many small tensors costs a few kernels per chunk,
-    not several per tensor.
+    not several per tensor. Each block's results are merged back into parameter order on the writer thread.
     """
-    device = grads[0].device
-    blocks, order = [], []  # per block: (max, min, [counts]) tensors; order: parameter index per block row
-    signs = []
-    small = [i for i, g in enumerate(grads) if g.numel() < SMALL_TENSOR]
-    for i, grad in enumerate(grads):
-        if grad.numel() >= SMALL_TENSOR:
-            minimum, maximum = torch.aminmax(grad)
-            comparable = _comparable(grad)
-            counts = [(comparable <= float(b)).sum() for b in bounds32] + [(comparable == 0).sum()] \
-                if level == "L2" else []
-            blocks.append(torch.stack([maximum.float(), minimum.float()]).double().reshape(2, 1))
-            if counts:
-                blocks[-1] = torch.cat([blocks[-1], torch.stack(counts).double().reshape(-1, 1)])
-            order.append([i])
-    for indices in _small_chunks(grads, small):
-        block, bits = _small_chunk_statistics([grads[i] for i in indices], level, bounds32)
-        blocks.append(block)
-        order.append(indices)
-        signs.append((indices, bits))
-    norm_values = torch.stack(norms).float().double()  # float32, as msprobe writes
-    result = _to_host(torch.cat([norm_values] + [b.reshape(-1) for b in blocks]))
-    row_count = 2 + (len(bounds32) + 1 if level == "L2" else 0)
-    packed = None
-    if level != "L0":
-        large = [g for g in grads if g.numel() >= SMALL_TENSOR]
-        packed = _to_host(torch.cat([pack_signs(large) if large else torch.zeros(0, dtype=torch.uint8, device=device)]
-                                    + [bits for _, bits in signs]))
-    float32_values = _to_host(torch.cat([g.reshape(-1).float() for g in grads])) if level == "L0" else None
+    blocks = [[i] for i, g in enumerate(grads) if g.numel() >= SMALL_TENSOR]
+    blocks += _small_chunks(grads, [i for i, g in enumerate(grads) if g.numel() < SMALL_TENSOR])
+    statistics, signs = [], []
+    for indices in blocks:
+        members = [grads[i] for i in indices]
+        reduce = _large_gradient_statistics if members[0].numel() >= SMALL_TENSOR else _small_chunk_statistics
+        rows, bits = reduce(members, level, bounds32)  # rows: (max, min, [counts]) x parameters
+        norm = torch.stack([norms[i] for i in indices]).float().double()  # float32, as msprobe writes
+        head = torch.stack([rows[0], rows[1], norm], dim=1).reshape(-1)
+        statistics.append(torch.cat([head, rows[2:].T.reshape(-1)]))
+        signs.append(bits)
+    sizes = [t.numel() for t in statistics]
+    statistics_host = _to_host(torch.cat(statistics))
+    signs_host = _to_host(torch.cat(signs)) if level != "L0" else None
+    sign_sizes = [t.numel() for t in signs] if level != "L0" else None
+    float32_host = _to_host(torch.cat([g.reshape(-1).float() for g in grads])) if level == "L0" else None
 
-    def statistics() -> np.ndarray:
-        """Back in parameter order: max, min, norm per parameter, then the L2 counts per parameter."""
-        values = result()
-        count = len(grads)
-        norms_host, rows = values[:count], np.zeros((count, row_count))
-        offset = count
-        for indices in order:
-            size = row_count * len(indices)
-            rows[indices] = values[offset:offset + size].reshape(row_count, len(indices)).T
-            offset += size
-        head = np.column_stack([rows[:, 0], rows[:, 1], norms_host]).reshape(-1)
-        return np.concatenate([head, rows[:, 2:].reshape(-1)])
+    def collect() -> tuple:
+        block_statistics = np.split(statistics_host(), np.cumsum(sizes)[:-1])
+        block_signs = np.split(signs_host(), np.cumsum(sign_sizes)[:-1]) if signs_host else [None] * len(blocks)
+        parts = [(indices, (stats, bits, None)) for indices, stats, bits in zip(blocks, block_statistics, block_signs)]
+        merged_statistics, merged_signs, _ = _merge(parts, [g.numel() for g in grads], level, len(bounds32) + 1)
+        return merged_statistics, merged_signs, float32_host() if float32_host else None
 
-    def directions() -> np.ndarray:
-        """Packed signs back in parameter order (large ones came first, then the small chunks)."""
-        host = packed()
-        pieces, offset = {}, 0
-        for i, g in enumerate(grads):
-            if g.numel() >= SMALL_TENSOR:
-                pieces[i] = host[offset:offset + (g.numel() + 7) // 8]
-                offset += (g.numel() + 7) // 8
-        for indices, _ in signs:
-            for i in indices:
-                pieces[i] = host[offset:offset + (grads[i].numel() + 7) // 8]
-                offset += (grads[i].numel() + 7) // 8
-        return np.concatenate([np.zeros(0, np.uint8)] + [pieces[i] for i in range(len(grads))])
+    return collect
 
-    return statistics, (directions if packed else None), float32_values
+
+def _large_gradient_statistics(grads, level, bounds32):
+    """One large gradient: ``aminmax``, and at L2 a compare-and-count per bound, then its packed signs."""
+    (grad,) = grads
+    minimum, maximum = torch.aminmax(grad)
+    rows = [maximum.float().double(), minimum.float().double()]
+    if level == "L2":
+        comparable = _comparable(grad)
+        rows += [(comparable <= float(b)).sum().double() for b in bounds32] + [(comparable == 0).sum().double()]
+    bits = pack_bits(torch.cat(_padded((grad > 0).reshape(-1)))) if level != "L0" else None
+    return torch.stack(rows).reshape(-1, 1), bits
 
 
 def _small_chunks(grads, small: list[int]) -> list[list[int]]:
@@ -257,9 +236,8 @@ def _comparison_dtype(grad: torch.Tensor) -> torch.dtype:
 
 
 def _small_chunk_statistics(grads, level, bounds32):
-    """One padded flat vector for the chunk: segments alternate parameter, padding (zeros to a whole byte);
-    reductions run over all segments and keep the parameters' ones. Returns the (rows x parameters) block and
-    the packed signs."""
+    """Small gradients as one padded flat vector whose segments alternate parameter and padding (zeros to a
+    whole byte); reductions run over all segments and keep the parameters' ones."""
     pieces, lengths = [], []
     for grad in grads:
         vector = _comparable(grad).reshape(-1)
@@ -279,6 +257,4 @@ def _small_chunk_statistics(grads, level, bounds32):
     if level == "L2":
         rows += [per_parameter((flat <= float(b)).float(), "sum").double() for b in bounds32]
         rows.append(per_parameter((flat == 0).float(), "sum").double())
-    block = torch.stack(rows)
-    bits = pack_bits(flat > 0) if level != "L0" else None
-    return block, bits
+    return torch.stack(rows), pack_bits(flat > 0) if level != "L0" else None
