@@ -35,7 +35,10 @@ def tracking_uri(tmp_path_factory):
 
 
 @pytest.fixture
-def experiment(tracking_uri):
+def experiment(tracking_uri, monkeypatch):
+    """A fresh experiment; set_experiment also exports MLFLOW_EXPERIMENT_ID, which later subprocesses (torchrun
+    children with their own store) must not inherit: monkeypatch restores the variable's absence afterwards."""
+    monkeypatch.delenv("MLFLOW_EXPERIMENT_ID", raising=False)
     name = f"test-{uuid.uuid4().hex[:8]}"
     mlflow.set_experiment(name)
     return name

@@ -14,11 +14,18 @@ from mlflow_server import free_port
 WORKER = Path(__file__).with_name("distributed_worker.py")
 
 
+def child_environment(tracking_uri: str, **extra: str) -> dict[str, str]:
+    """This process's environment for a job's processes, without the MLflow run or experiment of a test."""
+    inherited = {k: v for k, v in os.environ.items()
+                 if k not in ("MLFLOW_EXPERIMENT_ID", "MLFLOW_EXPERIMENT_NAME", "MLFLOW_RUN_ID")}
+    return {**inherited, "MLFLOW_TRACKING_URI": tracking_uri, **extra}
+
+
 def torchrun(tracking_uri: str, *worker_args: str, timeout: float = 300) -> subprocess.CompletedProcess:
     """Runs tests/distributed_worker.py on 2 ranks; returns the finished process (stdout holds RUN_ID)."""
     command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr",
                "127.0.0.1", "--master-port", str(free_port()), str(WORKER), *worker_args]
-    env = {**os.environ, "MLFLOW_TRACKING_URI": tracking_uri, "MSPROBE_MLFLOW_RANK_WAIT_SECONDS": "20"}
+    env = child_environment(tracking_uri, MSPROBE_MLFLOW_RANK_WAIT_SECONDS="20")
     return subprocess.run(command, capture_output=True, text=True, env=env, timeout=timeout)
 
 
@@ -27,9 +34,8 @@ def launch_ranks_separately(tracking_uri: str, *worker_args: str, timeout: float
     port = str(free_port())
     processes = []
     for rank in (0, 1):
-        env = {**os.environ, "MLFLOW_TRACKING_URI": tracking_uri, "MSPROBE_MLFLOW_RANK_WAIT_SECONDS": "10",
-               "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1",
-               "MASTER_PORT": port}
+        env = child_environment(tracking_uri, MSPROBE_MLFLOW_RANK_WAIT_SECONDS="10", RANK=str(rank),
+                                LOCAL_RANK=str(rank), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=port)
         processes.append(subprocess.Popen([sys.executable, str(WORKER), *worker_args], env=env, text=True,
                                           stdout=subprocess.PIPE, stderr=subprocess.PIPE))
     return [subprocess.CompletedProcess(p.args, p.wait(timeout), *p.communicate()) for p in processes]
