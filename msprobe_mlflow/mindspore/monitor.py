@@ -97,7 +97,8 @@ class GradientMonitor:
             warnings.warn(f"grad_probe.param_list names parameters the optimizer does not have: {sorted(missing)}")
         self._names = [p.name for _, p in selected]
         self._shapes = [tuple(p.shape) for _, p in selected]
-        probe = GradientProbe([i for i, _ in selected], self._shapes, level=self.config.level,
+        probe = GradientProbe([self.config.wants_param(p.name) for p in parameters],
+                              [tuple(p.shape) for p in parameters], level=self.config.level,
                               bounds=self.config.bounds, steps=self.config.step, first_step=self.step,
                               rank_wanted=self.config.wants_rank(self._rank))
         try:

@@ -22,7 +22,8 @@ import numpy as np
 import mindspore as ms
 from mindspore import Parameter, mint, nn, ops
 
-from msprobe_mlflow.mindspore.statistics import float32_bounds, float32_values, gradient_statistics, pack_signs
+from msprobe_mlflow.mindspore.statistics import (float32_bounds, float32_values, gradient_statistics, pack_signs,
+                                                 propagate_nan)
 from msprobe_mlflow.records import packed_length
 
 logger = logging.getLogger("msprobe_mlflow")
@@ -34,28 +35,30 @@ _probed_classes: dict[type, type] = {}
 class GradientProbe(nn.Cell):
     """Writes one optimizer step's statistics into Parameter buffers when the step is wanted.
 
-    ``indices`` pick the monitored gradients out of the optimizer's gradient tuple. A step is wanted when the
+    ``selected`` says, per gradient of the optimizer's gradient tuple (``shapes`` are all of theirs), whether it
+    is monitored. A step is wanted when the
     probe is active, ``rank_wanted`` and the step (counted by ``steps_run`` from ``first_step``) is in ``steps``
     (empty: every step). After a wanted step, ``probed_step`` holds its number and the buffers its statistics: ``statistics``
     (float64, :func:`gradient_statistics` layout), ``signs`` (packed directions, L1/L2), ``float32_values``
     (L0, for MD5). The construct is compiled (``@jit``) even in PyNative, so both modes run the same kernels.
     """
 
-    def __init__(self, indices: list[int], shapes: list[tuple[int, ...]], *, level: str, bounds,
+    def __init__(self, selected: list[bool], shapes: list[tuple[int, ...]], *, level: str, bounds,
                  steps: tuple[int, ...], rank_wanted: bool, first_step: int = 0):
         super().__init__(auto_prefix=False)
         tag = f"msprobe_mlflow_{next(_probe_numbers)}"
-        numels = [math.prod(shape) for shape in shapes]
-        self.indices = tuple(indices)
+        numels = [math.prod(shape) for shape, wanted in zip(shapes, selected) if wanted]
+        self.selected = tuple(bool(s) for s in selected)
         self.level = level
         self.bounds32 = float32_bounds(bounds)
         self.rank_wanted = bool(rank_wanted)
-        self.has_parameters = bool(indices)
+        self.monitored = len(numels)
+        self.has_parameters = any(self.selected)
         self.has_values = sum(numels) > 0
         self.has_step_filter = bool(steps)
         reachable = [s for s in steps if s <= _LAST_STEP]  # the int32 counter never reaches the others
         self.wanted_steps = ms.Tensor(np.array(reachable or [-1], dtype=np.int32))
-        statistics_length = len(indices) * (3 + (len(bounds) + 1 if level == "L2" else 0))
+        statistics_length = len(numels) * (3 + (len(bounds) + 1 if level == "L2" else 0))
         signs_length = sum(packed_length(n) for n in numels) if level != "L0" else 0
         values_length = sum(numels) if level == "L0" else 0
 
@@ -90,16 +93,12 @@ class GradientProbe(nn.Cell):
 
     def _write(self, gradients):
         if self.has_parameters:
-            grads = []
-            for index in self.indices:
-                grads.append(gradients[index])
-            grads = tuple(grads)
-            ops.assign(self.statistics, gradient_statistics(grads, self.level, self.bounds32))
+            ops.assign(self.statistics, gradient_statistics(gradients, self.selected, self.level, self.bounds32))
             if self.has_values:
                 if self.level == "L0":
-                    ops.assign(self.float32_values, float32_values(grads))
+                    ops.assign(self.float32_values, float32_values(gradients, self.selected))
                 else:
-                    ops.assign(self.signs, pack_signs(grads))
+                    ops.assign(self.signs, pack_signs(gradients, self.selected))
         return True
 
     def __call__(self, gradients):
@@ -118,7 +117,7 @@ class GradientProbe(nn.Cell):
         cannot run fails here, where the monitor can refuse to start, not inside the training graph."""
         samples = tuple(ms.Tensor(np.linspace(-2.0, 2.0, 9), dtype) for dtype in dict.fromkeys(dtypes))
         if samples:
-            _statistics_graph(ms.mutable(samples), self.level, self.bounds32)
+            _statistics_graph(ms.mutable(samples), (True,) * len(samples), self.level, self.bounds32)
 
     def read_progress(self) -> tuple[int, int]:
         """``(steps_run, probed_step)`` as the last finished step left them."""
@@ -127,7 +126,7 @@ class GradientProbe(nn.Cell):
     def read(self) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None]:
         """Copies of the buffers (the next step overwrites them): statistics, signs (L1/L2), float32 values (L0)."""
         statistics_length, signs_length, values_length = self.lengths
-        statistics = np.array(self.statistics.asnumpy()[:statistics_length])
+        statistics = propagate_nan(np.array(self.statistics.asnumpy()[:statistics_length]), self.monitored)
         signs = np.array(self.signs.asnumpy()[:signs_length]) if self.level != "L0" else None
         values = np.array(self.float32_values.asnumpy()[:values_length]) if self.level == "L0" else None
         return statistics, signs, values
@@ -138,8 +137,9 @@ class GradientProbe(nn.Cell):
 
 
 @ms.jit
-def _statistics_graph(grads, level, bounds32):
-    return gradient_statistics(grads, level, bounds32), pack_signs(grads), float32_values(grads)
+def _statistics_graph(grads, selected, level, bounds32):
+    return (gradient_statistics(grads, selected, level, bounds32), pack_signs(grads, selected),
+            float32_values(grads, selected))
 
 
 def _probed_class(base: type) -> type:

@@ -1,9 +1,12 @@
 """Gradient statistics with MindSpore ops, written so that the same code runs eagerly (PyNative) and inside a
 compiled graph (GRAPH_MODE, ``@mindspore.jit``, ``TrainOneStepCell``).
 
-Every function here takes a tuple of gradients and returns one flat tensor; loops over the tuple unroll at
-compile time and every ``if`` tests a dtype or a shape, which the compiler knows. The layout is the one
-:func:`msprobe_mlflow.records.record_from_statistics` decodes, which the PyTorch monitor also produces.
+Every public function takes the optimizer's gradient tuple and a tuple of bools, known at compile time, saying
+which gradients are monitored, and returns one flat tensor. The per-gradient work is mapped over the tuple with
+``HyperMap``, as MindSpore's own optimizers do: a Python loop would unroll into a chain of list operations that
+exceeds the compiler's call-depth limit (1000) at a few hundred parameters. Inside, every ``if`` tests a dtype or a
+shape, which the compiler knows. The layout is the one :func:`msprobe_mlflow.records.record_from_statistics`
+decodes, which the PyTorch monitor also produces, once :func:`propagate_nan` has run on the host.
 
 MindSpore's CPU kernels reject most bfloat16 ops (max, comparisons, reductions), so each bfloat16 or float16
 gradient is cast to float32 first. That changes no value: max, min, the comparisons and ``> 0`` are exact on the
@@ -15,9 +18,10 @@ from __future__ import annotations
 
 import numpy as np
 import mindspore as ms
-from mindspore import mint
+from mindspore import mint, ops
 
 _BIT_WEIGHTS = (128, 64, 32, 16, 8, 4, 2, 1)  # np.packbits order: first element in the high bit
+_COMPARISON_MATRIX_LIMIT = 1 << 24  # booleans: a 16 MiB temporary
 
 
 def float32_bounds(bounds) -> tuple[float, ...]:
@@ -34,64 +38,99 @@ def _comparable(grad):
     return grad if grad.dtype == ms.float64 else _as_float32(grad)
 
 
-def _scalar(value):
-    return mint.reshape(value, (1,))
+def _scalar64(value):
+    return mint.reshape(value.astype(ms.float64), (1,))
 
 
-def gradient_statistics(grads: tuple, level: str, bounds32: tuple) -> ms.Tensor:
-    """One float64 vector: ``max, min, norm`` of each gradient (float32 values), then at L2, per gradient, the
-    number of elements ``x <= b`` for each float32 bound ``b`` and the number equal to zero (``-0.0`` included).
+_map = ops.HyperMap()
+_extremes_and_norm = ops.MultitypeFuncGraph("msprobe_mlflow_extremes_and_norm")
+_bucket_counts = ops.MultitypeFuncGraph("msprobe_mlflow_bucket_counts")
+_sign_bits = ops.MultitypeFuncGraph("msprobe_mlflow_sign_bits")
+_flat_float32 = ops.MultitypeFuncGraph("msprobe_mlflow_flat_float32")
 
-    NaN anywhere makes max and min NaN, as ``torch.aminmax`` does (MindSpore's max skips NaN); NaN compares false
-    so it is never counted ``<= b``, which puts it in the last bucket. An empty gradient has NaN max and min, norm 0.
-    """
-    values, counts = [], []
-    for grad in grads:
-        comparable = _comparable(grad)
-        if grad.size == 0:
-            nan = mint.zeros((2,), dtype=ms.float32) / 0.0
-            values += [nan, mint.zeros((1,), dtype=ms.float32)]
-        else:
-            sum_of_squares = mint.sum(comparable * comparable)
-            norm = mint.sqrt(sum_of_squares)
-            if grad.dtype == ms.float16 or grad.dtype == ms.bfloat16:
-                norm = norm.astype(grad.dtype)
-            has_nan = mint.isnan(sum_of_squares)  # a sum of squares is NaN exactly when an element is NaN
-            maximum = mint.where(has_nan, sum_of_squares, mint.max(comparable))
-            minimum = mint.where(has_nan, sum_of_squares, mint.min(comparable))
-            values += [_scalar(maximum.astype(ms.float32)), _scalar(minimum.astype(ms.float32)),
-                       _scalar(norm.astype(ms.float32))]
-        if level == "L2":
-            for bound in bounds32:
-                counts.append(_scalar(mint.sum((comparable <= bound).astype(ms.int32), dtype=ms.int64)))
-            counts.append(_scalar(mint.sum((comparable == 0).astype(ms.int32), dtype=ms.int64)))
-    statistics = mint.cat(values).astype(ms.float64)
+
+@_extremes_and_norm.register("Bool", "Tensor")
+def _extremes_and_norm_of(selected, grad):
+    """``[max, min, norm]``, each a float32 value (held in float64). An empty gradient gives NaN, NaN, 0."""
+    if not selected:
+        return mint.zeros((0,), dtype=ms.float64)
+    if grad.size == 0:
+        return mint.cat((mint.zeros((2,), dtype=ms.float64) / 0.0, mint.zeros((1,), dtype=ms.float64)))
+    comparable = _comparable(grad)
+    norm = mint.sqrt(mint.sum(comparable * comparable))
+    if grad.dtype == ms.float16 or grad.dtype == ms.bfloat16:
+        norm = norm.astype(grad.dtype)
+    return mint.cat((_scalar64(mint.max(comparable).astype(ms.float32)),
+                     _scalar64(mint.min(comparable).astype(ms.float32)), _scalar64(norm.astype(ms.float32))))
+
+
+@_bucket_counts.register("Tuple", "Bool", "Tensor")
+def _bucket_counts_of(bounds32, selected, grad):
+    """``[#(x <= b) for each bound b, #(x == 0)]`` (NaN is never ``<= b``: it lands in the last bucket).
+
+    Up to ``_COMPARISON_MATRIX_LIMIT`` booleans, one comparison of the gradient against all bounds (fewer ops:
+    half the compile time); beyond, one comparison per bound, so the temporary stays the size of the gradient."""
+    if not selected:
+        return mint.zeros((0,), dtype=ms.int64)
+    if grad.size == 0:  # MindSpore's CPU sum of an empty tensor is not 0
+        return mint.zeros((len(bounds32) + 1,), dtype=ms.int64)
+    comparable = _comparable(grad)
+    zeros = mint.reshape(mint.sum(comparable == 0, dtype=ms.int64), (1,))
+    if grad.size * len(bounds32) <= _COMPARISON_MATRIX_LIMIT:
+        bounds = ms.Tensor(bounds32, comparable.dtype)
+        return mint.cat((mint.sum(mint.reshape(comparable, (-1, 1)) <= bounds, dim=0, dtype=ms.int64), zeros))
+    counts = []
+    for bound in bounds32:
+        counts.append(mint.reshape(mint.sum(comparable <= bound, dtype=ms.int64), (1,)))
+    counts.append(zeros)
+    return mint.cat(counts)
+
+
+@_sign_bits.register("Bool", "Tensor")
+def _sign_bits_of(selected, grad):
+    """``grad > 0`` flattened and padded with 0 to a whole byte."""
+    if not selected or grad.size == 0:
+        return mint.zeros((0,), dtype=ms.uint8)
+    bits = mint.reshape(_comparable(grad) > 0, (-1,)).astype(ms.uint8)
+    padding = -grad.size % 8
+    if padding:
+        bits = mint.cat((bits, mint.zeros((padding,), dtype=ms.uint8)))
+    return bits
+
+
+@_flat_float32.register("Bool", "Tensor")
+def _flat_float32_of(selected, grad):
+    if not selected or grad.size == 0:
+        return mint.zeros((0,), dtype=ms.float32)
+    return mint.reshape(_as_float32(grad), (-1,))
+
+
+def gradient_statistics(grads: tuple, selected: tuple, level: str, bounds32: tuple) -> ms.Tensor:
+    """One float64 vector: ``max, min, norm`` of each selected gradient (float32 values), then at L2, per selected
+    gradient, the number of elements ``x <= b`` for each float32 bound ``b`` and the number equal to zero (``-0.0``
+    included). MindSpore's max and min skip NaN: :func:`propagate_nan` makes them NaN on the host."""
+    statistics = mint.cat(_map(_extremes_and_norm, selected, grads))
     if level == "L2":
-        statistics = mint.cat((statistics, mint.cat(counts).astype(ms.float64)))
+        counts = mint.cat(_map(ops.partial(_bucket_counts, bounds32), selected, grads)).astype(ms.float64)
+        statistics = mint.cat((statistics, counts))
     return statistics
 
 
-def pack_signs(grads: tuple) -> ms.Tensor:
-    """``grad > 0`` of each gradient bit-packed like ``np.packbits``, each padded to a whole byte, concatenated.
-
-    Zero, -0.0 and NaN give 0 bits, as msprobe's ``np.save(grad > 0)``.
-    """
-    pieces = []
-    for grad in grads:
-        if grad.size:
-            pieces.append(mint.reshape(_comparable(grad) > 0, (-1,)).astype(ms.int32))
-            padding = -grad.size % 8
-            if padding:
-                pieces.append(mint.zeros((padding,), dtype=ms.int32))
-    bits = mint.reshape(mint.cat(pieces), (-1, 8))
-    weights = ms.Tensor(_BIT_WEIGHTS, ms.int32)
-    return mint.sum(bits * weights, dim=1).astype(ms.uint8)
+def pack_signs(grads: tuple, selected: tuple) -> ms.Tensor:
+    """``grad > 0`` of each selected gradient bit-packed like ``np.packbits``, each padded to a whole byte,
+    concatenated. Zero, -0.0 and NaN give 0 bits, as msprobe's ``np.save(grad > 0)``."""
+    bits = mint.reshape(mint.cat(_map(_sign_bits, selected, grads)), (-1, 8))
+    return mint.sum(bits * ms.Tensor(_BIT_WEIGHTS, ms.uint8), dim=1, dtype=ms.uint8)
 
 
-def float32_values(grads: tuple) -> ms.Tensor:
-    """Every gradient cast to float32 and flattened, concatenated: the bytes msprobe's L0 ``MD5`` hashes."""
-    pieces = []
-    for grad in grads:
-        if grad.size:
-            pieces.append(mint.reshape(_as_float32(grad), (-1,)))
-    return mint.cat(pieces)
+def float32_values(grads: tuple, selected: tuple) -> ms.Tensor:
+    """Each selected gradient cast to float32 and flattened, concatenated: the bytes msprobe's L0 ``MD5`` hashes."""
+    return mint.cat(_map(_flat_float32, selected, grads))
+
+
+def propagate_nan(statistics: np.ndarray, count: int) -> np.ndarray:
+    """Host side of :func:`gradient_statistics`: max and min become NaN where the norm is NaN (a NaN element), as
+    ``torch.aminmax`` gives them. ``statistics`` is modified and returned."""
+    values = statistics[: 3 * count].reshape(count, 3)
+    values[np.isnan(values[:, 2]), :2] = np.nan
+    return statistics
