@@ -326,6 +326,22 @@ def test_compiled_steps_without_collect_keep_the_last_one_and_warn(restore_mode,
     assert monitor.lost_steps == 2 and monitor.step == 3
 
 
+def test_a_graph_compiled_before_monitor_is_reported(restore_mode, tmp_path):
+    use_mode("graph")
+    net = nn.Dense(4, 2)
+    optimizer = nn.SGD(net.trainable_params(), learning_rate=0.1)
+    train_one_step = nn.TrainOneStepCell(nn.WithLossCell(net, nn.MSELoss()), optimizer)
+    x, y = Tensor(np.ones((6, 4), np.float32)), Tensor(np.zeros((6, 2), np.float32))
+    train_one_step(x, y)  # compiled now, without the probe; MindSpore reuses this graph
+    monitor = GradientMonitor(config(tmp_path, level="L1"), log_to_mlflow=False).monitor(optimizer)
+    with pytest.warns(UserWarning, match="call monitor\\(\\) before the first train step"):
+        for _ in range(3):
+            train_one_step(x, y)
+            monitor.collect()
+    monitor.stop()
+    assert summary_steps(tmp_path / "rank0") == []
+
+
 def test_stop_gives_the_optimizer_back_and_nothing_more_is_written(mode, tmp_path):
     optimizer = nn.SGD(SmallCell().trainable_params(), learning_rate=0.0)
     parameter_names = list(optimizer.parameters_dict())

@@ -30,6 +30,7 @@ from msprobe_mlflow.tracking.options import TrackingOptions
 
 logger = logging.getLogger("msprobe_mlflow")
 
+IDLE_COLLECTIONS_BEFORE_WARNING = 3
 # optimizer id -> the monitor probing it, so two monitors never probe one optimizer by accident.
 _monitored_optimizers: dict[int, "GradientMonitor"] = {}
 
@@ -61,6 +62,8 @@ class GradientMonitor:
         self._session: ProbeSession | None = None
         self._failed_collections = 0
         self._lost_steps = 0
+        self._first_step = 0
+        self._idle_collections = 0
         self._exit_hook_registered = False
         self._stopped_errors: list[str] = []  # errors of sessions already stopped: still readable after stop()
 
@@ -111,6 +114,7 @@ class GradientMonitor:
         self._probe = probe
         self._optimizer = optimizer
         self._last_probed_step = self.step - 1
+        self._first_step, self._idle_collections = self.step, 0
         _monitored_optimizers[id(optimizer)] = self
         install_probe(optimizer, probe, self.collect)
         if not self._exit_hook_registered:  # after MindSpore's own: runs before MindSpore shuts down
@@ -136,6 +140,7 @@ class GradientMonitor:
                     bounds=self.config.bounds, names=self._names, shapes=self._shapes, statistics=statistics,
                     signs=signs, float32_values=values))
             self._count_lost_steps(steps_run, probed_step)
+            self._warn_if_never_run(steps_run)
             self._last_probed_step = max(self._last_probed_step, probed_step)
             self.step = steps_run
         except Exception as e:  # observability must never break training
@@ -159,6 +164,17 @@ class GradientMonitor:
                 warnings.warn(f"msprobe-mlflow: {lost} probed step(s) between steps {self.step} and "
                               f"{steps_run - 1} were overwritten before they were collected; when the optimizer runs "
                               f"inside a compiled graph, call monitor.collect() after each train step")
+
+    def _warn_if_never_run(self, steps_run: int) -> None:
+        """A graph compiled before ``monitor()`` keeps running the optimizer without the probe: say so once."""
+        if steps_run != self._first_step:
+            return
+        self._idle_collections += 1
+        if self._idle_collections == IDLE_COLLECTIONS_BEFORE_WARNING:
+            warnings.warn(f"msprobe-mlflow: collect() ran {IDLE_COLLECTIONS_BEFORE_WARNING} times and the monitored "
+                          f"optimizer has not run a probed step; a graph compiled before monitor() (a "
+                          f"TrainOneStepCell that already ran, a jit function already called) runs it without the "
+                          f"probe: call monitor() before the first train step")
 
     @property
     def lost_steps(self) -> int:
