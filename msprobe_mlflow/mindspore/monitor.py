@@ -53,7 +53,7 @@ class GradientMonitor:
             if log_to_mlflow else None
         self.step = 0
         self._extra_handlers = list(handlers)
-        self._optimizer: nn.Optimizer | None = None
+        self._optimizer: nn.Cell | None = None
         self._probe: GradientProbe | None = None
         self._names: list[str] = []
         self._shapes: list[tuple[int, ...]] = []
@@ -67,7 +67,7 @@ class GradientMonitor:
         self._exit_hook_registered = False
         self._stopped_errors: list[str] = []  # errors of sessions already stopped: still readable after stop()
 
-    def monitor(self, optimizer: nn.Optimizer) -> "GradientMonitor":
+    def monitor(self, optimizer: nn.Cell) -> "GradientMonitor":
         """Starts probing the gradients ``optimizer`` receives, from its next step on.
 
         Call it after ``mindspore.communication.init()`` (the rank is read here). Calling it with another
@@ -172,7 +172,7 @@ class GradientMonitor:
         self._idle_collections += 1
         if self._idle_collections == IDLE_COLLECTIONS_BEFORE_WARNING:
             warnings.warn(f"msprobe-mlflow: collect() ran {IDLE_COLLECTIONS_BEFORE_WARNING} times and the monitored "
-                          f"optimizer has not run a probed step; a graph compiled before monitor() (a "
+                          f"optimizer has not run a step with the probe; a graph compiled before monitor() (a "
                           f"TrainOneStepCell that already ran, a jit function already called) runs it without the "
                           f"probe: call monitor() before the first train step")
 
@@ -242,7 +242,7 @@ class PrecisionDebugger:
         self.config = GradProbeConfig.from_json(config_path, **overrides)
         self.monitor_ = GradientMonitor(self.config)
 
-    def monitor(self, optimizer: nn.Optimizer) -> GradientMonitor:
+    def monitor(self, optimizer: nn.Cell) -> GradientMonitor:
         return self.monitor_.monitor(optimizer)
 
     def step(self) -> None:

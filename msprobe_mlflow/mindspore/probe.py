@@ -36,11 +36,11 @@ class GradientProbe(nn.Cell):
     """Writes one optimizer step's statistics into Parameter buffers when the step is wanted.
 
     ``selected`` says, per gradient of the optimizer's gradient tuple (``shapes`` are all of theirs), whether it
-    is monitored. A step is wanted when the
-    probe is active, ``rank_wanted`` and the step (counted by ``steps_run`` from ``first_step``) is in ``steps``
-    (empty: every step). After a wanted step, ``probed_step`` holds its number and the buffers its statistics: ``statistics``
-    (float64, :func:`gradient_statistics` layout), ``signs`` (packed directions, L1/L2), ``float32_values``
-    (L0, for MD5). The construct is compiled (``@jit``) even in PyNative, so both modes run the same kernels.
+    is monitored. A step is wanted when the probe is active, ``rank_wanted`` and the step (counted by
+    ``steps_run`` from ``first_step``) is in ``steps`` (empty: every step). After a wanted step, ``probed_step``
+    holds its number and the buffers its statistics: ``statistics`` (float64, :func:`gradient_statistics` layout),
+    ``signs`` (packed directions, L1/L2), ``float32_values`` (L0, for MD5). The construct is compiled (``@jit``)
+    even in PyNative, so both modes run the same kernels.
     """
 
     def __init__(self, selected: list[bool], shapes: list[tuple[int, ...]], *, level: str, bounds,
@@ -53,7 +53,7 @@ class GradientProbe(nn.Cell):
         self.bounds32 = float32_bounds(bounds)
         self.rank_wanted = bool(rank_wanted)
         self.monitored = len(numels)
-        self.has_parameters = any(self.selected)
+        self.has_parameters = self.monitored > 0
         self.has_values = sum(numels) > 0
         self.has_step_filter = bool(steps)
         reachable = [s for s in steps if s <= _LAST_STEP]  # the int32 counter never reaches the others
@@ -165,7 +165,7 @@ def _probed_class(base: type) -> type:
     return _probed_classes[base]
 
 
-def install_probe(optimizer: nn.Optimizer, probe: GradientProbe, after_call: Callable[[], None]) -> None:
+def install_probe(optimizer: nn.Cell, probe: GradientProbe, after_call: Callable[[], None]) -> None:
     """Makes ``optimizer`` run ``probe`` on its gradients at every step; ``after_call`` runs after each direct
     ``optimizer(grads)`` from Python."""
     object.__setattr__(optimizer, "msprobe_mlflow_probe", probe)
@@ -173,7 +173,7 @@ def install_probe(optimizer: nn.Optimizer, probe: GradientProbe, after_call: Cal
     optimizer.__class__ = _probed_class(type(optimizer))
 
 
-def remove_probe(optimizer: nn.Optimizer) -> None:
+def remove_probe(optimizer: nn.Cell) -> None:
     """Gives ``optimizer`` its own class back. Graphs already compiled keep the (deactivated) probe."""
     base = getattr(type(optimizer), "msprobe_mlflow_base", None)
     if base is not None:
@@ -181,5 +181,5 @@ def remove_probe(optimizer: nn.Optimizer) -> None:
     object.__setattr__(optimizer, "msprobe_mlflow_after_call", lambda: None)
 
 
-def installed_probe(optimizer: nn.Optimizer) -> GradientProbe | None:
+def installed_probe(optimizer: nn.Cell) -> GradientProbe | None:
     return getattr(optimizer, "msprobe_mlflow_probe", None) if hasattr(type(optimizer), "msprobe_mlflow_base") else None
