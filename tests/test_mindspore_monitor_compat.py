@@ -205,7 +205,9 @@ def artifact_paths(client: MlflowClient, run_id: str, path: str = "") -> set[str
     return found
 
 
-def test_under_an_active_run_both_frameworks_log_the_same_metrics_and_artifacts(mode, tracking_uri, tmp_path):
+def test_under_an_active_run_both_frameworks_log_the_same_metrics_and_artifacts(mode, tracking_uri, tmp_path,
+                                                                               monkeypatch):
+    monkeypatch.delenv("MLFLOW_EXPERIMENT_ID", raising=False)  # set_experiment exports it: undone afterwards
     mlflow.set_experiment(f"mindspore-{uuid.uuid4().hex[:8]}")
     steps = [gradients_for("float32", seed) for seed in (2, 4, 6)]
     runs = {}
