@@ -66,3 +66,27 @@ def test_results_of_several_devices_merge_back_into_parameter_order(level):
             assert found is None
         else:
             np.testing.assert_array_equal(found, expected)
+
+
+@pytest.mark.parametrize("block", [8, 16, 24, 1 << 17])
+@pytest.mark.parametrize("level", ["L1", "L2"])
+def test_host_blocks_of_any_size_give_the_same_numbers(monkeypatch, block, level):
+    """Gradients split across blocks, and small ones sharing a block, give what one pass per gradient gives:
+    numpy by hand, per gradient, here."""
+    import msprobe_mlflow.pytorch.statistics as statistics_module
+
+    monkeypatch.setattr(statistics_module, "HOST_BLOCK", block)
+    grads = awkward_gradients()[1:] + [torch.randn(101), torch.randn(3, 17)]
+    bounds = [np.float32(b) for b in (-1, 0, 1)]
+    found, signs, _ = _host_statistics(grads, torch._foreach_norm(grads), level, bounds)
+    rows, counts, packed = [], [], []
+    for grad in grads:
+        values = grad.float().numpy().ravel() if grad.dtype != torch.float64 else grad.numpy().ravel()
+        with np.errstate(invalid="ignore"):
+            high, low = (values.max(), values.min()) if values.size else (np.nan, np.nan)
+        rows.append([np.float32(high), np.float32(low), np.float32(torch.linalg.vector_norm(grad).float())])
+        counts += [np.count_nonzero(values <= b) for b in bounds] + [np.count_nonzero(values == 0)]
+        packed.append(np.packbits(values > 0))
+    expected = np.concatenate([np.array(rows, np.float64).reshape(-1), counts if level == "L2" else []])
+    np.testing.assert_array_equal(found, expected)
+    np.testing.assert_array_equal(signs, np.concatenate(packed))
