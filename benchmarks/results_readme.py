@@ -31,10 +31,12 @@ def targets_table(monitor: dict, compare: dict) -> list[str]:
     for level, reference, target in (("L2", "about 9x", 1.25), ("L1", "about 1.75x", 1.15),
                                      ("L0", "about 2.3x", 1.5)):
         low, high = ours(level)["iteration_ratio_range_over_rounds"]
-        lines.append(f"| {level} full iteration, ratio to no monitor | {reference} | "
-                     f"{theirs(level)['iteration_ratio']:.2f}x | <= {target}x | {ours(level)['iteration_ratio']:.2f}x "
-                     f"(rounds {low:.2f}-{high:.2f}; with drain {ours(level)['with_drain_ratio']:.2f}x) | "
-                     f"{verdict(ours(level)['iteration_ratio'], target)} |")
+        # Judged on the larger of the two: a long run settles at the rate its writer thread keeps up with.
+        judged = max(ours(level)["iteration_ratio"], ours(level)["with_drain_ratio"])
+        lines.append(f"| {level} full iteration, ratio to no monitor (met: the larger of iteration and with drain) "
+                     f"| {reference} | {theirs(level)['iteration_ratio']:.2f}x | <= {target}x | "
+                     f"{ours(level)['iteration_ratio']:.2f}x (rounds {low:.2f}-{high:.2f}; with drain "
+                     f"{ours(level)['with_drain_ratio']:.2f}x) | {verdict(judged, target)} |")
     md5 = model["md5_s"]  # a step whose hook took less than hashing takes did not hash on the training thread
     lines.append(f"| L0: MD5 off the training thread (time in the hook: median, fastest step; hashing all gradients "
                  f"takes {md5 * 1e3:.0f} ms) | on it | {theirs('L0')['hook_s'] * 1e3:.0f} ms, "
