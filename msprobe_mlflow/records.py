@@ -87,10 +87,10 @@ class StepRecord:
 
 def md5_per_parameter(flat_float32: np.ndarray, numels: list[int]) -> list[str]:
     """Hex MD5 of each parameter's float32 little-endian C-order bytes (msprobe's L0 ``MD5`` column)."""
-    flat = np.asarray(flat_float32).astype("<f4", copy=False)
+    flat = np.ascontiguousarray(flat_float32, dtype="<f4")
     digests, start = [], 0
     for numel in numels:
-        digests.append(hashlib.md5(flat[start:start + numel].tobytes()).hexdigest())
+        digests.append(hashlib.md5(flat[start:start + numel]).hexdigest())  # hashes the buffer, no copy
         start += numel
     return digests
 

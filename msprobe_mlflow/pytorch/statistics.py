@@ -99,9 +99,12 @@ def launch_step_statistics(names: list[str], grads: list[torch.Tensor], *, rank:
             statistics, signs, float32_values = parts[0][1]
         else:
             statistics, signs, float32_values = _merge(parts, [g.numel() for g in grads], level, len(bounds) + 1)
-        return record_from_statistics(rank=rank, step=step, level=level, bounds=bounds, names=names,
-                                      shapes=[g.shape for g in grads], statistics=statistics, signs=signs,
-                                      float32_values=float32_values)
+        record = record_from_statistics(rank=rank, step=step, level=level, bounds=bounds, names=names,
+                                        shapes=[g.shape for g in grads], statistics=statistics, signs=signs,
+                                        float32_values=float32_values)
+        for _, (_, _, snapshot) in parts:  # hashed: the host snapshots can serve the next steps
+            release_snapshot(snapshot)
+        return record
 
     return resolve
 
@@ -188,12 +191,29 @@ def _host_statistics(grads, norms, level, bounds32):
     statistics = np.concatenate([head.reshape(-1), counts.reshape(-1) if level == "L2" else []])
     float32_values = None
     if level == "L0":  # a snapshot: the optimizer may change the gradients before the writer hashes them
-        float32_values = np.empty(sum(a.size for a in arrays), np.float32)
+        float32_values = _snapshot_buffer(sum(a.size for a in arrays))
         start = 0
         for array in arrays:
             float32_values[start:start + array.size] = array
             start += array.size
     return statistics, signs, float32_values
+
+
+_free_snapshots: list[np.ndarray] = []
+
+
+def _snapshot_buffer(size: int) -> np.ndarray:
+    """A float32 buffer for an L0 snapshot, reused once the writer has hashed it (see ``release_snapshot``):
+    a fresh buffer of the model's size each step costs page faults worth hundreds of milliseconds."""
+    for index, buffer in enumerate(_free_snapshots):
+        if buffer.size == size:
+            return _free_snapshots.pop(index)
+    return np.empty(size, np.float32)
+
+
+def release_snapshot(buffer: np.ndarray | None) -> None:
+    if buffer is not None and len(_free_snapshots) < 2:
+        _free_snapshots.append(buffer)
 
 
 def _host_blocks(arrays):
