@@ -1,10 +1,10 @@
 """The live MLflow sink: each probed step's metrics and files, sent from a thread of its own.
 
 Policy when MLflow is slower than training or unreachable: the local dump is always complete (it is written
-before the sink sees a step). The sink's queue holds step numbers only, at most ``max_pending``; it drains
-everything queued at once (one ``log_batch`` for many steps), a step that does not fit in the queue or whose
-request failed is remembered as unsent, and ``close()`` sends the unsent steps with the same idempotent code as
-``msprobe-mlflow upload``. What still cannot be sent is named in a warning with the command that completes it.
+before the sink sees a step). The sink's queue holds step numbers only, at most ``max_pending``; it sends at
+most one round a second, draining everything queued at once (one ``log_batch`` for many steps); a step that does
+not fit in the queue or whose request failed is remembered as unsent, and ``close()`` sends the unsent steps
+with the same idempotent code as ``msprobe-mlflow upload``. What still cannot be sent is named in a warning with the command that completes it.
 
 Credentials are checked when the sink starts: the first request (the run's tags) is awaited for up to
 ``MSPROBE_MLFLOW_START_CHECK_SECONDS`` (10 s), and a 401/403 answer gives one warning at ``monitor()`` naming the
@@ -37,6 +37,9 @@ from msprobe_mlflow.tracking.upload import log_metrics_batched, metrics_for_step
 logger = logging.getLogger("msprobe_mlflow")
 RANK_WAIT_SECONDS = float(os.environ.get("MSPROBE_MLFLOW_RANK_WAIT_SECONDS", "120"))
 START_CHECK_SECONDS = float(os.environ.get("MSPROBE_MLFLOW_START_CHECK_SECONDS", "10"))
+# Each round of requests costs the tracking store a commit (10-15 ms of CPU with SQLite): with fast steps, one
+# round per step costs more than the step itself (benchmarks/), so steps are gathered for up to a second.
+SEND_INTERVAL_SECONDS = 1.0
 REFUSED_CREDENTIALS = ("UNAUTHENTICATED", "PERMISSION_DENIED")  # MLflow's error codes for HTTP 401 and 403
 
 
@@ -82,9 +85,13 @@ class MlflowSink:
         self._start_checked.set()
         if self._refused:
             return
+        last_round = 0.0
         while True:
             items = [self._queue.get()]
-            while True:  # coalesce everything already queued into one round of requests
+            if items[0] is not None and not self._closing:  # at most one round of requests a second
+                time.sleep(max(0.0, last_round + SEND_INTERVAL_SECONDS - time.monotonic()))
+            last_round = time.monotonic()
+            while True:  # coalesce everything queued meanwhile into one round of requests
                 try:
                     items.append(self._queue.get_nowait())
                 except queue.Empty:
