@@ -64,7 +64,7 @@ class MlflowSink:
         self._refused: str | None = None  # set when the server refused the credentials: nothing more is sent
         self._refusal_told = False
         self._start_checked = threading.Event()
-        self._closing = False
+        self._closing = threading.Event()  # also wakes the worker from its wait between rounds
         self._queue: queue.Queue = queue.Queue(maxsize=max_pending)
         self._thread = threading.Thread(target=self._work, name=f"msprobe-mlflow-sink-rank{rank}", daemon=True)
         self._thread.start()
@@ -88,8 +88,8 @@ class MlflowSink:
         last_round = 0.0
         while True:
             items = [self._queue.get()]
-            if items[0] is not None and not self._closing:  # at most one round of requests a second
-                time.sleep(max(0.0, last_round + SEND_INTERVAL_SECONDS - time.monotonic()))
+            if items[0] is not None:  # at most one round of requests a second, unless closing
+                self._closing.wait(max(0.0, last_round + SEND_INTERVAL_SECONDS - time.monotonic()))
             last_round = time.monotonic()
             while True:  # coalesce everything queued meanwhile into one round of requests
                 try:
@@ -98,7 +98,7 @@ class MlflowSink:
                     break
             steps = [s for s in items if s is not None]
             if steps:
-                if self._closing and self._failure:  # do not wait on a dead server at exit: close() retries once
+                if self._closing.is_set() and self._failure:  # no waiting on a dead server at exit: close() retries
                     self.unsent_steps.update(steps)
                 elif not self._attempt(f"log steps {steps[0]}..{steps[-1]}", lambda: self._send(steps)):
                     self.unsent_steps.update(steps)
@@ -172,7 +172,7 @@ class MlflowSink:
         """Sends what is queued, retries the unsent steps once, marks this rank finished; rank 0 then waits
         (``MSPROBE_MLFLOW_RANK_WAIT_SECONDS``) for the other ranks and tags the run with any that never finished."""
         if self._thread.is_alive():
-            self._closing = True
+            self._closing.set()
             self._queue.put(None)
             self._thread.join()
         elif not self._refused:
