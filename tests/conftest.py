@@ -1,6 +1,40 @@
-"""Process-wide settings every test process needs before its first framework op."""
+"""What every test process needs: MindSpore's launch blocking, and MLflow stores that leave no trace."""
+import os
+
 import mindspore
+import mlflow
+import pytest
 
 # An op without a kernel on this CPU leaves the next ops failing too unless launch blocking was switched on
 # before the process's first MindSpore op; the API checker switches it on, but only the first call counts.
 mindspore.runtime.launch_blocking()
+
+MLFLOW_ENVIRONMENT = ("MLFLOW_TRACKING_URI", "MLFLOW_EXPERIMENT_ID", "MLFLOW_EXPERIMENT_NAME", "MLFLOW_RUN_ID")
+
+
+@pytest.fixture(autouse=True)
+def mlflow_environment_restored():
+    """mlflow.set_tracking_uri/set_experiment export MLFLOW_* variables; subprocesses of later tests (torchrun
+    jobs with a store of their own) must not inherit them."""
+    saved = {name: os.environ.get(name) for name in MLFLOW_ENVIRONMENT}
+    yield
+    for name, value in saved.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
+
+
+@pytest.fixture(scope="module")
+def sqlite_store(tmp_path_factory):
+    """A SQLite MLflow store for a test module, made the current one: ``(uri, folder)``."""
+    folder = tmp_path_factory.mktemp("mlflow_store")
+    uri = f"sqlite:///{folder / 'mlflow.db'}"
+    previous, exported = mlflow.get_tracking_uri(), os.environ.get("MLFLOW_TRACKING_URI")
+    mlflow.set_tracking_uri(uri)
+    yield uri, folder
+    mlflow.set_tracking_uri(previous)
+    if exported is None:
+        os.environ.pop("MLFLOW_TRACKING_URI", None)
+    else:
+        os.environ["MLFLOW_TRACKING_URI"] = exported

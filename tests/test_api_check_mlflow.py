@@ -13,12 +13,8 @@ from msprobe_mlflow.mindspore.api_check import check_api_accuracy
 
 
 @pytest.fixture(scope="module")
-def tracking_uri(tmp_path_factory):
-    previous = mlflow.get_tracking_uri()
-    uri = f"sqlite:///{tmp_path_factory.mktemp('mlflow')}/mlflow.db"
-    mlflow.set_tracking_uri(uri)
-    yield uri
-    mlflow.set_tracking_uri(previous)
+def tracking_uri(sqlite_store):
+    return sqlite_store[0]
 
 
 @pytest.fixture(scope="module")

@@ -25,13 +25,8 @@ HAND_SUMMARY = [1.0, 22 / 23, 16 / 23]  # see test_compare_dumps: 23 elements, 1
 
 
 @pytest.fixture(scope="module")
-def store(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("compare_store")
-    uri = f"sqlite:///{folder / 'mlflow.db'}"
-    previous = mlflow.get_tracking_uri()
-    mlflow.set_tracking_uri(uri)
-    yield uri, folder
-    mlflow.set_tracking_uri(previous)
+def store(sqlite_store):
+    return sqlite_store
 
 
 @pytest.fixture

@@ -190,12 +190,8 @@ def test_norms_of_a_large_gradient_agree_to_float32_accumulation_error(tmp_path)
 
 
 @pytest.fixture(scope="module")
-def tracking_uri(tmp_path_factory):
-    uri = f"sqlite:///{tmp_path_factory.mktemp('store') / 'mlflow.db'}"
-    previous = mlflow.get_tracking_uri()
-    mlflow.set_tracking_uri(uri)
-    yield uri
-    mlflow.set_tracking_uri(previous)
+def tracking_uri(sqlite_store):
+    return sqlite_store[0]
 
 
 def artifact_paths(client: MlflowClient, run_id: str, path: str = "") -> set[str]:
@@ -205,9 +201,7 @@ def artifact_paths(client: MlflowClient, run_id: str, path: str = "") -> set[str
     return found
 
 
-def test_under_an_active_run_both_frameworks_log_the_same_metrics_and_artifacts(mode, tracking_uri, tmp_path,
-                                                                               monkeypatch):
-    monkeypatch.delenv("MLFLOW_EXPERIMENT_ID", raising=False)  # set_experiment exports it: undone afterwards
+def test_under_an_active_run_both_frameworks_log_the_same_metrics_and_artifacts(mode, tracking_uri, tmp_path):
     mlflow.set_experiment(f"mindspore-{uuid.uuid4().hex[:8]}")
     steps = [gradients_for("float32", seed) for seed in (2, 4, 6)]
     runs = {}

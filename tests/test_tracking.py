@@ -26,19 +26,13 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
-def tracking_uri(tmp_path_factory):
-    uri = f"sqlite:///{tmp_path_factory.mktemp('store') / 'mlflow.db'}"
-    previous = mlflow.get_tracking_uri()
-    mlflow.set_tracking_uri(uri)
-    yield uri
-    mlflow.set_tracking_uri(previous)
+def tracking_uri(sqlite_store):
+    return sqlite_store[0]
 
 
 @pytest.fixture
-def experiment(tracking_uri, monkeypatch):
-    """A fresh experiment; set_experiment also exports MLFLOW_EXPERIMENT_ID, which later subprocesses (torchrun
-    children with their own store) must not inherit: monkeypatch restores the variable's absence afterwards."""
-    monkeypatch.delenv("MLFLOW_EXPERIMENT_ID", raising=False)
+def experiment(tracking_uri):
+    """A fresh experiment made the current one (conftest restores the MLFLOW_* variables it exports)."""
     name = f"test-{uuid.uuid4().hex[:8]}"
     mlflow.set_experiment(name)
     return name

@@ -15,10 +15,9 @@ WORKER = Path(__file__).with_name("distributed_worker.py")
 
 
 def child_environment(tracking_uri: str, **extra: str) -> dict[str, str]:
-    """This process's environment for a job's processes, without the MLflow run or experiment of a test."""
-    inherited = {k: v for k, v in os.environ.items()
-                 if k not in ("MLFLOW_EXPERIMENT_ID", "MLFLOW_EXPERIMENT_NAME", "MLFLOW_RUN_ID")}
-    return {**inherited, "MLFLOW_TRACKING_URI": tracking_uri, **extra}
+    """This process's environment (a test's MLFLOW_EXPERIMENT_ID included: the topology tests set theirs) for
+    the job's processes, pointed at ``tracking_uri``."""
+    return {**os.environ, "MLFLOW_TRACKING_URI": tracking_uri, **extra}
 
 
 def torchrun(tracking_uri: str, *worker_args: str, timeout: float = 300) -> subprocess.CompletedProcess:
