@@ -65,6 +65,7 @@ class ProbeSession:
                                        world_size=world_size)
         sinks = [self.sink] if self.sink else []
         self._writer = BackgroundStepWriter([self._write_local_dump, *sinks, *handlers])
+        self.closed = False
         _open_sessions.add(self)
 
     @property
@@ -87,7 +88,11 @@ class ProbeSession:
         self._writer.flush()
 
     def close(self) -> None:
-        """Writes what is pending, then lets the sink finish its uploads. Safe to call twice."""
+        """Writes what is pending, then lets the sink finish its uploads. Safe to call twice; ``errors`` and
+        ``run_id`` stay readable afterwards."""
+        if self.closed:
+            return
+        self.closed = True
         self._writer.close()
         if self.sink:
             self.sink.close()
@@ -95,7 +100,6 @@ class ProbeSession:
         if self._writer.errors:
             warnings.warn(f"msprobe-mlflow: {len(self._writer.errors)} write failure(s); first: "
                           f"{self._writer.errors[0]}")
-            self._writer.errors.clear()
 
 
 _open_sessions: "weakref.WeakSet[ProbeSession]" = weakref.WeakSet()

@@ -65,7 +65,6 @@ class GradientMonitor:
         self._first_step = 0
         self._idle_collections = 0
         self._exit_hook_registered = False
-        self._stopped_errors: list[str] = []  # errors of sessions already stopped: still readable after stop()
 
     def monitor(self, optimizer: nn.Cell) -> "GradientMonitor":
         """Starts probing the gradients ``optimizer`` receives, from its next step on.
@@ -89,7 +88,7 @@ class GradientMonitor:
                           "feed this monitor: build the training cell or jit function again")
         self._detach()
         self._rank = current_rank()
-        if self._session is None:  # first: an unwritable dump_path fails here, before the optimizer is touched
+        if self._session is None or self._session.closed:  # first: a bad dump_path fails before the optimizer changes
             self._session = ProbeSession(self.config, framework="mindspore", rank=self._rank,
                                          world_size=world_size(), tracking=self.tracking,
                                          handlers=self._extra_handlers)
@@ -189,7 +188,7 @@ class GradientMonitor:
     @property
     def errors(self) -> list[str]:
         """What the writer thread could not do (each also logged)."""
-        return self._stopped_errors + (self._session.errors if self._session else [])
+        return self._session.errors if self._session else []
 
     def flush(self) -> None:
         """Collects the last step, then waits until every probed step is on disk (and through the handlers)."""
@@ -213,10 +212,7 @@ class GradientMonitor:
         Safe to call twice. Graphs compiled while monitored keep an inactive probe that only counts steps."""
         self._detach()
         if self._session:
-            self._session.flush()  # the pending steps' failures too
-            self._stopped_errors += self._session.errors
             self._session.close()
-            self._session = None
 
     def __enter__(self) -> "GradientMonitor":
         return self

@@ -48,7 +48,6 @@ class GradientMonitor:
         self._hook = None
         self._session: ProbeSession | None = None
         self._failed_steps = 0
-        self._stopped_errors: list[str] = []  # errors of sessions already stopped: still readable after stop()
 
     def monitor(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None) -> "GradientMonitor":
         """Starts probing ``model``'s gradients at each ``optimizer.step()``.
@@ -60,7 +59,7 @@ class GradientMonitor:
         if other is not None and other is not self:
             raise ValueError("this model is already monitored by another GradientMonitor; call its stop() first")
         self._remove_hook()
-        if self._session is None:  # first: an unwritable dump_path fails here, before any hook exists
+        if self._session is None or self._session.closed:  # first: a bad dump_path fails before any hook exists
             self._session = ProbeSession(self.config, framework="pytorch", rank=current_rank(),
                                          world_size=world_size(), tracking=self.tracking,
                                          share_run_id=shared_run_id, handlers=self._extra_handlers)
@@ -119,7 +118,7 @@ class GradientMonitor:
     @property
     def errors(self) -> list[str]:
         """What the writer thread could not do (each also logged)."""
-        return self._stopped_errors + (self._session.errors if self._session else [])
+        return self._session.errors if self._session else []
 
     def flush(self) -> None:
         """Waits until every probed step is on disk (and through the other handlers)."""
@@ -137,10 +136,7 @@ class GradientMonitor:
         """Removes every hook, writes what is pending and stops the writer thread. Safe to call twice."""
         self._remove_hook()
         if self._session:
-            self._session.flush()  # the pending steps' failures too
-            self._stopped_errors += self._session.errors
             self._session.close()
-            self._session = None
 
     def __enter__(self) -> "GradientMonitor":
         return self

@@ -135,8 +135,9 @@ def _merge(parts, numels: list[int], level: str, count_columns: int) -> tuple:
                 values[i] = flat[value_offset:value_offset + numels[i]]
                 value_offset += numels[i]
     statistics = np.concatenate([head.reshape(-1), counts.reshape(-1) if level == "L2" else []])
+    has_values = level == "L0" and all(v is not None for v in values)  # the device path snapshots apart
     return (statistics, np.concatenate([np.zeros(0, np.uint8), *signs]) if level != "L0" else None,
-            np.concatenate([np.zeros(0, np.float32), *values]) if level == "L0" and all(v is not None for v in values) else None)
+            np.concatenate([np.zeros(0, np.float32), *values]) if has_values else None)
 
 
 def _comparable(grad: torch.Tensor) -> torch.Tensor:

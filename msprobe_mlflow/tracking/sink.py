@@ -4,7 +4,8 @@ Policy when MLflow is slower than training or unreachable: the local dump is alw
 before the sink sees a step). The sink's queue holds step numbers only, at most ``max_pending``; it sends at
 most one round a second, draining everything queued at once (one ``log_batch`` for many steps); a step that does
 not fit in the queue or whose request failed is remembered as unsent, and ``close()`` sends the unsent steps
-with the same idempotent code as ``msprobe-mlflow upload``. What still cannot be sent is named in a warning with the command that completes it.
+with the same idempotent code as ``msprobe-mlflow upload``. What still cannot be sent is named in a warning with
+the command that completes it.
 
 Credentials are checked when the sink starts: the first request (the run's tags) is awaited for up to
 ``MSPROBE_MLFLOW_START_CHECK_SECONDS`` (10 s), and a 401/403 answer gives one warning at ``monitor()`` naming the

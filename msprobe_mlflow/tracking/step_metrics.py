@@ -56,8 +56,8 @@ def step_metrics(table: SummaryTable, rank: int, param_patterns: tuple[str, ...]
         f"{prefix}/total_norm": math.sqrt(math.fsum(n * n for n in norms)),
         f"{prefix}/max": max(finite_max) if finite_max else math.nan,
         f"{prefix}/min": min(finite_min) if finite_min else math.nan,
-        f"{prefix}/nonfinite_params": float(sum(
-            not (math.isfinite(a) and math.isfinite(b) and math.isfinite(c)) for a, b, c in zip(maxima, minima, norms))),
+        f"{prefix}/nonfinite_params": float(sum(not all(map(math.isfinite, values))
+                                                for values in zip(maxima, minima, norms))),
         f"{prefix}/params": float(len(table.rows)),
     }
     bucket_columns = [h for h in table.header if h.startswith("(") or h == "=0"]
