@@ -71,3 +71,25 @@ def assert_row(cells: list[str], header: list[str], expected: dict, norm_rel: fl
     if "buckets" in expected:
         bucket_cells = [float(c) for h, c in zip(header, cells) if h.startswith(("(", "="))]
         assert bucket_cells == expected["buckets"]
+
+
+# The CSV text of one step whose gradients are set by hand, written out here (the PyTorch and MindSpore monitor
+# tests both expect it): scale -3.0 (0-d), fc1.weight [[2, -1, 0], [0, 2, -4]], fc1.bias [0.1, -0.0].
+# fc1.weight: max 2, min -4, norm sqrt(4+1+4+16) = 5; bounds [-1, 0, 1]: {-1, -4} <= -1, {0, 0} in (-1, 0],
+# nothing in (0, 1], {2, 2} > 1, two zeros: 2/6, 2/6, 0, 2/6 and =0 2/6.
+# fc1.bias: float32(0.1) = 0.10000000149011612 is max and norm; min is -0.0, which is in (-1, 0] and is a zero.
+# scale: a 0-d parameter, shape [], -3.0 in (-inf, -1].
+EXPECTED_L2 = (
+    '\ufeffparam_name,"(-inf, -1]","(-1, 0]","(0, 1]","(1, inf)",=0,max,min,norm,shape\r\n'
+    'scale,1.0,0.0,0.0,0.0,0.0,-3.0,-3.0,3.0,[]\r\n'
+    'fc1.weight,0.3333333333333333,0.3333333333333333,0.0,0.3333333333333333,0.3333333333333333,'
+    '2.0,-4.0,5.0,"[2, 3]"\r\n'
+    'fc1.bias,0.0,0.5,0.5,0.0,0.5,0.10000000149011612,-0.0,0.10000000149011612,[2]\r\n'
+).encode("utf-8")
+
+EXPECTED_L1 = (
+    '\ufeffparam_name,max,min,norm,shape\r\n'
+    'scale,-3.0,-3.0,3.0,[]\r\n'
+    'fc1.weight,2.0,-4.0,5.0,"[2, 3]"\r\n'
+    'fc1.bias,0.10000000149011612,-0.0,0.10000000149011612,[2]\r\n'
+).encode("utf-8")

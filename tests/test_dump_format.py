@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import torch
 
+from gradient_expectations import EXPECTED_L1, EXPECTED_L2
 from msprobe_mlflow.config import GradProbeConfig
 from msprobe_mlflow.directions import PACKED_FILE_NAME, read_step_directions
 from msprobe_mlflow.dump import (csv_text, indexed_children, read_summary, summary_csv_path, summary_steps,
@@ -37,26 +38,6 @@ def one_step_with_hand_set_gradients(dump_path, level, **config):
     optimizer.step()
     monitor.stop()
     return summary_csv_path(dump_path, 0, 0).read_bytes()
-
-
-# fc1.weight: max 2, min -4, norm sqrt(4+1+4+16) = 5; bounds [-1, 0, 1]: {-1, -4} <= -1, {0, 0} in (-1, 0],
-# nothing in (0, 1], {2, 2} > 1, two zeros: 2/6, 2/6, 0, 2/6 and =0 2/6.
-# fc1.bias: float32(0.1) = 0.10000000149011612 is max and norm; min is -0.0, which is in (-1, 0] and is a zero.
-# scale: a 0-d parameter, shape [], -3.0 in (-inf, -1].
-EXPECTED_L2 = (
-    '\ufeffparam_name,"(-inf, -1]","(-1, 0]","(0, 1]","(1, inf)",=0,max,min,norm,shape\r\n'
-    'scale,1.0,0.0,0.0,0.0,0.0,-3.0,-3.0,3.0,[]\r\n'
-    'fc1.weight,0.3333333333333333,0.3333333333333333,0.0,0.3333333333333333,0.3333333333333333,'
-    '2.0,-4.0,5.0,"[2, 3]"\r\n'
-    'fc1.bias,0.0,0.5,0.5,0.0,0.5,0.10000000149011612,-0.0,0.10000000149011612,[2]\r\n'
-).encode("utf-8")
-
-EXPECTED_L1 = (
-    '\ufeffparam_name,max,min,norm,shape\r\n'
-    'scale,-3.0,-3.0,3.0,[]\r\n'
-    'fc1.weight,2.0,-4.0,5.0,"[2, 3]"\r\n'
-    'fc1.bias,0.10000000149011612,-0.0,0.10000000149011612,[2]\r\n'
-).encode("utf-8")
 
 
 def test_exact_bytes_of_an_l2_summary(tmp_path):
