@@ -102,6 +102,34 @@ class ProbeSession:
                           f"{self._writer.errors[0]}")
 
 
+class SessionMonitor:
+    """What both framework monitors offer on top of their one :class:`ProbeSession`; each adds ``monitor()``,
+    ``stop()`` (which must close the session) and its way of turning gradients into pending steps."""
+
+    _session: ProbeSession | None = None
+
+    @property
+    def run_id(self) -> str | None:
+        """The MLflow run this monitor logs into (None: the local dump only)."""
+        return self._session.run_id if self._session else None
+
+    @property
+    def errors(self) -> list[str]:
+        """What the writer thread could not do (each also logged); still readable after ``stop()``."""
+        return self._session.errors if self._session else []
+
+    def flush(self) -> None:
+        """Waits until every probed step is on disk (and through the other handlers)."""
+        if self._session:
+            self._session.flush()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
 _open_sessions: "weakref.WeakSet[ProbeSession]" = weakref.WeakSet()
 
 

@@ -25,7 +25,7 @@ from msprobe_mlflow.config import GradProbeConfig
 from msprobe_mlflow.mindspore.distributed import current_rank, world_size
 from msprobe_mlflow.mindspore.probe import GradientProbe, install_probe, installed_probe, remove_probe
 from msprobe_mlflow.records import record_from_statistics
-from msprobe_mlflow.session import ProbeSession, load_config
+from msprobe_mlflow.session import ProbeSession, SessionMonitor, load_config
 from msprobe_mlflow.tracking.options import TrackingOptions
 
 logger = logging.getLogger("msprobe_mlflow")
@@ -35,7 +35,7 @@ IDLE_COLLECTIONS_BEFORE_WARNING = 3
 _monitored_optimizers: dict[int, "GradientMonitor"] = {}
 
 
-class GradientMonitor:
+class GradientMonitor(SessionMonitor):
     """Probes the gradients an optimizer receives at each of its steps, writes msprobe's dump and logs into MLflow.
 
     MLflow: into ``run_id``, else the active run (else ``MLFLOW_RUN_ID``); with none, the local dump only.
@@ -180,21 +180,10 @@ class GradientMonitor:
         """Probed steps overwritten before they were collected (graph mode without ``collect()`` each step)."""
         return self._lost_steps
 
-    @property
-    def run_id(self) -> str | None:
-        """The MLflow run this monitor logs into (None: the local dump only)."""
-        return self._session.run_id if self._session else None
-
-    @property
-    def errors(self) -> list[str]:
-        """What the writer thread could not do (each also logged)."""
-        return self._session.errors if self._session else []
-
     def flush(self) -> None:
         """Collects the last step, then waits until every probed step is on disk (and through the handlers)."""
         self.collect()
-        if self._session:
-            self._session.flush()
+        super().flush()
 
     def _detach(self) -> None:
         """Collects the last step, then gives the optimizer its own class back."""
@@ -213,12 +202,6 @@ class GradientMonitor:
         self._detach()
         if self._session:
             self._session.close()
-
-    def __enter__(self) -> "GradientMonitor":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.stop()
 
 
 def _stop_at_exit(monitor_ref: "weakref.ref[GradientMonitor]") -> None:

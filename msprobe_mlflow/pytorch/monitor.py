@@ -14,7 +14,7 @@ from torch.optim.optimizer import register_optimizer_step_pre_hook
 
 from msprobe_mlflow.background import StepHandler
 from msprobe_mlflow.config import GradProbeConfig
-from msprobe_mlflow.session import ProbeSession, load_config
+from msprobe_mlflow.session import ProbeSession, SessionMonitor, load_config
 from msprobe_mlflow.tracking.options import TrackingOptions
 from msprobe_mlflow.pytorch.distributed import current_rank, shared_run_id, world_size
 from msprobe_mlflow.pytorch.statistics import launch_step_statistics
@@ -25,7 +25,7 @@ logger = logging.getLogger("msprobe_mlflow")
 _monitored_models: dict[int, "GradientMonitor"] = {}
 
 
-class GradientMonitor:
+class GradientMonitor(SessionMonitor):
     """Probes gradients at every step of one optimizer, writes msprobe's dump and logs into MLflow.
 
     MLflow: into ``run_id``, else the active run (else ``MLFLOW_RUN_ID``); with none, the local dump only. Under
@@ -110,21 +110,6 @@ class GradientMonitor:
                                          bounds=self.config.bounds)
         self._session.submit(pending)
 
-    @property
-    def run_id(self) -> str | None:
-        """The MLflow run this monitor logs into (None: the local dump only)."""
-        return self._session.run_id if self._session else None
-
-    @property
-    def errors(self) -> list[str]:
-        """What the writer thread could not do (each also logged)."""
-        return self._session.errors if self._session else []
-
-    def flush(self) -> None:
-        """Waits until every probed step is on disk (and through the other handlers)."""
-        if self._session:
-            self._session.flush()
-
     def _remove_hook(self) -> None:
         if self._hook is not None:
             self._hook.remove()
@@ -137,12 +122,6 @@ class GradientMonitor:
         self._remove_hook()
         if self._session:
             self._session.close()
-
-    def __enter__(self) -> "GradientMonitor":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.stop()
 
 
 class PrecisionDebugger:
