@@ -14,6 +14,7 @@ from msprobe_mlflow.background import BackgroundStepWriter, PendingStep, StepHan
 from msprobe_mlflow.config import GradProbeConfig
 from msprobe_mlflow.dump import write_step
 from msprobe_mlflow.safe_paths import atomic_write_bytes
+from msprobe_mlflow.tracking.options import TrackingOptions
 
 DUMP_CONFIG_FILE_NAME = "msprobe_mlflow_config.json"
 
@@ -104,9 +105,22 @@ class ProbeSession:
 
 class SessionMonitor:
     """What both framework monitors offer on top of their one :class:`ProbeSession`; each adds ``monitor()``,
-    ``stop()`` (which must close the session) and its way of turning gradients into pending steps."""
+    ``stop()`` (which must close the session) and its way of turning gradients into pending steps.
 
-    _session: ProbeSession | None = None
+    MLflow: into ``run_id``, else the active run (else ``MLFLOW_RUN_ID``); with none, the local dump only;
+    ``log_to_mlflow=False`` turns it off. ``handlers`` run on the writer thread after the local dump for each
+    :class:`StepRecord`.
+    """
+
+    def __init__(self, config: GradProbeConfig | str | os.PathLike | dict, *, run_id: str | None = None,
+                 tracking_uri: str | None = None, log_every_n_steps: int = 1, param_metrics=(),
+                 log_to_mlflow: bool = True, silent: bool = False, handlers: list[StepHandler] = ()):
+        self.config = load_config(config)
+        self.tracking = TrackingOptions(run_id, tracking_uri, log_every_n_steps, param_metrics, silent) \
+            if log_to_mlflow else None
+        self.step = 0
+        self._extra_handlers = list(handlers)
+        self._session: ProbeSession | None = None
 
     @property
     def run_id(self) -> str | None:

@@ -20,13 +20,11 @@ import weakref
 
 from mindspore import nn
 
-from msprobe_mlflow.background import StepHandler
 from msprobe_mlflow.config import GradProbeConfig
 from msprobe_mlflow.mindspore.distributed import current_rank, world_size
 from msprobe_mlflow.mindspore.probe import GradientProbe, install_probe, installed_probe, remove_probe
 from msprobe_mlflow.records import record_from_statistics
-from msprobe_mlflow.session import ProbeSession, SessionMonitor, load_config
-from msprobe_mlflow.tracking.options import TrackingOptions
+from msprobe_mlflow.session import ProbeSession, SessionMonitor
 
 logger = logging.getLogger("msprobe_mlflow")
 
@@ -45,21 +43,16 @@ class GradientMonitor(SessionMonitor):
     steps counted so far (as of the last collection).
     """
 
-    def __init__(self, config: GradProbeConfig | str | os.PathLike | dict, *, run_id: str | None = None,
-                 tracking_uri: str | None = None, log_every_n_steps: int = 1, param_metrics=(),
-                 log_to_mlflow: bool = True, silent: bool = False, handlers: list[StepHandler] = ()):
-        self.config = load_config(config)
-        self.tracking = TrackingOptions(run_id, tracking_uri, log_every_n_steps, param_metrics, silent) \
-            if log_to_mlflow else None
-        self.step = 0
-        self._extra_handlers = list(handlers)
+    def __init__(self, config: GradProbeConfig | str | os.PathLike | dict, **options):
+        """``options``: ``run_id``, ``tracking_uri``, ``log_every_n_steps``, ``param_metrics``, ``log_to_mlflow``,
+        ``silent``, ``handlers`` (see :class:`SessionMonitor`)."""
+        super().__init__(config, **options)
         self._optimizer: nn.Cell | None = None
         self._probe: GradientProbe | None = None
         self._names: list[str] = []
         self._shapes: list[tuple[int, ...]] = []
         self._rank = 0
         self._last_probed_step = -1
-        self._session: ProbeSession | None = None
         self._failed_collections = 0
         self._lost_steps = 0
         self._first_step = 0

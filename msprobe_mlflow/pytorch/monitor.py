@@ -12,10 +12,8 @@ import warnings
 import torch
 from torch.optim.optimizer import register_optimizer_step_pre_hook
 
-from msprobe_mlflow.background import StepHandler
 from msprobe_mlflow.config import GradProbeConfig
-from msprobe_mlflow.session import ProbeSession, SessionMonitor, load_config
-from msprobe_mlflow.tracking.options import TrackingOptions
+from msprobe_mlflow.session import ProbeSession, SessionMonitor
 from msprobe_mlflow.pytorch.distributed import current_rank, shared_run_id, world_size
 from msprobe_mlflow.pytorch.statistics import launch_step_statistics
 
@@ -34,19 +32,14 @@ class GradientMonitor(SessionMonitor):
     Use as ``GradientMonitor(config).monitor(model, optimizer)`` ... ``stop()``, or as a context manager.
     """
 
-    def __init__(self, config: GradProbeConfig | str | os.PathLike | dict, *, run_id: str | None = None,
-                 tracking_uri: str | None = None, log_every_n_steps: int = 1, param_metrics=(),
-                 log_to_mlflow: bool = True, silent: bool = False, handlers: list[StepHandler] = ()):
-        self.config = load_config(config)
-        self.tracking = TrackingOptions(run_id, tracking_uri, log_every_n_steps, param_metrics, silent) \
-            if log_to_mlflow else None
-        self.step = 0
-        self._extra_handlers = list(handlers)
+    def __init__(self, config: GradProbeConfig | str | os.PathLike | dict, **options):
+        """``options``: ``run_id``, ``tracking_uri``, ``log_every_n_steps``, ``param_metrics``, ``log_to_mlflow``,
+        ``silent``, ``handlers`` (see :class:`SessionMonitor`)."""
+        super().__init__(config, **options)
         self._parameters: list[tuple[str, torch.nn.Parameter]] = []
         self._optimizer: torch.optim.Optimizer | None = None
         self._model_id: int | None = None
         self._hook = None
-        self._session: ProbeSession | None = None
         self._failed_steps = 0
 
     def monitor(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None) -> "GradientMonitor":
