@@ -24,6 +24,7 @@ from msprobe_mlflow import __version__
 from msprobe_mlflow.mindspore.api_check.metrics import ERROR, PASS, SKIP, Thresholds
 from msprobe_mlflow.mindspore.api_check.results import ApiCheckReport, ApiResult
 from msprobe_mlflow.tracking import TAG_PREFIX
+from msprobe_mlflow.tracking.experiments import experiment_id_for
 from msprobe_mlflow.tracking.keys import metric_key
 
 ARTIFACT_FOLDER = "api_check"
@@ -70,12 +71,7 @@ def resolve_target(experiment: str | None = None, parent_run_id: str | None = No
                                  f"(experiment ID {parent_experiment}); a nested run lives in its parent's "
                                  "experiment: leave the experiment out")
         return CheckRunTarget(client, parent_experiment, parent)
-    if experiment is not None:
-        found = client.get_experiment_by_name(experiment)
-        return CheckRunTarget(client, found.experiment_id if found else client.create_experiment(experiment), None)
-    from mlflow.tracking.fluent import _get_experiment_id  # honours MLFLOW_EXPERIMENT_NAME / _ID, set_experiment
-
-    return CheckRunTarget(client, _get_experiment_id(), None)
+    return CheckRunTarget(client, experiment_id_for(client, experiment), None)
 
 
 def log_api_check(report: ApiCheckReport, target: CheckRunTarget, *, api_info: Path, task: str,

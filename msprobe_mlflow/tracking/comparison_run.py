@@ -23,7 +23,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from mlflow.entities import Metric, Param, RunTag
-from mlflow.tracking.default_experiment import DEFAULT_EXPERIMENT_ID
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
@@ -32,6 +31,7 @@ from msprobe_mlflow.compare.engine import CompareInputError, DumpComparison, com
 from msprobe_mlflow.compare.verdict import DEFAULT_DROP_THRESHOLD, DEFAULT_FIRST_THRESHOLD, Verdict, check_thresholds
 from msprobe_mlflow.dump import indexed_children
 from msprobe_mlflow.tracking import TAG_PREFIX
+from msprobe_mlflow.tracking.experiments import experiment_id_for
 from msprobe_mlflow.tracking.keys import metric_key
 from msprobe_mlflow.tracking.run_dump import RunDumpListing, fetch_run_dump, list_run_dump
 from msprobe_mlflow.tracking.upload import log_metrics_batched
@@ -140,18 +140,11 @@ def local_dumps(source_a: ComparisonSource, source_b: ComparisonSource, client_f
 
 
 def _experiment_id(client: MlflowClient, experiment: str | None, sources: list[ComparisonSource]) -> str:
-    if experiment:
-        found = client.get_experiment_by_name(experiment)
-        return found.experiment_id if found else client.create_experiment(experiment)
-    for source in sources:
-        if source.listing:
-            return source.listing.run.info.experiment_id
-    import mlflow
-    from mlflow.tracking.fluent import _get_experiment_id  # honours MLFLOW_EXPERIMENT_NAME / _ID
-
-    if client.tracking_uri == mlflow.get_tracking_uri():
-        return _get_experiment_id()
-    return DEFAULT_EXPERIMENT_ID  # another store than the active one: its Default experiment
+    if not experiment:
+        for source in sources:
+            if source.listing:
+                return source.listing.run.info.experiment_id
+    return experiment_id_for(client, experiment)
 
 
 def _tags(comparison: DumpComparison, sources: list[ComparisonSource]) -> list[RunTag]:

@@ -23,6 +23,7 @@ from msprobe_mlflow.directions import PACKED_FILE_NAME, open_step_directions, re
 from msprobe_mlflow.dump import indexed_children, rank_dir, read_summary, step_dir, summary_csv_path, summary_steps
 from msprobe_mlflow.safe_paths import refuse_symlink
 from msprobe_mlflow.tracking import ARTIFACT_ROOT, TAG_PREFIX
+from msprobe_mlflow.tracking.experiments import experiment_id_for
 from msprobe_mlflow.progress import ProgressLine
 from msprobe_mlflow.session import DUMP_CONFIG_FILE_NAME
 from msprobe_mlflow.tracking.step_metrics import step_metrics
@@ -83,14 +84,7 @@ def _steps_with_csv_artifact(client: MlflowClient, run_id: str, rank: int) -> se
 
 
 def _new_run(client: MlflowClient, dump_path: Path, experiment: str | None) -> str:
-    from mlflow.tracking.fluent import _get_experiment_id  # honours MLFLOW_EXPERIMENT_NAME / _ID
-
-    if experiment:
-        found = client.get_experiment_by_name(experiment)
-        experiment_id = found.experiment_id if found else client.create_experiment(experiment)
-    else:
-        experiment_id = _get_experiment_id()
-    run = client.create_run(experiment_id, run_name=f"upload {dump_path.name}",
+    run = client.create_run(experiment_id_for(client, experiment), run_name=f"upload {dump_path.name}",
                             tags={f"{TAG_PREFIX}dump_path": str(dump_path.resolve()),
                                   f"{TAG_PREFIX}version": __version__, "mlflow.source.name": "msprobe-mlflow upload"})
     return run.info.run_id
