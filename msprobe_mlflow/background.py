@@ -62,11 +62,15 @@ class BackgroundStepWriter:
             self._report(f"could not collect a step's statistics: {e!r}")
             return
         for handler in self.handlers:
-            try:
-                handler(record)
-            except Exception as e:
-                self._report(f"{getattr(handler, '__qualname__', handler)} failed on rank {record.rank} "
-                             f"step {record.step}: {e!r}")
+            self.guarded(f"{getattr(handler, '__qualname__', handler)} failed on rank {record.rank} "
+                         f"step {record.step}", lambda: handler(record))
+
+    def guarded(self, failure: str, action: Callable[[], None]) -> None:
+        """Runs ``action``; an exception is logged and remembered in ``errors`` as ``failure``, never raised."""
+        try:
+            action()
+        except Exception as e:
+            self._report(f"{failure}: {e!r}")
 
     def _report(self, message: str) -> None:
         self.errors.append(message)

@@ -153,3 +153,12 @@ class GradProbeConfig:
         except json.JSONDecodeError as e:
             raise ValueError(f"{path}: not valid JSON ({e})") from e
         return cls.from_dict(data, source=str(path), **overrides)
+
+
+def load_config(config: GradProbeConfig | str | os.PathLike | dict) -> GradProbeConfig:
+    """A config given as the dataclass, a ``config.json`` path or its parsed dict."""
+    if isinstance(config, GradProbeConfig):
+        return config
+    if isinstance(config, dict):
+        return GradProbeConfig.from_dict(config)
+    return GradProbeConfig.from_json(config)

@@ -11,7 +11,10 @@ import sys
 import textwrap
 from pathlib import Path
 
+from types import SimpleNamespace
+
 import mindspore as ms
+
 import numpy as np
 import pytest
 from mindspore import Parameter, Tensor, mint, nn, ops
@@ -38,6 +41,11 @@ def mode(request):
     ms.set_context(mode=MODES[request.param])
     yield request.param
     ms.set_context(mode=previous)
+
+
+def sink_calling(handle) -> SimpleNamespace:
+    """The smallest sink: ``handle`` for each step, nothing to flush or close."""
+    return SimpleNamespace(handle=handle, flush=lambda: None, close=lambda: None)
 
 
 def use_mode(name: str) -> None:
@@ -355,7 +363,7 @@ def test_a_failing_handler_never_breaks_training(tmp_path):
 
     optimizer = nn.SGD(SmallCell().trainable_params(), learning_rate=0.0)
     monitor = GradientMonitor(config(tmp_path, level="L1"), log_to_mlflow=False,
-                              handlers=[broken_handler]).monitor(optimizer)
+                              sinks=[sink_calling(broken_handler)]).monitor(optimizer)
     step_with(optimizer, HAND_SET_GRADIENTS)
     step_with(optimizer, HAND_SET_GRADIENTS)
     with pytest.warns(UserWarning, match="2 write failure"):

@@ -7,6 +7,8 @@ import textwrap
 import threading
 import time
 
+from types import SimpleNamespace
+
 import numpy as np
 import pytest
 import torch
@@ -24,6 +26,11 @@ class TwoLayers(torch.nn.Module):
         super().__init__()
         self.fc1 = torch.nn.Linear(4, 3, dtype=dtype)
         self.fc2 = torch.nn.Linear(3, 2, bias=False, dtype=dtype)
+
+
+def sink_calling(handle) -> SimpleNamespace:
+    """The smallest sink: ``handle`` for each step, nothing to flush or close."""
+    return SimpleNamespace(handle=handle, flush=lambda: None, close=lambda: None)
 
 
 def start(dump_path, model, optimizer=None, **config) -> GradientMonitor:
@@ -417,7 +424,7 @@ def test_stop_writes_what_is_pending_then_no_step_is_probed(tmp_path):
     model = TwoLayers()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     monitor = GradientMonitor(GradProbeConfig(dump_path=str(tmp_path), level="L1"), log_to_mlflow=False,
-                              handlers=[slow_handler]).monitor(model, optimizer)
+                              sinks=[sink_calling(slow_handler)]).monitor(model, optimizer)
     for _ in range(3):
         set_grads(model, random_grads(model, np.random.default_rng(9)))
         optimizer.step()
@@ -534,7 +541,7 @@ def test_a_failing_handler_is_reported_and_the_local_dump_is_complete(tmp_path):
     model = TwoLayers()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     monitor = GradientMonitor(GradProbeConfig(dump_path=str(tmp_path), level="L1"), log_to_mlflow=False,
-                              handlers=[broken_handler]).monitor(model, optimizer)
+                              sinks=[sink_calling(broken_handler)]).monitor(model, optimizer)
     for _ in range(3):
         set_grads(model, random_grads(model, np.random.default_rng(13)))
         optimizer.step()
@@ -553,7 +560,7 @@ def test_errors_stay_readable_after_stop_also_those_of_steps_still_pending_at_st
     model = TwoLayers()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     monitor = GradientMonitor(GradProbeConfig(dump_path=str(tmp_path), level="L0"), log_to_mlflow=False,
-                              handlers=[broken_handler]).monitor(model, optimizer)
+                              sinks=[sink_calling(broken_handler)]).monitor(model, optimizer)
     optimizer.step()
     with pytest.warns(UserWarning):
         monitor.stop()
@@ -660,13 +667,14 @@ def run_python(code: str, cwd, timeout=120, env=None) -> subprocess.CompletedPro
 def test_interpreter_exit_writes_the_pending_steps(tmp_path):
     result = run_python(f"""
         import time, torch
+        from types import SimpleNamespace
         from msprobe_mlflow.config import GradProbeConfig
         from msprobe_mlflow.pytorch import GradientMonitor
         model = torch.nn.Linear(3, 2)
         optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-        slow = lambda record: time.sleep(0.3)
+        slow = SimpleNamespace(handle=lambda record: time.sleep(0.3), flush=lambda: None, close=lambda: None)
         GradientMonitor(GradProbeConfig(dump_path={str(tmp_path)!r}, level="L1"), log_to_mlflow=False,
-                        handlers=[slow]).monitor(model, optimizer)
+                        sinks=[slow]).monitor(model, optimizer)
         for _ in range(4):
             model(torch.ones(1, 3)).sum().backward()
             optimizer.step()

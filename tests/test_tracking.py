@@ -112,14 +112,15 @@ def test_autolog_logs_metrics_csv_tables_and_directions_for_every_step(experimen
 
 def test_autolog_disable_removes_the_hook_and_logs_nothing(experiment, tmp_path):
     hooks_before = len(torch.nn.modules.module._global_forward_pre_hooks)
-    msprobe_mlflow.autolog(dump_path=str(tmp_path / "dump"))
+    msprobe_mlflow.autolog(dump_path=str(tmp_path / "first"))
+    msprobe_mlflow.autolog(dump_path=str(tmp_path / "dump"))  # replaces the first call's hook
     assert len(torch.nn.modules.module._global_forward_pre_hooks) == hooks_before + 1
     msprobe_mlflow.autolog(disable=True)
     assert len(torch.nn.modules.module._global_forward_pre_hooks) == hooks_before
     with mlflow.start_run() as run:
         train(small_model(), 2)
     assert MlflowClient().get_run(run.info.run_id).data.metrics == {}
-    assert not (tmp_path / "dump").exists()
+    assert not (tmp_path / "dump").exists() and not (tmp_path / "first").exists()
 
 
 def _train_into_deleted_run(tmp_path, silent: bool):

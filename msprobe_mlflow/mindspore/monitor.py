@@ -13,9 +13,7 @@ from __future__ import annotations
 
 import atexit
 import functools
-import logging
 import os
-import warnings
 import weakref
 
 from mindspore import nn
@@ -23,10 +21,9 @@ from mindspore import nn
 from msprobe_mlflow.config import GradProbeConfig
 from msprobe_mlflow.mindspore.distributed import current_rank, world_size
 from msprobe_mlflow.mindspore.probe import GradientProbe, install_probe, installed_probe, remove_probe
+from msprobe_mlflow.monitoring import SessionMonitor
 from msprobe_mlflow.records import record_from_statistics
-from msprobe_mlflow.session import ProbeSession, SessionMonitor
-
-logger = logging.getLogger("msprobe_mlflow")
+from msprobe_mlflow.session import RankPolicy
 
 IDLE_COLLECTIONS_BEFORE_WARNING = 3
 # optimizer id -> the monitor probing it, so two monitors never probe one optimizer by accident.
@@ -37,23 +34,21 @@ class GradientMonitor(SessionMonitor):
     """Probes the gradients an optimizer receives at each of its steps, writes msprobe's dump and logs into MLflow.
 
     MLflow: into ``run_id``, else the active run (else ``MLFLOW_RUN_ID``); with none, the local dump only.
-    ``log_to_mlflow=False`` turns MLflow off. ``handlers`` run on the writer thread after the local dump for each
-    :class:`StepRecord`. Use as ``GradientMonitor(config).monitor(optimizer)`` ... ``stop()``, or as a context
+    ``log_to_mlflow=False`` turns MLflow off. More outputs: ``metrics_file``, ``sinks`` (see
+    :class:`SessionMonitor`). Use as ``GradientMonitor(config).monitor(optimizer)`` ... ``stop()``, or as a context
     manager; in graph mode add ``monitor.collect()`` after each train step. ``step`` is the number of optimizer
     steps counted so far (as of the last collection).
     """
 
     def __init__(self, config: GradProbeConfig | str | os.PathLike | dict, **options):
         """``options``: ``run_id``, ``tracking_uri``, ``log_every_n_steps``, ``param_metrics``, ``log_to_mlflow``,
-        ``silent``, ``handlers`` (see :class:`SessionMonitor`)."""
+        ``silent``, ``metrics_file``, ``sinks`` (see :class:`SessionMonitor`)."""
         super().__init__(config, **options)
         self._optimizer: nn.Cell | None = None
         self._probe: GradientProbe | None = None
         self._names: list[str] = []
         self._shapes: list[tuple[int, ...]] = []
-        self._rank = 0
         self._last_probed_step = -1
-        self._failed_collections = 0
         self._lost_steps = 0
         self._first_step = 0
         self._idle_collections = 0
@@ -76,32 +71,29 @@ class GradientMonitor(SessionMonitor):
         if installed_probe(optimizer) is not None:
             raise ValueError("this optimizer is already probed (by a monitor that was never stopped)")
         if getattr(optimizer, "msprobe_mlflow_probe", None) is not None:
-            warnings.warn("msprobe-mlflow: this optimizer was monitored before; graphs compiled then (a "
-                          "TrainOneStepCell in GRAPH_MODE, a @jit train step) keep that stopped probe and do not "
-                          "feed this monitor: build the training cell or jit function again")
+            self.notices.warn("this optimizer was monitored before; graphs compiled then (a TrainOneStepCell in "
+                              "GRAPH_MODE, a @jit train step) keep that stopped probe and do not feed this monitor: "
+                              "build the training cell or jit function again")
         self._detach()
-        self._rank = current_rank()
         if self._session is None or self._session.closed:  # first: a bad dump_path fails before the optimizer changes
-            self._session = ProbeSession(self.config, framework="mindspore", rank=self._rank,
-                                         world_size=world_size(), tracking=self.tracking,
-                                         handlers=self._extra_handlers)
+            self._session = self._open_session("mindspore", RankPolicy.of(self.config, current_rank(), world_size()))
+        ranks = self._session.ranks
         parameters = list(optimizer.parameters)
         selected = [(i, p) for i, p in enumerate(parameters) if self.config.wants_param(p.name)]
         missing = set(self.config.param_list) - {p.name for p in parameters}
         if missing:
-            warnings.warn(f"grad_probe.param_list names parameters the optimizer does not have: {sorted(missing)}")
+            self.notices.warn(f"grad_probe.param_list names parameters the optimizer does not have: {sorted(missing)}")
         self._names = [p.name for _, p in selected]
         self._shapes = [tuple(p.shape) for _, p in selected]
         probe = GradientProbe([self.config.wants_param(p.name) for p in parameters],
                               [tuple(p.shape) for p in parameters], level=self.config.level,
                               bounds=self.config.bounds, steps=self.config.step, first_step=self.step,
-                              rank_wanted=self.config.wants_rank(self._rank))
+                              rank_wanted=ranks.probes)
         try:
             probe.check_compiles([p.dtype for _, p in selected])
         except Exception as e:  # observability must never break training: the optimizer stays untouched
-            logger.exception("msprobe-mlflow: the gradient probe does not compile for this optimizer")
-            warnings.warn(f"msprobe-mlflow: the gradient probe does not compile for this optimizer ({e!r}); "
-                          f"gradients are not monitored, training goes on")
+            self.notices.failure("compile", f"the gradient probe does not compile for this optimizer ({e!r}); "
+                                            f"gradients are not monitored")
             return self
         self._probe = probe
         self._optimizer = optimizer
@@ -128,7 +120,7 @@ class GradientMonitor(SessionMonitor):
             if probed_step > self._last_probed_step:
                 statistics, signs, values = probe.read()
                 self._session.submit(functools.partial(
-                    record_from_statistics, rank=self._rank, step=probed_step, level=self.config.level,
+                    record_from_statistics, rank=self._session.ranks.rank, step=probed_step, level=self.config.level,
                     bounds=self.config.bounds, names=self._names, shapes=self._shapes, statistics=statistics,
                     signs=signs, float32_values=values))
             self._count_lost_steps(steps_run, probed_step)
@@ -136,26 +128,24 @@ class GradientMonitor(SessionMonitor):
             self._last_probed_step = max(self._last_probed_step, probed_step)
             self.step = steps_run
         except Exception as e:  # observability must never break training
-            self._failed_collections += 1
-            logger.exception("msprobe-mlflow: collecting step %d failed", self.step)
-            if self._failed_collections == 1:
-                warnings.warn(f"msprobe-mlflow: collecting the gradient statistics failed ({e!r}); training goes on")
+            self.notices.failure("collect", f"collecting the gradient statistics of step {self.step} failed ({e!r})")
 
     def _count_lost_steps(self, steps_run: int, probed_step: int) -> None:
         """Steps between the last collection and this one that were wanted but are not the one in the buffers."""
-        if not self.config.wants_rank(self._rank) or steps_run <= self.step:
+        if not self._session.ranks.probes or steps_run <= self.step:
             return
         new_steps = range(self.step, steps_run)
         wanted = len(new_steps) if not self.config.step else sum(s in new_steps for s in set(self.config.step))
         lost = wanted - (1 if probed_step in new_steps else 0)
         if lost > 0:
             self._lost_steps += lost
-            logger.warning("msprobe-mlflow: %d probed step(s) before step %d were overwritten before collect()",
-                           lost, probed_step)
+            message = (f"{lost} probed step(s) between steps {self.step} and {steps_run - 1} were overwritten before "
+                       f"they were collected; when the optimizer runs inside a compiled graph, call "
+                       f"monitor.collect() after each train step")
             if self._lost_steps == lost:
-                warnings.warn(f"msprobe-mlflow: {lost} probed step(s) between steps {self.step} and "
-                              f"{steps_run - 1} were overwritten before they were collected; when the optimizer runs "
-                              f"inside a compiled graph, call monitor.collect() after each train step")
+                self.notices.warn(message)
+            else:
+                self.notices.log(message)
 
     def _warn_if_never_run(self, steps_run: int) -> None:
         """A graph compiled before ``monitor()`` keeps running the optimizer without the probe: say so once."""
@@ -163,7 +153,7 @@ class GradientMonitor(SessionMonitor):
             return
         self._idle_collections += 1
         if self._idle_collections == IDLE_COLLECTIONS_BEFORE_WARNING:
-            warnings.warn(f"msprobe-mlflow: collect() ran {IDLE_COLLECTIONS_BEFORE_WARNING} times and the monitored "
+            self.notices.warn(f"collect() ran {IDLE_COLLECTIONS_BEFORE_WARNING} times and the monitored "
                           f"optimizer has not run a step with the probe; a graph compiled before monitor() (a "
                           f"TrainOneStepCell that already ran, a jit function already called) runs it without the "
                           f"probe: call monitor() before the first train step")
@@ -174,7 +164,7 @@ class GradientMonitor(SessionMonitor):
         return self._lost_steps
 
     def flush(self) -> None:
-        """Collects the last step, then waits until every probed step is on disk (and through the handlers)."""
+        """Collects the last step, then waits until every probed step is on disk and delivered by every sink."""
         self.collect()
         super().flush()
 

@@ -5,19 +5,16 @@ Unlike msprobe 1.0.3, the step counter counts the monitored optimizer's steps on
 """
 from __future__ import annotations
 
-import logging
 import os
-import warnings
 
 import torch
 from torch.optim.optimizer import register_optimizer_step_pre_hook
 
 from msprobe_mlflow.config import GradProbeConfig
-from msprobe_mlflow.session import ProbeSession, SessionMonitor
+from msprobe_mlflow.monitoring import SessionMonitor
 from msprobe_mlflow.pytorch.distributed import current_rank, shared_run_id, world_size
 from msprobe_mlflow.pytorch.statistics import launch_step_statistics
-
-logger = logging.getLogger("msprobe_mlflow")
+from msprobe_mlflow.session import RankPolicy
 
 # model id -> the monitor watching it, so two monitors never probe one model by accident.
 _monitored_models: dict[int, "GradientMonitor"] = {}
@@ -28,19 +25,17 @@ class GradientMonitor(SessionMonitor):
 
     MLflow: into ``run_id``, else the active run (else ``MLFLOW_RUN_ID``); with none, the local dump only. Under
     torch.distributed, every rank logs into rank 0's run (call ``monitor()`` on every rank). ``log_to_mlflow=False``
-    turns MLflow off. ``handlers`` run on the writer thread after the local dump for each :class:`StepRecord`.
-    Use as ``GradientMonitor(config).monitor(model, optimizer)`` ... ``stop()``, or as a context manager.
+    turns MLflow off. More outputs: ``metrics_file``, ``sinks`` (see :class:`SessionMonitor`). Use as ``GradientMonitor(config).monitor(model, optimizer)`` ... ``stop()``, or as a context manager.
     """
 
     def __init__(self, config: GradProbeConfig | str | os.PathLike | dict, **options):
         """``options``: ``run_id``, ``tracking_uri``, ``log_every_n_steps``, ``param_metrics``, ``log_to_mlflow``,
-        ``silent``, ``handlers`` (see :class:`SessionMonitor`)."""
+        ``silent``, ``metrics_file``, ``sinks`` (see :class:`SessionMonitor`)."""
         super().__init__(config, **options)
         self._parameters: list[tuple[str, torch.nn.Parameter]] = []
         self._optimizer: torch.optim.Optimizer | None = None
         self._model_id: int | None = None
         self._hook = None
-        self._failed_steps = 0
 
     def monitor(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None) -> "GradientMonitor":
         """Starts probing ``model``'s gradients at each ``optimizer.step()``.
@@ -53,13 +48,12 @@ class GradientMonitor(SessionMonitor):
             raise ValueError("this model is already monitored by another GradientMonitor; call its stop() first")
         self._remove_hook()
         if self._session is None or self._session.closed:  # first: a bad dump_path fails before any hook exists
-            self._session = ProbeSession(self.config, framework="pytorch", rank=current_rank(),
-                                         world_size=world_size(), tracking=self.tracking,
-                                         share_run_id=shared_run_id, handlers=self._extra_handlers)
+            self._session = self._open_session("pytorch", RankPolicy.of(self.config, current_rank(), world_size()),
+                                               shared_run_id)
         self._parameters = [(n, p) for n, p in model.named_parameters() if self.config.wants_param(n)]
         missing = set(self.config.param_list) - {n for n, _ in model.named_parameters()}
         if missing:
-            warnings.warn(f"grad_probe.param_list names parameters the model does not have: {sorted(missing)}")
+            self.notices.warn(f"grad_probe.param_list names parameters the model does not have: {sorted(missing)}")
         self._optimizer = optimizer
         self._model_id = id(model)
         _monitored_models[self._model_id] = self
@@ -79,15 +73,12 @@ class GradientMonitor(SessionMonitor):
         if optimizer is not self._optimizer:
             return
         step, self.step = self.step, self.step + 1
+        ranks = self._session.ranks
         try:
-            rank = current_rank()
-            if self.config.wants_step(step) and self.config.wants_rank(rank):
-                self._probe(rank, step)
+            if self.config.wants_step(step) and ranks.probes:
+                self._probe(ranks.rank, step)
         except Exception as e:  # observability must never break training
-            self._failed_steps += 1
-            logger.exception("msprobe-mlflow: probing step %d failed", step)
-            if self._failed_steps == 1:
-                warnings.warn(f"msprobe-mlflow: probing step {step} failed ({e!r}); training goes on")
+            self.notices.failure("probe", f"probing step {step} failed ({e!r})")
 
     def _probe(self, rank: int, step: int) -> None:
         names, grads = [], []

@@ -16,23 +16,22 @@ from pathlib import Path
 
 import mlflow
 from mlflow import MlflowClient
-from mlflow.entities import Metric, Param
+from mlflow.entities import Metric
 from mlflow.utils.mlflow_tags import MLFLOW_PARENT_RUN_ID, MLFLOW_RUN_NAME
-from mlflow.utils.time import get_current_time_millis
+from mlflow.utils.validation import MAX_TAG_VAL_LENGTH
 
 from msprobe_mlflow import __version__
 from msprobe_mlflow.mindspore.api_check.metrics import ERROR, PASS, SKIP, Thresholds
 from msprobe_mlflow.mindspore.api_check.results import ApiCheckReport, ApiResult
 from msprobe_mlflow.tracking import TAG_PREFIX
+from msprobe_mlflow.metrics import metric_key
 from msprobe_mlflow.tracking.experiments import experiment_id_for
-from msprobe_mlflow.tracking.keys import metric_key
+from msprobe_mlflow.tracking.runs import clipped, created_run, log_batched, now_ms, param
 
 ARTIFACT_FOLDER = "api_check"
 TASK_TAG = f"{TAG_PREFIX}api_check.task"
 METRIC_FIELDS = ("cosine", "max_abs_err", "max_relative_err")
-# MLflow's limits per log_batch request (1000 values in all, at most 100 params), and what we keep of a value.
-MAX_PARAMS_PER_BATCH, MAX_VALUES_PER_BATCH = 100, 1000
-MAX_TAG_LENGTH, MAX_PARAM_LENGTH = 5000, 500
+MAX_RUN_NAME_LENGTH = 500  # a run name beyond this is unreadable in the UI's run list
 
 
 def summary_metrics(report: ApiCheckReport) -> dict[str, float]:
@@ -85,26 +84,21 @@ def log_api_check(report: ApiCheckReport, target: CheckRunTarget, *, api_info: P
         tags[MLFLOW_PARENT_RUN_ID] = target.parent_run_id
     params = {"api_info": str(api_info), "task": task, "cosine_threshold": thresholds.cosine,
               "max_abs_threshold": thresholds.max_abs_err, "api_filter": api_filter or "", "nested": nested}
-    run_id = client.create_run(target.experiment_id, tags=tags).info.run_id
-    try:
-        _log_batch(client, run_id, summary_metrics(report), params)
+    with created_run(client, target.experiment_id, tags=tags) as run_id:
+        _log_values(client, run_id, summary_metrics(report), params)
         for csv_path in (report.details_csv, report.result_csv):
             if csv_path is not None:
                 client.log_artifact(run_id, str(csv_path), ARTIFACT_FOLDER)
         if nested:
             for result in report.results:
                 _log_api_run(client, target.experiment_id, run_id, result)
-    except BaseException:
-        client.set_terminated(run_id, "FAILED")
-        raise
-    client.set_terminated(run_id, "FINISHED")
     return run_id
 
 
 def _log_api_run(client: MlflowClient, experiment_id: str, parent_run_id: str, result: ApiResult) -> None:
-    tags = {MLFLOW_PARENT_RUN_ID: parent_run_id, MLFLOW_RUN_NAME: _clip(result.name, MAX_PARAM_LENGTH),
-            "api_name": _clip(result.name, MAX_TAG_LENGTH), "status": result.status,
-            "message": _clip(result.message, MAX_TAG_LENGTH)}
+    tags = {MLFLOW_PARENT_RUN_ID: parent_run_id, MLFLOW_RUN_NAME: clipped(result.name, MAX_RUN_NAME_LENGTH),
+            "api_name": clipped(result.name, MAX_TAG_VAL_LENGTH), "status": result.status,
+            "message": clipped(result.message, MAX_TAG_VAL_LENGTH)}
     for side_name, side in (("forward", result.forward), ("backward", result.backward)):
         if side is not None:
             tags[f"{side_name}_status"] = side.status
@@ -115,24 +109,14 @@ def _log_api_run(client: MlflowClient, experiment_id: str, parent_run_id: str, r
             value = getattr(row, field_name)
             if value is not None:
                 metrics[f"{relative_name}.{field_name}"] = value
-    run = client.create_run(experiment_id, tags=tags)
-    _log_batch(client, run.info.run_id, metrics, result.inputs)
-    client.set_terminated(run.info.run_id, "FINISHED")
+    with created_run(client, experiment_id, tags=tags) as run_id:
+        _log_values(client, run_id, metrics, result.inputs)
 
 
-def _log_batch(client: MlflowClient, run_id: str, metrics: dict[str, float], params: dict[str, object]) -> None:
+def _log_values(client: MlflowClient, run_id: str, metrics: dict[str, float], params: dict[str, object]) -> None:
     """Metrics and params in as few ``log_batch`` requests as MLflow's limits allow (one, usually). Keys go
     through ``metric_key`` (a dump's kwarg names are untrusted)."""
-    timestamp = get_current_time_millis()
-    metric_entities = [Metric(metric_key(key), float(value), timestamp, 0) for key, value in metrics.items()]
-    param_entities = list({metric_key(key): Param(metric_key(key), _clip(str(value), MAX_PARAM_LENGTH))
-                           for key, value in params.items()}.values())
-    while metric_entities or param_entities:
-        params_now = param_entities[:MAX_PARAMS_PER_BATCH]
-        metrics_now = metric_entities[:MAX_VALUES_PER_BATCH - len(params_now)]
-        client.log_batch(run_id, metrics=metrics_now, params=params_now, synchronous=True)
-        param_entities, metric_entities = param_entities[len(params_now):], metric_entities[len(metrics_now):]
-
-
-def _clip(text: str, limit: int) -> str:
-    return text if len(text) <= limit else text[: limit - 3] + "..."
+    timestamp = now_ms()
+    log_batched(client, run_id,
+                metrics=[Metric(metric_key(key), float(value), timestamp, 0) for key, value in metrics.items()],
+                params=list({metric_key(key): param(metric_key(key), value) for key, value in params.items()}.values()))

@@ -5,7 +5,8 @@ whose forward runs while a run is active (a model's forward starts before its ch
 :class:`GradientMonitor` on it, which binds to the first optimizer that steps its parameters. Modules inside a
 monitored model, or without parameters, are remembered and cost one set lookup per forward afterwards.
 ``mlflow.end_run()`` (patched with MLflow's ``safe_patch``) stops the run's monitors first, so the run ends with
-every step uploaded. ``disable=True`` removes the hook and the patches, as for MLflow's own integrations.
+every step uploaded. ``disable=True`` removes the hook and the patches, as for MLflow's own integrations; so does a
+second ``autolog()`` call before it installs its own.
 """
 from __future__ import annotations
 
@@ -16,12 +17,10 @@ import mlflow
 import mlflow.tracking.fluent
 import torch
 from mlflow.utils.autologging_utils import autologging_integration, get_autologging_config, safe_patch
-from mlflow.utils.autologging_utils.safety import _AUTOLOGGING_CLEANUP_CALLBACKS
 
-from msprobe_mlflow.config import DEFAULT_BOUNDS, GradProbeConfig
+from msprobe_mlflow.config import DEFAULT_BOUNDS, GradProbeConfig, load_config
 from msprobe_mlflow.pytorch.distributed import is_distributed, shared_run_id
 from msprobe_mlflow.pytorch.monitor import GradientMonitor, _monitored_models
-from msprobe_mlflow.session import load_config
 
 FLAVOR_NAME = "msprobe_mlflow"
 DEFAULT_DUMP_PATH = "msprobe_dump"
@@ -29,14 +28,16 @@ logger = logging.getLogger("msprobe_mlflow")
 
 
 class _AutologState:
-    """The monitors autolog started, and which modules it has already looked at."""
+    """The hook autolog installed, the monitors it started, and which modules it has already looked at."""
 
-    def __init__(self, config: GradProbeConfig, log_every_n_steps: int, param_metrics):
+    def __init__(self, config: GradProbeConfig, log_every_n_steps: int, param_metrics, metrics_file: bool):
         self.config = config
         self.log_every_n_steps = log_every_n_steps
         self.param_metrics = param_metrics
+        self.metrics_file = metrics_file
         self.monitors: list[GradientMonitor] = []
         self.seen: set[int] = set()
+        self.hook = torch.nn.modules.module.register_module_forward_pre_hook(self.on_forward)
 
     def on_forward(self, module: torch.nn.Module, args) -> None:
         if id(module) in self.seen:
@@ -57,7 +58,7 @@ class _AutologState:
         run_id = shared_run_id(active.info.run_id if active else None)
         config = self.config.replace(dump_path=os.path.join(self.config.dump_path, run_id or "no-run"))
         monitor = GradientMonitor(config, run_id=run_id, log_every_n_steps=self.log_every_n_steps,
-                                  param_metrics=self.param_metrics,
+                                  param_metrics=self.param_metrics, metrics_file=self.metrics_file,
                                   silent=get_autologging_config(FLAVOR_NAME, "silent", False))
         self.monitors.append(monitor.monitor(module))
         self.seen.update(id(m) for m in module.modules())
@@ -68,11 +69,17 @@ class _AutologState:
         for monitor in monitors:
             monitor.stop()
 
+    def teardown(self) -> None:
+        self.hook.remove()
+        self.stop_monitors()
 
-@autologging_integration(FLAVOR_NAME)
+
+_installed: _AutologState | None = None
+
+
 def autolog(config: GradProbeConfig | str | os.PathLike | dict | None = None, *, level: str | None = None,
             bounds=None, dump_path: str | None = None, log_every_n_steps: int = 1, param_metrics=None,
-            disable: bool = False, silent: bool = False) -> None:
+            metrics_file: bool = False, disable: bool = False, silent: bool = False) -> None:
     """Probes the gradients of every PyTorch model trained inside ``mlflow.start_run()`` into that run.
 
     Args:
@@ -81,9 +88,24 @@ def autolog(config: GradProbeConfig | str | os.PathLike | dict | None = None, *,
             Each run's local dump goes to ``{dump_path}/{run_id}``.
         log_every_n_steps: send every n-th probed step to MLflow (the local dump keeps every step).
         param_metrics: parameter names or glob patterns (``"layers.0.*"``) that also get per-parameter metrics.
+        metrics_file: also append each step's summary metrics to ``{dump}/rank{R}/metrics.jsonl``.
         disable: remove the hook and the patches; monitors already running are stopped (flushed).
         silent: no warnings from msprobe-mlflow; problems go to the ``msprobe_mlflow`` logger only.
     """
+    global _installed
+    if _installed is not None:  # MLflow's wrapper reverts the patches; the hook and the monitors are ours to undo
+        _installed.teardown()
+        _installed = None
+    _integration(config, level=level, bounds=bounds, dump_path=dump_path, log_every_n_steps=log_every_n_steps,
+                 param_metrics=param_metrics, metrics_file=metrics_file, disable=disable, silent=silent)
+
+
+@autologging_integration(FLAVOR_NAME)
+def _integration(config, *, level, bounds, dump_path, log_every_n_steps, param_metrics, metrics_file,
+                 disable: bool = False, silent: bool = False) -> None:
+    """MLflow's side of :func:`autolog`: stores the configuration, reverts earlier patches and, unless ``disable``,
+    runs this body, which installs the hook and the patches."""
+    global _installed
     overrides = {key: value for key, value in (("level", level), ("bounds", bounds), ("dump_path", dump_path))
                  if value is not None}
     if config is None:
@@ -91,8 +113,7 @@ def autolog(config: GradProbeConfig | str | os.PathLike | dict | None = None, *,
                                source="autolog()")
     else:
         base = load_config(config).replace(**overrides)
-    state = _AutologState(base, log_every_n_steps, param_metrics or ())
-    handle = torch.nn.modules.module.register_module_forward_pre_hook(state.on_forward)
+    state = _installed = _AutologState(base, log_every_n_steps, param_metrics or (), metrics_file)
 
     def end_run_after_monitors(original, *args, **kwargs):
         state.stop_monitors()
@@ -100,9 +121,3 @@ def autolog(config: GradProbeConfig | str | os.PathLike | dict | None = None, *,
 
     safe_patch(FLAVOR_NAME, mlflow.tracking.fluent, "end_run", end_run_after_monitors)
     safe_patch(FLAVOR_NAME, mlflow, "end_run", end_run_after_monitors)
-
-    def teardown() -> None:
-        handle.remove()
-        state.stop_monitors()
-
-    _AUTOLOGGING_CLEANUP_CALLBACKS.setdefault(FLAVOR_NAME, []).append(teardown)

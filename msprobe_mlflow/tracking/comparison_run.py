@@ -18,11 +18,10 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from mlflow.entities import Metric, Param, RunTag
+from mlflow.entities import Metric, RunTag
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
@@ -31,15 +30,13 @@ from msprobe_mlflow.compare.engine import CompareInputError, DumpComparison, com
 from msprobe_mlflow.compare.verdict import DEFAULT_DROP_THRESHOLD, DEFAULT_FIRST_THRESHOLD, Verdict, check_thresholds
 from msprobe_mlflow.dump import indexed_children
 from msprobe_mlflow.tracking import TAG_PREFIX
+from msprobe_mlflow.metrics import metric_key
 from msprobe_mlflow.tracking.experiments import experiment_id_for
-from msprobe_mlflow.tracking.keys import metric_key
 from msprobe_mlflow.tracking.run_dump import RunDumpListing, fetch_run_dump, list_run_dump
-from msprobe_mlflow.tracking.upload import log_metrics_batched
+from msprobe_mlflow.tracking.runs import created_run, log_batched, now_ms, param, tag
 
 COMPARE_TAG_PREFIX = f"{TAG_PREFIX}compare."
 ARTIFACT_FOLDER = "grad_compare"
-MAX_TAG_VALUE_LENGTH = 5000  # MLflow accepts 8000
-MAX_TAGS_PER_REQUEST = 100  # MLflow's limit per log_batch
 
 
 @dataclass
@@ -164,11 +161,11 @@ def _tags(comparison: DumpComparison, sources: list[ComparisonSource]) -> list[R
             tags[f"{COMPARE_TAG_PREFIX}rank{rank.rank}.first_suspicious_step"] = str(rank.first_suspicious_step)
             names = ", ".join(f"{t.name} (fell {t.fall:.4f})" for t in rank.parameter_trips)
             tags[f"{COMPARE_TAG_PREFIX}rank{rank.rank}.suspicious_parameters"] = names
-    return [RunTag(key, value[:MAX_TAG_VALUE_LENGTH]) for key, value in tags.items()]
+    return [tag(key, value) for key, value in tags.items()]
 
 
 def _metrics(comparison: DumpComparison) -> list[Metric]:
-    now = int(time.time() * 1000)
+    now = now_ms()
     verdict = comparison.verdict
     metrics = [Metric(metric_key("summary_similarity", f"rank{r.rank}"), value, now, step)
                for r in comparison.ranks for step, value in zip(r.steps, r.summary)]
@@ -190,22 +187,13 @@ def log_comparison_run(client: MlflowClient, comparison: DumpComparison, sources
     experiment IDs."""
     experiment_id = _experiment_id(client, experiment, sources)
     run_name = run_name or f"compare {sources[0].label} vs {sources[1].label}"
-    run = client.create_run(experiment_id, run_name=run_name)
-    run_id = run.info.run_id
-    try:
+    with created_run(client, experiment_id, run_name=run_name) as run_id:
         verdict = comparison.verdict
-        client.log_batch(run_id, params=[Param("first_threshold", str(verdict.first_threshold)),
-                                         Param("drop_threshold", str(verdict.drop_threshold))], synchronous=True)
-        tags = _tags(comparison, sources)
-        for start in range(0, len(tags), MAX_TAGS_PER_REQUEST):
-            client.log_batch(run_id, tags=tags[start:start + MAX_TAGS_PER_REQUEST], synchronous=True)
-        log_metrics_batched(client, run_id, _metrics(comparison))
+        log_batched(client, run_id, metrics=_metrics(comparison), tags=_tags(comparison, sources),
+                    params=[param("first_threshold", verdict.first_threshold),
+                            param("drop_threshold", verdict.drop_threshold)])
         if comparison.output_dir is not None:
             client.log_artifacts(run_id, str(comparison.output_dir), ARTIFACT_FOLDER)
-    except BaseException:
-        client.set_terminated(run_id, "FAILED")
-        raise
-    client.set_terminated(run_id, "FINISHED")
     return run_id, experiment_id
 
 

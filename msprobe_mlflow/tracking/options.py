@@ -15,7 +15,6 @@ class TrackingOptions:
     tracking_uri: str | None = None
     log_every_n_steps: int = 1
     param_metrics: tuple[str, ...] = ()
-    silent: bool = False
 
     def __post_init__(self):
         if isinstance(self.log_every_n_steps, bool) or not isinstance(self.log_every_n_steps, int) \

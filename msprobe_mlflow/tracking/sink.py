@@ -1,8 +1,8 @@
 """The live MLflow sink: each probed step's metrics and files, sent from a thread of its own.
 
 Policy when MLflow is slower than training or unreachable: the local dump is always complete (it is written
-before the sink sees a step). The sink's queue holds step numbers only, at most ``max_pending``; it sends at
-most one round a second, draining everything queued at once (one ``log_batch`` for many steps); a step that does
+before the sink sees a step). The sink's queue holds each step's few summary metrics, at most ``max_pending``
+steps; it sends at most one round a second, draining everything queued at once (one ``log_batch`` for many steps); a step that does
 not fit in the queue or whose request failed is remembered as unsent, and ``close()`` sends the unsent steps
 with the same idempotent code as ``msprobe-mlflow upload``. What still cannot be sent is named in a warning with
 the command that completes it.
@@ -15,70 +15,93 @@ training goes on with the local dump only.
 from __future__ import annotations
 
 import json
-import logging
 import os
 import queue
 import tempfile
 import threading
 import time
-import warnings
 from pathlib import Path
+from typing import Callable
 
-from mlflow.entities import Param, RunTag
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
 from msprobe_mlflow import __version__
 from msprobe_mlflow.config import GradProbeConfig
+from msprobe_mlflow.metrics import record_metrics
+from msprobe_mlflow.notices import Notices
 from msprobe_mlflow.records import StepRecord
+from msprobe_mlflow.session import RankPolicy
 from msprobe_mlflow.tracking import ARTIFACT_ROOT, TAG_PREFIX
 from msprobe_mlflow.tracking.options import TrackingOptions
-from msprobe_mlflow.tracking.upload import log_metrics_batched, metrics_for_step, upload_dump, upload_step_files
+from msprobe_mlflow.tracking.runs import log_batched, now_ms, param, tag
+from msprobe_mlflow.tracking.upload import metric_entities, upload_dump, upload_step_files
 
-logger = logging.getLogger("msprobe_mlflow")
 RANK_WAIT_SECONDS = float(os.environ.get("MSPROBE_MLFLOW_RANK_WAIT_SECONDS", "120"))
 START_CHECK_SECONDS = float(os.environ.get("MSPROBE_MLFLOW_START_CHECK_SECONDS", "10"))
 # Each round of requests costs the tracking store a commit (10-15 ms of CPU with SQLite): with fast steps, one
 # round per step costs more than the step itself (benchmarks/), so steps are gathered for up to a second.
 SEND_INTERVAL_SECONDS = 1.0
 REFUSED_CREDENTIALS = ("UNAUTHENTICATED", "PERMISSION_DENIED")  # MLflow's error codes for HTTP 401 and 403
+_CLOSE, _FLUSH = object(), object()
 
 
 def rank_status_tag(rank: int) -> str:
     return f"{TAG_PREFIX}rank{rank}.status"
 
 
-class MlflowSink:
-    """A step handler (called on the writer thread after the local dump) that logs into one run, per rank."""
+def open_mlflow_sink(config: GradProbeConfig, ranks: RankPolicy, options: TrackingOptions, *, framework: str,
+                     share_run_id: Callable[[str | None], str | None], notices: Notices | None = None
+                     ) -> list["MlflowSink"]:
+    """The MLflow sink of this rank, in a list (empty when no run is found, or this rank does not log).
+    ``share_run_id`` turns this process's run ID into rank 0's: a collective, so every rank calls this."""
+    run_id = share_run_id(options.local_run_id())
+    if not run_id or not ranks.probes:
+        return []
+    return [MlflowSink(run_id, config, options, ranks, framework=framework, notices=notices)]
 
-    def __init__(self, run_id: str, config: GradProbeConfig, options: TrackingOptions, *, framework: str,
-                 rank: int, world_size: int, max_pending: int = 10_000):
+
+class MlflowSink:
+    """Logs one rank's steps into one run (see the module docstring for the policy)."""
+
+    def __init__(self, run_id: str, config: GradProbeConfig, options: TrackingOptions, ranks: RankPolicy, *,
+                 framework: str, notices: Notices | None = None, max_pending: int = 10_000):
         self.run_id = run_id
         self.config = config
         self.options = options
+        self.ranks = ranks
+        self.rank = ranks.rank
         self.framework = framework
-        self.rank = rank
-        self.world_size = world_size
+        self.notices = notices or Notices()
         self.client = MlflowClient(options.tracking_uri)
         self.unsent_steps: set[int] = set()
         self._failure: str | None = None
         self._refused: str | None = None  # set when the server refused the credentials: nothing more is sent
         self._refusal_told = False
         self._start_checked = threading.Event()
-        self._closing = threading.Event()  # also wakes the worker from its wait between rounds
+        self._closing = threading.Event()
+        self._wake = threading.Event()  # ends the wait between rounds early: flush() and close()
         self._queue: queue.Queue = queue.Queue(maxsize=max_pending)
-        self._thread = threading.Thread(target=self._work, name=f"msprobe-mlflow-sink-rank{rank}", daemon=True)
+        self._thread = threading.Thread(target=self._work, name=f"msprobe-mlflow-sink-rank{self.rank}",
+                                        daemon=True)
         self._thread.start()
         self._start_checked.wait(START_CHECK_SECONDS)
         self._tell_refusal()
 
-    def __call__(self, record: StepRecord) -> None:
+    def handle(self, record: StepRecord) -> None:
         if self._refused or record.step % self.options.log_every_n_steps:
             return
         try:
-            self._queue.put_nowait(record.step)
+            self._queue.put_nowait((record.step, record_metrics(record, self.options.param_metrics)))
         except queue.Full:
             self.unsent_steps.add(record.step)
+
+    def flush(self) -> None:
+        """Waits until the steps handed in so far are sent, or remembered as unsent."""
+        if self._thread.is_alive():
+            self._queue.put(_FLUSH)
+            self._wake.set()
+            self._queue.join()
 
     # --- worker thread -------------------------------------------------------------------------------
     def _work(self) -> None:
@@ -89,23 +112,25 @@ class MlflowSink:
         last_round = 0.0
         while True:
             items = [self._queue.get()]
-            if items[0] is not None:  # at most one round of requests a second, unless closing
-                self._closing.wait(max(0.0, last_round + SEND_INTERVAL_SECONDS - time.monotonic()))
+            if items[0] not in (_CLOSE, _FLUSH):  # at most one round of requests a second, unless asked
+                self._wake.wait(max(0.0, last_round + SEND_INTERVAL_SECONDS - time.monotonic()))
+            self._wake.clear()
             last_round = time.monotonic()
             while True:  # coalesce everything queued meanwhile into one round of requests
                 try:
                     items.append(self._queue.get_nowait())
                 except queue.Empty:
                     break
-            steps = [s for s in items if s is not None]
+            steps = [item for item in items if item not in (_CLOSE, _FLUSH)]
             if steps:
+                numbers = [step for step, _ in steps]
                 if self._closing.is_set() and self._failure:  # no waiting on a dead server at exit: close() retries
-                    self.unsent_steps.update(steps)
-                elif not self._attempt(f"log steps {steps[0]}..{steps[-1]}", lambda: self._send(steps)):
-                    self.unsent_steps.update(steps)
+                    self.unsent_steps.update(numbers)
+                elif not self._attempt(f"log steps {numbers[0]}..{numbers[-1]}", lambda: self._send(steps)):
+                    self.unsent_steps.update(numbers)
             for _ in items:
                 self._queue.task_done()
-            if None in items:
+            if _CLOSE in items:
                 return
 
     def _attempt(self, what: str, action) -> bool:
@@ -114,14 +139,14 @@ class MlflowSink:
         except Exception as e:
             if isinstance(e, MlflowException) and e.error_code in REFUSED_CREDENTIALS:
                 self._refused = self._refusal_message(e)
-                logger.error("msprobe-mlflow: %s", self._refused)
+                self.notices.log(self._refused)
                 return False
             first = self._failure is None
             self._failure = f"could not {what} in run {self.run_id}: {e}"
-            logger.warning("msprobe-mlflow: %s", self._failure)
+            self.notices.log(self._failure)
             if first:
-                self._warn(f"{self._failure}. Training goes on and the local dump stays complete; "
-                           f"unsent steps are retried at stop().")
+                self.notices.warn(f"{self._failure}. Training goes on and the local dump stays complete; "
+                                  f"unsent steps are retried at stop().")
             return False
         self._failure = None
         return True
@@ -138,34 +163,34 @@ class MlflowSink:
         """Warns once (at start, or at close when the answer came later) that the credentials were refused."""
         if self._refused and not self._refusal_told:
             self._refusal_told = True
-            self._warn(self._refused)
+            self.notices.warn(self._refused)
 
     def _describe_run(self) -> None:
-        tags = [RunTag(rank_status_tag(self.rank), "running"),
-                RunTag(f"{TAG_PREFIX}rank{self.rank}.dump_path", os.path.abspath(self.config.dump_path))]
+        dump_path = os.path.abspath(self.config.dump_path)
+        tags = [tag(rank_status_tag(self.rank), "running"), tag(f"{TAG_PREFIX}rank{self.rank}.dump_path", dump_path)]
         params = []
-        if self.rank == 0:
-            tags += [RunTag(f"{TAG_PREFIX}{key}", str(value)) for key, value in (
+        if self.ranks.owns_run:
+            tags += [tag(f"{TAG_PREFIX}{key}", value) for key, value in (
                 ("framework", self.framework), ("level", self.config.level), ("version", __version__),
-                ("world_size", self.world_size), ("dump_path", os.path.abspath(self.config.dump_path)))]
-            params = [Param(f"grad_probe.{key}", (value if isinstance(value, str) else json.dumps(value))[:6000])
+                ("world_size", self.ranks.world_size), ("dump_path", dump_path))]
+            config = self.config.to_msprobe_dict()
+            params = [param(f"grad_probe.{key}", value if isinstance(value, str) else json.dumps(value))
                       for key, value in (
-                ("level", self.config.level), ("bounds", list(self.config.bounds)),
-                ("param_list", list(self.config.param_list)), ("rank", list(self.config.rank)),
-                ("step", list(self.config.step)), ("direction_format", self.config.direction_format))]
-        self.client.log_batch(self.run_id, params=params, tags=tags, synchronous=True)
-        if self.rank == 0:
+                ("level", self.config.level), ("bounds", config["grad_probe"]["bounds"]),
+                ("param_list", config["grad_probe"]["param_list"]), ("rank", config["rank"]),
+                ("step", config["step"]), ("direction_format", self.config.direction_format))]
+        log_batched(self.client, self.run_id, params=params, tags=tags)
+        if self.ranks.owns_run:
             with tempfile.TemporaryDirectory() as scratch:
                 path = Path(scratch) / "config.json"
-                path.write_text(json.dumps(self.config.to_msprobe_dict(), indent=2), encoding="utf-8")
+                path.write_text(json.dumps(config, indent=2), encoding="utf-8")
                 self.client.log_artifact(self.run_id, str(path), ARTIFACT_ROOT)
 
-    def _send(self, steps: list[int]) -> None:
-        timestamp = int(time.time() * 1000)
-        metrics = [m for step in steps for m in metrics_for_step(self.config.dump_path, self.rank, step, timestamp,
-                                                                 self.options.param_metrics)]
-        log_metrics_batched(self.client, self.run_id, metrics)
-        for step in steps:
+    def _send(self, steps: list[tuple[int, dict[str, float]]]) -> None:
+        timestamp = now_ms()
+        log_batched(self.client, self.run_id,
+                    metrics=[m for step, metrics in steps for m in metric_entities(metrics, step, timestamp)])
+        for step, _ in steps:
             upload_step_files(self.client, self.run_id, self.config.dump_path, self.rank, step)
 
     # --- end of monitoring ---------------------------------------------------------------------------
@@ -174,7 +199,8 @@ class MlflowSink:
         (``MSPROBE_MLFLOW_RANK_WAIT_SECONDS``) for the other ranks and tags the run with any that never finished."""
         if self._thread.is_alive():
             self._closing.set()
-            self._queue.put(None)
+            self._queue.put(_CLOSE)
+            self._wake.set()
             self._thread.join()
         elif not self._refused:
             return  # closed already
@@ -188,16 +214,16 @@ class MlflowSink:
                     steps=steps, param_patterns=self.options.param_metrics)):
                 self.unsent_steps.clear()
         if self.unsent_steps:
-            self._warn(f"rank {self.rank}: {len(self.unsent_steps)} step(s) are in the local dump but not in MLflow "
-                       f"run {self.run_id}; complete it with: msprobe-mlflow upload {self.config.dump_path} "
-                       f"--run-id {self.run_id}")
+            self.notices.warn(f"rank {self.rank}: {len(self.unsent_steps)} step(s) are in the local dump but not "
+                              f"in MLflow run {self.run_id}; complete it with: msprobe-mlflow upload "
+                              f"{self.config.dump_path} --run-id {self.run_id}")
         status = "incomplete" if self.unsent_steps else "finished"
         if self._attempt("mark the rank finished", lambda: self.client.set_tag(
-                self.run_id, rank_status_tag(self.rank), status)) and self.rank == 0 and self.world_size > 1:
+                self.run_id, rank_status_tag(self.rank), status)) and self.ranks.owns_run and self.ranks.world_size > 1:
             self._attempt("check the other ranks", self._wait_for_other_ranks)
 
     def _wait_for_other_ranks(self) -> None:
-        expected = [r for r in range(self.world_size) if self.config.wants_rank(r)]
+        expected = self.ranks.wanted_ranks()
         deadline = time.monotonic() + RANK_WAIT_SECONDS
         while True:
             tags = self.client.get_run(self.run_id).data.tags
@@ -207,11 +233,5 @@ class MlflowSink:
             time.sleep(0.5)
         if missing:
             self.client.set_tag(self.run_id, f"{TAG_PREFIX}missing_ranks", ",".join(map(str, missing)))
-            self._warn(f"ranks {missing} did not finish logging into run {self.run_id} within "
-                       f"{RANK_WAIT_SECONDS:.0f} s; the run is tagged {TAG_PREFIX}missing_ranks")
-
-    def _warn(self, message: str) -> None:
-        if self.options.silent:
-            logger.warning("msprobe-mlflow: %s", message)
-        else:
-            warnings.warn(f"msprobe-mlflow: {message}", stacklevel=2)
+            self.notices.warn(f"ranks {missing} did not finish logging into run {self.run_id} within "
+                              f"{RANK_WAIT_SECONDS:.0f} s; the run is tagged {TAG_PREFIX}missing_ranks")

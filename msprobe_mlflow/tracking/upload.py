@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import os
 import tempfile
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -24,12 +23,10 @@ from msprobe_mlflow.dump import indexed_children, rank_dir, read_summary, step_d
 from msprobe_mlflow.safe_paths import refuse_symlink
 from msprobe_mlflow.tracking import ARTIFACT_ROOT, TAG_PREFIX
 from msprobe_mlflow.tracking.experiments import experiment_id_for
+from msprobe_mlflow.tracking.runs import created_run, log_batched, now_ms
 from msprobe_mlflow.progress import ProgressLine
 from msprobe_mlflow.session import DUMP_CONFIG_FILE_NAME
-from msprobe_mlflow.tracking.step_metrics import step_metrics
-
-MAX_METRICS_PER_REQUEST = 1000
-
+from msprobe_mlflow.metrics import step_metrics
 
 
 @dataclass
@@ -40,15 +37,14 @@ class UploadReport:
     steps_completed: dict[int, list[int]] = field(default_factory=dict)  # rank -> steps whose files were sent
 
 
-def log_metrics_batched(client: MlflowClient, run_id: str, metrics: list[Metric]) -> None:
-    for start in range(0, len(metrics), MAX_METRICS_PER_REQUEST):
-        client.log_batch(run_id, metrics=metrics[start:start + MAX_METRICS_PER_REQUEST], synchronous=True)
+def metric_entities(metrics: dict[str, float], step: int, timestamp_ms: int) -> list[Metric]:
+    return [Metric(key, value, timestamp_ms, step) for key, value in metrics.items()]
 
 
 def metrics_for_step(dump_path: str | os.PathLike, rank: int, step: int, timestamp_ms: int,
                      param_patterns: tuple[str, ...] = ()) -> list[Metric]:
     table = read_summary(summary_csv_path(dump_path, rank, step))
-    return [Metric(key, value, timestamp_ms, step) for key, value in step_metrics(table, rank, param_patterns).items()]
+    return metric_entities(step_metrics(table, rank, param_patterns), step, timestamp_ms)
 
 
 def upload_step_files(client: MlflowClient, run_id: str, dump_path: str | os.PathLike, rank: int, step: int) -> int:
@@ -81,13 +77,6 @@ def _steps_with_csv_artifact(client: MlflowClient, run_id: str, rank: int) -> se
         if not info.is_dir and name.startswith(prefix) and name.endswith(".csv") and name[len(prefix):-4].isdigit():
             steps.add(int(name[len(prefix):-4]))
     return steps
-
-
-def _new_run(client: MlflowClient, dump_path: Path, experiment: str | None) -> str:
-    run = client.create_run(experiment_id_for(client, experiment), run_name=f"upload {dump_path.name}",
-                            tags={f"{TAG_PREFIX}dump_path": str(dump_path.resolve()),
-                                  f"{TAG_PREFIX}version": __version__, "mlflow.source.name": "msprobe-mlflow upload"})
-    return run.info.run_id
 
 
 def _level_of(dump_path: Path, rank: int, step: int) -> str:
@@ -124,10 +113,17 @@ def upload_dump(dump_path: str | os.PathLike, run_id: str | None = None, *, expe
     config_file = dump_path / DUMP_CONFIG_FILE_NAME
     saved_config = _read_saved_config(config_file) if config_file.exists() else None
     client = MlflowClient(tracking_uri)
-    if run_id is None:
-        run_id = _new_run(client, dump_path, experiment)
-    else:
+    if run_id is not None:
         client.get_run(run_id)  # a wrong ID fails here, clearly, before anything is sent
+        return _upload_steps(client, run_id, dump_path, wanted_steps, saved_config, param_patterns, progress)
+    with created_run(client, experiment_id_for(client, experiment), run_name=f"upload {dump_path.name}", tags={
+            f"{TAG_PREFIX}dump_path": str(dump_path.resolve()), f"{TAG_PREFIX}version": __version__,
+            "mlflow.source.name": "msprobe-mlflow upload"}) as new_run_id:
+        return _upload_steps(client, new_run_id, dump_path, wanted_steps, saved_config, param_patterns, progress)
+
+
+def _upload_steps(client: MlflowClient, run_id: str, dump_path: Path, wanted_steps: dict[int, list[int]],
+                  saved_config: dict | None, param_patterns: tuple[str, ...], progress: bool) -> UploadReport:
     report = UploadReport(run_id)
     if saved_config is not None and not any(i.path.endswith("config.json")
                                             for i in client.list_artifacts(run_id, ARTIFACT_ROOT)):
@@ -140,10 +136,10 @@ def upload_dump(dump_path: str | os.PathLike, run_id: str | None = None, *, expe
             client.set_tag(run_id, f"{TAG_PREFIX}level", _level_of(dump_path, rank, wanted[0]))
         logged = {m.step for m in client.get_metric_history(run_id, f"grad/rank{rank}/total_norm")}
         uploaded = _steps_with_csv_artifact(client, run_id, rank)
-        timestamp = _now_ms()
+        timestamp = now_ms()
         metrics = [m for s in wanted if s not in logged
                    for m in metrics_for_step(dump_path, rank, s, timestamp, param_patterns)]
-        log_metrics_batched(client, run_id, metrics)
+        log_batched(client, run_id, metrics=metrics)
         report.metrics_logged += len(metrics)
         missing = [s for s in wanted if s not in uploaded]
         line = ProgressLine(f"rank{rank} upload", len(missing), enabled=progress and bool(missing))
@@ -175,6 +171,3 @@ def _upload_config(client: MlflowClient, run_id: str, saved: dict) -> None:
     if "framework" in saved:
         client.set_tag(run_id, f"{TAG_PREFIX}framework", saved["framework"])
 
-
-def _now_ms() -> int:
-    return int(time.time() * 1000)

@@ -1,17 +1,40 @@
-"""The MLflow metrics of one rank and step, computed from its ``grad_summary`` CSV.
+"""The summary metrics of one rank and step, and the rules for their keys: what every sink reports.
 
-The live sink and ``msprobe-mlflow upload`` both compute them from the CSV text, so a run completed later by an
-upload holds exactly the values the live run would have held. A fixed, small set of keys per rank (the MLflow UI
-degrades with thousands of keys); per-parameter metrics only for the names or glob patterns the user lists.
+They are computed from the step's ``grad_summary`` CSV text (a live :class:`StepRecord` goes through the same
+text), so the live sinks and ``msprobe-mlflow upload`` of the same dump give identical values. A fixed, small set
+of keys per rank (the MLflow UI degrades with thousands of keys); per-parameter metrics only for the names or glob
+patterns the user lists.
 """
 from __future__ import annotations
 
+import csv
 import fnmatch
+import io
 import json
 import math
+import re
 
-from msprobe_mlflow.dump import SummaryTable
-from msprobe_mlflow.tracking.keys import bucket_metric_name, metric_key
+from msprobe_mlflow.dump import SummaryTable, csv_text
+from msprobe_mlflow.records import StepRecord, csv_header
+
+MAX_KEY_LENGTH = 250  # MLflow's limit (mlflow.utils.validation.MAX_ENTITY_KEY_LENGTH)
+_NOT_ALLOWED = re.compile(r"[^/\w.\- :]")
+
+
+def metric_key(*parts: str) -> str:
+    """``parts`` joined with ``/``, characters outside MLflow's ``[/\\w.\\- :]`` replaced by ``_``, cut to 250:
+    one invalid key would reject a whole ``log_batch``."""
+    key = _NOT_ALLOWED.sub("_", "/".join(parts))
+    key = re.sub(r"/{2,}", "/", key)
+    return key[:MAX_KEY_LENGTH]
+
+
+def bucket_metric_name(label: str) -> str:
+    """``(-1, 0]`` -> ``fraction/-1_to_0``; ``=0`` -> ``zero_fraction``."""
+    if label == "=0":
+        return "zero_fraction"
+    low, high = (part.strip() for part in label.strip("(]) ").split(","))
+    return f"fraction/{low}_to_{high}"
 
 
 def _floats(table: SummaryTable, column: str) -> list[float]:
@@ -73,3 +96,11 @@ def step_metrics(table: SummaryTable, rank: int, param_patterns: tuple[str, ...]
                 for statistic, value in (("max", high), ("min", low), ("norm", norm)):
                     metrics[metric_key(prefix, "param", name, statistic)] = value
     return metrics
+
+
+def record_metrics(record: StepRecord, param_patterns: tuple[str, ...] = ()) -> dict[str, float]:
+    """:func:`step_metrics` of a live record, read from the very CSV text the dump holds for it."""
+    text = csv_text([csv_header(record.level, record.bounds), *record.csv_rows()]).decode("utf-8-sig")
+    header, *rows = csv.reader(io.StringIO(text, newline=""))
+    table = SummaryTable(f"rank{record.rank} step {record.step}", header, rows)
+    return step_metrics(table, record.rank, param_patterns)

@@ -1,0 +1,68 @@
+"""What both framework monitors offer on top of their one :class:`ProbeSession`: the options every monitor takes,
+and the edge where its sinks are chosen (:func:`msprobe_mlflow.sinks.choose_sinks`)."""
+from __future__ import annotations
+
+import os
+from typing import Callable
+
+from msprobe_mlflow.config import GradProbeConfig, load_config
+from msprobe_mlflow.notices import Notices
+from msprobe_mlflow.session import ProbeSession, RankPolicy
+from msprobe_mlflow.sinks import StepSink, choose_sinks
+from msprobe_mlflow.tracking.options import TrackingOptions
+
+
+class SessionMonitor:
+    """Each framework monitor adds ``monitor()``, ``stop()`` (which must close the session) and its way of
+    turning gradients into pending steps.
+
+    MLflow: into ``run_id``, else the active run (else ``MLFLOW_RUN_ID``); with none, the local dump only;
+    ``log_to_mlflow=False`` turns it off. ``metrics_file=True`` also appends each step's summary metrics to
+    ``{dump_path}/rank{R}/metrics.jsonl``. ``sinks``: more outputs (objects with ``handle(record)``, ``flush()``,
+    ``close()``), fed on the writer thread after the local dump. ``silent``: problems go to the
+    ``msprobe_mlflow`` logger only, no warnings.
+    """
+
+    def __init__(self, config: GradProbeConfig | str | os.PathLike | dict, *, run_id: str | None = None,
+                 tracking_uri: str | None = None, log_every_n_steps: int = 1, param_metrics=(),
+                 log_to_mlflow: bool = True, silent: bool = False, metrics_file: bool = False,
+                 sinks: list[StepSink] = ()):
+        self.config = load_config(config)
+        self.tracking = TrackingOptions(run_id, tracking_uri, log_every_n_steps, param_metrics) \
+            if log_to_mlflow else None
+        self.notices = Notices(silent)
+        self.metrics_file = metrics_file
+        self.step = 0
+        self._extra_sinks = list(sinks)
+        self._session: ProbeSession | None = None
+
+    def _open_session(self, framework: str, ranks: RankPolicy,
+                      share_run_id: Callable[[str | None], str | None] = lambda run_id: run_id) -> ProbeSession:
+        """The session first (a bad dump_path fails before anything is sent), then its sinks."""
+        session = ProbeSession(self.config, framework=framework, ranks=ranks, notices=self.notices)
+        session.add_sinks(choose_sinks(self.config, ranks, framework=framework, tracking=self.tracking,
+                                       share_run_id=share_run_id, metrics_file=self.metrics_file,
+                                       notices=self.notices) + self._extra_sinks)
+        return session
+
+    @property
+    def run_id(self) -> str | None:
+        """The MLflow run this monitor logs into (None: no MLflow sink)."""
+        sinks = self._session.sinks if self._session else []
+        return next((sink.run_id for sink in sinks if getattr(sink, "run_id", None)), None)
+
+    @property
+    def errors(self) -> list[str]:
+        """What the writer thread and the sinks could not do (each also logged); still readable after ``stop()``."""
+        return self._session.errors if self._session else []
+
+    def flush(self) -> None:
+        """Waits until every probed step is on disk and delivered by every sink."""
+        if self._session:
+            self._session.flush()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()

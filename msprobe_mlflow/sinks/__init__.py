@@ -1,0 +1,45 @@
+"""Where probed steps go after the local dump: the sink protocol, and the one place sinks are chosen.
+
+A sink is any object with ``handle(record)``, ``flush()`` and ``close()`` (the shape of accelerate's trackers and
+Lightning's loggers). The session calls ``handle`` on its writer thread once the step is in the local dump (the
+source of truth), so a sink may read the dump, and a slow or failing sink costs no data: each owns its queueing
+policy, and its exceptions are counted in the monitor's ``errors``. To add an output (TensorBoard, W&B, a CSV),
+write one module here with the sink and add one line to :func:`choose_sinks`.
+"""
+from __future__ import annotations
+
+from typing import Callable, Protocol, runtime_checkable
+
+from msprobe_mlflow.config import GradProbeConfig
+from msprobe_mlflow.records import StepRecord
+from msprobe_mlflow.session import RankPolicy
+
+
+@runtime_checkable
+class StepSink(Protocol):
+    def handle(self, record: StepRecord) -> None:
+        """Takes one step (on the writer thread, after the local dump holds it); must not block for long."""
+
+    def flush(self) -> None:
+        """Returns once what was handed in is delivered (or known undeliverable and remembered)."""
+
+    def close(self) -> None:
+        """Delivers what is pending and releases everything; called once, at the end of monitoring."""
+
+
+def choose_sinks(config: GradProbeConfig, ranks: RankPolicy, *, framework: str, tracking=None,
+                 share_run_id: Callable[[str | None], str | None] = lambda run_id: run_id,
+                 metrics_file: bool = False, notices=None) -> list[StepSink]:
+    """The sinks of a monitor: MLflow when ``tracking`` options are given and a run is found (``share_run_id``
+    is a collective under distributed training: every rank calls this), the JSON-lines metrics file if asked."""
+    sinks: list[StepSink] = []
+    if tracking is not None:
+        from msprobe_mlflow.tracking.sink import open_mlflow_sink
+
+        sinks += open_mlflow_sink(config, ranks, tracking, framework=framework, share_run_id=share_run_id,
+                                  notices=notices)
+    if metrics_file and ranks.probes:
+        from msprobe_mlflow.sinks.jsonl import JsonLinesMetricsSink
+
+        sinks.append(JsonLinesMetricsSink(config.dump_path, tracking.param_metrics if tracking else ()))
+    return sinks

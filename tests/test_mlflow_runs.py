@@ -1,0 +1,72 @@
+"""MLflow housekeeping (``tracking/runs.py``) against a real SQLite store: batching within MLflow's limits, and
+runs that always end."""
+from __future__ import annotations
+
+import pytest
+import torch
+from mlflow.entities import Metric
+from mlflow.tracking import MlflowClient
+from mlflow.utils.validation import MAX_METRICS_PER_BATCH, MAX_PARAM_VAL_LENGTH, MAX_PARAMS_TAGS_PER_BATCH
+
+from msprobe_mlflow.config import GradProbeConfig
+from msprobe_mlflow.pytorch import GradientMonitor
+from msprobe_mlflow.tracking.runs import created_run, log_batched, param, tag
+from msprobe_mlflow.tracking.upload import upload_dump
+
+
+@pytest.fixture
+def store(tmp_path):
+    """A client on a store of its own, and an experiment whose artifacts stay in the temporary folder."""
+    client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    experiment_id = client.create_experiment("runs", artifact_location=(tmp_path / "artifacts").as_uri())
+    return client, experiment_id
+
+
+def test_log_batched_sends_more_values_than_one_request_takes(store):
+    client, experiment_id = store
+    metrics = [Metric(f"m{i % 7}", float(i), 0, i) for i in range(2 * MAX_METRICS_PER_BATCH + 3)]
+    params = [param(f"p{i}", i) for i in range(MAX_PARAMS_TAGS_PER_BATCH + 5)]
+    tags = [tag(f"t{i}", i) for i in range(MAX_PARAMS_TAGS_PER_BATCH + 1)]
+    with created_run(client, experiment_id) as run_id:
+        log_batched(client, run_id, metrics=metrics, params=params, tags=tags)
+    run = client.get_run(run_id)
+    assert len(run.data.params) == len(params) and run.data.params["p104"] == "104"
+    assert {f"t{i}" for i in range(len(tags))} <= set(run.data.tags)
+    history = sorted((m.step, m.value) for key in {m.key for m in metrics}
+                     for m in client.get_metric_history(run_id, key))
+    assert history == [(i, float(i)) for i in range(len(metrics))]
+
+
+def test_param_and_tag_values_are_clipped_to_mlflows_limits():
+    assert param("long", "x" * (MAX_PARAM_VAL_LENGTH + 10)).value == "x" * (MAX_PARAM_VAL_LENGTH - 3) + "..."
+    assert param("short", [1, 2]).value == "[1, 2]"
+    assert len(tag("long", "y" * 9000).value) <= 8000
+
+
+def test_a_created_run_ends_finished_or_failed_when_its_work_raises(store):
+    client, experiment_id = store
+    with created_run(client, experiment_id, run_name="ok") as finished:
+        pass
+    with pytest.raises(RuntimeError, match="broke"):
+        with created_run(client, experiment_id, run_name="broken") as failed:
+            raise RuntimeError("broke")
+    assert client.get_run(finished).info.status == "FINISHED"
+    assert client.get_run(failed).info.status == "FAILED"
+
+
+def test_upload_into_a_new_run_leaves_it_finished(store, tmp_path):
+    client, experiment_id = store
+    dump = tmp_path / "dump"
+    monitor = GradientMonitor(GradProbeConfig(dump_path=str(dump), level="L1"), log_to_mlflow=False)
+    model = torch.nn.Linear(2, 2)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    monitor.monitor(model, optimizer)
+    for _ in range(2):
+        model(torch.ones(1, 2)).sum().backward()
+        optimizer.step()
+    monitor.stop()
+    experiment = client.get_experiment(experiment_id).name
+    report = upload_dump(dump, experiment=experiment, tracking_uri=client.tracking_uri)
+    run = client.get_run(report.run_id)
+    assert run.info.status == "FINISHED"
+    assert [m.step for m in client.get_metric_history(report.run_id, "grad/rank0/total_norm")] == [0, 1]
