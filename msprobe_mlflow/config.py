@@ -91,9 +91,6 @@ class GradProbeConfig:
     def has_directions(self) -> bool:
         return self.level != "L0"
 
-    def wants_rank(self, rank: int) -> bool:
-        return not self.rank or rank in self.rank
-
     def wants_step(self, step: int) -> bool:
         return not self.step or step in self.step
 

@@ -61,7 +61,6 @@ def test_values_are_read_as_given(tmp_path):
     assert config.rank == (0, 3) and config.step == (0, 5, 9) and config.dump_path == "/data/dump"
     assert config.level == "L0" and config.param_list == ("a.weight", "b.bias") and config.bounds == (0.01,)
     assert config.direction_format == "npy"
-    assert config.wants_rank(3) and not config.wants_rank(1)
     assert config.wants_step(5) and not config.wants_step(6)
     assert config.wants_param("a.weight") and not config.wants_param("a.weigh")
 
