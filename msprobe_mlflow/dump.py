@@ -16,7 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from msprobe_mlflow.directions import PACKED_FILE_NAME, write_npy, write_packed
-from msprobe_mlflow.records import StepRecord, csv_header
+from msprobe_mlflow.levels import csv_header
+from msprobe_mlflow.records import StepRecord
 from msprobe_mlflow.safe_paths import atomic_write_bytes, refuse_symlink
 
 

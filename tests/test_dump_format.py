@@ -14,7 +14,8 @@ from msprobe_mlflow.directions import PACKED_FILE_NAME, read_step_directions
 from msprobe_mlflow.dump import (csv_text, indexed_children, read_summary, summary_csv_path, summary_steps,
                                  write_step)
 from msprobe_mlflow.pytorch import GradientMonitor
-from msprobe_mlflow.records import StepRecord, bucket_labels, csv_header
+from msprobe_mlflow.levels import bucket_labels, csv_header
+from msprobe_mlflow.records import StepRecord
 
 
 class SmallModel(torch.nn.Module):

@@ -24,7 +24,7 @@ from mindspore import Parameter, mint, nn, ops
 
 from msprobe_mlflow.mindspore.statistics import (float32_bounds, float32_values, gradient_statistics, pack_signs,
                                                  propagate_nan)
-from msprobe_mlflow.records import packed_length
+from msprobe_mlflow.layout import packed_length
 
 logger = logging.getLogger("msprobe_mlflow")
 _LAST_STEP = np.iinfo(np.int32).max
