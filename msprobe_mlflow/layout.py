@@ -15,12 +15,12 @@ Beside it: the packed signs (levels with directions: ``grad > 0`` in ``np.packbi
 to a whole byte, ``packed_length(numel)`` bytes, concatenated in model order) and the float32 values (levels with
 MD5: ``numel`` values per parameter, concatenated).
 
-Adding a statistic (say an opt-in count of non-finite elements): add its :class:`Section` to
-:attr:`StatisticsLayout.sections`, switched on by a field of :class:`StatisticsLayout` whose default is off, so
-the default vector and msprobe's CSVs stay byte-identical; compute it in both compute paths
-(``pytorch/statistics.py``, ``mindspore/statistics.py``), which give the sections in this order. The buffer sizes,
-the merge of per-device results and :meth:`StatisticsLayout.split` follow from the layout; readers take the new
-section by its name.
+Adding a statistic (say an opt-in count of non-finite elements): give :class:`StatisticsLayout` a field that
+switches it on, off by default so that the default vector and msprobe's CSVs stay byte-identical, and return its
+:class:`Section` from :attr:`~StatisticsLayout.sections` when on; then compute it in both compute paths
+(``pytorch/statistics.py``, ``mindspore/statistics.py``), which give the sections in this order. The buffer
+lengths, the merge of per-device results and :meth:`~StatisticsLayout.split` (the decoder) follow from the
+layout, and a reader takes the new section by its name.
 """
 from __future__ import annotations
 
@@ -139,7 +139,7 @@ class StatisticsLayout:
             if flat is not None:
                 for i, piece in zip(indices, part.value_slices()):
                     values[i] = flat[piece]
-        has_values = self.level.has_md5 and all(v is not None for v in values)
+        has_values = self.level.has_md5 and all(v is not None for v in values)  # the accelerator path copies apart
         return (np.concatenate([np.zeros(0), *self.in_order(sections)]),
                 np.concatenate([np.zeros(0, np.uint8), *signs]) if self.level.has_directions else None,
                 np.concatenate([np.zeros(0, np.float32), *values]) if has_values else None)

@@ -7,7 +7,7 @@
 | L1    | ``param_name,max,min,norm,shape``                               | yes             |
 | L2    | ``param_name,(-inf, b0],...,(bn, inf),=0,max,min,norm,shape``   | yes             |
 
-Code asks the table what a level records (``LEVELS[name].has_buckets``), never compares level names.
+Code asks the table what a level records (``LEVELS[name].has_buckets``) and never compares level names.
 """
 from __future__ import annotations
 
@@ -38,10 +38,6 @@ class Level:
     has_directions: bool = False
     has_buckets: bool = False
 
-    def csv_header(self, bounds) -> list[str]:
-        return ["param_name", *([MD5_COLUMN] if self.has_md5 else []),
-                *(bucket_labels(bounds) if self.has_buckets else []), "max", "min", "norm", "shape"]
-
     @property
     def own_columns(self) -> list[str]:
         """The header columns that tell this level's CSV apart, whatever the bounds."""
@@ -58,7 +54,9 @@ LEVELS: dict[str, Level] = {level.name: level for level in (
 
 def csv_header(level: str, bounds) -> list[str]:
     """The ``grad_summary`` header of ``level`` (a ``grad_level`` name) with these bucket ``bounds``."""
-    return LEVELS[level].csv_header(bounds)
+    recorded = LEVELS[level]
+    return ["param_name", *([MD5_COLUMN] if recorded.has_md5 else []),
+            *(bucket_labels(bounds) if recorded.has_buckets else []), "max", "min", "norm", "shape"]
 
 
 def level_of_header(header: list[str]) -> Level:
