@@ -28,11 +28,6 @@ def test_msprobes_mindspore_graph_mode_header_read_back_is_l1():
     assert level_of_header(["param_name", "max", "min", "norm", "shape"]).name == "L1"  # read_summary lower-cases
 
 
-def test_an_l2_header_puts_the_bucket_columns_before_max():
-    assert csv_header("L2", (-1, 1)) == ["param_name", "(-inf, -1]", "(-1, 1]", "(1, inf)", "=0", "max", "min",
-                                         "norm", "shape"]
-
-
 def test_packed_lengths_pad_each_parameter_to_a_whole_byte():
     assert [packed_length(n) for n in (0, 1, 7, 8, 9, 16, 17)] == [0, 1, 1, 1, 2, 2, 3]
     assert packed_slices([3, 0, 10, 8]) == [slice(0, 1), slice(1, 1), slice(1, 3), slice(3, 4)]
