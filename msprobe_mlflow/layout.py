@@ -110,7 +110,8 @@ class StatisticsLayout:
 
     def in_order(self, sections: dict) -> list:
         """The ``(count, width)`` arrays or tensors of ``sections`` flattened, in vector order, ready to
-        concatenate (``np.concatenate``, ``torch.cat``); sections this layout lacks are left out."""
+        concatenate (``np.concatenate``, ``torch.cat``); an entry for a section this layout does not have (the
+        counts, at a level without buckets) is ignored."""
         return [sections[section.name].reshape(-1) for section in self.sections]
 
     def sign_slices(self) -> list[slice]:
