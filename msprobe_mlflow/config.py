@@ -12,7 +12,8 @@ import os
 import struct
 from dataclasses import dataclass, field, fields
 
-LEVELS = ("L0", "L1", "L2")
+from msprobe_mlflow.levels import LEVELS
+
 DIRECTION_FORMATS = ("packed", "npy")
 DEFAULT_BOUNDS = (-1, 0, 1)
 GRAD_PROBE_KEYS = ("grad_level", "param_list", "bounds")
@@ -75,7 +76,7 @@ class GradProbeConfig:
         src = self.source
         if not isinstance(self.dump_path, (str, os.PathLike)) or not str(self.dump_path):
             _reject(src, "dump_path", self.dump_path, "a non-empty folder path")
-        if self.level not in LEVELS:
+        if not isinstance(self.level, str) or self.level not in LEVELS:  # a list would not hash
             _reject(src, "grad_probe.grad_level", self.level, f"one of {', '.join(LEVELS)} (exact case)")
         if self.direction_format not in DIRECTION_FORMATS:
             _reject(src, "direction_format", self.direction_format, f"one of {', '.join(DIRECTION_FORMATS)}")
@@ -89,7 +90,7 @@ class GradProbeConfig:
 
     @property
     def has_directions(self) -> bool:
-        return self.level != "L0"
+        return LEVELS[self.level].has_directions
 
     def wants_step(self, step: int) -> bool:
         return not self.step or step in self.step

@@ -23,7 +23,7 @@ from typing import Callable
 
 import numpy as np
 
-from msprobe_mlflow.records import packed_length
+from msprobe_mlflow.layout import consecutive_slices, packed_slices
 from msprobe_mlflow.safe_paths import atomic_write_bytes, param_file_stem, refuse_symlink
 
 PACKED_FILE_NAME = "directions.npz"
@@ -117,18 +117,13 @@ def open_packed(path: Path) -> dict[str, StoredDirection]:
     if len(ndims) != len(names) or int(ndims.sum()) != len(dims) or (dims < 0).any() or (ndims < 0).any():
         raise ValueError(f"{path}: fields names/ndims/dims disagree ({len(names)} names, {len(ndims)} ndims, "
                          f"{len(dims)} dims)")
-    result: dict[str, StoredDirection] = {}
-    start_dim = start_byte = 0
-    for name, ndim in zip(names.tolist(), ndims.tolist()):
-        shape = tuple(dims[start_dim:start_dim + ndim].tolist())
-        start_dim += ndim
-        end_byte = start_byte + packed_length(math.prod(shape))
-        piece = slice(start_byte, end_byte)
-        result[name] = StoredDirection(path, shape, lambda piece=piece: np.array(bits[piece]))
-        start_byte = end_byte
-    if start_byte != len(bits):
-        raise ValueError(f"{path}: field bits holds {len(bits)} bytes, the shapes need {start_byte}")
-    return result
+    shapes = [tuple(dims[piece].tolist()) for piece in consecutive_slices(ndims.tolist())]
+    pieces = packed_slices(math.prod(shape) for shape in shapes)
+    needed = pieces[-1].stop if pieces else 0
+    if needed != len(bits):
+        raise ValueError(f"{path}: field bits holds {len(bits)} bytes, the shapes need {needed}")
+    return {name: StoredDirection(path, shape, lambda piece=piece: np.array(bits[piece]))
+            for name, shape, piece in zip(names.tolist(), shapes, pieces)}
 
 
 def read_packed(path: Path) -> Directions:
@@ -139,12 +134,8 @@ def write_npy(step_dir: Path, names: list[str], shapes: list[tuple[int, ...]], b
     """msprobe's form: ``{step_dir}/{name}.npy`` booleans; unsafe names get a sanitised stem, mapped in a JSON."""
     step_dir.mkdir(parents=True, exist_ok=True)
     renamed = {}
-    start = 0
-    for name, shape in zip(names, shapes):
-        numel = math.prod(shape)
-        end = start + packed_length(numel)
-        signs = np.unpackbits(bits[start:end], count=numel).astype(bool).reshape(shape)
-        start = end
+    for name, shape, piece in zip(names, shapes, packed_slices(math.prod(shape) for shape in shapes)):
+        signs = np.unpackbits(bits[piece], count=math.prod(shape)).astype(bool).reshape(shape)
         stem = param_file_stem(name)
         if stem != name:
             renamed[stem] = name

@@ -4,32 +4,76 @@
 {dump_path}/rank{R}/grad_summary_{S}.csv       every level (UTF-8 with BOM, CRLF)
 {dump_path}/rank{R}/step{S}/directions.npz     L1/L2, packed form (ours)
 {dump_path}/rank{R}/step{S}/{param}.npy        L1/L2, msprobe's boolean form
+{dump_path}/msprobe_mlflow_config.json         ours: the framework and config that wrote the dump
 ```
+
+A run's ``grad_probe/`` artifacts mirror this tree, so the names and their parsers below serve both: the
+``relative_*`` functions give POSIX paths relative to the dump's root, the ``parse_*`` functions read a name back
+(None when it is not one of ours).
 """
 from __future__ import annotations
 
 import csv
 import io
+import json
 import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from msprobe_mlflow.config import GradProbeConfig
 from msprobe_mlflow.directions import PACKED_FILE_NAME, write_npy, write_packed
-from msprobe_mlflow.records import StepRecord, csv_header
+from msprobe_mlflow.levels import csv_header
+from msprobe_mlflow.records import StepRecord
 from msprobe_mlflow.safe_paths import atomic_write_bytes, refuse_symlink
+
+DUMP_CONFIG_FILE_NAME = "msprobe_mlflow_config.json"
+RANK_PREFIX, STEP_PREFIX = "rank", "step"
+SUMMARY_PREFIX, SUMMARY_SUFFIX = "grad_summary_", ".csv"
+
+
+def relative_rank_dir(rank: int) -> str:
+    return f"{RANK_PREFIX}{rank}"
+
+
+def relative_step_dir(rank: int, step: int) -> str:
+    return f"{relative_rank_dir(rank)}/{STEP_PREFIX}{step}"
+
+
+def relative_summary_path(rank: int, step: int) -> str:
+    return f"{relative_rank_dir(rank)}/{SUMMARY_PREFIX}{step}{SUMMARY_SUFFIX}"
+
+
+def _parse_index(name: str, prefix: str, suffix: str = "") -> int | None:
+    match = re.match(rf"^{re.escape(prefix)}(\d+){re.escape(suffix)}$", name)
+    return int(match.group(1)) if match else None
+
+
+def parse_rank_folder(name: str) -> int | None:
+    """``3`` for ``rank3``; None for any other name."""
+    return _parse_index(name, RANK_PREFIX)
+
+
+def parse_step_folder(name: str) -> int | None:
+    """``12`` for ``step12``; None for any other name."""
+    return _parse_index(name, STEP_PREFIX)
+
+
+def parse_summary_name(name: str) -> int | None:
+    """``12`` for ``grad_summary_12.csv``; None for any other name."""
+    return _parse_index(name, SUMMARY_PREFIX, SUMMARY_SUFFIX)
 
 
 def rank_dir(dump_path: str | os.PathLike, rank: int) -> Path:
-    return Path(dump_path) / f"rank{rank}"
+    return Path(dump_path) / relative_rank_dir(rank)
 
 
 def summary_csv_path(dump_path: str | os.PathLike, rank: int, step: int) -> Path:
-    return rank_dir(dump_path, rank) / f"grad_summary_{step}.csv"
+    return Path(dump_path) / relative_summary_path(rank, step)
 
 
 def step_dir(dump_path: str | os.PathLike, rank: int, step: int) -> Path:
-    return rank_dir(dump_path, rank) / f"step{step}"
+    return Path(dump_path) / relative_step_dir(rank, step)
 
 
 def csv_text(rows: list[list]) -> bytes:
@@ -69,19 +113,20 @@ def write_step(dump_path: str | os.PathLike, record: StepRecord, direction_forma
 
 
 def indexed_children(folder: str | os.PathLike, prefix: str) -> list[int]:
-    """Sorted ``N`` of the sub-folders named ``{prefix}N`` (``rank0``, ``step12``)."""
-    pattern = re.compile(rf"^{re.escape(prefix)}(\d+)$")
+    """Sorted ``N`` of the sub-folders named ``{prefix}N`` (``RANK_PREFIX``: ``rank0``; ``STEP_PREFIX``:
+    ``step12``)."""
     folder = Path(folder)
     if not folder.is_dir():
         return []
-    found = [int(m.group(1)) for child in folder.iterdir() if (m := pattern.match(child.name)) and child.is_dir()]
+    found = [index for child in folder.iterdir()
+             if (index := _parse_index(child.name, prefix)) is not None and child.is_dir()]
     return sorted(found)
 
 
 def summary_steps(rank_folder: str | os.PathLike) -> list[int]:
     """Sorted steps that have a ``grad_summary_{S}.csv`` in a rank folder."""
-    pattern = re.compile(r"^grad_summary_(\d+)\.csv$")
-    return sorted(int(m.group(1)) for p in Path(rank_folder).glob("grad_summary_*.csv") if (m := pattern.match(p.name)))
+    return sorted(step for path in Path(rank_folder).glob(f"{SUMMARY_PREFIX}*{SUMMARY_SUFFIX}")
+                  if (step := parse_summary_name(path.name)) is not None)
 
 
 @dataclass
@@ -110,3 +155,27 @@ def read_summary(path: str | os.PathLike) -> SummaryTable:
         if len(row) != len(header):
             raise ValueError(f"{path}: row {number} has {len(row)} cells, the header has {len(header)}")
     return SummaryTable(Path(path), header, rows[1:])
+
+
+def write_dump_config(dump_path: str | os.PathLike, framework: str, config: GradProbeConfig) -> Path:
+    """Records which framework and config wrote the dump, so an upload can give the run its params and tags."""
+    path = Path(dump_path) / DUMP_CONFIG_FILE_NAME
+    atomic_write_bytes(path, json.dumps({"framework": framework, "config": config.to_msprobe_dict()},
+                                        indent=2).encode())
+    return path
+
+
+def read_dump_config(dump_path: str | os.PathLike) -> dict | None:
+    """The ``{"framework": ..., "config": {...}}`` that :func:`write_dump_config` wrote; None when the dump has
+    none (msprobe's own dumps)."""
+    config_file = Path(dump_path) / DUMP_CONFIG_FILE_NAME
+    if not config_file.exists():
+        return None
+    try:
+        saved = json.loads(refuse_symlink(config_file).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ValueError(f"{config_file}: not a readable JSON file ({e})") from None
+    if not isinstance(saved, dict) or not isinstance(saved.get("config"), dict):
+        raise ValueError(f"{config_file}: field config is missing or not an object; expected the "
+                         f'{{"framework": ..., "config": {{...}}}} the monitor writes')
+    return saved

@@ -15,7 +15,8 @@ import math
 import re
 
 from msprobe_mlflow.dump import SummaryTable, csv_text
-from msprobe_mlflow.records import StepRecord, csv_header
+from msprobe_mlflow.levels import csv_header
+from msprobe_mlflow.records import StepRecord
 
 MAX_KEY_LENGTH = 250  # MLflow's limit (mlflow.utils.validation.MAX_ENTITY_KEY_LENGTH)
 _NOT_ALLOWED = re.compile(r"[^/\w.\- :]")

@@ -11,25 +11,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-
-def bucket_labels(bounds) -> list[str]:
-    """msprobe's L2 column names: ``(-inf, b0]``, ``(b0, b1]``, ..., ``(bn, inf)``, then ``=0``."""
-    labels = [f"(-inf, {bounds[0]}]"]
-    labels += [f"({low}, {high}]" for low, high in zip(bounds, bounds[1:])]
-    return labels + [f"({bounds[-1]}, inf)", "=0"]
-
-
-def csv_header(level: str, bounds) -> list[str]:
-    if level == "L0":
-        return ["param_name", "MD5", "max", "min", "norm", "shape"]
-    if level == "L1":
-        return ["param_name", "max", "min", "norm", "shape"]
-    return ["param_name", *bucket_labels(bounds), "max", "min", "norm", "shape"]
-
-
-def packed_length(numel: int) -> int:
-    """Bytes that ``numel`` sign bits take when packed, each parameter padded to a whole byte."""
-    return (numel + 7) // 8
+from msprobe_mlflow.layout import CUMULATIVE_COUNTS, EXTREMES, StatisticsLayout, consecutive_slices
+from msprobe_mlflow.levels import LEVELS
 
 
 @dataclass
@@ -60,39 +43,25 @@ class StepRecord:
     def numels(self) -> list[int]:
         return [math.prod(shape) for shape in self.shapes]
 
-    def direction_slices(self) -> list[slice]:
-        """Where each parameter's packed bytes lie in ``directions``."""
-        slices, start = [], 0
-        for numel in self.numels:
-            end = start + packed_length(numel)
-            slices.append(slice(start, end))
-            start = end
-        return slices
-
     def csv_rows(self) -> list[list]:
         """Rows in msprobe's cell types: ``csv`` writes floats with ``repr`` and the shape as ``[2, 3]``."""
+        level = LEVELS[self.level]
         rows = []
         for i, (name, shape, numel) in enumerate(zip(self.names, self.shapes, self.numels)):
-            stats = [float(v) for v in self.values[i]]
-            if self.level == "L0":
-                rows.append([name, self.md5[i], *stats, list(shape)])
-            elif self.level == "L1":
-                rows.append([name, *stats, list(shape)])
-            else:
+            row = [name]
+            if level.has_md5:
+                row.append(self.md5[i])
+            if level.has_buckets:
                 counts = [*self.bucket_counts[i].tolist(), int(self.zero_counts[i])]
-                fractions = [count / numel if numel else 0 for count in counts]
-                rows.append([name, *fractions, *stats, list(shape)])
+                row += [count / numel if numel else 0 for count in counts]
+            rows.append([*row, *(float(v) for v in self.values[i]), list(shape)])
         return rows
 
 
 def md5_per_parameter(flat_float32: np.ndarray, numels: list[int]) -> list[str]:
     """Hex MD5 of each parameter's float32 little-endian C-order bytes (msprobe's L0 ``MD5`` column)."""
     flat = np.ascontiguousarray(flat_float32, dtype="<f4")
-    digests, start = [], 0
-    for numel in numels:
-        digests.append(hashlib.md5(flat[start:start + numel]).hexdigest())  # hashes the buffer, no copy
-        start += numel
-    return digests
+    return [hashlib.md5(flat[piece]).hexdigest() for piece in consecutive_slices(numels)]  # no copy: hashes the view
 
 
 def record_from_statistics(*, rank: int, step: int, level: str, bounds, names: list[str],
@@ -100,23 +69,23 @@ def record_from_statistics(*, rank: int, step: int, level: str, bounds, names: l
                            float32_values: np.ndarray | None = None) -> StepRecord:
     """The :class:`StepRecord` of the flat vector a monitor computes on the device, whatever the framework.
 
-    ``statistics`` holds ``max, min, norm`` per parameter, then at L2, per parameter, the counts of ``x <= b``
-    for each float32 bound and of ``x == 0``; buckets are differences of those counts (so NaN and +inf land in the
-    last one). ``signs`` are the packed directions (L1/L2), ``float32_values`` the flattened gradients (L0 MD5).
+    ``statistics`` is laid out as :class:`msprobe_mlflow.layout.StatisticsLayout` says: ``max, min, norm`` per
+    parameter, then at L2 the cumulative counts, whose differences are the buckets (so NaN and +inf land in the last
+    one). ``signs`` are the packed directions (L1/L2), ``float32_values`` the flattened gradients (L0 MD5).
     """
-    count = len(names)
-    statistics = np.asarray(statistics, dtype=np.float64)
-    record = StepRecord(rank=rank, step=step, level=level, bounds=tuple(bounds), names=list(names),
-                        shapes=[tuple(s) for s in shapes],
-                        values=statistics[: 3 * count].reshape(count, 3).astype(np.float32))
-    if level == "L2":
-        cumulative = statistics[3 * count:].reshape(count, len(bounds) + 1).astype(np.int64)
-        numels = np.array(record.numels, dtype=np.int64)[:, None]
+    shapes = [tuple(s) for s in shapes]
+    layout = StatisticsLayout(level, bounds, [math.prod(shape) for shape in shapes])
+    sections = layout.split(np.asarray(statistics, dtype=np.float64))
+    record = StepRecord(rank=rank, step=step, level=level, bounds=tuple(bounds), names=list(names), shapes=shapes,
+                        values=sections[EXTREMES].astype(np.float32))
+    if layout.level.has_buckets:
+        cumulative = sections[CUMULATIVE_COUNTS].astype(np.int64)
+        numels = np.array(layout.numels, dtype=np.int64)[:, None]
         record.bucket_counts = np.diff(cumulative[:, :-1], axis=1, prepend=0, append=numels)
         record.zero_counts = cumulative[:, -1]
-    if level != "L0":
+    if layout.level.has_directions:
         record.directions = np.zeros(0, np.uint8) if signs is None else np.asarray(signs, dtype=np.uint8)
-    else:
+    if layout.level.has_md5:
         values = np.zeros(0, np.float32) if float32_values is None else float32_values
-        record.md5 = md5_per_parameter(values, record.numels)
+        record.md5 = md5_per_parameter(values, layout.numels)
     return record

@@ -6,7 +6,6 @@ no MLflow, torch or MindSpore.
 from __future__ import annotations
 
 import atexit
-import json
 import os
 import weakref
 from dataclasses import dataclass
@@ -14,11 +13,8 @@ from pathlib import Path
 
 from msprobe_mlflow.background import BackgroundStepWriter, PendingStep
 from msprobe_mlflow.config import GradProbeConfig
-from msprobe_mlflow.dump import write_step
+from msprobe_mlflow.dump import write_dump_config, write_step
 from msprobe_mlflow.notices import Notices
-from msprobe_mlflow.safe_paths import atomic_write_bytes
-
-DUMP_CONFIG_FILE_NAME = "msprobe_mlflow_config.json"
 
 
 @dataclass(frozen=True)
@@ -77,8 +73,7 @@ class ProbeSession:
         self.framework = framework
         self.ranks = ranks
         self.notices = notices or Notices()
-        atomic_write_bytes(Path(config.dump_path) / DUMP_CONFIG_FILE_NAME, json.dumps(
-            {"framework": framework, "config": config.to_msprobe_dict()}, indent=2).encode())
+        write_dump_config(config.dump_path, framework, config)
         self.sinks: list = []
         self._writer = BackgroundStepWriter([self._write_local_dump])
         self.closed = False

@@ -114,6 +114,8 @@ BAD_CASES = {
     "level L3": (valid_config(grad_probe={"grad_level": "L3"}), "grad_probe.grad_level", "'L3'", "L0, L1, L2"),
     "lower-case level": (valid_config(grad_probe={"grad_level": "l2"}), "grad_probe.grad_level", "'l2'",
                          "exact case"),
+    "level in a list": (valid_config(grad_probe={"grad_level": ["L1"]}), "grad_probe.grad_level", "['L1']",
+                        "L0, L1, L2"),
     "misspelt grad_probe key": (valid_config(grad_probe={"grad_levle": "L2"}), "grad_probe", "grad_levle",
                                 "grad_level, param_list, bounds"),
     "missing dump_path": ({"task": "grad_probe", "grad_probe": {}}, "dump_path", "None", "the key is missing"),

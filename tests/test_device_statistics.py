@@ -7,6 +7,8 @@ import numpy as np
 import pytest
 import torch
 
+from msprobe_mlflow.layout import StatisticsLayout
+from msprobe_mlflow.levels import LEVELS
 from msprobe_mlflow.pytorch.statistics import SMALL_TENSOR, _device_statistics, _host_statistics
 
 
@@ -29,8 +31,8 @@ def test_device_path_equals_host_path(level):
     grads = awkward_gradients()
     norms = torch._foreach_norm(grads)
     bounds = [np.float32(b) for b in (-1, -0.25, 0, 0.5)]
-    host_statistics, host_signs, host_values = _host_statistics(grads, norms, level, bounds)
-    statistics, signs, values = _device_statistics(grads, norms, level, bounds)()
+    host_statistics, host_signs, host_values = _host_statistics(grads, norms, LEVELS[level], bounds)
+    statistics, signs, values = _device_statistics(grads, norms, LEVELS[level], bounds)()
     np.testing.assert_array_equal(statistics, host_statistics)
     if level == "L0":
         np.testing.assert_array_equal(values, host_values)
@@ -41,7 +43,7 @@ def test_device_path_equals_host_path(level):
 
 def test_host_path_counts_match_numpy_by_hand():
     grad = torch.tensor([-2.0, -1.0, -0.5, 0.0, -0.0, 0.25, 1.0, 3.0, float("nan")])
-    statistics, signs, _ = _host_statistics([grad], torch._foreach_norm([grad]), "L2",
+    statistics, signs, _ = _host_statistics([grad], torch._foreach_norm([grad]), LEVELS["L2"],
                                             [np.float32(b) for b in (-1, 0, 1)])
     # max, min are NaN (NaN propagates); counts of x <= -1, <= 0, <= 1 and == 0 exclude the NaN.
     assert np.isnan(statistics[0]) and np.isnan(statistics[1])
@@ -53,14 +55,14 @@ def test_host_path_counts_match_numpy_by_hand():
 def test_results_of_several_devices_merge_back_into_parameter_order(level):
     """CPU offload puts some gradients on the host and others on the accelerator: each device's group is
     computed apart, then merged; here two CPU groups stand in for two devices."""
-    from msprobe_mlflow.pytorch.statistics import _launch_group, _merge
+    from msprobe_mlflow.pytorch.statistics import _launch_group
 
     grads = awkward_gradients()
     bounds = [np.float32(b) for b in (-1, 0, 1)]
-    whole = _host_statistics(grads, torch._foreach_norm(grads), level, bounds)
+    whole = _host_statistics(grads, torch._foreach_norm(grads), LEVELS[level], bounds)
     groups = [[0, 2, 5], [1, 3, 4, 6, 7]]
-    parts = [(indices, _launch_group([grads[i] for i in indices], level, bounds)()) for indices in groups]
-    merged = _merge(parts, [g.numel() for g in grads], level, len(bounds) + 1)
+    parts = [(indices, _launch_group([grads[i] for i in indices], LEVELS[level], bounds)()) for indices in groups]
+    merged = StatisticsLayout(level, bounds, [g.numel() for g in grads]).merge(parts)
     for expected, found in zip(whole, merged):
         if expected is None:
             assert found is None
@@ -78,7 +80,7 @@ def test_host_blocks_of_any_size_give_the_same_numbers(monkeypatch, block, level
     monkeypatch.setattr(statistics_module, "HOST_BLOCK", block)
     grads = awkward_gradients()[1:] + [torch.randn(101), torch.randn(3, 17)]
     bounds = [np.float32(b) for b in (-1, 0, 1)]
-    found, signs, _ = _host_statistics(grads, torch._foreach_norm(grads), level, bounds)
+    found, signs, _ = _host_statistics(grads, torch._foreach_norm(grads), LEVELS[level], bounds)
     rows, counts, packed = [], [], []
     for grad in grads:
         values = grad.float().numpy().ravel() if grad.dtype != torch.float64 else grad.numpy().ravel()

@@ -3,6 +3,7 @@
 Expected texts are written out by hand; every number in them follows from the gradients set in the test.
 """
 import hashlib
+import re
 
 import numpy as np
 import pytest
@@ -11,10 +12,13 @@ import torch
 from gradient_expectations import EXPECTED_L1, EXPECTED_L2
 from msprobe_mlflow.config import GradProbeConfig
 from msprobe_mlflow.directions import PACKED_FILE_NAME, read_step_directions
-from msprobe_mlflow.dump import (csv_text, indexed_children, read_summary, summary_csv_path, summary_steps,
-                                 write_step)
+from msprobe_mlflow.dump import (DUMP_CONFIG_FILE_NAME, csv_text, indexed_children, parse_rank_folder,
+                                 parse_step_folder, parse_summary_name, read_dump_config, read_summary,
+                                 relative_step_dir, relative_summary_path, step_dir, summary_csv_path, summary_steps,
+                                 write_dump_config, write_step)
 from msprobe_mlflow.pytorch import GradientMonitor
-from msprobe_mlflow.records import StepRecord, bucket_labels, csv_header
+from msprobe_mlflow.levels import bucket_labels, csv_header
+from msprobe_mlflow.records import StepRecord
 
 
 class SmallModel(torch.nn.Module):
@@ -173,3 +177,34 @@ def test_indexed_children_and_summary_steps_ignore_lookalikes(tmp_path):
                  "grad_summary_4.csv.tmp"]:
         (tmp_path / "rank0" / name).write_text("")
     assert summary_steps(tmp_path / "rank0") == [0, 3, 12]
+
+
+def test_relative_paths_are_posix_and_match_the_local_ones(tmp_path):
+    assert relative_summary_path(0, 3) == "rank0/grad_summary_3.csv"
+    assert relative_step_dir(2, 12) == "rank2/step12"
+    assert summary_csv_path(tmp_path, 0, 3) == tmp_path / "rank0" / "grad_summary_3.csv"
+    assert step_dir(tmp_path, 2, 12) == tmp_path / "rank2" / "step12"
+
+
+def test_names_parse_back_and_lookalikes_do_not():
+    assert (parse_rank_folder("rank3"), parse_step_folder("step12"), parse_summary_name("grad_summary_12.csv")) == \
+        (3, 12, 12)
+    for lookalike in ["rankX", "rank-1", "rank3.bak", "step", "grad_summary_x.csv", "grad_summary_4.csv.tmp"]:
+        assert parse_rank_folder(lookalike) is None
+        assert parse_step_folder(lookalike) is None
+        assert parse_summary_name(lookalike) is None
+
+
+def test_the_dump_config_reads_back_what_was_written(tmp_path):
+    config = GradProbeConfig(dump_path=str(tmp_path), level="L2", bounds=(-0.5, 0.5))
+    assert read_dump_config(tmp_path) is None  # msprobe's own dumps have none
+    assert write_dump_config(tmp_path, "pytorch", config) == tmp_path / DUMP_CONFIG_FILE_NAME
+    assert read_dump_config(tmp_path) == {"framework": "pytorch", "config": config.to_msprobe_dict()}
+
+
+@pytest.mark.parametrize("text, problem", [("{", "not a readable JSON file"),
+                                           ('{"framework": "pytorch"}', "field config is missing or not an object")])
+def test_a_damaged_dump_config_is_refused_naming_the_file(tmp_path, text, problem):
+    (tmp_path / DUMP_CONFIG_FILE_NAME).write_text(text)
+    with pytest.raises(ValueError, match=f"^{re.escape(str(tmp_path / DUMP_CONFIG_FILE_NAME))}: {problem}"):
+        read_dump_config(tmp_path)

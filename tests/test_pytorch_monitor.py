@@ -622,12 +622,13 @@ def test_the_training_thread_makes_no_per_value_host_reads_while_probing(tmp_pat
 def test_the_accelerator_path_reads_nothing_on_the_host_until_the_writer_resolves_it(monkeypatch):
     """The path taken for CUDA (and other devices) runs here on CPU tensors: queuing it reads no value at all;
     only the writer thread's resolve step does."""
+    from msprobe_mlflow.levels import LEVELS
     from msprobe_mlflow.pytorch.statistics import _device_statistics
 
     calls = count_host_reads(monkeypatch, (*SCALAR_READS, "numpy"))
     grads = [torch.randn(8, 8), torch.randn(8), torch.zeros(0), torch.randn((), dtype=torch.bfloat16)]
     for level in ("L0", "L1", "L2"):
-        _device_statistics(grads, torch._foreach_norm(grads), level, [np.float32(0)])
+        _device_statistics(grads, torch._foreach_norm(grads), LEVELS[level], [np.float32(0)])
         assert calls == [], f"{level}: {calls}"
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from msprobe_mlflow.records import packed_length
+from msprobe_mlflow.layout import packed_length
 
 # Number of set bits of every byte value (numpy 1.26 has no bitwise_count).
 POPCOUNT = np.array([bin(value).count("1") for value in range(256)], dtype=np.uint8)

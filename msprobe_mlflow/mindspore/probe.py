@@ -24,7 +24,7 @@ from mindspore import Parameter, mint, nn, ops
 
 from msprobe_mlflow.mindspore.statistics import (float32_bounds, float32_values, gradient_statistics, pack_signs,
                                                  propagate_nan)
-from msprobe_mlflow.records import packed_length
+from msprobe_mlflow.layout import StatisticsLayout
 
 logger = logging.getLogger("msprobe_mlflow")
 _LAST_STEP = np.iinfo(np.int32).max
@@ -38,7 +38,7 @@ class GradientProbe(nn.Cell):
     ``selected`` says, per gradient of the optimizer's gradient tuple (``shapes`` are all of theirs), whether it
     is monitored. A step is wanted when the probe is active, ``rank_wanted`` and the step (counted by
     ``steps_run`` from ``first_step``) is in ``steps`` (empty: every step). After a wanted step, ``probed_step``
-    holds its number and the buffers its statistics: ``statistics`` (float64, :func:`gradient_statistics` layout),
+    holds its number and the buffers its statistics, sized and laid out by ``layout``: ``statistics`` (float64),
     ``signs`` (packed directions, L1/L2), ``float32_values`` (L0, for MD5). The construct is compiled (``@jit``)
     even in PyNative, so both modes run the same kernels.
     """
@@ -48,34 +48,32 @@ class GradientProbe(nn.Cell):
         super().__init__(auto_prefix=False)
         tag = f"msprobe_mlflow_{next(_probe_numbers)}"
         numels = [math.prod(shape) for shape, wanted in zip(shapes, selected) if wanted]
+        self.layout = StatisticsLayout(level, bounds, numels)
         self.selected = tuple(bool(s) for s in selected)
-        self.level = level
+        self.has_md5 = self.layout.level.has_md5
+        self.has_directions = self.layout.level.has_directions
+        self.has_buckets = self.layout.level.has_buckets
         self.bounds32 = float32_bounds(bounds)
         self.rank_wanted = bool(rank_wanted)
-        self.monitored = len(numels)
-        self.has_parameters = self.monitored > 0
+        self.has_parameters = self.layout.count > 0
         self.has_values = sum(numels) > 0
         self.has_step_filter = bool(steps)
         reachable = [s for s in steps if s <= _LAST_STEP]  # the int32 counter never reaches the others
         self.wanted_steps = ms.Tensor(np.array(reachable or [-1], dtype=np.int32))
-        statistics_length = len(numels) * (3 + (len(bounds) + 1 if level == "L2" else 0))
-        signs_length = sum(packed_length(n) for n in numels) if level != "L0" else 0
-        values_length = sum(numels) if level == "L0" else 0
 
         def buffer(name, length, dtype):  # at least one element: a Parameter cannot be empty
             return Parameter(ms.Tensor(np.zeros(max(length, 1), dtype=dtype)), name=f"{tag}.{name}",
                              requires_grad=False)
 
-        self.statistics = buffer("statistics", statistics_length, np.float64)
-        self.signs = buffer("signs", signs_length, np.uint8)
-        self.float32_values = buffer("float32_values", values_length, np.float32)
+        self.statistics = buffer("statistics", self.layout.statistics_length, np.float64)
+        self.signs = buffer("signs", self.layout.signs_length, np.uint8)
+        self.float32_values = buffer("float32_values", self.layout.values_length, np.float32)
         self.first_step = first_step
         self.steps_run = Parameter(ms.Tensor(np.array(first_step, dtype=np.int32)), name=f"{tag}.steps_run",
                                    requires_grad=False)
         self.probed_step = Parameter(ms.Tensor(np.array(-1, dtype=np.int32)), name=f"{tag}.probed_step",
                                      requires_grad=False)
         self.active = Parameter(ms.Tensor(True), name=f"{tag}.active", requires_grad=False)
-        self.lengths = (statistics_length, signs_length, values_length)
         self.failures = 0
 
     @ms.jit
@@ -93,11 +91,12 @@ class GradientProbe(nn.Cell):
 
     def _write(self, gradients):
         if self.has_parameters:
-            ops.assign(self.statistics, gradient_statistics(gradients, self.selected, self.level, self.bounds32))
+            ops.assign(self.statistics, gradient_statistics(gradients, self.selected, self.has_buckets,
+                                                            self.bounds32))
             if self.has_values:
-                if self.level == "L0":
+                if self.has_md5:
                     ops.assign(self.float32_values, float32_values(gradients, self.selected))
-                else:
+                if self.has_directions:
                     ops.assign(self.signs, pack_signs(gradients, self.selected))
         return True
 
@@ -117,7 +116,7 @@ class GradientProbe(nn.Cell):
         cannot run fails here, where the monitor can refuse to start, not inside the training graph."""
         samples = tuple(ms.Tensor(np.linspace(-2.0, 2.0, 9), dtype) for dtype in dict.fromkeys(dtypes))
         if samples:
-            _statistics_graph(ms.mutable(samples), (True,) * len(samples), self.level, self.bounds32)
+            _statistics_graph(ms.mutable(samples), (True,) * len(samples), self.has_buckets, self.bounds32)
 
     def read_progress(self) -> tuple[int, int]:
         """``(steps_run, probed_step)`` as the last finished step left them."""
@@ -125,10 +124,10 @@ class GradientProbe(nn.Cell):
 
     def read(self) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None]:
         """Copies of the buffers (the next step overwrites them): statistics, signs (L1/L2), float32 values (L0)."""
-        statistics_length, signs_length, values_length = self.lengths
-        statistics = propagate_nan(np.array(self.statistics.asnumpy()[:statistics_length]), self.monitored)
-        signs = np.array(self.signs.asnumpy()[:signs_length]) if self.level != "L0" else None
-        values = np.array(self.float32_values.asnumpy()[:values_length]) if self.level == "L0" else None
+        layout = self.layout
+        statistics = propagate_nan(np.array(self.statistics.asnumpy()[:layout.statistics_length]), layout)
+        signs = np.array(self.signs.asnumpy()[:layout.signs_length]) if self.has_directions else None
+        values = np.array(self.float32_values.asnumpy()[:layout.values_length]) if self.has_md5 else None
         return statistics, signs, values
 
     def deactivate(self) -> None:
@@ -137,8 +136,8 @@ class GradientProbe(nn.Cell):
 
 
 @ms.jit
-def _statistics_graph(grads, selected, level, bounds32):
-    return (gradient_statistics(grads, selected, level, bounds32), pack_signs(grads, selected),
+def _statistics_graph(grads, selected, has_buckets, bounds32):
+    return (gradient_statistics(grads, selected, has_buckets, bounds32), pack_signs(grads, selected),
             float32_values(grads, selected))
 
 

@@ -5,8 +5,8 @@ Every public function takes the optimizer's gradient tuple and a tuple of bools,
 which gradients are monitored, and returns one flat tensor. The per-gradient work is mapped over the tuple with
 ``HyperMap``, as MindSpore's own optimizers do: a Python loop would unroll into a chain of list operations that
 exceeds the compiler's call-depth limit (1000) at a few hundred parameters. Inside, every ``if`` tests a dtype or a
-shape, which the compiler knows. The layout is the one :func:`msprobe_mlflow.records.record_from_statistics`
-decodes, which the PyTorch monitor also produces, once :func:`propagate_nan` has run on the host.
+shape, which the compiler knows. The result is laid out as :class:`msprobe_mlflow.layout.StatisticsLayout` says,
+as the PyTorch monitor's is, once :func:`propagate_nan` has run on the host.
 
 MindSpore's CPU kernels reject most bfloat16 ops (max, comparisons, reductions), so each bfloat16 or float16
 gradient is cast to float32 first. That changes no value: max, min, the comparisons and ``> 0`` are exact on the
@@ -19,6 +19,8 @@ from __future__ import annotations
 import numpy as np
 import mindspore as ms
 from mindspore import mint, ops
+
+from msprobe_mlflow.layout import EXTREMES, StatisticsLayout
 
 _BIT_WEIGHTS = (128, 64, 32, 16, 8, 4, 2, 1)  # np.packbits order: first element in the high bit
 _COMPARISON_MATRIX_LIMIT = 1 << 24  # booleans: a 16 MiB temporary
@@ -105,12 +107,13 @@ def _flat_float32_of(selected, grad):
     return mint.reshape(_as_float32(grad), (-1,))
 
 
-def gradient_statistics(grads: tuple, selected: tuple, level: str, bounds32: tuple) -> ms.Tensor:
-    """One float64 vector: ``max, min, norm`` of each selected gradient (float32 values), then at L2, per selected
-    gradient, the number of elements ``x <= b`` for each float32 bound ``b`` and the number equal to zero (``-0.0``
-    included). MindSpore's max and min skip NaN: :func:`propagate_nan` makes them NaN on the host."""
+def gradient_statistics(grads: tuple, selected: tuple, has_buckets: bool, bounds32: tuple) -> ms.Tensor:
+    """One float64 vector: ``max, min, norm`` of each selected gradient (float32 values), then with buckets
+    (``Level.has_buckets``, L2), per selected gradient, the number of elements ``x <= b`` for each float32 bound
+    ``b`` and the number equal to zero (``-0.0`` included). MindSpore's max and min skip NaN: :func:`propagate_nan`
+    makes them NaN on the host."""
     statistics = mint.cat(_map(_extremes_and_norm, selected, grads))
-    if level == "L2":
+    if has_buckets:
         counts = mint.cat(_map(ops.partial(_bucket_counts, bounds32), selected, grads)).astype(ms.float64)
         statistics = mint.cat((statistics, counts))
     return statistics
@@ -128,9 +131,9 @@ def float32_values(grads: tuple, selected: tuple) -> ms.Tensor:
     return mint.cat(_map(_flat_float32, selected, grads))
 
 
-def propagate_nan(statistics: np.ndarray, count: int) -> np.ndarray:
+def propagate_nan(statistics: np.ndarray, layout: StatisticsLayout) -> np.ndarray:
     """Host side of :func:`gradient_statistics`: max and min become NaN where the norm is NaN (a NaN element), as
     ``torch.aminmax`` gives them. ``statistics`` is modified and returned."""
-    values = statistics[: 3 * count].reshape(count, 3)
-    values[np.isnan(values[:, 2]), :2] = np.nan
+    extremes = layout.split(statistics)[EXTREMES]  # a view: max, min, norm per parameter
+    extremes[np.isnan(extremes[:, 2]), :2] = np.nan
     return statistics

@@ -14,6 +14,8 @@ from typing import Callable
 import numpy as np
 import torch
 
+from msprobe_mlflow.layout import CUMULATIVE_COUNTS, EXTREMES, StatisticsLayout
+from msprobe_mlflow.levels import Level
 from msprobe_mlflow.records import StepRecord, record_from_statistics
 
 _BIT_WEIGHTS = (128, 64, 32, 16, 8, 4, 2, 1)  # np.packbits order: first element in the high bit
@@ -80,17 +82,19 @@ def launch_step_statistics(names: list[str], grads: list[torch.Tensor], *, rank:
                            bounds: tuple) -> Callable[[], StepRecord]:
     """Computes (CPU) or queues (other devices) the statistics of ``grads``; returns the pending step.
 
-    The flat result holds ``max, min, norm`` per parameter (in the gradient's dtype; ``_foreach_norm`` accumulates
-    in float32), then at L2 per parameter the counts of ``x <= b`` for each float32 bound and of ``x == 0`` (see
-    :func:`record_from_statistics`). bf16/fp16 are compared in float32, so the float32 bounds are not rounded to
-    the gradient's dtype; float64 stays float64, as msprobe compares it. Gradients on several devices (CPU
-    offload) are handled per device and merged back into parameter order on the writer thread.
+    The flat result is laid out as :class:`msprobe_mlflow.layout.StatisticsLayout` says: ``max, min, norm`` per
+    parameter (in the gradient's dtype; ``_foreach_norm`` accumulates in float32), then at L2 per parameter the
+    counts of ``x <= b`` for each float32 bound and of ``x == 0``. bf16/fp16 are compared in float32, so the
+    float32 bounds are not rounded to the gradient's dtype; float64 stays float64, as msprobe compares it.
+    Gradients on several devices (CPU offload) are handled per device and merged back into parameter order on the
+    writer thread.
     """
+    layout = StatisticsLayout(level, bounds, [g.numel() for g in grads])
     bounds32 = [np.float32(b) for b in bounds]
     by_device: dict[torch.device, list[int]] = {}
     for index, grad in enumerate(grads):
         by_device.setdefault(grad.device, []).append(index)
-    pending = [(indices, _launch_group([grads[i] for i in indices], level, bounds32))
+    pending = [(indices, _launch_group([grads[i] for i in indices], layout.level, bounds32))
                for indices in by_device.values()]
 
     def resolve() -> StepRecord:
@@ -98,7 +102,7 @@ def launch_step_statistics(names: list[str], grads: list[torch.Tensor], *, rank:
         if len(parts) == 1:  # the usual case: one device
             statistics, signs, float32_values = parts[0][1]
         else:
-            statistics, signs, float32_values = _merge(parts, [g.numel() for g in grads], level, len(bounds) + 1)
+            statistics, signs, float32_values = layout.merge(parts)
         record = record_from_statistics(rank=rank, step=step, level=level, bounds=bounds, names=names,
                                         shapes=[g.shape for g in grads], statistics=statistics, signs=signs,
                                         float32_values=float32_values)
@@ -109,35 +113,13 @@ def launch_step_statistics(names: list[str], grads: list[torch.Tensor], *, rank:
     return resolve
 
 
-def _launch_group(grads: list[torch.Tensor], level: str, bounds32) -> Callable[[], tuple]:
+def _launch_group(grads: list[torch.Tensor], level: Level, bounds32) -> Callable[[], tuple]:
     """Statistics of gradients that share a device: computed now on the CPU, queued on an accelerator."""
     norms = torch._foreach_norm(grads)
     if grads[0].device.type == "cpu":
         computed = _host_statistics(grads, norms, level, bounds32)
         return lambda: computed
     return _device_statistics(grads, norms, level, bounds32)
-
-
-def _merge(parts, numels: list[int], level: str, count_columns: int) -> tuple:
-    """Per-device results ``(indices, (statistics, signs, float32_values))`` back in parameter order."""
-    head, counts = np.zeros((len(numels), 3)), np.zeros((len(numels), count_columns))
-    signs, values = [None] * len(numels), [None] * len(numels)
-    for indices, (statistics, packed, flat) in parts:
-        head[indices] = statistics[:3 * len(indices)].reshape(-1, 3)
-        if level == "L2":
-            counts[indices] = statistics[3 * len(indices):].reshape(-1, count_columns)
-        packed_offset = value_offset = 0
-        for i in indices:
-            if packed is not None:
-                signs[i] = packed[packed_offset:packed_offset + (numels[i] + 7) // 8]
-                packed_offset += (numels[i] + 7) // 8
-            if flat is not None:
-                values[i] = flat[value_offset:value_offset + numels[i]]
-                value_offset += numels[i]
-    statistics = np.concatenate([head.reshape(-1), counts.reshape(-1) if level == "L2" else []])
-    has_values = level == "L0" and all(v is not None for v in values)  # the device path snapshots apart
-    return (statistics, np.concatenate([np.zeros(0, np.uint8), *signs]) if level != "L0" else None,
-            np.concatenate([np.zeros(0, np.float32), *values]) if has_values else None)
 
 
 def _comparable(grad: torch.Tensor) -> torch.Tensor:
@@ -159,9 +141,10 @@ def _host_statistics(grads, norms, level, bounds32):
     with ``reduceat``, instead of paying numpy's per-call cost each.
     """
     arrays = [_comparable(g).detach().numpy().reshape(-1) for g in grads]
+    layout = StatisticsLayout(level, bounds32, [a.size for a in arrays])
     maxima, minima = np.full(len(arrays), -np.inf), np.full(len(arrays), np.inf)
     counts = np.zeros((len(arrays), len(bounds32) + 1), np.int64)
-    signs = np.empty(sum((a.size + 7) // 8 for a in arrays), np.uint8) if level != "L0" else None
+    signs = np.empty(layout.signs_length, np.uint8) if level.has_directions else None
     for block, pieces, sign_offset in _host_blocks(arrays):
         owners = [owner for owner, _, _ in pieces]
         if len(pieces) == 1:  # a slice of a large gradient: plain reductions (reduceat on bools is slow)
@@ -170,7 +153,7 @@ def _host_statistics(grads, norms, level, bounds32):
             with np.errstate(invalid="ignore"):
                 maxima[owners] = np.maximum(maxima[owners], values.max())
                 minima[owners] = np.minimum(minima[owners], values.min())
-            if level == "L2":
+            if level.has_buckets:
                 counts[owners] += [np.count_nonzero(values <= bound) for bound in bounds32] \
                     + [np.count_nonzero(values == 0)]
         else:  # small gradients: reduceat over (piece, gap) segments; a trailing zero ends the last gap
@@ -179,7 +162,7 @@ def _host_statistics(grads, norms, level, bounds32):
             with np.errstate(invalid="ignore"):  # NaN propagates, as msprobe's max/min do
                 np.maximum.at(maxima, owners, np.maximum.reduceat(extended, edges)[0::2])
                 np.minimum.at(minima, owners, np.minimum.reduceat(extended, edges)[0::2])
-            if level == "L2":
+            if level.has_buckets:
                 for column, mask in enumerate([extended <= bound for bound in bounds32] + [extended == 0]):
                     np.add.at(counts[:, column], owners, np.add.reduceat(mask, edges, dtype=np.int64)[0::2])
         if signs is not None:
@@ -189,14 +172,12 @@ def _host_statistics(grads, norms, level, bounds32):
     maxima[empty] = minima[empty] = np.nan
     norm_values = torch.stack(norms).float().numpy() if norms else np.zeros(0, np.float32)
     head = np.column_stack([maxima.astype(np.float32), minima.astype(np.float32), norm_values]).astype(np.float64)
-    statistics = np.concatenate([head.reshape(-1), counts.reshape(-1) if level == "L2" else []])
+    statistics = np.concatenate(layout.in_order({EXTREMES: head, CUMULATIVE_COUNTS: counts}))
     float32_values = None
-    if level == "L0":  # a snapshot: the optimizer may change the gradients before the writer hashes them
-        float32_values = _snapshot_buffer(sum(a.size for a in arrays))
-        start = 0
-        for array in arrays:
-            float32_values[start:start + array.size] = array
-            start += array.size
+    if level.has_md5:  # a snapshot: the optimizer may change the gradients before the writer hashes them
+        float32_values = _snapshot_buffer(layout.values_length)
+        for array, piece in zip(arrays, layout.value_slices()):
+            float32_values[piece] = array
     return statistics, signs, float32_values
 
 
@@ -259,6 +240,7 @@ def _device_statistics(grads, norms, level, bounds32) -> Callable[[], tuple]:
     vector reduced with ``segment_reduce``, so a model of many small tensors costs a few kernels per chunk,
     not several per tensor. Each block's results are merged back into parameter order on the writer thread.
     """
+    layout = StatisticsLayout(level, bounds32, [g.numel() for g in grads])
     blocks = [[i] for i, g in enumerate(grads) if g.numel() >= SMALL_TENSOR]
     blocks += _small_chunks(grads, [i for i, g in enumerate(grads) if g.numel() < SMALL_TENSOR])
     statistics, signs = [], []
@@ -267,20 +249,20 @@ def _device_statistics(grads, norms, level, bounds32) -> Callable[[], tuple]:
         reduce = _large_gradient_statistics if members[0].numel() >= SMALL_TENSOR else _small_chunk_statistics
         rows, bits = reduce(members, level, bounds32)  # rows: (max, min, [counts]) x parameters
         norm = torch.stack([norms[i] for i in indices]).float().double()  # float32, as msprobe writes
-        head = torch.stack([rows[0], rows[1], norm], dim=1).reshape(-1)
-        statistics.append(torch.cat([head, rows[2:].T.reshape(-1)]))
+        extremes = torch.stack([rows[0], rows[1], norm], dim=1)
+        statistics.append(torch.cat(layout.in_order({EXTREMES: extremes, CUMULATIVE_COUNTS: rows[2:].T})))
         signs.append(bits)
     sizes = [t.numel() for t in statistics]
     statistics_host = _to_host(torch.cat(statistics))
-    signs_host = _to_host(torch.cat(signs)) if level != "L0" else None
-    sign_sizes = [t.numel() for t in signs] if level != "L0" else None
-    float32_host = _to_host(torch.cat([g.reshape(-1).float() for g in grads])) if level == "L0" else None
+    signs_host = _to_host(torch.cat(signs)) if level.has_directions else None
+    sign_sizes = [t.numel() for t in signs] if level.has_directions else None
+    float32_host = _to_host(torch.cat([g.reshape(-1).float() for g in grads])) if level.has_md5 else None
 
     def collect() -> tuple:
         block_statistics = np.split(statistics_host(), np.cumsum(sizes)[:-1])
         block_signs = np.split(signs_host(), np.cumsum(sign_sizes)[:-1]) if signs_host else [None] * len(blocks)
         parts = [(indices, (stats, bits, None)) for indices, stats, bits in zip(blocks, block_statistics, block_signs)]
-        merged_statistics, merged_signs, _ = _merge(parts, [g.numel() for g in grads], level, len(bounds32) + 1)
+        merged_statistics, merged_signs, _ = layout.merge(parts)
         return merged_statistics, merged_signs, float32_host() if float32_host else None
 
     return collect
@@ -291,10 +273,10 @@ def _large_gradient_statistics(grads, level, bounds32):
     (grad,) = grads
     minimum, maximum = torch.aminmax(grad)
     rows = [maximum.float().double(), minimum.float().double()]
-    if level == "L2":
+    if level.has_buckets:
         comparable = _comparable(grad)
         rows += [(comparable <= float(b)).sum().double() for b in bounds32] + [(comparable == 0).sum().double()]
-    bits = pack_bits(torch.cat(_padded((grad > 0).reshape(-1)))) if level != "L0" else None
+    bits = pack_bits(torch.cat(_padded((grad > 0).reshape(-1)))) if level.has_directions else None
     return torch.stack(rows).reshape(-1, 1), bits
 
 
@@ -335,7 +317,7 @@ def _small_chunk_statistics(grads, level, bounds32):
     nan = torch.full((), math.nan, dtype=torch.float64, device=flat.device)
     rows = [torch.where(empty, nan, per_parameter(flat, "max").float().double()),  # float32, as msprobe writes
             torch.where(empty, nan, per_parameter(flat, "min").float().double())]
-    if level == "L2":
+    if level.has_buckets:
         rows += [per_parameter((flat <= float(b)).float(), "sum").double() for b in bounds32]
         rows.append(per_parameter((flat == 0).float(), "sum").double())
-    return torch.stack(rows), pack_bits(flat > 0) if level != "L0" else None
+    return torch.stack(rows), pack_bits(flat > 0) if level.has_directions else None

@@ -20,14 +20,14 @@ from urllib.parse import unquote, urlparse
 from mlflow.entities import Run
 from mlflow.tracking import MlflowClient
 
+from msprobe_mlflow.dump import (parse_rank_folder, parse_step_folder, parse_summary_name, relative_step_dir,
+                                 relative_summary_path)
+from msprobe_mlflow.levels import LEVELS
 from msprobe_mlflow.progress import ProgressLine
 from msprobe_mlflow.safe_paths import confined_path
 from msprobe_mlflow.tracking import ARTIFACT_ROOT, TAG_PREFIX
 
 DOWNLOAD_WORKERS = 8
-_RANK = re.compile(r"^rank(\d+)$")
-_STEP = re.compile(r"^step(\d+)$")
-_SUMMARY = re.compile(r"^grad_summary_(\d+)\.csv$")
 _PLAIN_RUN_ID = re.compile(r"^[A-Za-z0-9_-]{1,64}$")  # MLflow's are 32 hex digits; the cache folder is named by it
 
 
@@ -62,23 +62,23 @@ def list_run_dump(client: MlflowClient, run: Run) -> RunDumpListing:
     """Lists the run's ranks and complete steps (one request per rank), refusing an L0 or empty run."""
     run_id = run.info.run_id
     level = run.data.tags.get(f"{TAG_PREFIX}level")
-    if level == "L0":
-        raise RunDumpError(f"run {run_id}: tag {TAG_PREFIX}level = 'L0': an L0 run records no gradient "
+    if level in LEVELS and not LEVELS[level].has_directions:
+        raise RunDumpError(f"run {run_id}: tag {TAG_PREFIX}level = {level!r}: an {level} run records no gradient "
                            f"directions; compare needs grad_level L1 or L2 in both runs")
     listing = RunDumpListing(run)
     rank_folders = [info for info in client.list_artifacts(run_id, ARTIFACT_ROOT) if info.is_dir]
     for folder in rank_folders:
-        match = _RANK.match(_name(folder.path))
-        if not match:
+        rank = parse_rank_folder(_name(folder.path))
+        if rank is None:
             continue
         entries = client.list_artifacts(run_id, folder.path)
-        summaries = {int(m.group(1)) for e in entries if not e.is_dir and (m := _SUMMARY.match(_name(e.path)))}
+        summaries = {parse_summary_name(_name(e.path)) for e in entries if not e.is_dir} - {None}
         listing.file_sizes.update({e.path: e.file_size for e in entries if not e.is_dir})
-        step_folders = {int(m.group(1)) for e in entries if e.is_dir and (m := _STEP.match(_name(e.path)))}
+        step_folders = {parse_step_folder(_name(e.path)) for e in entries if e.is_dir} - {None}
         if summaries and not step_folders:
             raise RunDumpError(f"run {run_id}: {folder.path}/ holds grad_summary_*.csv but no step<N>/ folders: "
                                f"an L0 dump records no gradient directions; compare needs grad_level L1 or L2")
-        listing.steps[int(match.group(1))] = sorted(summaries & step_folders)
+        listing.steps[rank] = sorted(summaries & step_folders)
     if not listing.steps:
         raise RunDumpError(f"run {run_id} has no {ARTIFACT_ROOT}/rank<N>/ artifacts; expected a run logged by "
                            f"msprobe-mlflow's monitor (autolog, GradientMonitor) or by 'msprobe-mlflow upload'")
@@ -117,11 +117,12 @@ def fetch_run_dump(client: MlflowClient, listing: RunDumpListing, steps: dict[in
     run_root = cache_root / run_id
     run_root.mkdir(parents=True, exist_ok=True)
     wanted = []  # (artifact path, size)
-    folders = [f"{ARTIFACT_ROOT}/rank{rank}/step{step}" for rank, rank_steps in steps.items() for step in rank_steps]
+    folders = [f"{ARTIFACT_ROOT}/{relative_step_dir(rank, step)}" for rank, rank_steps in steps.items()
+               for step in rank_steps]
     with ThreadPoolExecutor(DOWNLOAD_WORKERS, thread_name_prefix="msprobe-download") as pool:
         for folder, entries in zip(folders, pool.map(lambda f: client.list_artifacts(run_id, f), folders)):
             wanted += [(e.path, e.file_size) for e in entries if not e.is_dir]
-        summaries = [f"{ARTIFACT_ROOT}/rank{rank}/grad_summary_{step}.csv"
+        summaries = [f"{ARTIFACT_ROOT}/{relative_summary_path(rank, step)}"
                      for rank, rank_steps in steps.items() for step in rank_steps]
         wanted += [(path, listing.file_sizes.get(path)) for path in summaries]
         missing = []

@@ -19,13 +19,14 @@ from mlflow.tracking import MlflowClient
 
 from msprobe_mlflow import __version__
 from msprobe_mlflow.directions import PACKED_FILE_NAME, open_step_directions, read_step_directions, write_packed
-from msprobe_mlflow.dump import indexed_children, rank_dir, read_summary, step_dir, summary_csv_path, summary_steps
-from msprobe_mlflow.safe_paths import refuse_symlink
+from msprobe_mlflow.dump import (RANK_PREFIX, indexed_children, parse_summary_name, rank_dir, read_dump_config,
+                                 read_summary, relative_rank_dir, relative_step_dir, step_dir, summary_csv_path,
+                                 summary_steps)
+from msprobe_mlflow.levels import level_of_header
 from msprobe_mlflow.tracking import ARTIFACT_ROOT, TAG_PREFIX
 from msprobe_mlflow.tracking.experiments import experiment_id_for
 from msprobe_mlflow.tracking.runs import created_run, log_batched, now_ms
 from msprobe_mlflow.progress import ProgressLine
-from msprobe_mlflow.session import DUMP_CONFIG_FILE_NAME
 from msprobe_mlflow.metrics import step_metrics
 
 
@@ -51,11 +52,12 @@ def upload_step_files(client: MlflowClient, run_id: str, dump_path: str | os.Pat
     """Sends one step's directions (packed) then its CSV; returns the number of files sent."""
     sent = 0
     folder = step_dir(dump_path, rank, step)
-    destination = f"{ARTIFACT_ROOT}/rank{rank}"
+    destination = f"{ARTIFACT_ROOT}/{relative_rank_dir(rank)}"
+    step_destination = f"{ARTIFACT_ROOT}/{relative_step_dir(rank, step)}"
     if folder.is_dir():
         packed = folder / PACKED_FILE_NAME
         if packed.exists():
-            client.log_artifact(run_id, str(packed), f"{destination}/step{step}")
+            client.log_artifact(run_id, str(packed), step_destination)
         else:  # msprobe's boolean .npy per parameter: pack on the way
             directions = read_step_directions(folder)
             with tempfile.TemporaryDirectory() as scratch:
@@ -63,25 +65,23 @@ def upload_step_files(client: MlflowClient, run_id: str, dump_path: str | os.Pat
                 names = list(directions)
                 write_packed(converted, names, [directions[n][0] for n in names],
                              np.concatenate([np.zeros(0, np.uint8)] + [directions[n][1] for n in names]))
-                client.log_artifact(run_id, str(converted), f"{destination}/step{step}")
+                client.log_artifact(run_id, str(converted), step_destination)
         sent += 1
     client.log_artifact(run_id, str(summary_csv_path(dump_path, rank, step)), destination)
     return sent + 1
 
 
 def _steps_with_csv_artifact(client: MlflowClient, run_id: str, rank: int) -> set[int]:
-    prefix = "grad_summary_"
     steps = set()
-    for info in client.list_artifacts(run_id, f"{ARTIFACT_ROOT}/rank{rank}"):
-        name = info.path.rsplit("/", 1)[-1]
-        if not info.is_dir and name.startswith(prefix) and name.endswith(".csv") and name[len(prefix):-4].isdigit():
-            steps.add(int(name[len(prefix):-4]))
+    for info in client.list_artifacts(run_id, f"{ARTIFACT_ROOT}/{relative_rank_dir(rank)}"):
+        step = parse_summary_name(info.path.rsplit("/", 1)[-1])
+        if not info.is_dir and step is not None:
+            steps.add(step)
     return steps
 
 
 def _level_of(dump_path: Path, rank: int, step: int) -> str:
-    header = read_summary(summary_csv_path(dump_path, rank, step)).header
-    return "L0" if "MD5" in header else "L2" if "=0" in header else "L1"
+    return level_of_header(read_summary(summary_csv_path(dump_path, rank, step)).header).name
 
 
 def check_steps(dump_path: Path, rank: int, steps: list[int], param_patterns: tuple[str, ...]) -> None:
@@ -102,7 +102,7 @@ def upload_dump(dump_path: str | os.PathLike, run_id: str | None = None, *, expe
     dump_path = Path(dump_path)
     if not dump_path.is_dir():
         raise ValueError(f"dump path {str(dump_path)!r} is not a folder")
-    found_ranks = indexed_children(dump_path, "rank")
+    found_ranks = indexed_children(dump_path, RANK_PREFIX)
     if not found_ranks:
         raise ValueError(f"dump path {str(dump_path)!r} holds no rank<N> folder: not a grad_probe dump")
     wanted_steps = {}
@@ -110,8 +110,7 @@ def upload_dump(dump_path: str | os.PathLike, run_id: str | None = None, *, expe
         if ranks is None or rank in ranks:
             wanted_steps[rank] = [s for s in summary_steps(rank_dir(dump_path, rank)) if steps is None or s in steps]
             check_steps(dump_path, rank, wanted_steps[rank], param_patterns)
-    config_file = dump_path / DUMP_CONFIG_FILE_NAME
-    saved_config = _read_saved_config(config_file) if config_file.exists() else None
+    saved_config = read_dump_config(dump_path)
     client = MlflowClient(tracking_uri)
     if run_id is not None:
         client.get_run(run_id)  # a wrong ID fails here, clearly, before anything is sent
@@ -149,18 +148,6 @@ def _upload_steps(client: MlflowClient, run_id: str, dump_path: Path, wanted_ste
         line.close()
         report.steps_completed[rank] = missing
     return report
-
-
-def _read_saved_config(config_file: Path) -> dict:
-    """The monitor's ``{"framework": ..., "config": {...}}`` record of a dump; only its ``config`` is uploaded."""
-    try:
-        saved = json.loads(refuse_symlink(config_file).read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise ValueError(f"{config_file}: not a readable JSON file ({e})") from None
-    if not isinstance(saved, dict) or not isinstance(saved.get("config"), dict):
-        raise ValueError(f"{config_file}: field config is missing or not an object; expected the "
-                         f'{{"framework": ..., "config": {{...}}}} the monitor writes')
-    return saved
 
 
 def _upload_config(client: MlflowClient, run_id: str, saved: dict) -> None:
