@@ -10,8 +10,8 @@ import pytest
 import torch
 from mindspore import mint
 
+from msprobe_mlflow.api_check import check_api_accuracy
 from msprobe_mlflow.dump import read_csv
-from msprobe_mlflow.mindspore.api_check import check_api_accuracy
 
 
 # --- the expectation, computed here from FORMATS.md section 6 ------------------------------------------------------

@@ -86,8 +86,8 @@ def _print_failures(report) -> None:
 def run(args: argparse.Namespace) -> int:
     from mlflow.exceptions import MlflowException
 
-    from msprobe_mlflow.mindspore.api_check import check_api_accuracy
-    from msprobe_mlflow.mindspore.api_check.metrics import ERROR, PASS, SKIP
+    from msprobe_mlflow.api_check import check_api_accuracy
+    from msprobe_mlflow.api_check.metrics import ERROR, PASS, SKIP
 
     try:
         report = check_api_accuracy(args.api_info, output_dir=args.output, experiment=args.experiment,

@@ -9,11 +9,11 @@ import re
 from pathlib import Path
 from typing import Callable
 
-from msprobe_mlflow.mindspore.api_check.metrics import Thresholds
-from msprobe_mlflow.mindspore.api_check.parser import read_api_info
-from msprobe_mlflow.mindspore.api_check.report import write_reports
-from msprobe_mlflow.mindspore.api_check.results import ApiCheckReport, ApiResult, OutputResult, SideResult
-from msprobe_mlflow.mindspore.api_check.runner import check_call, prepare_mindspore
+from msprobe_mlflow.api_check.metrics import Thresholds
+from msprobe_mlflow.api_check.parser import read_api_info
+from msprobe_mlflow.api_check.report import write_reports
+from msprobe_mlflow.api_check.results import ApiCheckReport, ApiResult, OutputResult, SideResult
+from msprobe_mlflow.api_check.runner import check_call, prepare_mindspore
 
 __all__ = ["check_api_accuracy", "ApiCheckReport", "ApiResult", "OutputResult", "SideResult", "Thresholds"]
 
