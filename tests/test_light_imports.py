@@ -1,4 +1,4 @@
-"""What importing costs: the API checker's numpy-only modules load no framework, no MLflow.
+"""What importing costs: the API checker's numpy-only modules and the CLI's help load no framework, no MLflow.
 
 Each check runs in a fresh interpreter, since this test process has imported everything already.
 """
@@ -29,3 +29,19 @@ def test_api_checker_modules_import_without_torch_mindspore_or_mlflow(module):
 
 def test_the_mindspore_alias_of_the_api_checker_is_lazy():
     assert heavy_modules_after("import msprobe_mlflow.mindspore") == []
+
+
+def test_command_line_help_imports_nothing_heavy():
+    code = ("from click.testing import CliRunner\nfrom msprobe_mlflow.cli import main\n"
+            "for command in ([], ['upload'], ['compare'], ['api-check']):\n"
+            "    assert CliRunner().invoke(main, [*command, '--help']).exit_code == 0")
+    assert heavy_modules_after(code) == []
+
+
+def test_bad_api_check_input_is_refused_before_any_framework_loads(tmp_path):
+    broken = tmp_path / "api_info.json"
+    broken.write_text('{"task": "statistics"}', encoding="utf-8")  # no data
+    code = ("from click.testing import CliRunner\nfrom msprobe_mlflow.cli import main\n"
+            f"result = CliRunner().invoke(main, ['api-check', {str(broken)!r}, '--output', {str(tmp_path)!r}])\n"
+            "assert result.exit_code == 2 and 'data = None is not accepted' in result.stderr, result.stderr")
+    assert heavy_modules_after(code) == []
