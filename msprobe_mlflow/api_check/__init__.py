@@ -7,6 +7,7 @@ MindSpore are imported with the runner, once the whole input has been checked, s
 """
 from __future__ import annotations
 
+import math
 import os
 import re
 from pathlib import Path
@@ -35,9 +36,9 @@ def check_api_accuracy(path: str | os.PathLike, *, output_dir: str | os.PathLike
     ``nested`` is false. ``on_progress(done, total, name)`` is called after each call.
 
     Raises ``ValueError`` only for what stops the whole check (a missing or unreadable file, a folder, no
-    ``task``/``data``, a bad ``api_filter``, a threshold out of range, an ``output_dir`` that cannot be made, an
-    ``experiment`` that is not the parent's), before torch or MindSpore is imported and before any API is run;
-    every problem of one entry becomes that API's ``error`` or ``skip`` row.
+    ``task``/``data``, a bad ``api_filter``, a threshold that is NaN or not a number, an ``output_dir`` that cannot
+    be made, an ``experiment`` that is not the parent's), before torch or MindSpore is imported and before any API
+    is run; every problem of one entry becomes that API's ``error`` or ``skip`` row.
     """
     dump = read_api_info(path)
     try:
@@ -73,14 +74,9 @@ def check_api_accuracy(path: str | os.PathLike, *, output_dir: str | os.PathLike
 
 
 def _thresholds(cosine_threshold: float, max_abs_threshold: float) -> Thresholds:
-    """The pass rule; NaN is refused (every comparison with it is false), and so is a MaxAbsErr bound of 0 or less,
-    which no output can pass."""
-    if not _is_number(cosine_threshold) or not -1 <= cosine_threshold <= 1:
-        raise ValueError(f"cosine_threshold = {cosine_threshold!r} is not accepted; expected a number from -1 to 1")
-    if not _is_number(max_abs_threshold) or not max_abs_threshold > 0:
-        raise ValueError(f"max_abs_threshold = {max_abs_threshold!r} is not accepted; expected a number above 0")
+    """The pass rule. Any number is accepted (-2 passes every Cosine, 0 fails every MaxAbsErr); NaN is refused:
+    every comparison with it is false, so it would fail every output without saying why."""
+    for name, value in (("cosine_threshold", cosine_threshold), ("max_abs_threshold", max_abs_threshold)):
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value):
+            raise ValueError(f"{name} = {value!r} is not accepted; expected a number")
     return Thresholds(cosine=cosine_threshold, max_abs_err=max_abs_threshold)
-
-
-def _is_number(value) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
