@@ -31,9 +31,11 @@ def tracking_uri(sqlite_store):
 
 
 @pytest.fixture
-def experiment(tracking_uri):
-    """A fresh experiment made the current one (conftest restores the MLFLOW_* variables it exports)."""
+def experiment(sqlite_store):
+    """A fresh experiment made the current one (conftest restores the MLFLOW_* variables it exports), its
+    artifacts in the store's folder rather than in ./mlruns."""
     name = f"test-{uuid.uuid4().hex[:8]}"
+    mlflow.create_experiment(name, artifact_location=str(sqlite_store[1] / "artifacts" / name))
     mlflow.set_experiment(name)
     return name
 
