@@ -76,6 +76,14 @@ def test_an_unreachable_tracking_server_exits_1(tmp_path):
     assert result.stderr.count("\n") == 1
 
 
+def test_comparing_a_run_on_an_unreachable_tracking_server_exits_1_not_as_a_mistyped_source():
+    result = CliRunner().invoke(main, ["compare", "run_a", "run_b", "--no-mlflow", "--tracking-uri",
+                                       f"http://127.0.0.1:{free_port()}"],
+                                env={"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0"})
+    assert result.exit_code == 1
+    assert result.stderr.startswith("msprobe-mlflow compare: error: API request to http://127.0.0.1:")
+
+
 def test_a_usage_error_is_one_line_and_exits_2(tmp_path):
     result = CliRunner().invoke(main, ["upload", str(tmp_path / "missing")])
     assert result.exit_code == 2

@@ -8,14 +8,14 @@ import click
 from msprobe_mlflow.commands import command, tracking_uri_option
 from msprobe_mlflow.commands.exit_codes import OK, SUSPICIOUS_RESULT
 
-folder = click.Path(file_okay=False)
+FOLDER = click.Path(file_okay=False)  # checked only if it exists: created when missing
 
 
 @command("compare", short_help="compare the gradient directions of two runs (or dump folders) and log the "
                                "comparison run")
 @click.argument("a", metavar="A")
 @click.argument("b", metavar="B")
-@click.option("--output", metavar="DIR", type=folder,
+@click.option("--output", metavar="DIR", type=FOLDER,
               help="also keep the outputs in DIR (rank<R>/similarities.csv, plots, verdict.json); an earlier "
                    "comparison there is replaced, anything else is refused. Example: --output ./compare_out")
 @click.option("--experiment", metavar="NAME",
@@ -38,7 +38,7 @@ folder = click.Path(file_okay=False)
 @click.option("--per-param-plots", is_flag=True, help="also draw one similarity curve per parameter (slow for "
                                                       "large models)")
 @click.option("--no-plots", is_flag=True, help="draw no pictures (CSV and verdict only)")
-@click.option("--cache-dir", metavar="DIR", type=folder,
+@click.option("--cache-dir", metavar="DIR", type=FOLDER,
               help="where runs downloaded from a tracking server are cached by run ID (default "
                    "~/.cache/msprobe-mlflow/runs)")
 def compare(a: str, b: str, output: str | None, experiment: str | None, run_name: str | None,
