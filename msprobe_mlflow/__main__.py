@@ -1,5 +1,3 @@
-import sys
-
 from msprobe_mlflow.cli import main
 
-sys.exit(main())
+main(prog_name=main.name)

@@ -1,52 +1,44 @@
-"""``msprobe-mlflow``: one sub-command per module in ``msprobe_mlflow.commands``.
+"""``msprobe-mlflow``: one sub-command per module in ``msprobe_mlflow.commands``, and the one error path.
 
-Each command module defines ``HELP`` (one line), ``DESCRIPTION`` (the ``--help`` text, with an example),
-``add_arguments(parser)`` and ``run(args) -> int`` (the exit code). Modules import heavy libraries inside ``run``,
-so ``--help`` stays fast.
+A command returns its exit code (None for 0). Any exception that ends it, click's usage errors included, becomes
+one line on stderr, ``msprobe-mlflow <command>: error: <message>``, and the exit code that
+``commands.exit_codes.exit_code_for`` gives it; never a traceback.
 """
 from __future__ import annotations
 
-import argparse
-import importlib
-import sys
+import click
 
-COMMAND_MODULES = {
-    "upload": "msprobe_mlflow.commands.upload",
-    "compare": "msprobe_mlflow.commands.compare",
-    "api-check": "msprobe_mlflow.commands.api_check",
-}
+from msprobe_mlflow.commands import exit_codes
+from msprobe_mlflow.commands.api_check import api_check
+from msprobe_mlflow.commands.compare import compare
+from msprobe_mlflow.commands.upload import upload
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="msprobe-mlflow",
-        description="Precision debugging of PyTorch and MindSpore training, recorded in MLflow.",
-    )
-    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for name, module_name in COMMAND_MODULES.items():
-        module = importlib.import_module(module_name)
-        sub = commands.add_parser(name, help=module.HELP, description=module.DESCRIPTION,
-                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-        module.add_arguments(sub)
-        sub.set_defaults(run=module.run)
-    return parser
+class CommandGroup(click.Group):
+    def invoke(self, ctx: click.Context):
+        try:
+            exit_code = super().invoke(ctx)
+        except (click.exceptions.Exit, click.Abort):  # --help, and click's own interrupt handling
+            raise
+        except Exception as error:
+            command_path = " ".join(filter(None, (ctx.command_path, ctx.invoked_subcommand)))
+            click.echo(f"{command_path}: error: {exit_codes.error_message(error)}", err=True)
+            exit_code = exit_codes.exit_code_for(error)
+        ctx.exit(exit_code or exit_codes.OK)
 
 
-USAGE_ERROR = 2
+@click.group("msprobe-mlflow", cls=CommandGroup, epilog=exit_codes.HELP,
+             context_settings={"help_option_names": ["-h", "--help"]})
+def main() -> None:
+    """Precision debugging of PyTorch and MindSpore training, recorded in MLflow.
+
+    \b
+    Examples:
+      msprobe-mlflow upload ./msprobe_dump/3f2a... --run-id 3f2a...
+      msprobe-mlflow compare $BASELINE_RUN $CANDIDATE_RUN --fail-on-suspicious
+      msprobe-mlflow api-check dump_path/step0/rank0/dump.json --output api_check_out
+    """
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Runs a command; bad input (a ValueError, a missing file, a run MLflow does not know) is one line on
-    stderr and exit code 2, not a traceback."""
-    args = build_parser().parse_args(argv)
-    try:
-        return args.run(args)
-    except Exception as e:
-        if isinstance(e, (ValueError, OSError)) or type(e).__name__ == "MlflowException":
-            print(f"msprobe-mlflow {args.command}: error: {e}", file=sys.stderr)
-            return USAGE_ERROR
-        raise
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+for subcommand in (upload, compare, api_check):
+    main.add_command(subcommand)

@@ -10,10 +10,11 @@ import mindspore
 import numpy as np
 import pytest
 import torch
+from click.testing import CliRunner
 from mindspore import mint
 from mlflow import MlflowClient
 
-from msprobe_mlflow.cli import build_parser, main
+from msprobe_mlflow.cli import main
 from msprobe_mlflow.dump import read_csv
 
 REPO = Path(__file__).resolve().parents[1]
@@ -45,15 +46,16 @@ def test_erfinv_of_the_example_really_is_inaccurate_in_mindspore_on_this_cpu():
 def test_statistics_example_end_to_end_with_mlflow(tmp_path):
     dump = EXAMPLE / "statistics" / "api_info.json"
     uri = f"sqlite:///{tmp_path}/mlflow.db"
-    done = api_check(dump, "--output", tmp_path / "out", "--tracking-uri", uri, "--experiment", "example")
-    assert done.returncode == 1, done.stderr  # one API fails
+    done = api_check(dump, "--output", tmp_path / "out", "--tracking-uri", uri, "--experiment", "example",
+                     cwd=tmp_path)  # the new experiment's artifacts go to ./mlruns
+    assert done.returncode == 3, done.stderr  # one API fails
     names = api_names(dump)
     # atan2 has no CPU kernel in MindSpore 2.10, Functional.relu is not a mint API, erfinv is inaccurate (above)
     assert f"{len(names)} APIs: {len(names) - 3} passed, 1 failed, 2 skipped" in done.stdout
     table = done.stdout.strip().splitlines()
     assert table[0].split() == ["API", "forward", "backward", "message"]
     assert table[1].split()[:3] == ["Mint.erfinv.0", "error", "error"]
-    assert f"api-check: {len(names)}/{len(names)} (100%)" in done.stderr  # the progress line
+    assert f"api-check: 100%|" in done.stderr and f"| {len(names)}/{len(names)} [" in done.stderr  # the progress bar
     results = read_csv(next((tmp_path / "out").glob("accuracy_checking_result_*.csv")))
     assert [row[0] for row in results[1:]] == names
     statuses = {row[0]: row[1:3] for row in results[1:]}
@@ -70,18 +72,17 @@ def test_statistics_example_end_to_end_with_mlflow(tmp_path):
     assert check.data.metrics["apis_failed"] == 1 and check.data.metrics["apis_total"] == len(names)
 
 
-def run_in_process(capsys, *args):
+def run_in_process(*args):
     """The same command in this process (faster than a subprocess): (exit code, stdout, stderr)."""
-    code = main(["api-check", *map(str, args)])
-    captured = capsys.readouterr()
-    return code, captured.out, captured.err
+    result = CliRunner().invoke(main, ["api-check", *map(str, args)])
+    return result.exit_code, result.stdout, result.stderr
 
 
-def test_tensor_example_without_mlflow(tmp_path, monkeypatch, capsys):
+def test_tensor_example_without_mlflow(tmp_path, monkeypatch):
     dump = EXAMPLE / "tensor" / "api_info.json"
     monkeypatch.chdir(tmp_path)  # dump_data_dir is relative to the JSON file, not to here
-    code, out, _ = run_in_process(capsys, dump, "--output", tmp_path, "--no-mlflow")
-    assert code == 1
+    code, out, _ = run_in_process(dump, "--output", tmp_path, "--no-mlflow")
+    assert code == 3
     names = api_names(dump)
     # atan2 is compared with its recorded output here (MindSpore does not run in the tensor task)
     assert f"{len(names)} APIs: {len(names) - 2} passed, 1 failed, 1 skipped" in out
@@ -90,27 +91,40 @@ def test_tensor_example_without_mlflow(tmp_path, monkeypatch, capsys):
     assert {row[0].split(".forward")[0].split(".backward")[0] for row in details[1:]} == set(names)
 
 
-def test_filter_and_thresholds_from_the_command_line(tmp_path, capsys):
-    code, out, _ = run_in_process(capsys, EXAMPLE / "tensor" / "api_info.json", "--output", tmp_path, "--no-mlflow",
+def test_filter_and_thresholds_from_the_command_line(tmp_path):
+    code, out, _ = run_in_process(EXAMPLE / "tensor" / "api_info.json", "--output", tmp_path, "--no-mlflow",
                                   "--filter", r"^Mint\.erfinv\.", "--max-abs-threshold", "10")  # gradient off by 1.9
     assert code == 0
     assert "1 APIs: 1 passed, 0 failed, 0 skipped" in out
 
 
-def test_unreadable_dump_exits_2_with_the_reason_and_writes_nothing(tmp_path, capsys):
+def test_unreadable_dump_exits_2_with_the_reason_and_writes_nothing(tmp_path):
     bad = tmp_path / "api_info.json"
     bad.write_text("{not json", encoding="utf-8")
-    code, _, err = run_in_process(capsys, bad, "--output", tmp_path / "out", "--no-mlflow")
+    code, _, err = run_in_process(bad, "--output", tmp_path / "out", "--no-mlflow")
     assert code == 2
     assert f"msprobe-mlflow api-check: error: {bad}: is not a JSON file" in err
     assert not (tmp_path / "out").exists()
 
 
+def test_a_failed_api_exits_3(tmp_path):
+    code, out, _ = run_in_process(EXAMPLE / "tensor" / "api_info.json", "--output", tmp_path, "--no-mlflow",
+                                  "--filter", r"^Mint\.erfinv\.")  # inaccurate here, see the first test
+    assert code == 3
+    assert "1 APIs: 0 passed, 1 failed, 0 skipped" in out
+
+
+def test_a_folder_exits_2_naming_the_dump_file_inside_it(tmp_path):
+    code, out, err = run_in_process(EXAMPLE / "tensor", "--output", tmp_path / "out", "--no-mlflow")
+    assert code == 2
+    assert err == (f"msprobe-mlflow api-check: error: Invalid value for 'API_INFO_JSON': {EXAMPLE / 'tensor'}: is a "
+                   f"folder; pass the api_info.json or dump.json inside it ({EXAMPLE / 'tensor' / 'api_info.json'})\n")
+    assert out == "" and not (tmp_path / "out").exists()
+
+
 @pytest.mark.parametrize("option", ["--output", "--experiment", "--run-id", "--no-nested", "--filter",
                                     "--cosine-threshold", "--max-abs-threshold", "--tracking-uri", "--no-mlflow"])
-def test_help_explains_every_option(option, capsys):
-    with pytest.raises(SystemExit) as exited:
-        build_parser().parse_args(["api-check", "--help"])
-    text = capsys.readouterr().out
-    assert exited.value.code == 0
-    assert option in text and "example:" in text
+def test_help_explains_every_option(option):
+    result = CliRunner().invoke(main, ["api-check", "--help"])
+    assert result.exit_code == 0
+    assert option in result.stdout and "Example: " in result.stdout

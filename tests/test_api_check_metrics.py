@@ -4,8 +4,8 @@ import math
 import numpy as np
 import pytest
 
-from msprobe_mlflow.mindspore.api_check.metrics import (Thresholds, compare_arrays, cosine_similarity, max_abs_err,
-                                                        max_relative_err)
+from msprobe_mlflow.api_check.metrics import (Thresholds, compare_arrays, cosine_similarity, max_abs_err,
+                                              max_relative_err)
 
 
 def test_cosine_is_epsilon_smoothed_dot_over_norms():

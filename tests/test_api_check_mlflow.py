@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 from mlflow import MlflowClient
 
+from msprobe_mlflow.api_check import check_api_accuracy
 from msprobe_mlflow.dump import read_csv
-from msprobe_mlflow.mindspore.api_check import check_api_accuracy
 
 
 @pytest.fixture(scope="module")

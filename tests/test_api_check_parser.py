@@ -6,8 +6,8 @@ import math
 import numpy as np
 import pytest
 
-from msprobe_mlflow.mindspore.api_check.inputs import regenerate
-from msprobe_mlflow.mindspore.api_check.parser import TensorArg, ValueArg, read_api_info
+from msprobe_mlflow.api_check.inputs import regenerate
+from msprobe_mlflow.api_check.parser import TensorArg, ValueArg, read_api_info
 
 
 def tensor(dtype="Float32", shape=(2, 3), maximum=1.0, minimum=-1.0, **extra):

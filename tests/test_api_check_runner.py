@@ -10,8 +10,8 @@ import pytest
 import torch
 from mindspore import mint
 
+from msprobe_mlflow.api_check import check_api_accuracy
 from msprobe_mlflow.dump import read_csv
-from msprobe_mlflow.mindspore.api_check import check_api_accuracy
 
 
 # --- the expectation, computed here from FORMATS.md section 6 ------------------------------------------------------
@@ -368,6 +368,14 @@ def test_thresholds_are_options(tmp_path):
     lenient = check_api_accuracy(path, output_dir=tmp_path / "out", log_to_mlflow=False, cosine_threshold=-2.0,
                                  max_abs_threshold=math.inf, api_filter="exp")
     assert lenient.results[0].status == "pass"
+
+
+@pytest.mark.parametrize("option", ["cosine_threshold", "max_abs_threshold"])
+def test_a_nan_threshold_is_refused_before_anything_is_written(option, tmp_path):
+    path = write_dump(tmp_path, {"Mint.exp.0.forward": {"input_args": [stat((2, 3))]}})
+    with pytest.raises(ValueError, match=f"^{option} = nan is not accepted; expected a number$"):
+        check_api_accuracy(path, output_dir=tmp_path / "out", log_to_mlflow=False, **{option: math.nan})
+    assert not (tmp_path / "out").exists()
 
 
 def test_filter_keeps_only_matching_calls_and_bad_filter_is_refused(tmp_path):

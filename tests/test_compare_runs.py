@@ -171,7 +171,7 @@ def test_cli_on_folders_without_mlflow_and_bad_input(hand_dumps, tmp_path):
     assert not (tmp_path / "out" / "rank0" / "similarities_picture").exists()
     bad = run_cli(str(hand_dumps[0]), str(tmp_path / "missing"), "--no-mlflow", "--drop-threshold", "0.5")
     assert bad.returncode == 2
-    assert f"error: B = '{tmp_path / 'missing'}': no such folder" in bad.stderr
+    assert bad.stderr.startswith(f"msprobe-mlflow compare: error: B = '{tmp_path / 'missing'}': no such folder")
     threshold = run_cli(*map(str, hand_dumps), "--no-mlflow", "--drop-threshold", "3")
     assert threshold.returncode == 2 and "drop_threshold = 3.0 is not accepted" in threshold.stderr
 

@@ -20,11 +20,11 @@ from mlflow.entities import Run, RunData, RunInfo
 from mlflow.tracking import MlflowClient
 
 from msprobe_mlflow import GradProbeConfig
+from msprobe_mlflow.api_check.inputs import InputError, load
+from msprobe_mlflow.api_check.parser import read_api_info
 from msprobe_mlflow.compare.engine import compare_dumps
 from msprobe_mlflow.directions import read_step_directions
 from msprobe_mlflow.dump import write_step
-from msprobe_mlflow.mindspore.api_check.inputs import InputError, load
-from msprobe_mlflow.mindspore.api_check.parser import read_api_info
 from msprobe_mlflow.pytorch import GradientMonitor
 from msprobe_mlflow.records import StepRecord
 from msprobe_mlflow.tracking.run_dump import RunDumpError, RunDumpListing, fetch_run_dump

@@ -31,9 +31,11 @@ def tracking_uri(sqlite_store):
 
 
 @pytest.fixture
-def experiment(tracking_uri):
-    """A fresh experiment made the current one (conftest restores the MLFLOW_* variables it exports)."""
+def experiment(sqlite_store):
+    """A fresh experiment made the current one (conftest restores the MLFLOW_* variables it exports), its
+    artifacts in the store's folder rather than in ./mlruns."""
     name = f"test-{uuid.uuid4().hex[:8]}"
+    mlflow.create_experiment(name, artifact_location=str(sqlite_store[1] / "artifacts" / name))
     mlflow.set_experiment(name)
     return name
 
@@ -247,4 +249,5 @@ def test_cli_upload_prints_the_run_and_rejects_a_folder_that_is_not_a_dump(track
     (tmp_path / "empty").mkdir()
     bad = subprocess.run([*command[:4], str(tmp_path / "empty")], capture_output=True, text=True, env=env, timeout=300)
     assert bad.returncode == 2
-    assert "holds no rank<N> folder" in bad.stderr and str(tmp_path / "empty") in bad.stderr
+    assert bad.stderr.startswith(f"msprobe-mlflow upload: error: dump path {str(tmp_path / 'empty')!r} holds no "
+                                 "rank<N> folder")

@@ -1,39 +1,41 @@
 """``msprobe-mlflow upload``: send a local gradient dump (ours or msprobe 1.0.3's) into an MLflow run."""
 from __future__ import annotations
 
-import argparse
+from pathlib import Path
 
-HELP = "upload a gradient dump into an MLflow run (completes a run idempotently, or creates one)"
-DESCRIPTION = """\
-Uploads a grad_probe dump folder into an MLflow run: per-rank summary metrics for every step,
-the grad_summary CSVs and the directions (packed, one archive per rank and step).
+import click
 
-Completes a run whose live logging was interrupted (tracking server down): only what the run
-lacks is sent, so running it twice adds nothing. Also imports dumps written by msprobe 1.0.3
-(boolean .npy directions, either CSV header spelling), so they get the MLflow UI and `compare`.
-
-examples:
-  msprobe-mlflow upload ./msprobe_dump/3f2a... --run-id 3f2a...
-  msprobe-mlflow upload ./old_msprobe_dump --experiment npu-vs-gpu
-"""
+from msprobe_mlflow.commands import command, tracking_uri_option
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("dump_path", help="the dump folder (the one holding rank0/, rank1/, ...)")
-    parser.add_argument("--run-id", help="complete this run; without it a new run is created")
-    parser.add_argument("--experiment", help="experiment name for a new run (default: MLflow's current one)")
-    parser.add_argument("--tracking-uri", help="MLflow tracking URI (default: MLFLOW_TRACKING_URI or "
-                                               "sqlite:///mlflow.db)")
-    parser.add_argument("--param-metrics", nargs="*", default=(), metavar="PATTERN",
-                        help="parameter names or glob patterns that also get per-parameter metrics")
+@command("upload", short_help="upload a gradient dump into an MLflow run (completes a run idempotently, or creates "
+                              "one)")
+@click.argument("dump_path", type=click.Path(exists=True, file_okay=False, path_type=Path))
+@click.option("--run-id", metavar="RUN_ID", help="complete this run; without it a new run is created")
+@click.option("--experiment", metavar="NAME", help="experiment name for a new run (default: MLflow's current one)")
+@tracking_uri_option
+@click.option("--param-metrics", multiple=True, metavar="PATTERN",
+              help="a parameter name or glob pattern that also gets per-parameter metrics; repeat the option for "
+                   "more. Example: --param-metrics 'layers.0.*' --param-metrics fc.weight")
+def upload(dump_path: Path, run_id: str | None, experiment: str | None, tracking_uri: str | None,
+           param_metrics: tuple[str, ...]) -> None:
+    """Uploads a grad_probe dump folder (DUMP_PATH, the one holding rank0/, rank1/, ...) into an MLflow run:
+    per-rank summary metrics for every step, the grad_summary CSVs and the directions (packed, one archive per
+    rank and step).
 
+    Completes a run whose live logging was interrupted (tracking server down): only what the run lacks is sent, so
+    running it twice adds nothing. Also imports dumps written by msprobe 1.0.3 (boolean .npy directions, either
+    CSV header spelling), so they get the MLflow UI and `compare`.
 
-def run(args: argparse.Namespace) -> int:
+    \b
+    Examples:
+      msprobe-mlflow upload ./msprobe_dump/3f2a... --run-id 3f2a...
+      msprobe-mlflow upload ./old_msprobe_dump --experiment npu-vs-gpu
+    """
     from msprobe_mlflow.tracking.upload import upload_dump
 
-    report = upload_dump(args.dump_path, args.run_id, experiment=args.experiment, tracking_uri=args.tracking_uri,
-                         param_patterns=tuple(args.param_metrics), progress=True)
+    report = upload_dump(dump_path, run_id, experiment=experiment, tracking_uri=tracking_uri,
+                         param_patterns=param_metrics, progress=True)
     steps = sum(len(s) for s in report.steps_completed.values())
-    print(f"run {report.run_id}: {report.metrics_logged} metric values and {report.files_uploaded} files sent "
-          f"({steps} step(s) completed)")
-    return 0
+    click.echo(f"run {report.run_id}: {report.metrics_logged} metric values and {report.files_uploaded} files sent "
+               f"({steps} step(s) completed)")

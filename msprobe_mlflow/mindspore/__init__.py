@@ -4,7 +4,7 @@ import importlib
 _EXPORTS = {
     "GradientMonitor": "msprobe_mlflow.mindspore.monitor",
     "PrecisionDebugger": "msprobe_mlflow.mindspore.monitor",
-    "check_api_accuracy": "msprobe_mlflow.mindspore.api_check",
+    "check_api_accuracy": "msprobe_mlflow.api_check",
 }
 __all__ = list(_EXPORTS)
 

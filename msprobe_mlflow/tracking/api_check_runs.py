@@ -21,8 +21,8 @@ from mlflow.utils.mlflow_tags import MLFLOW_PARENT_RUN_ID, MLFLOW_RUN_NAME
 from mlflow.utils.validation import MAX_TAG_VAL_LENGTH
 
 from msprobe_mlflow import __version__
-from msprobe_mlflow.mindspore.api_check.metrics import ERROR, PASS, SKIP, Thresholds
-from msprobe_mlflow.mindspore.api_check.results import ApiCheckReport, ApiResult
+from msprobe_mlflow.api_check.metrics import ERROR, PASS, SKIP, Thresholds
+from msprobe_mlflow.api_check.results import ApiCheckReport, ApiResult
 from msprobe_mlflow.tracking import TAG_PREFIX
 from msprobe_mlflow.metrics import metric_key
 from msprobe_mlflow.tracking.experiments import experiment_id_for

@@ -102,6 +102,8 @@ def resolve_source(given: str | os.PathLike, side: str, client_factory) -> Compa
     try:
         run = client.get_run(str(given))
     except MlflowException as e:
+        if e.get_http_status_code() >= 500:  # a server that cannot be reached or fails: not a mistyped source
+            raise
         raise CompareInputError(f"{side} = {str(given)!r}: no such folder, and no MLflow run with this ID at "
                                 f"{client.tracking_uri} ({e.message.splitlines()[0]})") from None
     return ComparisonSource(str(given), listing=list_run_dump(client, run))

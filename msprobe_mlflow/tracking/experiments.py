@@ -4,7 +4,9 @@ from __future__ import annotations
 import mlflow
 from mlflow.tracking import MlflowClient
 from mlflow.tracking.default_experiment import DEFAULT_EXPERIMENT_ID
-from mlflow.tracking.fluent import _get_experiment_id  # honours set_experiment, MLFLOW_EXPERIMENT_NAME / _ID
+# Private, with no public equivalent: it honours set_experiment and MLFLOW_EXPERIMENT_NAME / _ID. Checked against
+# MLflow 3.x, the range pyproject.toml allows.
+from mlflow.tracking.fluent import _get_experiment_id
 
 
 def experiment_id_for(client: MlflowClient, name: str | None) -> str:

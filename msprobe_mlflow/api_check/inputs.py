@@ -12,7 +12,7 @@ import mindspore
 import numpy as np
 import torch
 
-from msprobe_mlflow.mindspore.api_check.parser import FLOAT_DTYPES, TensorArg
+from msprobe_mlflow.api_check.parser import FLOAT_DTYPES, TensorArg
 
 SEED = 42
 

@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 from msprobe_mlflow.dump import write_csv
-from msprobe_mlflow.mindspore.api_check.results import ApiResult, OutputResult
+from msprobe_mlflow.api_check.results import ApiResult, OutputResult
 
 DETAILS_HEADER = ["API Name", "Bench Dtype", "Tested Dtype", "Shape", "Cosine", "MaxAbsErr", "MaxRelativeErr",
                   "Status", "Message"]

@@ -1,19 +1,22 @@
 """The MindSpore API accuracy checker: ``mindspore.mint`` calls recorded by msprobe's dump are run again in MindSpore
 (tested) and torch (benchmark), forward and backward, compared, written as msprobe's two CSVs and recorded in MLflow
 (one run for the check, one nested run per API). See docs/api_check.md and FORMATS.md section 6.
+
+Importing this package (and its ``parser``, ``metrics``, ``results`` and ``report``) needs numpy only: torch and
+MindSpore are imported with the runner, once the whole input has been checked, so bad input fails in a moment.
 """
 from __future__ import annotations
 
+import math
 import os
 import re
 from pathlib import Path
 from typing import Callable
 
-from msprobe_mlflow.mindspore.api_check.metrics import Thresholds
-from msprobe_mlflow.mindspore.api_check.parser import read_api_info
-from msprobe_mlflow.mindspore.api_check.report import write_reports
-from msprobe_mlflow.mindspore.api_check.results import ApiCheckReport, ApiResult, OutputResult, SideResult
-from msprobe_mlflow.mindspore.api_check.runner import check_call, prepare_mindspore
+from msprobe_mlflow.api_check.metrics import Thresholds
+from msprobe_mlflow.api_check.parser import read_api_info
+from msprobe_mlflow.api_check.report import write_reports
+from msprobe_mlflow.api_check.results import ApiCheckReport, ApiResult, OutputResult, SideResult
 
 __all__ = ["check_api_accuracy", "ApiCheckReport", "ApiResult", "OutputResult", "SideResult", "Thresholds"]
 
@@ -32,17 +35,17 @@ def check_api_accuracy(path: str | os.PathLike, *, output_dir: str | os.PathLike
     ``experiment`` if given; ``tracking_uri`` None: MLflow's active one) with one nested run per API unless
     ``nested`` is false. ``on_progress(done, total, name)`` is called after each call.
 
-    Raises ``ValueError`` only for what stops the whole check (an unreadable file, no ``task``/``data``, a bad
-    ``api_filter``, an ``output_dir`` that cannot be made, an ``experiment`` that is not the parent's), before any
-    API is run; every problem of one entry
-    becomes that API's ``error`` or ``skip`` row.
+    Raises ``ValueError`` only for what stops the whole check (a missing or unreadable file, a folder, no
+    ``task``/``data``, a bad ``api_filter``, a threshold that is NaN or not a number, an ``output_dir`` that cannot
+    be made, an ``experiment`` that is not the parent's), before torch or MindSpore is imported and before any API
+    is run; every problem of one entry becomes that API's ``error`` or ``skip`` row.
     """
+    dump = read_api_info(path)
     try:
         pattern = re.compile(api_filter) if api_filter else None
     except re.error as error:
         raise ValueError(f"api_filter = {api_filter!r} is not a regular expression ({error})") from None
-    thresholds = Thresholds(cosine=cosine_threshold, max_abs_err=max_abs_threshold)
-    dump = read_api_info(path)
+    thresholds = _thresholds(cosine_threshold, max_abs_threshold)
     try:
         Path(output_dir).mkdir(parents=True, exist_ok=True)
     except OSError as error:
@@ -53,6 +56,8 @@ def check_api_accuracy(path: str | os.PathLike, *, output_dir: str | os.PathLike
 
         target = resolve_target(experiment, parent_run_id, tracking_uri)
     calls = [call for call in dump.calls if pattern is None or pattern.search(call.name)]
+    from msprobe_mlflow.api_check.runner import check_call, prepare_mindspore  # torch and MindSpore, only now
+
     if dump.task == "statistics":
         prepare_mindspore()
     results: list[ApiResult] = []
@@ -66,3 +71,12 @@ def check_api_accuracy(path: str | os.PathLike, *, output_dir: str | os.PathLike
         report.run_id = log_api_check(report, target, api_info=Path(path), task=dump.task, thresholds=thresholds,
                                       api_filter=api_filter, nested=nested)
     return report
+
+
+def _thresholds(cosine_threshold: float, max_abs_threshold: float) -> Thresholds:
+    """The pass rule. Any number is accepted (-2 passes every Cosine, 0 fails every MaxAbsErr); NaN is refused:
+    every comparison with it is false, so it would fail every output without saying why."""
+    for name, value in (("cosine_threshold", cosine_threshold), ("max_abs_threshold", max_abs_threshold)):
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value):
+            raise ValueError(f"{name} = {value!r} is not accepted; expected a number")
+    return Thresholds(cosine=cosine_threshold, max_abs_err=max_abs_threshold)

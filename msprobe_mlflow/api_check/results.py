@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from msprobe_mlflow.mindspore.api_check.metrics import ERROR, PASS, SKIP
+from msprobe_mlflow.api_check.metrics import ERROR, PASS, SKIP
 
 
 @dataclass

@@ -19,12 +19,12 @@ import mindspore
 import numpy as np
 import torch
 
-from msprobe_mlflow.mindspore.api_check.inputs import (InputError, TensorPair, MINDSPORE_DTYPES, TORCH_DTYPES,
-                                                        dtype_name, make_pair, recorded_values, to_float64)
-from msprobe_mlflow.mindspore.api_check.metrics import ERROR, SKIP, Thresholds, compare_arrays
-from msprobe_mlflow.mindspore.api_check.parser import (DTYPE_TYPE, FLOAT_DTYPES, ApiCall, Argument, ForwardEntry,
-                                                        TensorArg, ValueArg)
-from msprobe_mlflow.mindspore.api_check.results import ApiResult, OutputResult, SideResult, side_from_outputs
+from msprobe_mlflow.api_check.inputs import (InputError, TensorPair, MINDSPORE_DTYPES, TORCH_DTYPES,
+                                              dtype_name, make_pair, recorded_values, to_float64)
+from msprobe_mlflow.api_check.metrics import ERROR, SKIP, Thresholds, compare_arrays
+from msprobe_mlflow.api_check.parser import (DTYPE_TYPE, FLOAT_DTYPES, ApiCall, Argument, ForwardEntry,
+                                              TensorArg, ValueArg)
+from msprobe_mlflow.api_check.results import ApiResult, OutputResult, SideResult, side_from_outputs
 
 MODULES = {
     "Mint": (("mindspore.mint", lambda: mindspore.mint), ("torch", lambda: torch)),

@@ -19,6 +19,7 @@ from typing import Union
 from msprobe_mlflow.safe_paths import confined_path
 
 TASKS = ("statistics", "tensor")
+DUMP_FILE_NAMES = ("api_info.json", "dump.json")
 CHECKED_FAMILIES = ("Mint", "MintFunctional")
 SIDES = ("forward", "backward")
 FLOAT_DTYPES = ("Float16", "BFloat16", "Float32", "Float64")
@@ -124,6 +125,8 @@ def read_api_info(path: str | os.PathLike) -> ApiDump:
     directory); each ``data_name`` must stay inside ``dump_data_dir``.
     """
     path = Path(path)
+    if path.is_dir():
+        raise ValueError(folder_message(path))
     try:
         document = json.loads(path.read_text(encoding="utf-8"))
     except OSError as error:
@@ -167,6 +170,13 @@ def read_api_info(path: str | os.PathLike) -> ApiDump:
         except EntryError as error:
             setattr(call, f"{side}_problem", str(error))
     return dump
+
+
+def folder_message(folder: Path) -> str:
+    """What to say when given a folder: msprobe writes the dump file into ``dump_path/step{S}/rank{R}/``."""
+    inside = [folder / name for name in DUMP_FILE_NAMES if (folder / name).is_file()]
+    found = f" ({inside[0]})" if inside else ""
+    return f"{folder}: is a folder; pass the api_info.json or dump.json inside it{found}"
 
 
 def _new_call(api_name: str) -> ApiCall:

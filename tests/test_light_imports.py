@@ -1,0 +1,47 @@
+"""What importing costs: the API checker's numpy-only modules and the CLI's help load no framework, no MLflow.
+
+Each check runs in a fresh interpreter, since this test process has imported everything already.
+"""
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+HEAVY = ("torch", "mindspore", "mlflow", "matplotlib")
+
+
+def heavy_modules_after(code: str) -> list[str]:
+    """The heavy top-level packages in ``sys.modules`` after running ``code`` in a fresh interpreter."""
+    probe = f"{code}\nimport sys\nprint(sorted(m for m in {HEAVY!r} if m in sys.modules))"
+    done = subprocess.run([sys.executable, "-c", probe], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    return eval(done.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("module", ["msprobe_mlflow.api_check", "msprobe_mlflow.api_check.parser",
+                                    "msprobe_mlflow.api_check.metrics", "msprobe_mlflow.api_check.results",
+                                    "msprobe_mlflow.api_check.report"])
+def test_api_checker_modules_import_without_torch_mindspore_or_mlflow(module):
+    assert heavy_modules_after(f"import {module}") == []
+
+
+def test_the_mindspore_alias_of_the_api_checker_is_lazy():
+    assert heavy_modules_after("import msprobe_mlflow.mindspore") == []
+
+
+def test_command_line_help_imports_nothing_heavy():
+    code = ("from click.testing import CliRunner\nfrom msprobe_mlflow.cli import main\n"
+            "for command in ([], ['upload'], ['compare'], ['api-check']):\n"
+            "    assert CliRunner().invoke(main, [*command, '--help']).exit_code == 0")
+    assert heavy_modules_after(code) == []
+
+
+def test_bad_api_check_input_is_refused_before_any_framework_loads(tmp_path):
+    broken = tmp_path / "api_info.json"
+    broken.write_text('{"task": "statistics"}', encoding="utf-8")  # no data
+    code = ("from click.testing import CliRunner\nfrom msprobe_mlflow.cli import main\n"
+            f"result = CliRunner().invoke(main, ['api-check', {str(broken)!r}, '--output', {str(tmp_path)!r}])\n"
+            "assert result.exit_code == 2 and 'data = None is not accepted' in result.stderr, result.stderr")
+    assert heavy_modules_after(code) == []
