@@ -6,7 +6,8 @@ import pytest
 
 from msprobe_mlflow.compare import similarity as similarity_module
 from msprobe_mlflow.compare.similarity import agreeing_directions, similarity, summary_similarity
-from msprobe_mlflow.compare.verdict import Verdict, check_thresholds, judge_rank, series_trips
+from msprobe_mlflow.compare.verdict import (RankVerdict, StepByStepJudge, Verdict, check_thresholds, judge_rank,
+                                            series_trips)
 
 
 def packed(signs) -> np.ndarray:
@@ -116,3 +117,43 @@ def test_verdict_over_ranks():
 def test_bad_threshold_is_refused(value):
     with pytest.raises(ValueError, match=r"drop_threshold = .* expected a number between 0 and 1"):
         check_thresholds(0.97, value)
+
+
+def _judged_step_by_step(rank, steps, summary, parameters, **thresholds):
+    """Feeds the series to the live judge one step at a time, as a training run does."""
+    judge = StepByStepJudge(rank, **thresholds)
+    verdicts = [judge.judge(step, summary[j], {name: values[j] for name, values in parameters.items()})
+                for j, step in enumerate(steps)]
+    fired = [v for v in verdicts if v is not None]
+    assert len(fired) <= 1  # the verdict is given once
+    return judge.verdict
+
+
+def test_the_step_by_step_judge_gives_the_hand_checked_verdict():
+    parameters = {"small.fall": [1.0, 0.99, 0.95, 0.95], "big.fall": [1.0, 0.99, 0.90, 0.5]}
+    verdict = _judged_step_by_step(0, STEPS, [1.0, 0.995, 0.93, 0.7], parameters)
+    assert verdict.first_suspicious_step == 10
+    assert [t.name for t in verdict.parameter_trips] == ["big.fall", "small.fall"]
+    assert _judged_step_by_step(0, STEPS, [1.0] * 4, {"w": [1.0] * 4}) is None
+
+
+def _random_series(rng, length: int) -> list:
+    """Similarities that mostly stay put, sometimes fall or recover, with gaps (None) and ties."""
+    values, value = [], 1.0 if rng.random() < 0.8 else 0.96
+    for _ in range(length):
+        values.append(None if rng.random() < 0.15 else round(value, 3))
+        value = float(np.clip(value + rng.choice([0.0, 0.0, 0.0, -0.01, -0.02, -0.031, -0.05, 0.04]), 0.0, 1.0))
+    return values
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_the_step_by_step_judge_equals_judge_rank_on_the_same_series(seed):
+    rng = np.random.default_rng(seed)
+    steps = sorted(rng.choice(200, size=12, replace=False).tolist())
+    parameters = {f"p{i}": _random_series(rng, len(steps)) for i in range(int(rng.integers(1, 6)))}
+    summary = _random_series(rng, len(steps))
+    thresholds = {"first_threshold": float(rng.choice([0.97, 0.95])),
+                  "drop_threshold": float(rng.choice([0.03, 0.02, 0.05]))}
+    batch = judge_rank(3, steps, summary, parameters, **thresholds)
+    live = _judged_step_by_step(3, steps, summary, parameters, **thresholds)
+    assert (live or RankVerdict(3)) == batch

@@ -20,7 +20,8 @@ from pathlib import Path
 import numpy as np
 
 from msprobe_mlflow.progress import ProgressLine
-from msprobe_mlflow.compare.similarity import agreeing_directions, similarity, summary_similarity
+from msprobe_mlflow.compare.similarity import (agreeing_directions, judged_similarity, similarity,
+                                                summary_similarity)
 from msprobe_mlflow.compare.verdict import (DEFAULT_DROP_THRESHOLD, DEFAULT_FIRST_THRESHOLD, Verdict,
                                             check_thresholds, judge_rank)
 from msprobe_mlflow.directions import StoredDirection, open_step_directions
@@ -63,7 +64,7 @@ class RankComparison:
     def judged_series(self, name: str | None = None) -> list[float | None]:
         """The series the verdict sees: empty parameters (and steps with no elements) are left out as ``None``."""
         counts = self.summary_counts if name is None else self.counts[name]
-        return [None if c is None or c[1] == 0 else similarity(*c) for c in counts]
+        return [judged_similarity(c) for c in counts]
 
     def csv_rows(self) -> list[list]:
         """``similarities.csv``: header ``step,S...``, a row per parameter, ``summary`` last (empty cell: not

@@ -39,6 +39,12 @@ def similarity(agreeing: int, numel: int) -> float:
     return agreeing / numel if numel else 0.0
 
 
+def judged_similarity(counts: tuple[int, int] | None) -> float | None:
+    """The value the verdict rule sees of ``(agreeing, numel)``: None where nothing was compared (the parameter is
+    absent from one side, or has no elements)."""
+    return None if counts is None or counts[1] == 0 else similarity(*counts)
+
+
 def summary_similarity(agreeing: list[int], numels: list[int]) -> float:
     """All parameters of a step together, weighted by element count (not the mean of the per-parameter values)."""
     total = sum(numels)

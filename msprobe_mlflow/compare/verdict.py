@@ -44,6 +44,17 @@ def check_thresholds(first_threshold: float, drop_threshold: float) -> None:
             raise ValueError(f"{key} = {value!r} is not accepted; expected a number between 0 and 1")
 
 
+def trip_at(name: str, step: int, value: float, previous: float | None, first_step: bool,
+            first_threshold: float, drop_threshold: float) -> Trip | None:
+    """The rule at one value of a series: ``previous`` is the series' last compared value (None: none yet),
+    ``first_step`` says whether ``step`` is the first compared step."""
+    if first_step and value < first_threshold:
+        return Trip(name, step, value, 1.0, "first")
+    if previous is not None and previous - value > drop_threshold + _TOLERANCE:
+        return Trip(name, step, value, previous, "drop")
+    return None
+
+
 def series_trips(name: str, steps: list[int], values: Series, first_threshold: float = DEFAULT_FIRST_THRESHOLD,
                  drop_threshold: float = DEFAULT_DROP_THRESHOLD) -> list[Trip]:
     """Every step at which one series trips the rule, in step order."""
@@ -52,10 +63,9 @@ def series_trips(name: str, steps: list[int], values: Series, first_threshold: f
     for index, (step, value) in enumerate(zip(steps, values)):
         if value is None:
             continue
-        if index == 0 and value < first_threshold:
-            trips.append(Trip(name, step, value, 1.0, "first"))
-        elif previous is not None and previous - value > drop_threshold + _TOLERANCE:
-            trips.append(Trip(name, step, value, previous, "drop"))
+        trip = trip_at(name, step, value, previous, index == 0, first_threshold, drop_threshold)
+        if trip is not None:
+            trips.append(trip)
         previous = value
     return trips
 
@@ -86,9 +96,55 @@ def judge_rank(rank: int, steps: list[int], summary: Series, parameters: dict[st
     if not tripped_steps:
         return RankVerdict(rank)
     first = min(tripped_steps)
-    at_first = sorted((t for t in parameter_trips if t.step == first), key=lambda t: (-t.fall, t.name))
     summary_trip = next((t for t in summary_trips if t.step == first), None)
-    return RankVerdict(rank, first, summary_trip, at_first)
+    return RankVerdict(rank, first, summary_trip, largest_fall_first(t for t in parameter_trips if t.step == first))
+
+
+def largest_fall_first(trips) -> list[Trip]:
+    return sorted(trips, key=lambda t: (-t.fall, t.name))
+
+
+class StepByStepJudge:
+    """:func:`judge_rank` fed one compared step at a time, for a verdict while training runs: the same rule on the
+    same series gives the same first suspicious step, summary trip and parameter trips, in the same order.
+
+    ``judge(step, summary, parameters)`` takes the next compared step (steps ascending; ``parameters``: name ->
+    value, ``None`` or absent where not compared) and returns the rank's verdict at the step where the rule first
+    trips, else None; it judges nothing after that step (the verdict names the first suspicious step only).
+    """
+
+    def __init__(self, rank: int, first_threshold: float = DEFAULT_FIRST_THRESHOLD,
+                 drop_threshold: float = DEFAULT_DROP_THRESHOLD):
+        check_thresholds(first_threshold, drop_threshold)
+        self.rank = rank
+        self.first_threshold = first_threshold
+        self.drop_threshold = drop_threshold
+        self.verdict: RankVerdict | None = None
+        self._steps_judged = 0
+        self._previous_summary: float | None = None
+        self._previous: dict[str, float] = {}  # parameter -> its last compared value
+
+    def judge(self, step: int, summary: float | None, parameters: dict[str, float | None]) -> RankVerdict | None:
+        if self.verdict is not None:
+            return None
+        first_step, self._steps_judged = self._steps_judged == 0, self._steps_judged + 1
+        thresholds = (self.first_threshold, self.drop_threshold)
+        summary_trip = None
+        if summary is not None:
+            summary_trip = trip_at("summary", step, summary, self._previous_summary, first_step, *thresholds)
+            self._previous_summary = summary
+        parameter_trips = []
+        for name, value in parameters.items():
+            if value is None:
+                continue
+            trip = trip_at(name, step, value, self._previous.get(name), first_step, *thresholds)
+            if trip is not None:
+                parameter_trips.append(trip)
+            self._previous[name] = value
+        if summary_trip is None and not parameter_trips:
+            return None
+        self.verdict = RankVerdict(self.rank, step, summary_trip, largest_fall_first(parameter_trips))
+        return self.verdict
 
 
 @dataclass
