@@ -30,10 +30,11 @@ class BackgroundStepWriter:
         self._thread = threading.Thread(target=self._work, name=name, daemon=True)
         self._thread.start()
 
-    def submit(self, pending: PendingStep) -> None:
+    def submit(self, pending: PendingStep, block: bool = True) -> None:
+        """Queues a step; ``block=False`` raises ``queue.Full`` instead of waiting when ``max_pending`` are queued."""
         if not self._thread.is_alive():
             raise RuntimeError("the writer was closed; call monitor() again to start a new one")
-        self._queue.put(pending)
+        self._queue.put(pending, block=block)
 
     def flush(self) -> None:
         """Waits until every submitted step went through every handler."""

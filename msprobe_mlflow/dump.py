@@ -4,6 +4,7 @@
 {dump_path}/rank{R}/grad_summary_{S}.csv       every level (UTF-8 with BOM, CRLF)
 {dump_path}/rank{R}/step{S}/directions.npz     L1/L2, packed form (ours)
 {dump_path}/rank{R}/step{S}/{param}.npy        L1/L2, msprobe's boolean form
+{dump_path}/rank{R}/findings/                  ours: what the live sinks found (live verdict, anomaly flags)
 {dump_path}/msprobe_mlflow_config.json         ours: the framework and config that wrote the dump
 ```
 
@@ -29,6 +30,7 @@ from msprobe_mlflow.safe_paths import atomic_write_bytes, refuse_symlink
 
 DUMP_CONFIG_FILE_NAME = "msprobe_mlflow_config.json"
 RANK_PREFIX, STEP_PREFIX = "rank", "step"
+FINDINGS_FOLDER = "findings"
 SUMMARY_PREFIX, SUMMARY_SUFFIX = "grad_summary_", ".csv"
 
 
@@ -66,6 +68,11 @@ def parse_summary_name(name: str) -> int | None:
 
 def rank_dir(dump_path: str | os.PathLike, rank: int) -> Path:
     return Path(dump_path) / relative_rank_dir(rank)
+
+
+def findings_dir(dump_path: str | os.PathLike, rank: int) -> Path:
+    """Where the live sinks keep what they found for a rank; no ``step{S}`` name, so dump readers pass it by."""
+    return rank_dir(dump_path, rank) / FINDINGS_FOLDER
 
 
 def summary_csv_path(dump_path: str | os.PathLike, rank: int, step: int) -> Path:

@@ -11,7 +11,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from msprobe_mlflow.layout import CUMULATIVE_COUNTS, EXTREMES, StatisticsLayout, consecutive_slices
+from msprobe_mlflow.layout import (CUMULATIVE_COUNTS, EXTREMES, StatisticsLayout, consecutive_slices,
+                                   packed_slices)
 from msprobe_mlflow.levels import LEVELS
 
 
@@ -42,6 +43,10 @@ class StepRecord:
     @property
     def numels(self) -> list[int]:
         return [math.prod(shape) for shape in self.shapes]
+
+    def packed_directions(self) -> dict[str, np.ndarray]:
+        """Each parameter's packed sign bits (views into ``directions``), by name."""
+        return {name: self.directions[piece] for name, piece in zip(self.names, packed_slices(self.numels))}
 
     def csv_rows(self) -> list[list]:
         """Rows in msprobe's cell types: ``csv`` writes floats with ``repr`` and the shape as ``[2, 3]``."""

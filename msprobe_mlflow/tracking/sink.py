@@ -7,6 +7,11 @@ not fit in the queue or whose request failed is remembered as unsent, and ``clos
 with the same idempotent code as ``msprobe-mlflow upload``. What still cannot be sent is named in a warning with
 the command that completes it.
 
+Other sinks add their findings (the live verdict, anomaly flags) to the same run through :meth:`MlflowSink.annotate`:
+metrics, tags and files of the dump, queued and sent in the worker's next round with the steps, so there is one
+client and one rate limit per run; findings whose round failed are retried once at ``close()`` and otherwise stay
+in the local dump.
+
 Credentials are checked when the sink starts: the first request (the run's tags) is awaited for up to
 ``MSPROBE_MLFLOW_START_CHECK_SECONDS`` (10 s), and a 401/403 answer gives one warning at ``monitor()`` naming the
 tracking URI and ``MLFLOW_TRACKING_USERNAME``/``MLFLOW_TRACKING_PASSWORD``; the sink then sends nothing more and
@@ -20,6 +25,7 @@ import queue
 import tempfile
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
@@ -28,6 +34,7 @@ from mlflow.tracking import MlflowClient
 
 from msprobe_mlflow import __version__
 from msprobe_mlflow.config import GradProbeConfig
+from msprobe_mlflow.dump import findings_dir
 from msprobe_mlflow.metrics import record_metrics
 from msprobe_mlflow.notices import Notices
 from msprobe_mlflow.records import StepRecord
@@ -44,6 +51,17 @@ START_CHECK_SECONDS = float(os.environ.get("MSPROBE_MLFLOW_START_CHECK_SECONDS",
 SEND_INTERVAL_SECONDS = 1.0
 REFUSED_CREDENTIALS = ("UNAUTHENTICATED", "PERMISSION_DENIED")  # MLflow's error codes for HTTP 401 and 403
 _CLOSE, _FLUSH = object(), object()
+
+
+@dataclass(frozen=True)
+class Annotation:
+    """Findings another sink adds to the run: ``metrics`` at MLflow step ``step``, ``tags``, and ``files`` inside the
+    dump folder, sent as the ``grad_probe/`` artifacts that mirror them (read when sent: the latest content)."""
+
+    step: int
+    metrics: dict[str, float]
+    tags: dict[str, str]
+    files: tuple[Path, ...]
 
 
 def rank_status_tag(rank: int) -> str:
@@ -75,6 +93,7 @@ class MlflowSink:
         self.notices = notices or Notices()
         self.client = MlflowClient(options.tracking_uri)
         self.unsent_steps: set[int] = set()
+        self.unsent_annotations: list[Annotation] = []
         self._failure: str | None = None
         self._refused: str | None = None  # set when the server refused the credentials: nothing more is sent
         self._refusal_told = False
@@ -95,6 +114,21 @@ class MlflowSink:
             self._queue.put_nowait((record.step, record_metrics(record, self.options.param_metrics)))
         except queue.Full:
             self.unsent_steps.add(record.step)
+
+    def annotate(self, *, step: int = 0, metrics: dict[str, float] | None = None, tags: dict[str, str] | None = None,
+                 files=()) -> None:
+        """Queues findings for the next round (see :class:`Annotation`); callable from any thread, never waits."""
+        if self._refused:
+            return
+        annotation = Annotation(step, dict(metrics or {}), dict(tags or {}), tuple(Path(f) for f in files))
+        if not self._thread.is_alive():
+            self.notices.log(f"rank {self.rank}: findings handed in after the MLflow sink closed stay in the local "
+                             f"dump only: {sorted(annotation.tags) or sorted(annotation.metrics)}")
+            return
+        try:
+            self._queue.put_nowait(annotation)
+        except queue.Full:
+            self.unsent_annotations.append(annotation)
 
     def flush(self) -> None:
         """Waits until the steps handed in so far are sent, or remembered as unsent."""
@@ -121,13 +155,15 @@ class MlflowSink:
                     items.append(self._queue.get_nowait())
                 except queue.Empty:
                     break
-            steps = [item for item in items if item not in (_CLOSE, _FLUSH)]
-            if steps:
+            steps = [item for item in items if isinstance(item, tuple)]
+            annotations = [item for item in items if isinstance(item, Annotation)]
+            if steps or annotations:
                 numbers = [step for step, _ in steps]
-                if self._closing.is_set() and self._failure:  # no waiting on a dead server at exit: close() retries
+                what = f"log steps {numbers[0]}..{numbers[-1]}" if steps else "log the live findings"
+                if (self._closing.is_set() and self._failure  # no waiting on a dead server at exit: close() retries
+                        or not self._attempt(what, lambda: self._send(steps, annotations))):
                     self.unsent_steps.update(numbers)
-                elif not self._attempt(f"log steps {numbers[0]}..{numbers[-1]}", lambda: self._send(steps)):
-                    self.unsent_steps.update(numbers)
+                    self.unsent_annotations += annotations
             for _ in items:
                 self._queue.task_done()
             if _CLOSE in items:
@@ -186,12 +222,21 @@ class MlflowSink:
                 path.write_text(json.dumps(config, indent=2), encoding="utf-8")
                 self.client.log_artifact(self.run_id, str(path), ARTIFACT_ROOT)
 
-    def _send(self, steps: list[tuple[int, dict[str, float]]]) -> None:
+    def _send(self, steps: list[tuple[int, dict[str, float]]], annotations: list[Annotation] = ()) -> None:
         timestamp = now_ms()
-        log_batched(self.client, self.run_id,
-                    metrics=[m for step, metrics in steps for m in metric_entities(metrics, step, timestamp)])
+        metrics = [m for step, metrics in steps for m in metric_entities(metrics, step, timestamp)]
+        metrics += [m for a in annotations for m in metric_entities(a.metrics, a.step, timestamp)]
+        tags = {key: value for a in annotations for key, value in a.tags.items()}  # the latest value of a key wins
+        log_batched(self.client, self.run_id, metrics=metrics, tags=[tag(key, value) for key, value in tags.items()])
         for step, _ in steps:
             upload_step_files(self.client, self.run_id, self.config.dump_path, self.rank, step)
+        for path in dict.fromkeys(path for a in annotations for path in a.files):
+            self.client.log_artifact(self.run_id, str(path), self._artifact_folder(path))
+
+    def _artifact_folder(self, path: Path) -> str:
+        """The ``grad_probe/`` folder mirroring the dump folder that holds ``path``."""
+        relative = path.resolve().parent.relative_to(Path(self.config.dump_path).resolve())
+        return "/".join((ARTIFACT_ROOT, *relative.parts))
 
     # --- end of monitoring ---------------------------------------------------------------------------
     def close(self) -> None:
@@ -217,6 +262,13 @@ class MlflowSink:
             self.notices.warn(f"rank {self.rank}: {len(self.unsent_steps)} step(s) are in the local dump but not "
                               f"in MLflow run {self.run_id}; complete it with: msprobe-mlflow upload "
                               f"{self.config.dump_path} --run-id {self.run_id}")
+        if self.unsent_annotations:
+            annotations, self.unsent_annotations = self.unsent_annotations, []
+            if not self._attempt("send the live findings", lambda: self._send([], annotations)):
+                self.unsent_annotations = annotations
+                self.notices.warn(f"rank {self.rank}: the live findings (live verdict, anomaly flags) of MLflow run "
+                                  f"{self.run_id} could not all be sent; they are in the local dump, in "
+                                  f"{findings_dir(self.config.dump_path, self.rank)}")
         status = "incomplete" if self.unsent_steps else "finished"
         if self._attempt("mark the rank finished", lambda: self.client.set_tag(
                 self.run_id, rank_status_tag(self.rank), status)) and self.ranks.owns_run and self.ranks.world_size > 1:
