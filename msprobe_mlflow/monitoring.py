@@ -5,10 +5,13 @@ from __future__ import annotations
 import os
 from typing import Callable
 
+from msprobe_mlflow.compare.verdict import DEFAULT_DROP_THRESHOLD, DEFAULT_FIRST_THRESHOLD, check_thresholds
 from msprobe_mlflow.config import GradProbeConfig, load_config
 from msprobe_mlflow.notices import Notices
 from msprobe_mlflow.session import ProbeSession, RankPolicy
 from msprobe_mlflow.sinks import StepSink, choose_sinks
+from msprobe_mlflow.sinks.anomalies import SpikeRule
+from msprobe_mlflow.sinks.baseline import BaselineOptions, SuspiciousCallback
 from msprobe_mlflow.tracking.options import TrackingOptions
 
 
@@ -21,15 +24,30 @@ class SessionMonitor:
     ``{dump_path}/rank{R}/metrics.jsonl``. ``sinks``: more outputs (objects with ``handle(record)``, ``flush()``,
     ``close()``), fed on the writer thread after the local dump. ``silent``: problems go to the
     ``msprobe_mlflow`` logger only, no warnings.
+
+    Live verdicts (``msprobe_mlflow.sinks.baseline``, ``msprobe_mlflow.sinks.anomalies``): ``baseline`` (a dump
+    folder or an MLflow run ID, looked up in ``tracking_uri``) compares each step's directions with the baseline's
+    as the step lands, and ``on_suspicious(verdict)`` is called once when the comparator's rule
+    (``first_threshold``, ``drop_threshold``) first trips. ``anomaly_flags`` (on by default) flags non-finite
+    gradients and gradient-norm spikes (``spike_threshold``, ``spike_window``: see ``SpikeRule``).
     """
 
     def __init__(self, config: GradProbeConfig | str | os.PathLike | dict, *, run_id: str | None = None,
                  tracking_uri: str | None = None, log_every_n_steps: int = 1, param_metrics=(),
                  log_to_mlflow: bool = True, silent: bool = False, metrics_file: bool = False,
-                 sinks: list[StepSink] = ()):
+                 sinks: list[StepSink] = (), baseline: str | os.PathLike | None = None,
+                 on_suspicious: SuspiciousCallback | None = None, first_threshold: float = DEFAULT_FIRST_THRESHOLD,
+                 drop_threshold: float = DEFAULT_DROP_THRESHOLD, anomaly_flags: bool = True,
+                 spike_threshold: float = SpikeRule.threshold, spike_window: int = SpikeRule.window):
         self.config = load_config(config)
         self.tracking = TrackingOptions(run_id, tracking_uri, log_every_n_steps, param_metrics) \
             if log_to_mlflow else None
+        self.baseline = live_baseline(self.config, baseline, on_suspicious, first_threshold, drop_threshold,
+                                      tracking_uri)
+        if not isinstance(anomaly_flags, bool):
+            raise ValueError(f"anomaly_flags = {anomaly_flags!r} is not accepted; expected True or False")
+        spike_rule = SpikeRule(spike_threshold, spike_window)
+        self.spike_rule = spike_rule if anomaly_flags else None
         self.notices = Notices(silent)
         self.metrics_file = metrics_file
         self.step = 0
@@ -42,7 +60,8 @@ class SessionMonitor:
         session = ProbeSession(self.config, framework=framework, ranks=ranks, notices=self.notices)
         session.add_sinks(choose_sinks(self.config, ranks, framework=framework, tracking=self.tracking,
                                        share_run_id=share_run_id, metrics_file=self.metrics_file,
-                                       notices=self.notices) + self._extra_sinks)
+                                       notices=self.notices, baseline=self.baseline, spike_rule=self.spike_rule)
+                          + self._extra_sinks)
         return session
 
     @property
@@ -66,3 +85,19 @@ class SessionMonitor:
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+def live_baseline(config: GradProbeConfig, baseline, on_suspicious, first_threshold: float, drop_threshold: float,
+                  tracking_uri: str | None) -> BaselineOptions | None:
+    """The live verdict's options, refused before training starts when they cannot work."""
+    check_thresholds(first_threshold, drop_threshold)
+    if baseline is None:
+        if on_suspicious is not None:
+            raise ValueError("on_suspicious is given without baseline=; it is called when a step is suspicious "
+                             "against a baseline run: pass baseline=RUN_ID_OR_DUMP_FOLDER too")
+        return None
+    options = BaselineOptions(baseline, on_suspicious, first_threshold, drop_threshold, tracking_uri)
+    if not config.has_directions:
+        raise ValueError(f"baseline = {options.baseline!r} needs gradient directions, which grad_probe.grad_level "
+                         f"{config.level!r} does not record; use grad_level L1 or L2")
+    return options

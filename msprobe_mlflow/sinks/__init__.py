@@ -5,14 +5,23 @@ Lightning's loggers). The session calls ``handle`` on its writer thread once the
 source of truth), so a sink may read the dump, and a slow or failing sink costs no data: each owns its queueing
 policy, and its exceptions are counted in the monitor's ``errors``. To add an output (TensorBoard, W&B, a CSV),
 write one module here with the sink and add one line to :func:`choose_sinks`.
+
+Sinks that find things (``baseline``: the live verdict; ``anomalies``: anomaly flags) keep them in the local dump
+and add them to the MLflow run through its sink's ``annotate(step=, metrics=, tags=, files=)`` (:class:`RunNotes`),
+so a run has one client and one rate limit. They come before the MLflow sink in the list: flushed and closed
+first, what they annotate last is still sent.
 """
 from __future__ import annotations
 
-from typing import Callable, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Callable, Protocol, runtime_checkable
 
 from msprobe_mlflow.config import GradProbeConfig
 from msprobe_mlflow.records import StepRecord
 from msprobe_mlflow.session import RankPolicy
+
+if TYPE_CHECKING:
+    from msprobe_mlflow.sinks.anomalies import SpikeRule
+    from msprobe_mlflow.sinks.baseline import BaselineOptions
 
 
 @runtime_checkable
@@ -27,17 +36,37 @@ class StepSink(Protocol):
         """Delivers what is pending and releases everything; called once, at the end of monitoring."""
 
 
+class RunNotes(Protocol):
+    def annotate(self, *, step: int = 0, metrics: dict[str, float] | None = None,
+                 tags: dict[str, str] | None = None, files=()) -> None:
+        """Queues findings for the run (metrics at ``step``, tags, files inside the dump folder); never waits."""
+
+
 def choose_sinks(config: GradProbeConfig, ranks: RankPolicy, *, framework: str, tracking=None,
                  share_run_id: Callable[[str | None], str | None] = lambda run_id: run_id,
-                 metrics_file: bool = False, notices=None) -> list[StepSink]:
-    """The sinks of a monitor: MLflow when ``tracking`` options are given and a run is found (``share_run_id``
-    is a collective under distributed training: every rank calls this), the JSON-lines metrics file if asked."""
+                 metrics_file: bool = False, notices=None, baseline: "BaselineOptions | None" = None,
+                 spike_rule: "SpikeRule | None" = None) -> list[StepSink]:
+    """The sinks of a monitor: the live verdict against ``baseline``, the anomaly flags (``spike_rule``), MLflow
+    when ``tracking`` options are given and a run is found (``share_run_id`` is a collective under distributed
+    training: every rank calls this), the JSON-lines metrics file if asked."""
     sinks: list[StepSink] = []
+    run_sinks = []
     if tracking is not None:
         from msprobe_mlflow.tracking.sink import open_mlflow_sink
 
-        sinks += open_mlflow_sink(config, ranks, tracking, framework=framework, share_run_id=share_run_id,
-                                  notices=notices)
+        run_sinks = open_mlflow_sink(config, ranks, tracking, framework=framework, share_run_id=share_run_id,
+                                     notices=notices)
+    run: RunNotes | None = run_sinks[0] if run_sinks else None
+    if baseline is not None and ranks.probes:
+        from msprobe_mlflow.sinks.baseline import BaselineSink
+
+        sinks.append(BaselineSink(baseline, config, ranks.rank, run=run, notices=notices,
+                                  describe_run=ranks.world_size == 1))
+    if spike_rule is not None and ranks.probes:
+        from msprobe_mlflow.sinks.anomalies import AnomalySink
+
+        sinks.append(AnomalySink(spike_rule, config.dump_path, ranks.rank, run=run, notices=notices))
+    sinks += run_sinks
     if metrics_file and ranks.probes:
         from msprobe_mlflow.sinks.jsonl import JsonLinesMetricsSink
 

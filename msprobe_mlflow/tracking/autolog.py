@@ -18,9 +18,12 @@ import mlflow.tracking.fluent
 import torch
 from mlflow.utils.autologging_utils import autologging_integration, get_autologging_config, safe_patch
 
+from msprobe_mlflow.compare.verdict import DEFAULT_DROP_THRESHOLD, DEFAULT_FIRST_THRESHOLD
 from msprobe_mlflow.config import DEFAULT_BOUNDS, GradProbeConfig, load_config
 from msprobe_mlflow.pytorch.distributed import is_distributed, shared_run_id
 from msprobe_mlflow.pytorch.monitor import GradientMonitor, _monitored_models
+from msprobe_mlflow.sinks.anomalies import SpikeRule
+from msprobe_mlflow.sinks.baseline import SuspiciousCallback
 
 FLAVOR_NAME = "msprobe_mlflow"
 DEFAULT_DUMP_PATH = "msprobe_dump"
@@ -30,11 +33,9 @@ logger = logging.getLogger("msprobe_mlflow")
 class _AutologState:
     """The hook autolog installed, the monitors it started, and which modules it has already looked at."""
 
-    def __init__(self, config: GradProbeConfig, log_every_n_steps: int, param_metrics, metrics_file: bool):
+    def __init__(self, config: GradProbeConfig, monitor_options: dict):
         self.config = config
-        self.log_every_n_steps = log_every_n_steps
-        self.param_metrics = param_metrics
-        self.metrics_file = metrics_file
+        self.monitor_options = monitor_options
         self.monitors: list[GradientMonitor] = []
         self.seen: set[int] = set()
         self.hook = torch.nn.modules.module.register_module_forward_pre_hook(self.on_forward)
@@ -57,9 +58,8 @@ class _AutologState:
             return  # looked at again at the next forward: a run may start later
         run_id = shared_run_id(active.info.run_id if active else None)
         config = self.config.replace(dump_path=os.path.join(self.config.dump_path, run_id or "no-run"))
-        monitor = GradientMonitor(config, run_id=run_id, log_every_n_steps=self.log_every_n_steps,
-                                  param_metrics=self.param_metrics, metrics_file=self.metrics_file,
-                                  silent=get_autologging_config(FLAVOR_NAME, "silent", False))
+        monitor = GradientMonitor(config, run_id=run_id, silent=get_autologging_config(FLAVOR_NAME, "silent", False),
+                                  **self.monitor_options)
         self.monitors.append(monitor.monitor(module))
         self.seen.update(id(m) for m in module.modules())
 
@@ -79,7 +79,11 @@ _installed: _AutologState | None = None
 
 def autolog(config: GradProbeConfig | str | os.PathLike | dict | None = None, *, level: str | None = None,
             bounds=None, dump_path: str | None = None, log_every_n_steps: int = 1, param_metrics=None,
-            metrics_file: bool = False, disable: bool = False, silent: bool = False) -> None:
+            metrics_file: bool = False, baseline: str | os.PathLike | None = None,
+            on_suspicious: SuspiciousCallback | None = None, first_threshold: float = DEFAULT_FIRST_THRESHOLD,
+            drop_threshold: float = DEFAULT_DROP_THRESHOLD, anomaly_flags: bool = True,
+            spike_threshold: float = SpikeRule.threshold, spike_window: int = SpikeRule.window,
+            disable: bool = False, silent: bool = False) -> None:
     """Probes the gradients of every PyTorch model trained inside ``mlflow.start_run()`` into that run.
 
     Args:
@@ -89,6 +93,11 @@ def autolog(config: GradProbeConfig | str | os.PathLike | dict | None = None, *,
         log_every_n_steps: send every n-th probed step to MLflow (the local dump keeps every step).
         param_metrics: parameter names or glob patterns (``"layers.0.*"``) that also get per-parameter metrics.
         metrics_file: also append each step's summary metrics to ``{dump}/rank{R}/metrics.jsonl``.
+        baseline: a dump folder or an MLflow run ID to compare each step's gradient directions with while training
+            runs (the live verdict); ``on_suspicious(verdict)`` is called once, off the training thread, when the
+            comparator's rule (``first_threshold``, ``drop_threshold``) first trips.
+        anomaly_flags: flag non-finite gradients and gradient-norm spikes (``spike_threshold``, ``spike_window``:
+            see ``msprobe_mlflow.sinks.anomalies.SpikeRule``); on by default.
         disable: remove the hook and the patches; monitors already running are stopped (flushed).
         silent: no warnings from msprobe-mlflow; problems go to the ``msprobe_mlflow`` logger only.
     """
@@ -96,13 +105,16 @@ def autolog(config: GradProbeConfig | str | os.PathLike | dict | None = None, *,
     if _installed is not None:  # MLflow's wrapper reverts the patches; the hook and the monitors are ours to undo
         _installed.teardown()
         _installed = None
-    _integration(config, level=level, bounds=bounds, dump_path=dump_path, log_every_n_steps=log_every_n_steps,
-                 param_metrics=param_metrics, metrics_file=metrics_file, disable=disable, silent=silent)
+    _integration(config, level=level, bounds=bounds, dump_path=dump_path, monitor_options=dict(
+        log_every_n_steps=log_every_n_steps, param_metrics=param_metrics or (), metrics_file=metrics_file,
+        baseline=baseline, on_suspicious=on_suspicious, first_threshold=first_threshold,
+        drop_threshold=drop_threshold, anomaly_flags=anomaly_flags, spike_threshold=spike_threshold,
+        spike_window=spike_window), disable=disable, silent=silent)
 
 
 @autologging_integration(FLAVOR_NAME)
-def _integration(config, *, level, bounds, dump_path, log_every_n_steps, param_metrics, metrics_file,
-                 disable: bool = False, silent: bool = False) -> None:
+def _integration(config, *, level, bounds, dump_path, monitor_options: dict, disable: bool = False,
+                 silent: bool = False) -> None:
     """MLflow's side of :func:`autolog`: stores the configuration, reverts earlier patches and, unless ``disable``,
     runs this body, which installs the hook and the patches."""
     global _installed
@@ -113,7 +125,8 @@ def _integration(config, *, level, bounds, dump_path, log_every_n_steps, param_m
                                source="autolog()")
     else:
         base = load_config(config).replace(**overrides)
-    state = _installed = _AutologState(base, log_every_n_steps, param_metrics or (), metrics_file)
+    GradientMonitor(base, **monitor_options)  # refuses a bad option now, not at the first forward
+    state = _installed = _AutologState(base, monitor_options)
 
     def end_run_after_monitors(original, *args, **kwargs):
         state.stop_monitors()

@@ -20,8 +20,9 @@ from urllib.parse import unquote, urlparse
 from mlflow.entities import Run
 from mlflow.tracking import MlflowClient
 
+from msprobe_mlflow.directions import StoredDirection, open_step_directions
 from msprobe_mlflow.dump import (parse_rank_folder, parse_step_folder, parse_summary_name, relative_step_dir,
-                                 relative_summary_path)
+                                 relative_summary_path, step_dir)
 from msprobe_mlflow.levels import LEVELS
 from msprobe_mlflow.progress import ProgressLine
 from msprobe_mlflow.safe_paths import confined_path
@@ -140,3 +141,25 @@ def fetch_run_dump(client: MlflowClient, listing: RunDumpListing, steps: dict[in
                 line.close()
                 shutil.rmtree(scratch, ignore_errors=True)
     return run_root / ARTIFACT_ROOT
+
+
+class RunBaseline:
+    """A monitored run read step by step, as the live verdict's baseline: in place when its artifacts are on this
+    file system, else each step downloaded into the cache (``cache_dir``, default ``default_cache_dir()``) when
+    asked. Raises :class:`RunDumpError` (or MLflow's error) when the run cannot be compared with."""
+
+    def __init__(self, run_id: str, tracking_uri: str | None = None, cache_dir: str | os.PathLike | None = None):
+        self.client = MlflowClient(tracking_uri)
+        self.listing = list_run_dump(self.client, self.client.get_run(run_id))
+        self.in_place = local_artifact_dump(self.listing.run)
+        self.cache_dir = cache_dir
+
+    def steps(self, rank: int) -> list[int]:
+        if rank not in self.listing.steps:
+            raise RunDumpError(f"run {self.listing.run_id} has no {ARTIFACT_ROOT}/rank{rank}/ artifacts (it has "
+                               f"ranks {sorted(self.listing.steps)})")
+        return self.listing.steps[rank]
+
+    def step_directions(self, rank: int, step: int) -> dict[str, StoredDirection]:
+        root = self.in_place or fetch_run_dump(self.client, self.listing, {rank: [step]}, self.cache_dir)
+        return open_step_directions(step_dir(root, rank, step))

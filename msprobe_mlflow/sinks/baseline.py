@@ -1,0 +1,407 @@
+"""The live verdict: each probed step's gradient directions compared with a baseline run's, while training runs.
+
+``baseline`` is a dump folder or an MLflow run ID (a run whose artifacts are on this file system is read in place;
+otherwise each step is downloaded into the comparator's cache). A thread of its own opens the baseline's steps ahead
+of training (``PREFETCH_STEPS``), and another compares each step as it lands, from the record's packed directions in
+memory, with the comparator's similarity and rule (``compare/similarity.py``, ``compare/verdict.py``): the verdict
+is the one ``msprobe-mlflow compare BASELINE THIS_RUN`` gives of the same steps afterwards. Neither thread is the
+training thread, and the writer thread never waits for them: it hands each step over and goes on (up to
+``HELD_STEPS`` steps keep their directions in memory; beyond that the comparison reads them back from the local
+dump, so falling behind costs disk reads, not memory or steps).
+
+What lands where (the local dump first, ``{dump}/rank{R}/findings/``; MLflow through the run's ``annotate``):
+
+- ``similarities_{S}.csv`` per compared step (``param_name,similarity``, ``summary`` last; an empty cell: not
+  compared) and the metric ``summary_similarity/rank{R}`` at step S, as a comparison run logs it;
+- when the rule first trips: ``verdict.json`` (the comparator's verdict of this rank, plus what was not compared),
+  tags ``msprobe_mlflow.live_verdict = suspicious``, ``msprobe_mlflow.first_suspicious_step`` and
+  ``msprobe_mlflow.suspicious_parameters``, the run's description, one warning, and one call of ``on_suspicious``
+  with the :class:`~msprobe_mlflow.compare.verdict.RankVerdict`, all from the comparison thread as soon as the step
+  is judged (not held back by MLflow's batching);
+- at the end, ``verdict.json`` again, and when nothing tripped ``live_verdict = consistent`` (every probed step
+  compared) or ``incomplete`` (some were not: the baseline lacks them, or became unreachable).
+
+Steps, ranks and parameters the baseline lacks are reported (one warning per kind, the rest in the log and in
+``verdict.json``), never raised: training goes on. So is a baseline that cannot be read: unknown, at level L0, or
+unreachable mid-run (the comparison stops there; the local dump stays complete, and ``msprobe-mlflow compare`` can
+judge the whole run later).
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import queue
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+from msprobe_mlflow.background import BackgroundStepWriter
+from msprobe_mlflow.compare.engine import direction_steps
+from msprobe_mlflow.compare.similarity import agreeing_directions, judged_similarity, similarity
+from msprobe_mlflow.compare.verdict import (DEFAULT_DROP_THRESHOLD, DEFAULT_FIRST_THRESHOLD, RankVerdict,
+                                            StepByStepJudge, Verdict, check_thresholds)
+from msprobe_mlflow.config import GradProbeConfig
+from msprobe_mlflow.directions import StoredDirection, open_step_directions, read_step_directions
+from msprobe_mlflow.dump import findings_dir, indexed_children, step_dir, write_csv
+from msprobe_mlflow.notices import Notices
+from msprobe_mlflow.records import StepRecord
+from msprobe_mlflow.safe_paths import atomic_write_bytes
+
+PREFETCH_STEPS = 4  # baseline steps opened (downloaded, for a remote run) ahead of the step being compared
+HELD_STEPS = 8  # steps waiting for the comparison with their directions in memory
+TAG_PREFIX = "msprobe_mlflow."  # as msprobe_mlflow.tracking.TAG_PREFIX, which would import MLflow here
+DESCRIPTION_TAG = "mlflow.note.content"
+VERDICT_FILE_NAME = "verdict.json"
+
+SuspiciousCallback = Callable[[RankVerdict], None]
+
+
+def similarities_file_name(step: int) -> str:
+    return f"similarities_{step}.csv"
+
+
+def _looks_like_a_path(given: str) -> bool:
+    """Run IDs are plain tokens; anything with a separator, or a leading dot or tilde, is meant as a folder."""
+    return any(mark in given for mark in ("/", "\\", os.sep)) or given.startswith((".", "~"))
+
+
+@dataclass(frozen=True)
+class BaselineOptions:
+    """What the live verdict compares against and how it judges (the comparator's thresholds).
+
+    ``on_suspicious(verdict)`` is called once, on the comparison thread, with the rank's
+    :class:`~msprobe_mlflow.compare.verdict.RankVerdict` (``first_suspicious_step``, ``parameter_trips`` largest
+    fall first, ``summary_trip``): set a flag your training loop reads, to stop or to save a checkpoint.
+    """
+
+    baseline: str
+    on_suspicious: SuspiciousCallback | None = None
+    first_threshold: float = DEFAULT_FIRST_THRESHOLD
+    drop_threshold: float = DEFAULT_DROP_THRESHOLD
+    tracking_uri: str | None = None  # where a run ID is looked up; None: the current tracking URI
+
+    def __post_init__(self):
+        given = self.baseline
+        if not isinstance(given, (str, os.PathLike)) or not str(given):
+            raise ValueError(f"baseline = {given!r} is not accepted; expected a dump folder or an MLflow run ID")
+        given = str(given)
+        if _looks_like_a_path(given) and not Path(given).is_dir():
+            raise ValueError(f"baseline = {given!r}: no such folder; expected a grad_probe dump folder (holding "
+                             f"rank0/step0/...) or an MLflow run ID")
+        object.__setattr__(self, "baseline", given)
+        if self.on_suspicious is not None and not callable(self.on_suspicious):
+            raise ValueError(f"on_suspicious = {self.on_suspicious!r} is not accepted; expected a function taking "
+                             f"the verdict, or None")
+        check_thresholds(self.first_threshold, self.drop_threshold)
+
+    @property
+    def is_folder(self) -> bool:
+        return Path(self.baseline).is_dir()
+
+
+class FolderBaseline:
+    """A baseline dump folder, read where it lies."""
+
+    def __init__(self, folder: str):
+        self.folder = Path(folder)
+
+    def steps(self, rank: int) -> list[int]:
+        ranks = indexed_children(self.folder, "rank")
+        if rank not in ranks:
+            raise ValueError(f"{self.folder} has no rank{rank} folder (it has ranks {ranks})")
+        return direction_steps(self.folder, rank, "baseline")
+
+    def step_directions(self, rank: int, step: int) -> dict[str, StoredDirection]:
+        return open_step_directions(step_dir(self.folder, rank, step))
+
+
+def open_baseline(options: BaselineOptions):
+    """The baseline as an object with ``steps(rank)`` and ``step_directions(rank, step)``; a run is looked up in
+    MLflow (only then is MLflow imported). Raises, naming the reason, when it cannot be compared with."""
+    if options.is_folder:
+        return FolderBaseline(options.baseline)
+    from msprobe_mlflow.tracking.run_dump import RunBaseline
+
+    return RunBaseline(options.baseline, options.tracking_uri)
+
+
+class BaselineUnavailable(Exception):
+    """The baseline cannot be read (any more): the comparison stops, training goes on."""
+
+
+_END = object()
+
+
+class BaselinePrefetcher:
+    """The baseline's steps of one rank, opened in step order on a thread of their own, at most ``ahead`` steps
+    before the one being compared. The baseline is opened on that thread too, so ``monitor()`` never waits for it."""
+
+    def __init__(self, open_: Callable[[], object], rank: int, wanted: Callable[[int], bool],
+                 ahead: int = PREFETCH_STEPS):
+        self.rank = rank
+        self.problem: str | None = None  # why the baseline cannot be read; set before _END is queued
+        self._queue: queue.Queue = queue.Queue(maxsize=ahead)
+        self._next = None
+        self._stopping = threading.Event()
+        threading.Thread(target=self._prefetch, args=(open_, wanted), daemon=True,
+                         name=f"msprobe-mlflow-baseline-rank{rank}").start()
+
+    def _prefetch(self, open_: Callable[[], object], wanted: Callable[[int], bool]) -> None:
+        try:
+            baseline = open_()
+            steps = [step for step in baseline.steps(self.rank) if wanted(step)]
+        except Exception as e:
+            self.problem = f"cannot be read ({e})"
+            steps = []
+        for step in steps:
+            if self._stopping.is_set():
+                break
+            try:
+                self._queue.put((step, baseline.step_directions(self.rank, step)))
+            except Exception as e:  # unreachable, or a damaged file: the comparison stops here
+                self.problem = f"could not be read at step {step} ({e})"
+                break
+        self._queue.put(_END)
+
+    def directions_at(self, step: int) -> dict[str, StoredDirection] | None:
+        """The baseline's directions at ``step`` (steps asked in ascending order), None when it has no such step;
+        raises :class:`BaselineUnavailable` when it cannot be read at or before ``step``."""
+        while True:
+            if self._next is None:
+                self._next = self._queue.get()  # waits only while the prefetch thread is behind
+            if self._next is _END:
+                if self.problem:
+                    raise BaselineUnavailable(self.problem)
+                return None
+            baseline_step, directions = self._next
+            if baseline_step > step:
+                return None
+            self._next = None
+            if baseline_step == step:
+                return directions
+
+    def stop(self) -> None:
+        """Ends the prefetch thread (after the request in flight, if any); it is a daemon, nobody waits for it."""
+        self._stopping.set()
+        try:
+            while True:
+                self._queue.get_nowait()
+        except queue.Empty:
+            pass
+
+
+@dataclass
+class StepComparison:
+    """One step's comparison: ``counts[name] = (agreeing, numel)`` for the parameters compared, in model order."""
+
+    step: int
+    counts: dict[str, tuple[int, int]]
+    not_in_baseline: list[str]
+    only_in_baseline: list[str]
+    shape_differs: list[str]
+
+    @property
+    def summary_counts(self) -> tuple[int, int]:
+        return sum(a for a, _ in self.counts.values()), sum(n for _, n in self.counts.values())
+
+    def csv_rows(self, names: list[str]) -> list[list]:
+        """``param_name,similarity`` in model order (empty: not compared; 0 for an empty parameter), ``summary``."""
+        rows = [["param_name", "similarity"]]
+        rows += [[name, similarity(*self.counts[name]) if name in self.counts else ""] for name in names]
+        return rows + [["summary", similarity(*self.summary_counts)]]
+
+
+def compare_step(record: StepRecord, bits: dict[str, np.ndarray],
+                 baseline: dict[str, StoredDirection]) -> StepComparison:
+    """Agreeing signs of every parameter present in both with the same shape (``bits``: the record's packed
+    directions by name)."""
+    counts, not_in_baseline, shape_differs = {}, [], []
+    for name, shape in zip(record.names, record.shapes):
+        stored = baseline.get(name)
+        if stored is None:
+            not_in_baseline.append(name)
+        elif tuple(stored.shape) != tuple(shape):
+            shape_differs.append(f"{name} {list(shape)} (baseline {list(stored.shape)})")
+        else:
+            counts[name] = (agreeing_directions(stored.packed_bits(), bits[name], stored.numel), stored.numel)
+    only_in_baseline = sorted(set(baseline) - set(record.names))
+    return StepComparison(record.step, counts, not_in_baseline, only_in_baseline, shape_differs)
+
+
+def verdict_line(options: BaselineOptions, verdict: RankVerdict | None, compared: int, not_compared: int) -> str:
+    """The live verdict in one line, for the run's description."""
+    against = f"against baseline {options.baseline}"
+    if verdict is not None:
+        fell = ", ".join(f"{t.name} {t.previous:.4f} -> {t.similarity:.4f}" for t in verdict.parameter_trips[:3])
+        more = len(verdict.parameter_trips) - 3
+        return (f"msprobe-mlflow live verdict: suspicious from step {verdict.first_suspicious_step} {against} "
+                f"(rank {verdict.rank}; fell most: {fell or 'the summary'}{f' and {more} more' if more > 0 else ''})")
+    line = (f"msprobe-mlflow live verdict: no suspicious step in {compared} compared step(s) {against} "
+            f"(first < {options.first_threshold}, drop > {options.drop_threshold})")
+    return line + (f"; {not_compared} step(s) not compared" if not_compared else "")
+
+
+class BaselineSink:
+    """The live verdict of one rank (see the module docstring). ``run`` is the MLflow run's ``annotate`` target,
+    or None (findings in the local dump only)."""
+
+    def __init__(self, options: BaselineOptions, config: GradProbeConfig, rank: int, *, run=None,
+                 notices: Notices | None = None, describe_run: bool = True):
+        self.options = options
+        self.dump_path = config.dump_path
+        self.rank = rank
+        self.run = run
+        self.notices = notices or Notices()
+        self.describe_run = describe_run  # one rank describes the run when nothing tripped (several would race)
+        self.judge = StepByStepJudge(rank, options.first_threshold, options.drop_threshold)
+        self.compared: list[int] = []
+        self.not_compared: dict[str, list[int]] = {}  # reason -> steps
+        self.missing_parameters: dict[str, list[str]] = {}  # "not in baseline" / "only in baseline" / ... -> names
+        self._warned: set[str] = set()
+        self._held = threading.BoundedSemaphore(HELD_STEPS)
+        self._prefetcher = BaselinePrefetcher(lambda: open_baseline(options), rank, config.wants_step)
+        self._worker = BackgroundStepWriter([self._compare], max_pending=100_000,
+                                            name=f"msprobe-mlflow-live-verdict-rank{rank}")
+        if run is not None:
+            run.annotate(tags={f"{TAG_PREFIX}baseline": options.baseline})
+
+    @property
+    def verdict(self) -> RankVerdict | None:
+        return self.judge.verdict
+
+    # --- writer thread -----------------------------------------------------------------------------------------
+    def handle(self, record: StepRecord) -> None:
+        held = self._held.acquire(blocking=False)
+        if not held:  # the comparison is behind: it reads this step's directions back from the local dump
+            record = dataclasses.replace(record, directions=None)
+        try:
+            self._worker.submit(lambda: record, block=False)
+        except queue.Full:
+            self._skip(record.step, "the live comparison fell too far behind")
+            if held:
+                self._held.release()
+
+    def flush(self) -> None:
+        self._worker.flush()
+
+    # --- comparison thread -------------------------------------------------------------------------------------
+    def _compare(self, record: StepRecord) -> None:
+        held = record.directions is not None
+        if held:
+            self._held.release()
+        try:
+            baseline = self._prefetcher.directions_at(record.step)
+        except BaselineUnavailable as e:
+            self._skip(record.step, f"baseline {self.options.baseline} {e}", "unavailable")
+            return
+        if baseline is None:
+            self._skip(record.step, "not in the baseline")
+            return
+        if held:
+            bits = record.packed_directions()
+        else:
+            bits = {name: bits for name, (_, bits) in
+                    read_step_directions(step_dir(self.dump_path, record.rank, record.step)).items()}
+        comparison = compare_step(record, bits, baseline)
+        self._report_parameters(comparison)
+        if not comparison.counts:
+            self._skip(record.step, "no parameter in common with the baseline")
+            return
+        self.compared.append(record.step)
+        folder = findings_dir(self.dump_path, self.rank)
+        write_csv(folder / similarities_file_name(record.step), comparison.csv_rows(record.names))
+        verdict = self.judge.judge(record.step, judged_similarity(comparison.summary_counts),
+                                   {name: judged_similarity(c) for name, c in comparison.counts.items()})
+        if verdict is not None:
+            self._tell(verdict)
+        if self.run is not None:
+            self.run.annotate(step=record.step,
+                              metrics={f"summary_similarity/rank{self.rank}": similarity(*comparison.summary_counts)},
+                              files=[folder / similarities_file_name(record.step)])
+
+    def _tell(self, verdict: RankVerdict) -> None:
+        """The verdict, at once: the local file, one warning, the callback, then the run's tags and description."""
+        path = self._write_verdict()
+        self.notices.warn(f"rank {self.rank}: step {verdict.first_suspicious_step} is suspicious against baseline "
+                          f"{self.options.baseline}:\n{self._verdict().describe()}")
+        if self.options.on_suspicious is not None:
+            try:
+                self.options.on_suspicious(verdict)
+            except Exception as e:
+                self.notices.failure("on_suspicious", f"on_suspicious raised {e!r}")
+        if self.run is not None:
+            names = ", ".join(f"{t.name} (fell {t.fall:.4f})" for t in verdict.parameter_trips)
+            self.run.annotate(tags={f"{TAG_PREFIX}live_verdict": "suspicious",
+                                    f"{TAG_PREFIX}first_suspicious_step": str(verdict.first_suspicious_step),
+                                    f"{TAG_PREFIX}suspicious_parameters": names or "(the summary only)",
+                                    DESCRIPTION_TAG: self._line()},
+                              files=[path])
+
+    def _skip(self, step: int, reason: str, kind: str | None = None) -> None:
+        """A step not compared: counted under ``reason``, warned about once per kind."""
+        self.not_compared.setdefault(reason, []).append(step)
+        kind = kind or reason
+        message = f"rank {self.rank}: step {step} not compared with the baseline: {reason}"
+        if kind in self._warned:
+            self.notices.log(message)
+            return
+        self._warned.add(kind)
+        self.notices.warn(f"{message}. Training goes on and the local dump stays complete; later steps like it are "
+                          f"logged, and listed in {findings_dir(self.dump_path, self.rank) / VERDICT_FILE_NAME}")
+
+    def _report_parameters(self, comparison: StepComparison) -> None:
+        for what, names in (("not in the baseline", comparison.not_in_baseline),
+                            ("only in the baseline", comparison.only_in_baseline),
+                            ("shapes differ", comparison.shape_differs)):
+            known = self.missing_parameters.setdefault(what, [])
+            new = [name for name in names if name not in known]
+            if new:
+                known += new
+                shown = ", ".join(new[:5]) + (f" and {len(new) - 5} more" if len(new) > 5 else "")
+                message = (f"rank {self.rank}: parameters not compared with the baseline from step "
+                           f"{comparison.step} ({what}): {shown}")
+                if f"parameters {what}" in self._warned:
+                    self.notices.log(message)
+                else:
+                    self.notices.warn(message)
+                    self._warned.add(f"parameters {what}")
+
+    def _verdict(self) -> Verdict:
+        return Verdict(self.options.first_threshold, self.options.drop_threshold,
+                       [self.judge.verdict or RankVerdict(self.rank)])
+
+    def _line(self) -> str:
+        return verdict_line(self.options, self.judge.verdict, len(self.compared),
+                            sum(len(steps) for steps in self.not_compared.values()))
+
+    def _write_verdict(self) -> Path:
+        """``verdict.json``: the comparator's verdict of this rank, and what was and was not compared."""
+        path = findings_dir(self.dump_path, self.rank) / VERDICT_FILE_NAME
+        report = {"baseline": self.options.baseline, "rank": self.rank, "verdict": self._verdict().to_dict(),
+                  "compared_steps": self.compared, "steps_not_compared": self.not_compared,
+                  "parameters_not_compared": self.missing_parameters}
+        path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_bytes(path, json.dumps(report, indent=1).encode())
+        return path
+
+    # --- end of monitoring -------------------------------------------------------------------------------------
+    def close(self) -> None:
+        """Compares what is queued, then writes the final ``verdict.json`` and, when nothing tripped, the run's
+        verdict tag and description."""
+        self._worker.close()
+        self._prefetcher.stop()
+        if self._worker.errors:
+            self.notices.warn(f"rank {self.rank}: the live comparison failed {len(self._worker.errors)} time(s); "
+                              f"first: {self._worker.errors[0]}")
+        path = self._write_verdict()
+        if self.run is None:
+            return
+        tags = {}
+        if self.judge.verdict is None and self.describe_run:
+            tags = {f"{TAG_PREFIX}live_verdict": "incomplete" if self.not_compared else "consistent",
+                    DESCRIPTION_TAG: self._line()}
+        self.run.annotate(tags=tags, files=[path])

@@ -1,0 +1,295 @@
+"""The live verdict (``baseline=``) on real torch and a real MLflow store: it says while training what
+``msprobe-mlflow compare`` says afterwards, fires ``on_suspicious`` once, and never stops training."""
+from __future__ import annotations
+
+import json
+import threading
+import uuid
+import warnings
+from pathlib import Path
+
+import mlflow
+import numpy as np
+import pytest
+import torch
+from mlflow.tracking import MlflowClient
+
+import msprobe_mlflow
+from msprobe_mlflow import GradProbeConfig, compare_dumps, compare_runs
+from msprobe_mlflow.directions import read_step_directions
+from msprobe_mlflow.dump import findings_dir, read_csv, step_dir, summary_steps
+from msprobe_mlflow.pytorch import GradientMonitor
+from msprobe_mlflow.sinks import baseline as baseline_module
+from mlflow_server import MlflowServer
+
+PERTURBED_FROM = 4
+STEPS = 8
+
+
+@pytest.fixture
+def experiment(sqlite_store, tmp_path):
+    """A fresh experiment, current, with its artifacts in this test's folder."""
+    experiment_id = mlflow.create_experiment(f"live-{uuid.uuid4().hex[:8]}",
+                                             artifact_location=(tmp_path / "artifacts").as_uri())
+    mlflow.set_experiment(experiment_id=experiment_id)
+    return experiment_id
+
+
+def small_model() -> torch.nn.Module:
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(6, 32), torch.nn.Tanh(), torch.nn.Linear(32, 16), torch.nn.Tanh(),
+                               torch.nn.Linear(16, 3))
+
+
+def train(dump: Path, *, steps: int = STEPS, perturbation: str | None = None, param_list=(),
+          **options) -> GradientMonitor:
+    """Trains the small model with a fixed data stream; ``perturbation`` changes the run from step
+    ``PERTURBED_FROM`` on: ``data`` (other inputs), ``learning_rate`` (the update before that step is 20 times
+    larger, so the weights, and the gradients, differ from that step), ``parameter`` (one weight matrix corrupted
+    just before that step). Returns the monitor, to stop."""
+    model = small_model()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+    config = GradProbeConfig(dump_path=str(dump), level="L1", param_list=param_list)
+    monitor = GradientMonitor(config, **options).monitor(model, optimizer)
+    training_loop(model, optimizer, steps, perturbation)
+    return monitor
+
+
+def training_loop(model, optimizer=None, steps: int = STEPS, perturbation: str | None = None) -> None:
+    optimizer = optimizer or torch.optim.SGD(model.parameters(), lr=0.05)
+    data, other_data = torch.Generator().manual_seed(1), torch.Generator().manual_seed(2)
+    for step in range(steps):
+        x = torch.randn(16, 6, generator=data)
+        if perturbation == "data" and step >= PERTURBED_FROM:
+            x = torch.randn(16, 6, generator=other_data)
+        if perturbation == "parameter" and step == PERTURBED_FROM:
+            with torch.no_grad():
+                model[2].weight.mul_(-1.0)
+        optimizer.param_groups[0]["lr"] = 1.0 if perturbation == "learning_rate" and step == PERTURBED_FROM - 1 \
+            else 0.05
+        optimizer.zero_grad()
+        torch.nn.functional.mse_loss(model(x), torch.sin(x[:, :3])).backward()
+        optimizer.step()
+
+
+def run_training(dump: Path, **options) -> tuple[str, GradientMonitor]:
+    with mlflow.start_run() as run:
+        monitor = train(dump, **options)
+        monitor.stop()
+    return run.info.run_id, monitor
+
+
+def findings(dump: Path) -> dict:
+    return json.loads((findings_dir(dump, 0) / "verdict.json").read_text())
+
+
+def summary_history(run_id: str) -> list[tuple[int, float]]:
+    history = MlflowClient().get_metric_history(run_id, "summary_similarity/rank0")
+    return sorted((m.step, m.value) for m in history)
+
+
+def test_a_deterministic_rerun_has_similarity_one_at_every_step_and_no_verdict(experiment, tmp_path):
+    baseline_run, _ = run_training(tmp_path / "baseline")
+    calls = []
+    run_id, monitor = run_training(tmp_path / "rerun", baseline=baseline_run, on_suspicious=calls.append)
+    assert monitor.errors == [] and calls == []
+    assert summary_history(run_id) == [(step, 1.0) for step in range(STEPS)]
+    tags = MlflowClient().get_run(run_id).data.tags
+    assert tags["msprobe_mlflow.live_verdict"] == "consistent"
+    assert tags["msprobe_mlflow.baseline"] == baseline_run
+    assert "msprobe_mlflow.first_suspicious_step" not in tags
+    assert tags["mlflow.note.content"].startswith(
+        f"msprobe-mlflow live verdict: no suspicious step in {STEPS} compared step(s) against baseline "
+        f"{baseline_run}")
+    assert findings(tmp_path / "rerun")["compared_steps"] == list(range(STEPS))
+    for step in range(STEPS):
+        rows = read_csv(findings_dir(tmp_path / "rerun", 0) / f"similarities_{step}.csv")
+        assert rows[0] == ["param_name", "similarity"] and rows[-1] == ["summary", "1.0"]
+        assert [row[0] for row in rows[1:-1]] == ["0.weight", "0.bias", "2.weight", "2.bias", "4.weight", "4.bias"]
+
+
+@pytest.mark.parametrize("perturbation", ["data", "learning_rate", "parameter"])
+def test_a_perturbation_is_named_at_its_step_while_training_as_compare_names_it_afterwards(
+        experiment, tmp_path, perturbation):
+    baseline_run, _ = run_training(tmp_path / "baseline")
+    calls, stopped = [], threading.Event()
+    with mlflow.start_run() as run:
+        with pytest.warns(UserWarning, match=rf"rank 0: step {PERTURBED_FROM} is suspicious against baseline"):
+            monitor = train(tmp_path / "candidate", perturbation=perturbation, baseline=baseline_run,
+                            on_suspicious=lambda verdict: calls.append((verdict, stopped.is_set())))
+            monitor.flush()  # every step judged, while the run is still training
+            stopped.set()
+            monitor.stop()
+    [(live, after_stop)] = calls
+    assert not after_stop and monitor.errors == []
+    afterwards = compare_runs(baseline_run, run.info.run_id)
+    assert afterwards.verdict.first_suspicious_step == PERTURBED_FROM
+    assert live == afterwards.verdict.ranks[0]  # same step, same summary trip, same parameters in the same order
+    tags = MlflowClient().get_run(run.info.run_id).data.tags
+    assert tags["msprobe_mlflow.live_verdict"] == "suspicious"
+    assert tags["msprobe_mlflow.first_suspicious_step"] == str(PERTURBED_FROM)
+    assert tags["msprobe_mlflow.suspicious_parameters"] == ", ".join(
+        f"{t.name} (fell {t.fall:.4f})" for t in afterwards.verdict.ranks[0].parameter_trips)
+    assert tags["mlflow.note.content"].startswith(
+        f"msprobe-mlflow live verdict: suspicious from step {PERTURBED_FROM} against baseline {baseline_run}")
+    live_summary = dict(summary_history(run.info.run_id))
+    assert [live_summary[s] for s in afterwards.comparison.ranks[0].steps] == afterwards.comparison.ranks[0].summary
+    saved = findings(tmp_path / "candidate")["verdict"]
+    assert saved == afterwards.verdict.to_dict()
+    artifacts = {a.path for a in MlflowClient().list_artifacts(run.info.run_id, "grad_probe/rank0/findings")}
+    assert "grad_probe/rank0/findings/verdict.json" in artifacts
+    assert f"grad_probe/rank0/findings/similarities_{STEPS - 1}.csv" in artifacts
+
+
+def test_autolog_takes_the_baseline_and_the_callback(experiment, tmp_path):
+    dumps = str(tmp_path / "dumps")
+    msprobe_mlflow.autolog(dump_path=dumps)
+    try:
+        with mlflow.start_run() as baseline_run:
+            training_loop(small_model(), None)
+        calls = []
+        msprobe_mlflow.autolog(dump_path=dumps, baseline=baseline_run.info.run_id, on_suspicious=calls.append)
+        with pytest.warns(UserWarning, match=f"step {PERTURBED_FROM} is suspicious"):
+            with mlflow.start_run() as run:
+                training_loop(small_model(), None, perturbation="data")
+    finally:
+        msprobe_mlflow.autolog(disable=True)
+    assert [verdict.first_suspicious_step for verdict in calls] == [PERTURBED_FROM]
+    assert MlflowClient().get_run(run.info.run_id).data.tags["msprobe_mlflow.first_suspicious_step"] == "4"
+    with pytest.raises(ValueError, match="on_suspicious is given without baseline="):
+        msprobe_mlflow.autolog(on_suspicious=print)
+    msprobe_mlflow.autolog(disable=True)
+
+
+def test_steps_and_parameters_the_baseline_lacks_are_reported_once_and_the_rest_compared(tmp_path):
+    names = ["0.weight", "0.bias", "2.weight", "2.bias", "4.weight", "4.bias"]
+    train(tmp_path / "baseline", steps=5, param_list=names[:-1], log_to_mlflow=False).stop()  # no 4.bias
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        monitor = train(tmp_path / "candidate", log_to_mlflow=False, baseline=str(tmp_path / "baseline"))
+        monitor.stop()
+    messages = [str(w.message) for w in caught if "msprobe-mlflow" in str(w.message)]
+    assert len(messages) == 2, messages
+    assert "rank 0: parameters not compared with the baseline from step 0 (not in the baseline): 4.bias" in messages[0]
+    assert "rank 0: step 5 not compared with the baseline: not in the baseline" in messages[1]
+    saved = findings(tmp_path / "candidate")
+    assert saved["compared_steps"] == [0, 1, 2, 3, 4]
+    assert saved["steps_not_compared"] == {"not in the baseline": [5, 6, 7]}
+    assert saved["parameters_not_compared"]["not in the baseline"] == ["4.bias"]
+    assert saved["verdict"]["suspicious"] is False
+    rows = read_csv(findings_dir(tmp_path / "candidate", 0) / "similarities_4.csv")
+    assert rows[1:] == [[name, "1.0"] for name in names[:-1]] + [["4.bias", ""], ["summary", "1.0"]]
+    assert summary_steps(tmp_path / "candidate" / "rank0") == list(range(STEPS))  # the dump is complete
+
+
+def test_an_l0_baseline_gets_one_clear_warning_and_training_goes_on(tmp_path):
+    config = GradProbeConfig(dump_path=str(tmp_path / "l0"), level="L0")
+    model = small_model()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+    with GradientMonitor(config, log_to_mlflow=False).monitor(model, optimizer):
+        for _ in range(2):
+            optimizer.zero_grad()
+            model(torch.ones(2, 6)).sum().backward()
+            optimizer.step()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        monitor = train(tmp_path / "candidate", log_to_mlflow=False, baseline=str(tmp_path / "l0"))
+        monitor.stop()
+    [warning] = [str(w.message) for w in caught if "msprobe-mlflow" in str(w.message)]
+    assert "grad_level L0 dump, which records no gradient directions" in warning
+    assert "Training goes on" in warning
+    assert monitor.errors == []
+    assert summary_steps(tmp_path / "candidate" / "rank0") == list(range(STEPS))
+    assert sum(findings(tmp_path / "candidate")["steps_not_compared"].values(), []) == list(range(STEPS))
+
+
+def test_the_writer_hands_steps_over_without_waiting_for_a_slow_baseline(tmp_path, monkeypatch):
+    """The baseline is held back until every step reached a sink placed after the live verdict: the writer never
+    waited for the comparison. Steps beyond those kept in memory are compared from the local dump."""
+    train(tmp_path / "baseline", steps=20, log_to_mlflow=False).stop()
+    release, all_written = threading.Event(), threading.Event()
+    opened = baseline_module.FolderBaseline.step_directions
+
+    def held_back(self, rank, step):
+        release.wait()
+        return opened(self, rank, step)
+
+    monkeypatch.setattr(baseline_module.FolderBaseline, "step_directions", held_back)
+    last = type("LastSink", (), {"handle": lambda self, r: r.step == 19 and all_written.set(),
+                                 "flush": lambda self: None, "close": lambda self: None})()
+    monitor = train(tmp_path / "candidate", steps=20, perturbation="data", log_to_mlflow=False,
+                    baseline=str(tmp_path / "baseline"), sinks=[last])
+    all_written.wait()
+    release.set()
+    with pytest.warns(UserWarning, match=f"step {PERTURBED_FROM} is suspicious"):
+        monitor.stop()
+    assert baseline_module.HELD_STEPS < 20
+    expected = compare_dumps(tmp_path / "baseline", tmp_path / "candidate", None)
+    saved = findings(tmp_path / "candidate")
+    assert saved["compared_steps"] == list(range(20))
+    assert saved["verdict"] == expected.verdict.to_dict()
+    for step in (0, 19):
+        rows = read_csv(findings_dir(tmp_path / "candidate", 0) / f"similarities_{step}.csv")
+        assert float(rows[-1][1]) == expected.ranks[0].summary[step]
+
+
+def test_bad_options_are_refused_before_training(tmp_path):
+    config = GradProbeConfig(dump_path=str(tmp_path), level="L1")
+    with pytest.raises(ValueError, match=r"baseline = '\./no/such/dump': no such folder"):
+        GradientMonitor(config, baseline="./no/such/dump")
+    with pytest.raises(ValueError, match=r"on_suspicious is given without baseline="):
+        GradientMonitor(config, on_suspicious=print)
+    with pytest.raises(ValueError, match=r"on_suspicious = 3 is not accepted"):
+        GradientMonitor(config, baseline="some-run-id", on_suspicious=3)
+    with pytest.raises(ValueError, match=r"first_threshold = 1.5 is not accepted; expected a number between 0 and 1"):
+        GradientMonitor(config, baseline="some-run-id", first_threshold=1.5)
+    with pytest.raises(ValueError, match=r"needs gradient directions, which grad_probe.grad_level 'L0'"):
+        GradientMonitor(config.replace(level="L0"), baseline="some-run-id")
+
+
+@pytest.mark.server
+def test_a_baseline_server_that_dies_mid_run_degrades_to_one_warning_and_the_dump_stays_complete(tmp_path,
+                                                                                                  monkeypatch):
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "5")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))  # the downloaded baseline steps
+    server = MlflowServer(tmp_path / "server").start()
+    try:
+        client = MlflowClient(server.uri)
+        baseline_run = client.create_run(client.create_experiment("baseline")).info.run_id
+        train(tmp_path / "baseline", steps=12, run_id=baseline_run, tracking_uri=server.uri).stop()
+        model = small_model()
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+        monitor = GradientMonitor(GradProbeConfig(dump_path=str(tmp_path / "candidate"), level="L1"),
+                                  log_to_mlflow=False, baseline=baseline_run, tracking_uri=server.uri)
+        monitor.monitor(model, optimizer)
+        data = torch.Generator().manual_seed(1)
+
+        def steps(count: int) -> None:
+            for _ in range(count):
+                x = torch.randn(16, 6, generator=data)
+                optimizer.zero_grad()
+                torch.nn.functional.mse_loss(model(x), torch.sin(x[:, :3])).backward()
+                optimizer.step()
+
+        steps(3)
+        monitor.flush()  # steps 0-2 compared against the downloaded baseline
+        server.stop()
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            steps(9)
+            monitor.stop()
+    finally:
+        server.stop()
+    [warning] = [str(w.message) for w in caught if "msprobe-mlflow" in str(w.message)]
+    assert f"not compared with the baseline: baseline {baseline_run} could not be read at step" in warning
+    assert monitor.errors == []
+    saved = findings(tmp_path / "candidate")
+    compared, skipped = saved["compared_steps"], sum(saved["steps_not_compared"].values(), [])
+    assert compared[:3] == [0, 1, 2] and skipped and sorted(compared + skipped) == list(range(12))
+    assert saved["verdict"]["suspicious"] is False  # the same data: what was compared agrees
+    for step in range(12):  # the local dump is complete
+        directions = read_step_directions(step_dir(tmp_path / "candidate", 0, step))
+        assert list(directions) == ["0.weight", "0.bias", "2.weight", "2.bias", "4.weight", "4.bias"]
+    assert np.array_equal(*(read_step_directions(step_dir(tmp_path / side, 0, 11))["0.weight"][1]
+                            for side in ("baseline", "candidate")))
