@@ -5,7 +5,8 @@ import numpy as np
 import pytest
 
 from msprobe_mlflow.compare import similarity as similarity_module
-from msprobe_mlflow.compare.similarity import agreeing_directions, similarity, summary_similarity
+from msprobe_mlflow.compare.similarity import (agreeing_directions, agreeing_per_parameter, similarity,
+                                                summary_similarity)
 from msprobe_mlflow.compare.verdict import (RankVerdict, StepByStepJudge, Verdict, check_thresholds, judge_rank,
                                             series_trips)
 
@@ -157,3 +158,17 @@ def test_the_step_by_step_judge_equals_judge_rank_on_the_same_series(seed):
     batch = judge_rank(3, steps, summary, parameters, **thresholds)
     live = _judged_step_by_step(3, steps, summary, parameters, **thresholds)
     assert (live or RankVerdict(3)) == batch
+
+
+@pytest.mark.parametrize("chunk_bytes", [3, 1 << 22])
+def test_a_whole_step_compares_like_each_parameter_alone(monkeypatch, chunk_bytes):
+    """Parameters of odd sizes (padding in their last byte, garbage there on one side), empty ones, a scalar."""
+    monkeypatch.setattr(similarity_module, "CHUNK_BYTES", chunk_bytes)
+    rng = np.random.default_rng(1)
+    numels = [0, 13, 1, 0, 64, 5, 300, 0]
+    a = [rng.random(n) > 0.5 for n in numels]
+    b = [rng.random(n) > 0.5 for n in numels]
+    bits_a = np.concatenate([packed(x) for x in a])
+    bits_b = np.concatenate([packed(x) for x in b])
+    bits_b[1] |= 0b00000111  # 13 elements: the second byte holds 3 padding bits
+    assert agreeing_per_parameter(bits_a, bits_b, numels).tolist() == [int((x == y).sum()) for x, y in zip(a, b)]
