@@ -126,6 +126,14 @@ def open_packed(path: Path) -> dict[str, StoredDirection]:
             for name, shape, piece in zip(names.tolist(), shapes, pieces)}
 
 
+def read_packed_bits(path: Path) -> np.ndarray:
+    """The whole ``bits`` field of a packed archive (every parameter, in the order ``open_packed`` lists them), read
+    at once: comparing whole steps, a reader need not slice thousands of small parameters one by one. Call
+    ``open_packed`` first: it checks the archive."""
+    with np.load(refuse_symlink(path), allow_pickle=False) as archive:
+        return archive["bits"]
+
+
 def read_packed(path: Path) -> Directions:
     return {name: (stored.shape, stored.packed_bits()) for name, stored in open_packed(path).items()}
 

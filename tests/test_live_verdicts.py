@@ -208,13 +208,13 @@ def test_the_writer_hands_steps_over_without_waiting_for_a_slow_baseline(tmp_pat
     waited for the comparison. Steps beyond those kept in memory are compared from the local dump."""
     train(tmp_path / "baseline", steps=20, log_to_mlflow=False).stop()
     release, all_written = threading.Event(), threading.Event()
-    opened = baseline_module.FolderBaseline.step_directions
+    opened = baseline_module.FolderBaseline.step_folder
 
     def held_back(self, rank, step):
         release.wait()
         return opened(self, rank, step)
 
-    monkeypatch.setattr(baseline_module.FolderBaseline, "step_directions", held_back)
+    monkeypatch.setattr(baseline_module.FolderBaseline, "step_folder", held_back)
     last = type("LastSink", (), {"handle": lambda self, r: r.step == 19 and all_written.set(),
                                  "flush": lambda self: None, "close": lambda self: None})()
     monitor = train(tmp_path / "candidate", steps=20, perturbation="data", log_to_mlflow=False,

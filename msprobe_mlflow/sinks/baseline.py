@@ -41,11 +41,12 @@ import numpy as np
 
 from msprobe_mlflow.background import BackgroundStepWriter
 from msprobe_mlflow.compare.engine import direction_steps
-from msprobe_mlflow.compare.similarity import agreeing_directions, judged_similarity, similarity
+from msprobe_mlflow.compare.similarity import agreeing_per_parameter, judged_similarity, similarity
 from msprobe_mlflow.compare.verdict import (DEFAULT_DROP_THRESHOLD, DEFAULT_FIRST_THRESHOLD, RankVerdict,
                                             StepByStepJudge, Verdict, check_thresholds)
 from msprobe_mlflow.config import GradProbeConfig
-from msprobe_mlflow.directions import StoredDirection, open_step_directions, read_step_directions
+from msprobe_mlflow.directions import (PACKED_FILE_NAME, StoredDirection, open_step_directions, read_packed_bits,
+                                       read_step_directions)
 from msprobe_mlflow.dump import findings_dir, indexed_children, step_dir, write_csv
 from msprobe_mlflow.notices import Notices
 from msprobe_mlflow.records import StepRecord
@@ -115,18 +116,35 @@ class FolderBaseline:
             raise ValueError(f"{self.folder} has no rank{rank} folder (it has ranks {ranks})")
         return direction_steps(self.folder, rank, "baseline")
 
-    def step_directions(self, rank: int, step: int) -> dict[str, StoredDirection]:
-        return open_step_directions(step_dir(self.folder, rank, step))
+    def step_folder(self, rank: int, step: int) -> Path:
+        return step_dir(self.folder, rank, step)
 
 
 def open_baseline(options: BaselineOptions):
-    """The baseline as an object with ``steps(rank)`` and ``step_directions(rank, step)``; a run is looked up in
-    MLflow (only then is MLflow imported). Raises, naming the reason, when it cannot be compared with."""
+    """The baseline as an object with ``steps(rank)`` and ``step_folder(rank, step)`` (a local folder, downloaded
+    first if need be); a run is looked up in MLflow (only then is MLflow imported). Raises, naming the reason,
+    when it cannot be compared with."""
     if options.is_folder:
         return FolderBaseline(options.baseline)
     from msprobe_mlflow.tracking.run_dump import RunBaseline
 
     return RunBaseline(options.baseline, options.tracking_uri)
+
+
+@dataclass
+class BaselineStep:
+    """One baseline step, opened: its parameters (shapes known, bits read when asked) and, for a packed archive,
+    every parameter's bits in one array (``whole``, in ``stored``'s order), so that a step laid out as the
+    training's is compared at once."""
+
+    stored: dict[str, StoredDirection]
+    whole: np.ndarray | None = None
+
+    @classmethod
+    def open(cls, folder: Path) -> "BaselineStep":
+        stored = open_step_directions(folder)
+        packed = folder / PACKED_FILE_NAME
+        return cls(stored, read_packed_bits(packed) if packed.exists() else None)
 
 
 class BaselineUnavailable(Exception):
@@ -161,13 +179,13 @@ class BaselinePrefetcher:
             if self._stopping.is_set():
                 break
             try:
-                self._queue.put((step, baseline.step_directions(self.rank, step)))
+                self._queue.put((step, BaselineStep.open(baseline.step_folder(self.rank, step))))
             except Exception as e:  # unreachable, or a damaged file: the comparison stops here
                 self.problem = f"could not be read at step {step} ({e})"
                 break
         self._queue.put(_END)
 
-    def directions_at(self, step: int) -> dict[str, StoredDirection] | None:
+    def step_at(self, step: int) -> BaselineStep | None:
         """The baseline's directions at ``step`` (steps asked in ascending order), None when it has no such step;
         raises :class:`BaselineUnavailable` when it cannot be read at or before ``step``."""
         while True:
@@ -215,21 +233,36 @@ class StepComparison:
         return rows + [["summary", similarity(*self.summary_counts)]]
 
 
-def compare_step(record: StepRecord, bits: dict[str, np.ndarray],
-                 baseline: dict[str, StoredDirection]) -> StepComparison:
-    """Agreeing signs of every parameter present in both with the same shape (``bits``: the record's packed
-    directions by name)."""
-    counts, not_in_baseline, shape_differs = {}, [], []
-    for name, shape in zip(record.names, record.shapes):
-        stored = baseline.get(name)
-        if stored is None:
+def compare_step(record: StepRecord, baseline: BaselineStep, dump_path: str) -> StepComparison:
+    """Agreeing signs of every parameter present in both with the same shape: the whole step at once when both
+    hold the same parameters in the same order (the usual case), else parameter by parameter. A record whose
+    directions were not kept in memory is read back from ``dump_path``."""
+    stored = baseline.stored
+    names = record.names
+    if (record.directions is not None and baseline.whole is not None and names == list(stored)
+            and [tuple(shape) for shape in record.shapes] == [s.shape for s in stored.values()]):
+        numels = record.numels
+        agreeing = agreeing_per_parameter(baseline.whole, record.directions, numels)
+        return StepComparison(record.step, dict(zip(names, zip(agreeing.tolist(), numels))), [], [], [])
+    common, not_in_baseline, shape_differs = [], [], []
+    for name, shape in zip(names, record.shapes):
+        if name not in stored:
             not_in_baseline.append(name)
-        elif tuple(stored.shape) != tuple(shape):
-            shape_differs.append(f"{name} {list(shape)} (baseline {list(stored.shape)})")
+        elif tuple(stored[name].shape) != tuple(shape):
+            shape_differs.append(f"{name} {list(shape)} (baseline {list(stored[name].shape)})")
         else:
-            counts[name] = (agreeing_directions(stored.packed_bits(), bits[name], stored.numel), stored.numel)
-    only_in_baseline = sorted(set(baseline) - set(record.names))
-    return StepComparison(record.step, counts, not_in_baseline, only_in_baseline, shape_differs)
+            common.append(name)
+    if record.directions is not None:
+        bits = record.packed_directions()
+    else:
+        bits = {name: bits for name, (_, bits) in
+                read_step_directions(step_dir(dump_path, record.rank, record.step)).items()}
+    numels = [stored[name].numel for name in common]
+    agreeing = agreeing_per_parameter(np.concatenate([np.zeros(0, np.uint8)] + [bits[n] for n in common]),
+                                      np.concatenate([np.zeros(0, np.uint8)] + [stored[n].packed_bits() for n in common]),
+                                      numels)
+    return StepComparison(record.step, dict(zip(common, zip(agreeing.tolist(), numels))), not_in_baseline,
+                          sorted(set(stored) - set(names)), shape_differs)
 
 
 def verdict_line(options: BaselineOptions, verdict: RankVerdict | None, compared: int, not_compared: int) -> str:
@@ -290,23 +323,17 @@ class BaselineSink:
 
     # --- comparison thread -------------------------------------------------------------------------------------
     def _compare(self, record: StepRecord) -> None:
-        held = record.directions is not None
-        if held:
+        if record.directions is not None:
             self._held.release()
         try:
-            baseline = self._prefetcher.directions_at(record.step)
+            baseline = self._prefetcher.step_at(record.step)
         except BaselineUnavailable as e:
             self._skip(record.step, f"baseline {self.options.baseline} {e}", "unavailable")
             return
         if baseline is None:
             self._skip(record.step, "not in the baseline")
             return
-        if held:
-            bits = record.packed_directions()
-        else:
-            bits = {name: bits for name, (_, bits) in
-                    read_step_directions(step_dir(self.dump_path, record.rank, record.step)).items()}
-        comparison = compare_step(record, bits, baseline)
+        comparison = compare_step(record, baseline, self.dump_path)
         self._report_parameters(comparison)
         if not comparison.counts:
             self._skip(record.step, "no parameter in common with the baseline")
@@ -384,7 +411,6 @@ class BaselineSink:
         report = {"baseline": self.options.baseline, "rank": self.rank, "verdict": self._verdict().to_dict(),
                   "compared_steps": self.compared, "steps_not_compared": self.not_compared,
                   "parameters_not_compared": self.missing_parameters}
-        path.parent.mkdir(parents=True, exist_ok=True)
         atomic_write_bytes(path, json.dumps(report, indent=1).encode())
         return path
 

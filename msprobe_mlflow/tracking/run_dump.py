@@ -20,7 +20,6 @@ from urllib.parse import unquote, urlparse
 from mlflow.entities import Run
 from mlflow.tracking import MlflowClient
 
-from msprobe_mlflow.directions import StoredDirection, open_step_directions
 from msprobe_mlflow.dump import (parse_rank_folder, parse_step_folder, parse_summary_name, relative_step_dir,
                                  relative_summary_path, step_dir)
 from msprobe_mlflow.levels import LEVELS
@@ -160,6 +159,6 @@ class RunBaseline:
                                f"ranks {sorted(self.listing.steps)})")
         return self.listing.steps[rank]
 
-    def step_directions(self, rank: int, step: int) -> dict[str, StoredDirection]:
+    def step_folder(self, rank: int, step: int) -> Path:
         root = self.in_place or fetch_run_dump(self.client, self.listing, {rank: [step]}, self.cache_dir)
-        return open_step_directions(step_dir(root, rank, step))
+        return step_dir(root, rank, step)
