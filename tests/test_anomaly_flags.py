@@ -229,3 +229,26 @@ def test_anomaly_flags_can_be_switched_off(tmp_path):
                                 anomaly_flags=False)
     monitor.stop()
     assert csv_flags(tmp_path / "off") == [] and not findings_dir(tmp_path / "off", 0).exists()
+
+
+def test_findings_mlflow_cannot_take_stay_in_the_local_dump_with_a_warning(experiment, tmp_path):
+    """The run is deleted after the first step, so the flag's metric and tags cannot be sent, even at stop()."""
+    model = torch.nn.Linear(3, 2)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.0)
+    with mlflow.start_run() as run:
+        monitor = GradientMonitor(GradProbeConfig(dump_path=str(tmp_path / "dump"), level="L1")).monitor(model,
+                                                                                                        optimizer)
+        model.weight.grad, model.bias.grad = torch.ones(2, 3), torch.ones(2)
+        optimizer.step()
+        monitor.flush()
+        MlflowClient().delete_run(run.info.run_id)
+        model.bias.grad = torch.tensor([1.0, math.inf])
+        with pytest.warns(UserWarning) as caught:
+            optimizer.step()
+            monitor.stop()
+        MlflowClient().restore_run(run.info.run_id)  # so that leaving the block can end it
+    messages = [str(w.message) for w in caught]
+    assert any("the live findings (live verdict, anomaly flags) of MLflow run" in m
+               and str(findings_dir(tmp_path / "dump", 0)) in m for m in messages), messages
+    assert [(f["step"], f["parameter"], f["kind"]) for f in csv_flags(tmp_path / "dump")] == [("1", "bias", "nonfinite")]
+    assert "msprobe_mlflow.first_nonfinite_step" not in MlflowClient().get_run(run.info.run_id).data.tags

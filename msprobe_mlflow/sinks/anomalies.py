@@ -18,6 +18,7 @@ steps and at the end (not at every flag: a run gone NaN flags every parameter at
 from __future__ import annotations
 
 import csv
+import dataclasses
 import math
 from dataclasses import dataclass
 
@@ -27,10 +28,11 @@ from msprobe_mlflow.background import BackgroundStepWriter
 from msprobe_mlflow.dump import findings_dir
 from msprobe_mlflow.notices import Notices
 from msprobe_mlflow.records import StepRecord
+from msprobe_mlflow.tracking import TAG_PREFIX
 
 ANOMALIES_FILE_NAME = "anomalies.csv"
 CSV_HEADER = ["step", "scope", "parameter", "kind", "norm", "median_norm", "band_low", "band_high"]
-TAG_PREFIX = "msprobe_mlflow."
+
 NORMAL_MAD_SCALE = 1.4826  # MAD x this = the standard deviation, for normally distributed values
 MIN_SPREAD = 0.01  # a floor on the spread of log-norms: a perfectly steady norm may still wobble by ~1 %
 
@@ -46,11 +48,12 @@ class SpikeRule:
     median and MAD, because one spike in the window moves neither (a mean and standard deviation would hide the
     next one); both directions, because a layer whose gradient collapses is as broken as one that explodes.
     The defaults come from clean 300-step trainings of four small models (an MLP with Adam, the same with SGD and a
-    tenfold learning-rate decay, a CNN with SGD momentum, a 2-layer transformer with AdamW; 14,700 parameter-steps,
-    ``benchmarks/anomaly_rates.py``): a threshold of 7 flagged 1 of 1,200 steps (threshold 6: 7; 8: none), and
-    still catches every zeroed layer and, in the transformer (steady norms, as in large models), every tenfold
-    rise or fall; in small noisy models (a scalar bias's gradient norm varies tenfold from step to step), only
-    faults of a hundredfold and more stand out. Raise ``threshold`` for fewer flags, lower it to catch less.
+    tenfold learning-rate decay, a CNN with SGD momentum, a 2-layer transformer with AdamW; 13,500 parameter-steps;
+    ``benchmarks/anomaly_rates.py``, ``benchmarks/results/anomalies.md``): threshold 7 flagged 1 of their 1,200
+    steps (threshold 6: 6 steps, 8: none), and still caught every zeroed layer, and in the transformer (steady
+    norms, as in large models) every tenfold rise or fall; in the small noisy MLPs, whose scalar bias gradients
+    vary tenfold from step to step, only about half of the hundredfold faults stand out. Raise ``threshold`` for
+    fewer flags, lower it to catch smaller faults.
     """
 
     threshold: float = 7.0
@@ -185,7 +188,8 @@ class AnomalySink:
                                             name=f"msprobe-mlflow-anomalies-rank{rank}")
 
     def handle(self, record: StepRecord) -> None:
-        self._worker.submit(lambda: record)  # values only: small, and the queue is long
+        values_only = dataclasses.replace(record, directions=None, bucket_counts=None, zero_counts=None, md5=None)
+        self._worker.submit(lambda: values_only)  # small, and the queue is long: the writer never waits
 
     def flush(self) -> None:
         self._worker.flush()

@@ -51,10 +51,10 @@ from msprobe_mlflow.dump import findings_dir, indexed_children, step_dir, write_
 from msprobe_mlflow.notices import Notices
 from msprobe_mlflow.records import StepRecord
 from msprobe_mlflow.safe_paths import atomic_write_bytes
+from msprobe_mlflow.tracking import TAG_PREFIX
 
 PREFETCH_STEPS = 4  # baseline steps opened (downloaded, for a remote run) ahead of the step being compared
 HELD_STEPS = 8  # steps waiting for the comparison with their directions in memory
-TAG_PREFIX = "msprobe_mlflow."  # as msprobe_mlflow.tracking.TAG_PREFIX, which would import MLflow here
 DESCRIPTION_TAG = "mlflow.note.content"
 VERDICT_FILE_NAME = "verdict.json"
 
@@ -258,9 +258,9 @@ def compare_step(record: StepRecord, baseline: BaselineStep, dump_path: str) -> 
         bits = {name: bits for name, (_, bits) in
                 read_step_directions(step_dir(dump_path, record.rank, record.step)).items()}
     numels = [stored[name].numel for name in common]
-    agreeing = agreeing_per_parameter(np.concatenate([np.zeros(0, np.uint8)] + [bits[n] for n in common]),
-                                      np.concatenate([np.zeros(0, np.uint8)] + [stored[n].packed_bits() for n in common]),
-                                      numels)
+    nothing = [np.zeros(0, np.uint8)]
+    agreeing = agreeing_per_parameter(np.concatenate(nothing + [bits[name] for name in common]),
+                                      np.concatenate(nothing + [stored[name].packed_bits() for name in common]), numels)
     return StepComparison(record.step, dict(zip(common, zip(agreeing.tolist(), numels))), not_in_baseline,
                           sorted(set(stored) - set(names)), shape_differs)
 
