@@ -1,6 +1,7 @@
 """Writes ``results/README.md``: issue 7's targets against what was measured, then the monitor table (from
-``monitor.json``), the comparator table (from ``compare.json``) and the GPU figures (``gpu.md``, as measured on a
-lent GPU by ``gpu_check.py``). ``benchmarks/run`` calls it after both benchmarks; it only reads their results.
+``monitor.json``), the comparator table (from ``compare.json``), the GPU figures (``gpu.md``, as measured on a
+lent GPU by ``gpu_check.py``) and the live verdicts' figures (``live.md``, ``anomalies.md``). ``benchmarks/run``
+calls it after the benchmarks; it only reads their results.
 """
 from __future__ import annotations
 
@@ -87,6 +88,8 @@ def main() -> None:
         monitor_benchmark.markdown(monitor),
         demoted(compare_benchmark.markdown(compare, COMPARATOR_REFERENCE)),
         demoted((results / "gpu.md").read_text(encoding="utf-8")),
+        *(demoted((results / name).read_text(encoding="utf-8")) for name in ("live.md", "anomalies.md")
+          if (results / name).exists()),
     ]
     (results / "README.md").write_text("\n".join(parts), encoding="utf-8")
     print(f"wrote {results / 'README.md'}")
