@@ -126,12 +126,21 @@ def open_packed(path: Path) -> dict[str, StoredDirection]:
             for name, shape, piece in zip(names.tolist(), shapes, pieces)}
 
 
-def read_packed_bits(path: Path) -> np.ndarray:
-    """The whole ``bits`` field of a packed archive (every parameter, in the order ``open_packed`` lists them), read
-    at once: comparing whole steps, a reader need not slice thousands of small parameters one by one. Call
-    ``open_packed`` first: it checks the archive."""
-    with np.load(refuse_symlink(path), allow_pickle=False) as archive:
-        return archive["bits"]
+def read_packed_laid_out(path: Path, names: list[str], shapes: list[tuple[int, ...]]) -> np.ndarray | None:
+    """The whole ``bits`` field of a packed archive that holds exactly ``names`` with ``shapes``, in that order, read
+    at once; None for any other archive (``open_packed`` then says what it holds). A reader that knows the layout
+    compares a whole step in one go instead of listing thousands of small parameters one by one."""
+    try:
+        with np.load(refuse_symlink(path), allow_pickle=False) as archive:
+            if (int(archive["format_version"]) != PACKED_FORMAT_VERSION or archive["names"].tolist() != list(names)
+                    or archive["ndims"].tolist() != [len(shape) for shape in shapes]
+                    or archive["dims"].tolist() != [d for shape in shapes for d in shape]):
+                return None
+            bits = archive["bits"]
+    except Exception:  # damaged, or not ours: open_packed names the problem
+        return None
+    needed = sum((math.prod(shape) + 7) // 8 for shape in shapes)
+    return bits if bits.dtype == np.uint8 and bits.shape == (needed,) else None
 
 
 def read_packed(path: Path) -> Directions:

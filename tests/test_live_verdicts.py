@@ -182,6 +182,20 @@ def test_steps_and_parameters_the_baseline_lacks_are_reported_once_and_the_rest_
     assert summary_steps(tmp_path / "candidate" / "rank0") == list(range(STEPS))  # the dump is complete
 
 
+def test_a_damaged_baseline_step_is_skipped_with_a_warning_naming_the_file(tmp_path):
+    train(tmp_path / "baseline", log_to_mlflow=False).stop()
+    damaged = step_dir(tmp_path / "baseline", 0, 2) / "directions.npz"
+    damaged.write_bytes(b"not an archive")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        monitor = train(tmp_path / "candidate", log_to_mlflow=False, baseline=str(tmp_path / "baseline"))
+        monitor.stop()
+    [warning] = [str(w.message) for w in caught if "msprobe-mlflow" in str(w.message)]
+    assert f"step 2 not compared with the baseline: the baseline's step cannot be read ({damaged}" in warning
+    saved = findings(tmp_path / "candidate")
+    assert saved["compared_steps"] == [0, 1, 3, 4, 5, 6, 7] and saved["verdict"]["suspicious"] is False
+
+
 def test_an_l0_baseline_gets_one_clear_warning_and_training_goes_on(tmp_path):
     config = GradProbeConfig(dump_path=str(tmp_path / "l0"), level="L0")
     model = small_model()

@@ -1,10 +1,10 @@
 """The live verdict: each probed step's gradient directions compared with a baseline run's, while training runs.
 
 ``baseline`` is a dump folder or an MLflow run ID (a run whose artifacts are on this file system is read in place;
-otherwise each step is downloaded into the comparator's cache). A thread of its own opens the baseline's steps ahead
-of training (``PREFETCH_STEPS``), and another compares each step as it lands, from the record's packed directions in
-memory, with the comparator's similarity and rule (``compare/similarity.py``, ``compare/verdict.py``): the verdict
-is the one ``msprobe-mlflow compare BASELINE THIS_RUN`` gives of the same steps afterwards. Neither thread is the
+otherwise each step is downloaded into the comparator's cache by a thread of its own, ``PREFETCH_STEPS`` ahead of
+training). Another thread compares each step as it lands, from the record's packed directions in memory, with the
+comparator's similarity and rule (``compare/similarity.py``, ``compare/verdict.py``): the verdict is the one
+``msprobe-mlflow compare BASELINE THIS_RUN`` gives of the same steps afterwards. Neither thread is the
 training thread, and the writer thread never waits for them: it hands each step over and goes on (up to
 ``HELD_STEPS`` steps keep their directions in memory; beyond that the comparison reads them back from the local
 dump, so falling behind costs disk reads, not memory or steps).
@@ -45,7 +45,7 @@ from msprobe_mlflow.compare.similarity import agreeing_per_parameter, judged_sim
 from msprobe_mlflow.compare.verdict import (DEFAULT_DROP_THRESHOLD, DEFAULT_FIRST_THRESHOLD, RankVerdict,
                                             StepByStepJudge, Verdict, check_thresholds)
 from msprobe_mlflow.config import GradProbeConfig
-from msprobe_mlflow.directions import (PACKED_FILE_NAME, StoredDirection, open_step_directions, read_packed_bits,
+from msprobe_mlflow.directions import (PACKED_FILE_NAME, open_step_directions, read_packed_laid_out,
                                        read_step_directions)
 from msprobe_mlflow.dump import findings_dir, indexed_children, step_dir, write_csv
 from msprobe_mlflow.notices import Notices
@@ -131,22 +131,6 @@ def open_baseline(options: BaselineOptions):
     return RunBaseline(options.baseline, options.tracking_uri)
 
 
-@dataclass
-class BaselineStep:
-    """One baseline step, opened: its parameters (shapes known, bits read when asked) and, for a packed archive,
-    every parameter's bits in one array (``whole``, in ``stored``'s order), so that a step laid out as the
-    training's is compared at once."""
-
-    stored: dict[str, StoredDirection]
-    whole: np.ndarray | None = None
-
-    @classmethod
-    def open(cls, folder: Path) -> "BaselineStep":
-        stored = open_step_directions(folder)
-        packed = folder / PACKED_FILE_NAME
-        return cls(stored, read_packed_bits(packed) if packed.exists() else None)
-
-
 class BaselineUnavailable(Exception):
     """The baseline cannot be read (any more): the comparison stops, training goes on."""
 
@@ -155,8 +139,9 @@ _END = object()
 
 
 class BaselinePrefetcher:
-    """The baseline's steps of one rank, opened in step order on a thread of their own, at most ``ahead`` steps
-    before the one being compared. The baseline is opened on that thread too, so ``monitor()`` never waits for it."""
+    """The baseline's steps of one rank, made local (downloaded, for a run on a tracking server) in step order on a
+    thread of their own, at most ``ahead`` steps before the one being compared. The baseline is opened on that
+    thread too, so ``monitor()`` never waits for it."""
 
     def __init__(self, open_: Callable[[], object], rank: int, wanted: Callable[[int], bool],
                  ahead: int = PREFETCH_STEPS):
@@ -179,15 +164,15 @@ class BaselinePrefetcher:
             if self._stopping.is_set():
                 break
             try:
-                self._queue.put((step, BaselineStep.open(baseline.step_folder(self.rank, step))))
+                self._queue.put((step, baseline.step_folder(self.rank, step)))
             except Exception as e:  # unreachable, or a damaged file: the comparison stops here
                 self.problem = f"could not be read at step {step} ({e})"
                 break
         self._queue.put(_END)
 
-    def step_at(self, step: int) -> BaselineStep | None:
-        """The baseline's directions at ``step`` (steps asked in ascending order), None when it has no such step;
-        raises :class:`BaselineUnavailable` when it cannot be read at or before ``step``."""
+    def step_at(self, step: int) -> Path | None:
+        """The local folder of the baseline's ``step`` (steps asked in ascending order), None when it has no such
+        step; raises :class:`BaselineUnavailable` when it cannot be read at or before ``step``."""
         while True:
             if self._next is None:
                 self._next = self._queue.get()  # waits only while the prefetch thread is behind
@@ -195,12 +180,12 @@ class BaselinePrefetcher:
                 if self.problem:
                     raise BaselineUnavailable(self.problem)
                 return None
-            baseline_step, directions = self._next
+            baseline_step, folder = self._next
             if baseline_step > step:
                 return None
             self._next = None
             if baseline_step == step:
-                return directions
+                return folder
 
     def stop(self) -> None:
         """Ends the prefetch thread (after the request in flight, if any); it is a daemon, nobody waits for it."""
@@ -233,17 +218,19 @@ class StepComparison:
         return rows + [["summary", similarity(*self.summary_counts)]]
 
 
-def compare_step(record: StepRecord, baseline: BaselineStep, dump_path: str) -> StepComparison:
-    """Agreeing signs of every parameter present in both with the same shape: the whole step at once when both
-    hold the same parameters in the same order (the usual case), else parameter by parameter. A record whose
-    directions were not kept in memory is read back from ``dump_path``."""
-    stored = baseline.stored
+def compare_step(record: StepRecord, folder: Path, dump_path: str) -> StepComparison:
+    """Agreeing signs of every parameter present in both with the same shape: the whole step at once when the
+    baseline's archive holds the record's parameters in the same order (the usual case), else parameter by
+    parameter. A record whose directions were not kept in memory is read back from ``dump_path``."""
     names = record.names
-    if (record.directions is not None and baseline.whole is not None and names == list(stored)
-            and [tuple(shape) for shape in record.shapes] == [s.shape for s in stored.values()]):
+    whole = None
+    if record.directions is not None and (folder / PACKED_FILE_NAME).exists():
+        whole = read_packed_laid_out(folder / PACKED_FILE_NAME, names, record.shapes)
+    if whole is not None:
         numels = record.numels
-        agreeing = agreeing_per_parameter(baseline.whole, record.directions, numels)
+        agreeing = agreeing_per_parameter(whole, record.directions, numels)
         return StepComparison(record.step, dict(zip(names, zip(agreeing.tolist(), numels))), [], [], [])
+    stored = open_step_directions(folder)
     common, not_in_baseline, shape_differs = [], [], []
     for name, shape in zip(names, record.shapes):
         if name not in stored:
@@ -326,14 +313,18 @@ class BaselineSink:
         if record.directions is not None:
             self._held.release()
         try:
-            baseline = self._prefetcher.step_at(record.step)
+            folder = self._prefetcher.step_at(record.step)
         except BaselineUnavailable as e:
             self._skip(record.step, f"baseline {self.options.baseline} {e}", "unavailable")
             return
-        if baseline is None:
+        if folder is None:
             self._skip(record.step, "not in the baseline")
             return
-        comparison = compare_step(record, baseline, self.dump_path)
+        try:
+            comparison = compare_step(record, folder, self.dump_path)
+        except ValueError as e:  # a damaged baseline file, named in the message
+            self._skip(record.step, f"the baseline's step cannot be read ({e})", "damaged")
+            return
         self._report_parameters(comparison)
         if not comparison.counts:
             self._skip(record.step, "no parameter in common with the baseline")
