@@ -1,8 +1,8 @@
 """Anomaly flags on every run, no baseline needed: non-finite gradients and gradient-norm spikes, from the statistics
 each step already carries (``record.values``: max, min, norm per parameter), on a thread of their own.
 
-- **non-finite**: a parameter with elements whose max, min or norm is NaN or infinite (a norm that overflowed
-  float32 included). That is this flag, never a spike.
+- **non-finite**: a parameter whose norm is NaN or infinite: it has NaN or infinite elements, or its norm
+  overflowed float32 (an empty parameter's norm is 0). That is this flag, never a spike.
 - **spike**, per parameter and for the total norm (``sqrt`` of the sum of squared norms), in both directions:
   :class:`SpikeRule`.
 
@@ -159,15 +159,11 @@ class AnomalyFlags:
         self.total = LogNormWindow(rule.window)
 
     def step_flags(self, record: StepRecord) -> list[Flag]:
-        values = np.asarray(record.values, dtype=np.float64).reshape(len(record.names), 3)
-        norms = values[:, 2]
-        numels = np.array(record.numels, dtype=np.int64)
-        nonfinite = (numels > 0) & ~np.isfinite(values).all(axis=1)  # an empty parameter's max and min are NaN
+        norms = np.asarray(record.values, dtype=np.float64).reshape(len(record.names), 3)[:, 2]
+        nonfinite = ~np.isfinite(norms)  # NaN and inf elements reach the norm; max and min add nothing
         flags = [Flag(record.step, record.names[i], "nonfinite", float(norms[i])) for i in np.flatnonzero(nonfinite)]
-        finite_norms = np.where(nonfinite, np.nan, norms)
-        flags += spike_flags(record.step, record.names, finite_norms,
-                             self.parameters.push(record.names, finite_norms), self.rule)
-        total = np.array([math.sqrt(math.fsum(n * n for n in norms))]) if not nonfinite.any() else np.array([np.nan])
+        flags += spike_flags(record.step, record.names, norms, self.parameters.push(record.names, norms), self.rule)
+        total = np.sqrt(np.sum(np.square(norms), keepdims=True))  # NaN when any norm is not finite: not judged
         flags += spike_flags(record.step, [None], total, self.total.push(["total"], total), self.rule)
         return flags
 
