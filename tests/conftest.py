@@ -1,5 +1,6 @@
 """What every test process needs: MindSpore's launch blocking, and MLflow stores that leave no trace."""
 import os
+import uuid
 
 import mindspore
 import mlflow
@@ -38,3 +39,12 @@ def sqlite_store(tmp_path_factory):
         os.environ.pop("MLFLOW_TRACKING_URI", None)
     else:
         os.environ["MLFLOW_TRACKING_URI"] = exported
+
+
+@pytest.fixture
+def tmp_experiment(sqlite_store, tmp_path):
+    """A fresh experiment in the module's SQLite store, made the current one, its artifacts in this test's folder."""
+    experiment_id = mlflow.create_experiment(f"test-{uuid.uuid4().hex[:8]}",
+                                             artifact_location=(tmp_path / "artifacts").as_uri())
+    mlflow.set_experiment(experiment_id=experiment_id)
+    return experiment_id

@@ -7,8 +7,9 @@ run of 220 steps must get no flag at all.
 from __future__ import annotations
 
 import csv
+import importlib.util
 import math
-import uuid
+from pathlib import Path
 
 import mlflow
 import numpy as np
@@ -106,16 +107,16 @@ def test_bad_anomaly_options_are_refused(tmp_path, options, message):
 
 
 # --- a real training -------------------------------------------------------------------------------------------
-class TinyTransformer(torch.nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.embedding = torch.nn.Embedding(50, 32)
-        layer = torch.nn.TransformerEncoderLayer(32, 2, 64, dropout=0.0, batch_first=True)
-        self.encoder = torch.nn.TransformerEncoder(layer, 2, enable_nested_tensor=False)
-        self.out = torch.nn.Linear(32, 50)
+def benchmark_module(name: str):
+    """A script of ``benchmarks/``, loaded without touching ``sys.path``."""
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
-    def forward(self, tokens):
-        return self.out(self.encoder(self.embedding(tokens)))
+
+RATES = benchmark_module("anomaly_rates")  # the trainings behind SpikeRule's defaults
 
 
 FAULTS = {  # step -> (kind, parameters)
@@ -132,7 +133,7 @@ def train_transformer(dump, steps: int, faults: dict, **options) -> GradientMoni
     optimizer pre-hook registered after the monitor's restores them, so the training itself stays clean: each fault
     shows at its own step only."""
     torch.manual_seed(0)
-    model = TinyTransformer()
+    model, batch, loss_fn = RATES.transformer()
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-4)
     monitor = GradientMonitor(GradProbeConfig(dump_path=str(dump), level="L1"), **options).monitor(model, optimizer)
     parameters = dict(model.named_parameters())
@@ -146,9 +147,9 @@ def train_transformer(dump, steps: int, faults: dict, **options) -> GradientMoni
     optimizer.register_step_pre_hook(restore)
     data = torch.Generator().manual_seed(1)
     for step in range(steps):
-        tokens = torch.randint(0, 50, (16, 12), generator=data)
+        tokens, target = batch(data)
         optimizer.zero_grad()
-        torch.nn.functional.cross_entropy(model(tokens).reshape(-1, 50), ((tokens * 7 + 3) % 50).reshape(-1)).backward()
+        loss_fn(model(tokens), target).backward()
         kind, names = faults.get(step, (None, []))
         for name in names:
             grad = parameters[name].grad
@@ -185,15 +186,7 @@ def test_a_clean_220_step_training_gets_no_flag(tmp_path):
     assert csv_flags(tmp_path / "clean") == []
 
 
-@pytest.fixture
-def experiment(sqlite_store, tmp_path):
-    experiment_id = mlflow.create_experiment(f"anomalies-{uuid.uuid4().hex[:8]}",
-                                             artifact_location=(tmp_path / "artifacts").as_uri())
-    mlflow.set_experiment(experiment_id=experiment_id)
-    return experiment_id
-
-
-def test_injected_faults_are_flagged_at_their_steps_and_nowhere_else(experiment, tmp_path):
+def test_injected_faults_are_flagged_at_their_steps_and_nowhere_else(tmp_experiment, tmp_path):
     with mlflow.start_run() as run:
         with pytest.warns(UserWarning) as caught:
             monitor = train_transformer(tmp_path / "faults", 220, FAULTS)
@@ -231,7 +224,7 @@ def test_anomaly_flags_can_be_switched_off(tmp_path):
     assert csv_flags(tmp_path / "off") == [] and not findings_dir(tmp_path / "off", 0).exists()
 
 
-def test_findings_mlflow_cannot_take_stay_in_the_local_dump_with_a_warning(experiment, tmp_path):
+def test_findings_mlflow_cannot_take_stay_in_the_local_dump_with_a_warning(tmp_experiment, tmp_path):
     """The run is deleted after the first step, so the flag's metric and tags cannot be sent, even at stop()."""
     model = torch.nn.Linear(3, 2)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.0)
@@ -250,5 +243,6 @@ def test_findings_mlflow_cannot_take_stay_in_the_local_dump_with_a_warning(exper
     messages = [str(w.message) for w in caught]
     assert any("the live findings (live verdict, anomaly flags) of MLflow run" in m
                and str(findings_dir(tmp_path / "dump", 0)) in m for m in messages), messages
-    assert [(f["step"], f["parameter"], f["kind"]) for f in csv_flags(tmp_path / "dump")] == [("1", "bias", "nonfinite")]
+    flags = [(f["step"], f["parameter"], f["kind"]) for f in csv_flags(tmp_path / "dump")]
+    assert flags == [("1", "bias", "nonfinite")]
     assert "msprobe_mlflow.first_nonfinite_step" not in MlflowClient().get_run(run.info.run_id).data.tags

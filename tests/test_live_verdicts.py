@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import threading
-import uuid
 import warnings
 from pathlib import Path
 
@@ -24,15 +23,6 @@ from mlflow_server import MlflowServer
 
 PERTURBED_FROM = 4
 STEPS = 8
-
-
-@pytest.fixture
-def experiment(sqlite_store, tmp_path):
-    """A fresh experiment, current, with its artifacts in this test's folder."""
-    experiment_id = mlflow.create_experiment(f"live-{uuid.uuid4().hex[:8]}",
-                                             artifact_location=(tmp_path / "artifacts").as_uri())
-    mlflow.set_experiment(experiment_id=experiment_id)
-    return experiment_id
 
 
 def small_model() -> torch.nn.Module:
@@ -88,7 +78,7 @@ def summary_history(run_id: str) -> list[tuple[int, float]]:
     return sorted((m.step, m.value) for m in history)
 
 
-def test_a_deterministic_rerun_has_similarity_one_at_every_step_and_no_verdict(experiment, tmp_path):
+def test_a_deterministic_rerun_has_similarity_one_at_every_step_and_no_verdict(tmp_experiment, tmp_path):
     baseline_run, _ = run_training(tmp_path / "baseline")
     calls = []
     run_id, monitor = run_training(tmp_path / "rerun", baseline=baseline_run, on_suspicious=calls.append)
@@ -110,7 +100,7 @@ def test_a_deterministic_rerun_has_similarity_one_at_every_step_and_no_verdict(e
 
 @pytest.mark.parametrize("perturbation", ["data", "learning_rate", "parameter"])
 def test_a_perturbation_is_named_at_its_step_while_training_as_compare_names_it_afterwards(
-        experiment, tmp_path, perturbation):
+        tmp_experiment, tmp_path, perturbation):
     baseline_run, _ = run_training(tmp_path / "baseline")
     calls, stopped = [], threading.Event()
     with mlflow.start_run() as run:
@@ -141,7 +131,7 @@ def test_a_perturbation_is_named_at_its_step_while_training_as_compare_names_it_
     assert f"grad_probe/rank0/findings/similarities_{STEPS - 1}.csv" in artifacts
 
 
-def test_autolog_takes_the_baseline_and_the_callback(experiment, tmp_path):
+def test_autolog_takes_the_baseline_and_the_callback(tmp_experiment, tmp_path):
     dumps = str(tmp_path / "dumps")
     msprobe_mlflow.autolog(dump_path=dumps)
     try:
