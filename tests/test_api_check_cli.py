@@ -107,6 +107,18 @@ def test_unreadable_dump_exits_2_with_the_reason_and_writes_nothing(tmp_path):
     assert not (tmp_path / "out").exists()
 
 
+def test_a_parent_run_mlflow_does_not_know_exits_2_before_anything_is_made(tmp_path):
+    """The parent run is looked up before the output folder is made: a wrong --run-id leaves no empty folder and
+    no message about CSVs that were never written."""
+    missing = "0" * 32
+    code, out, err = run_in_process(EXAMPLE / "tensor" / "api_info.json", "--output", tmp_path / "out",
+                                    "--tracking-uri", f"sqlite:///{tmp_path}/mlflow.db", "--run-id", missing)
+    assert code == 2
+    assert f"msprobe-mlflow api-check: error: Run with id={missing} not found" in err
+    assert "CSV" not in err and out == ""
+    assert not (tmp_path / "out").exists()
+
+
 def test_a_failed_api_exits_3(tmp_path):
     code, out, _ = run_in_process(EXAMPLE / "tensor" / "api_info.json", "--output", tmp_path, "--no-mlflow",
                                   "--filter", r"^Mint\.erfinv\.")  # inaccurate here, see the first test

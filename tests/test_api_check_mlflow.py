@@ -7,6 +7,7 @@ import mlflow
 import numpy as np
 import pytest
 from mlflow import MlflowClient
+from mlflow.exceptions import MlflowException
 
 from msprobe_mlflow.api_check import check_api_accuracy
 from msprobe_mlflow.dump import read_csv
@@ -161,6 +162,20 @@ def test_experiment_other_than_the_parents_is_refused_before_anything_is_run(tra
                            experiment="other")
     assert not list((tmp_path / "out").glob("*.csv"))
     assert client.get_experiment_by_name("other") is None
+
+
+def test_a_parent_run_mlflow_does_not_know_is_refused_before_the_output_folder_is_made(tracking_uri, dump_path,
+                                                                                        tmp_path):
+    with pytest.raises(MlflowException, match=f"Run with id={'0' * 32} not found"):
+        check_api_accuracy(dump_path, output_dir=tmp_path / "out", parent_run_id="0" * 32)
+    assert not (tmp_path / "out").exists()
+
+
+def test_an_output_folder_that_cannot_be_made_creates_no_experiment(tracking_uri, dump_path, tmp_path):
+    (tmp_path / "a_file").write_text("", encoding="utf-8")
+    with pytest.raises(ValueError, match="output_dir = .* cannot be created"):
+        check_api_accuracy(dump_path, output_dir=tmp_path / "a_file" / "out", experiment="api-check-never-made")
+    assert MlflowClient().get_experiment_by_name("api-check-never-made") is None
 
 
 def test_untrusted_kwarg_names_become_valid_param_keys(tracking_uri, tmp_path):

@@ -45,32 +45,36 @@ def summary_metrics(report: ApiCheckReport) -> dict[str, float]:
 
 @dataclass(frozen=True)
 class CheckRunTarget:
-    """Where the check's run goes, settled before the check starts so that a wrong run ID or experiment fails
-    at once rather than after the last API."""
+    """Where the check's run goes, looked up before the check starts so that a wrong run ID or experiment fails
+    at once rather than after the last API. Nothing is created before the run is logged: a missing experiment is
+    created then (``existing_experiment_id`` None)."""
 
     client: MlflowClient
-    experiment_id: str
     parent_run_id: str | None
+    existing_experiment_id: str | None
+    experiment: str | None
+
+    def experiment_id(self) -> str:
+        return self.existing_experiment_id or experiment_id_for(self.client, self.experiment)
 
 
 def resolve_target(experiment: str | None = None, parent_run_id: str | None = None,
                    tracking_uri: str | None = None) -> CheckRunTarget:
     """The parent is ``parent_run_id``, else the active run (only when ``tracking_uri`` is None: the active run
     lives in the active store). The experiment is the parent's (``experiment``, if given, must be that one),
-    else ``experiment`` (created if missing), else MLflow's current experiment."""
+    else ``experiment`` (created when the run is logged, if missing), else MLflow's current experiment."""
     client = MlflowClient(tracking_uri)
     active = mlflow.active_run() if tracking_uri is None else None
     parent = parent_run_id or (active.info.run_id if active is not None else None)
-    if parent is not None:
-        parent_experiment = client.get_run(parent).info.experiment_id
-        if experiment is not None:
-            found = client.get_experiment_by_name(experiment)
-            if found is None or found.experiment_id != parent_experiment:
-                raise ValueError(f"experiment = {experiment!r} is not the experiment of the parent run {parent} "
-                                 f"(experiment ID {parent_experiment}); a nested run lives in its parent's "
-                                 "experiment: leave the experiment out")
-        return CheckRunTarget(client, parent_experiment, parent)
-    return CheckRunTarget(client, experiment_id_for(client, experiment), None)
+    found = client.get_experiment_by_name(experiment) if experiment else None
+    if parent is None:
+        return CheckRunTarget(client, None, found.experiment_id if found else None, experiment)
+    parent_experiment = client.get_run(parent).info.experiment_id
+    if experiment is not None and (found is None or found.experiment_id != parent_experiment):
+        raise ValueError(f"experiment = {experiment!r} is not the experiment of the parent run {parent} "
+                         f"(experiment ID {parent_experiment}); a nested run lives in its parent's "
+                         "experiment: leave the experiment out")
+    return CheckRunTarget(client, parent, parent_experiment, experiment)
 
 
 def log_api_check(report: ApiCheckReport, target: CheckRunTarget, *, api_info: Path, task: str,
@@ -84,14 +88,15 @@ def log_api_check(report: ApiCheckReport, target: CheckRunTarget, *, api_info: P
         tags[MLFLOW_PARENT_RUN_ID] = target.parent_run_id
     params = {"api_info": str(api_info), "task": task, "cosine_threshold": thresholds.cosine,
               "max_abs_threshold": thresholds.max_abs_err, "api_filter": api_filter or "", "nested": nested}
-    with created_run(client, target.experiment_id, tags=tags) as run_id:
+    experiment_id = target.experiment_id()
+    with created_run(client, experiment_id, tags=tags) as run_id:
         _log_values(client, run_id, summary_metrics(report), params)
         for csv_path in (report.details_csv, report.result_csv):
             if csv_path is not None:
                 client.log_artifact(run_id, str(csv_path), ARTIFACT_FOLDER)
         if nested:
             for result in report.results:
-                _log_api_run(client, target.experiment_id, run_id, result)
+                _log_api_run(client, experiment_id, run_id, result)
     return run_id
 
 
