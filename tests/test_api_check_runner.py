@@ -187,6 +187,63 @@ def test_kernel_missing_on_this_cpu_is_a_skip_that_does_not_poison_the_next_op(s
     assert results["Mint.add.1"].status == "pass"
 
 
+# --- 0-d tensors: every reduced loss's output, so every loss function's backward input ------------------------------
+
+LOSSES = {  # the loss functions of mint.nn.functional with CPU kernels in MindSpore 2.10: (mint, torch, inputs)
+    "MintFunctional.smooth_l1_loss.0": (F("smooth_l1_loss"), torch.nn.functional.smooth_l1_loss,
+                                        [(-1, 1, (2, 3), np.float32), (0, 2, (2, 3), np.float32)]),
+    "MintFunctional.binary_cross_entropy.0": (F("binary_cross_entropy"), torch.nn.functional.binary_cross_entropy,
+                                              [(0.1, 0.9, (2, 3), np.float32), (0, 1, (2, 3), np.float32)]),
+    "MintFunctional.nll_loss.0": (F("nll_loss"), torch.nn.functional.nll_loss,
+                                  [(-2, 0, (2, 3), np.float32), (0, 3, (2,), np.int64)]),
+}
+DTYPE_NAMES = {np.float32: "Float32", np.int64: "Int64"}
+LOSS_SENSITIVITY = 0.25  # recorded as a 0-d tensor: shape [], Max = Min = 0.25
+
+
+@pytest.fixture(scope="module")
+def zero_d_report(tmp_path_factory):
+    data = {}
+    for name, (_, _, inputs) in LOSSES.items():
+        data[f"{name}.forward"] = {"input_args": [stat(shape, low, high, DTYPE_NAMES[dtype])
+                                                  for low, high, shape, dtype in inputs], "input_kwargs": {}}
+        data[f"{name}.backward"] = {"input": [stat((), LOSS_SENSITIVITY, LOSS_SENSITIVITY)]}
+    data["Mint.mul.0.forward"] = {"input_args": [stat((2, 3)), stat((), 2, 3)], "input_kwargs": {}}
+    data["Mint.mul.0.backward"] = {"input": [stat((2, 3))]}
+    folder = tmp_path_factory.mktemp("zero_d")
+    return check_api_accuracy(write_dump(folder, data), output_dir=folder / "out", log_to_mlflow=False)
+
+
+@pytest.mark.parametrize("name", list(LOSSES))
+def test_a_loss_output_and_its_backward_input_stay_0_d_in_both_frameworks(zero_d_report, name):
+    mint_function, torch_function, inputs = LOSSES[name]
+    values = [rebuilt(low, high, shape, dtype) for low, high, shape, dtype in inputs]
+    sensitivity = np.array(LOSS_SENSITIVITY, dtype=np.float32)
+    tested = mint_function(*map(mindspore.Tensor, values)).asnumpy()
+    bench = torch_function(*map(torch.from_numpy, values)).numpy()
+    rows = rows_by_name(zero_d_report)
+    forward = rows[f"{name}.forward.output.0"]
+    assert (forward.shape, forward.status) == ((), "pass")
+    assert (forward.cosine, forward.max_abs_err) == pytest.approx(hand_metrics(bench, tested)[:2], rel=1e-12,
+                                                                  abs=1e-15)
+    differentiable = [dtype == np.float32 for *_, dtype in inputs]
+    bench_grads = torch_gradients(torch_function, values, {}, sensitivity, differentiable)
+    tested_grads = [grad for grad, flag in zip(mindspore_gradients(mint_function, values, {}, sensitivity),
+                                               differentiable) if flag]
+    assert len(bench_grads) == len(tested_grads) == sum(differentiable)
+    for i, (b, t) in enumerate(zip(bench_grads, tested_grads)):
+        row = rows[f"{name}.backward.output.{i}"]
+        assert (row.shape, row.status) == (b.shape, "pass")
+        assert (row.cosine, row.max_abs_err) == pytest.approx(hand_metrics(b, t)[:2], rel=1e-12, abs=1e-15)
+
+
+def test_a_0_d_input_stays_0_d_and_gets_a_0_d_gradient(zero_d_report):
+    rows = rows_by_name(zero_d_report)
+    assert rows["Mint.mul.0.forward.output.0"].shape == (2, 3)
+    assert rows["Mint.mul.0.backward.output.1"].shape == ()  # d(x * s)/ds = sum(sensitivity * x), a 0-d tensor
+    assert all(rows[name].status == "pass" for name in rows if name.startswith("Mint.mul.0"))
+
+
 # --- tensor task: recorded outputs against torch --------------------------------------------------------------------
 
 def npy(folder, name, values):
@@ -198,6 +255,21 @@ def recorded(folder, name, values, dtype="Float32"):
     values = np.asarray(values)
     return {"type": "mindspore.Tensor", "dtype": dtype, "shape": list(values.shape),
             "data_name": npy(folder, f"{name}.npy", values)}
+
+
+LOSS_X, LOSS_Y = np.array([[0.5, -1.5, 2.0], [0.1, 0.0, -0.3]]), np.array([[0.0, 0.0, 0.5], [0.6, -0.2, 0.4]])
+
+
+def smooth_l1(x, y):
+    """torch's smooth_l1_loss (beta 1, mean), in float64: 0.5 d^2 where |d| < 1, |d| - 0.5 elsewhere."""
+    d = np.abs(x - y)
+    return np.where(d < 1, 0.5 * d ** 2, d - 0.5).mean()
+
+
+def smooth_l1_gradient(x, y, sensitivity=LOSS_SENSITIVITY):
+    """d smooth_l1 / dx times the sensitivity: d where |d| < 1, sign(d) elsewhere, over the element count."""
+    d = x - y
+    return sensitivity * np.where(np.abs(d) < 1, d, np.sign(d)) / d.size
 
 
 @pytest.fixture(scope="module")
@@ -231,6 +303,14 @@ def tensor_report(tmp_path_factory):
                                "input_kwargs": {}, "output": [t("m1o", f32([4, 10, 18]))]},
         "Mint.mul.1.backward": {"input": [t("m1s", f32([1, 1, 1]))],
                                 "output": [t("m1g0", f32([4, 5, 6])), t("m1g1", np.zeros(3, np.int64), "Int64")]},
+        # a reduced loss: 0-d output, 0-d sensitivity; the recorded values are the numpy formula's
+        "MintFunctional.smooth_l1_loss.0.forward": {"input_args": [t("l0x", f32(LOSS_X)), t("l0y", f32(LOSS_Y))],
+                                                    "input_kwargs": {}, "output": [t("l0o", f32(smooth_l1(LOSS_X,
+                                                                                                          LOSS_Y)))]},
+        "MintFunctional.smooth_l1_loss.0.backward": {
+            "input": [t("l0s", f32(LOSS_SENSITIVITY))],
+            "output": [t("l0gx", f32(smooth_l1_gradient(LOSS_X, LOSS_Y))),
+                       t("l0gy", f32(-smooth_l1_gradient(LOSS_X, LOSS_Y)))]},
         "Mint.neg.0.forward": {"input_args": [{"type": "mindspore.Tensor", "dtype": "Float32", "shape": [3],
                                                "data_name": "missing.npy"}], "output": []},
         "Mint.neg.1.forward": {"input_args": [{"type": "mindspore.Tensor", "dtype": "Float32", "shape": [1],
@@ -247,6 +327,15 @@ def test_recorded_outputs_and_gradients_that_match_torch_pass(tensor_report):
     rows = rows_by_name(tensor_report)
     for name in ("Mint.add.0.forward.output.0", "Mint.add.0.backward.output.0", "Mint.add.0.backward.output.1"):
         assert (rows[name].cosine, rows[name].max_abs_err, rows[name].status) == (pytest.approx(1.0), 0.0, "pass")
+
+
+def test_a_recorded_0_d_loss_and_its_0_d_sensitivity_match_the_numpy_formula(tensor_report):
+    rows = rows_by_name(tensor_report)
+    names = ["MintFunctional.smooth_l1_loss.0.forward.output.0", "MintFunctional.smooth_l1_loss.0.backward.output.0",
+             "MintFunctional.smooth_l1_loss.0.backward.output.1"]
+    assert [(rows[name].shape, rows[name].status) for name in names] == [((), "pass"), ((2, 3), "pass"),
+                                                                          ((2, 3), "pass")]
+    assert all(rows[name].max_abs_err < 1e-6 for name in names)
 
 
 def test_backward_uses_the_recorded_sensitivity(tensor_report):

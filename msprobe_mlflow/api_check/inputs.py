@@ -85,7 +85,9 @@ class TensorPair:
 
 
 def make_pair(spec: TensorArg, values: np.ndarray) -> TensorPair:
-    torch_tensor = torch.from_numpy(np.ascontiguousarray(values)).to(TORCH_DTYPES[spec.dtype])
+    """``np.asarray``, not ``np.ascontiguousarray``: the latter makes a 0-d tensor (a reduced loss, and so every
+    loss's backward input) one of shape [1], whose gradient torch then refuses."""
+    torch_tensor = torch.from_numpy(np.asarray(values, order="C")).to(TORCH_DTYPES[spec.dtype])
     exact = torch_tensor.float() if spec.dtype == "BFloat16" else torch_tensor  # numpy has no bfloat16
     mindspore_tensor = mindspore.Tensor(exact.numpy(), dtype=MINDSPORE_DTYPES[spec.dtype])
     return TensorPair(spec, mindspore_tensor, torch_tensor)
