@@ -244,6 +244,32 @@ def test_a_0_d_input_stays_0_d_and_gets_a_0_d_gradient(zero_d_report):
     assert all(rows[name].status == "pass" for name in rows if name.startswith("Mint.mul.0"))
 
 
+# --- non-finite inputs: replayed, and compared exactly -------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def infinite_report(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("infinite")
+    data = {"Mint.exp.0.forward": {"input_args": [stat((2, 3), -1, math.inf)], "input_kwargs": {}},
+            "Mint.exp.0.backward": {"input": [stat((2, 3))]}}
+    return check_api_accuracy(write_dump(folder, data), output_dir=folder / "out", log_to_mlflow=False)
+
+
+def test_a_recorded_infinity_reaches_both_frameworks_and_the_finite_elements_are_measured(infinite_report):
+    x = np.array([math.inf, -1, -1, -1, -1, -1], dtype=np.float32).reshape(2, 3)
+    sensitivity = rebuilt(-1, 1, (2, 3))
+    tested = mint.exp(mindspore.Tensor(x)).asnumpy()
+    bench = torch.exp(torch.from_numpy(x)).numpy()
+    assert bench[0, 0] == tested[0, 0] == math.inf  # exp(inf): what the real run saw
+    finite = np.isfinite(bench)
+    rows = rows_by_name(infinite_report)
+    forward = rows["Mint.exp.0.forward.output.0"]
+    assert forward.status == "pass"
+    assert (forward.cosine, forward.max_abs_err) == pytest.approx(hand_metrics(bench[finite], tested[finite])[:2],
+                                                                  rel=1e-12, abs=1e-15)
+    backward = rows["Mint.exp.0.backward.output.0"]  # sensitivity * exp(x): -inf where the sensitivity is negative
+    assert sensitivity[0, 0] < 0 and backward.status == "pass"
+
+
 # --- tensor task: recorded outputs against torch --------------------------------------------------------------------
 
 def npy(folder, name, values):
