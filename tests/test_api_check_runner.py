@@ -298,6 +298,20 @@ def smooth_l1_gradient(x, y, sensitivity=LOSS_SENSITIVITY):
     return sensitivity * np.where(np.abs(d) < 1, d, np.sign(d)) / d.size
 
 
+NLL_X, NLL_TARGET = np.array([[-0.5, -1.0, -2.0], [-1.5, -0.2, -0.7]]), np.array([0, 2])
+
+
+def nll(x, target):
+    """torch's nll_loss (mean): minus the mean of each row's value at its target."""
+    return -x[np.arange(len(target)), target].mean()
+
+
+def nll_gradient(x, target, sensitivity=LOSS_SENSITIVITY):
+    gradient = np.zeros_like(x)
+    gradient[np.arange(len(target)), target] = -sensitivity / len(target)
+    return gradient
+
+
 @pytest.fixture(scope="module")
 def tensor_report(tmp_path_factory):
     folder = tmp_path_factory.mktemp("tensor")
@@ -337,6 +351,21 @@ def tensor_report(tmp_path_factory):
             "input": [t("l0s", f32(LOSS_SENSITIVITY))],
             "output": [t("l0gx", f32(smooth_l1_gradient(LOSS_X, LOSS_Y))),
                        t("l0gy", f32(-smooth_l1_gradient(LOSS_X, LOSS_Y)))]},
+        # backward output lists one gradient for two tensors: the Int64 target needs none
+        "MintFunctional.nll_loss.0.forward": {"input_args": [t("n0x", f32(NLL_X)), t("n0t", NLL_TARGET, "Int64")],
+                                              "input_kwargs": {}, "output": [t("n0o", f32(nll(NLL_X, NLL_TARGET)))]},
+        "MintFunctional.nll_loss.0.backward": {"input": [t("n0s", f32(LOSS_SENSITIVITY))],
+                                               "output": [t("n0g", f32(nll_gradient(NLL_X, NLL_TARGET)))]},
+        # null: the real run computed no gradient for the second input
+        "Mint.add.1.forward": {"input_args": [t("a1x", f32([1, 2])), t("a1y", f32([3, 4]))], "input_kwargs": {},
+                               "output": [t("a1o", f32([4, 6]))]},
+        "Mint.add.1.backward": {"input": [t("a1s", f32([1, 2]))], "output": [t("a1g0", f32([1, 2])), None]},
+        # ambiguous: a float tensor beyond the end of the list, a gradient beyond the last tensor
+        "Mint.mul.2.forward": {"input_args": [t("m2x", f32([1, 2, 3])), t("m2y", f32([2, 2, 2]))],
+                               "input_kwargs": {}, "output": [t("m2o", f32([2, 4, 6]))]},
+        "Mint.mul.2.backward": {"input": [t("m2s", f32([1, 1, 1]))], "output": [t("m2g0", f32([2, 2, 2]))]},
+        "Mint.exp.0.forward": {"input_args": [t("e0x", f32([0, 0]))], "input_kwargs": {}, "output": [t("e0o", f32([1, 1]))]},
+        "Mint.exp.0.backward": {"input": [t("e0s", f32([1, 2]))], "output": [t("e0g", f32([1, 2])), t("e0z", f32([0, 0]))]},
         "Mint.neg.0.forward": {"input_args": [{"type": "mindspore.Tensor", "dtype": "Float32", "shape": [3],
                                                "data_name": "missing.npy"}], "output": []},
         "Mint.neg.1.forward": {"input_args": [{"type": "mindspore.Tensor", "dtype": "Float32", "shape": [1],
@@ -391,6 +420,35 @@ def test_tensor_task_int_and_bool_inputs_get_no_gradient_rows(tensor_report):
     assert [name for name in rows if name.startswith(("Mint.where.0.backward", "Mint.mul.1.backward"))] == [
         "Mint.where.0.backward.output.1", "Mint.where.0.backward.output.2", "Mint.mul.1.backward.output.0"]
     assert all(rows[name].status == "pass" for name in rows if name.startswith(("Mint.where.0", "Mint.mul.1")))
+
+
+def test_a_gradient_list_shorter_than_the_tensors_is_compared_by_position(tensor_report):
+    rows = rows_by_name(tensor_report)
+    nll_rows = [name for name in rows if name.startswith("MintFunctional.nll_loss.0.backward")]
+    assert nll_rows == ["MintFunctional.nll_loss.0.backward.output.0"]  # the Int64 target needs no gradient
+    assert rows[nll_rows[0]].status == "pass" and rows[nll_rows[0]].max_abs_err < 1e-6
+    assert next(r for r in tensor_report.results if r.name == "MintFunctional.nll_loss.0").status == "pass"
+
+
+def test_a_null_gradient_is_an_input_without_gradient_and_gets_no_row(tensor_report):
+    rows = rows_by_name(tensor_report)
+    assert [name for name in rows if name.startswith("Mint.add.1.backward")] == ["Mint.add.1.backward.output.0"]
+    assert next(r for r in tensor_report.results if r.name == "Mint.add.1").status == "pass"
+
+
+def test_an_ambiguous_gradient_list_is_an_error_naming_the_tensor_or_the_entry(tensor_report):
+    rows = rows_by_name(tensor_report)
+    assert rows["Mint.mul.2.backward.output.0"].status == "pass"  # listed, compared by position
+    unlisted = rows["Mint.mul.2.backward.output.1"]
+    assert unlisted.status == "error"
+    assert unlisted.message.startswith("Mint.mul.2.backward: output lists 1 gradients for 2 positional tensors and "
+                                       "none for tensor 1 (Float32 [3]): which tensor each listed gradient belongs "
+                                       "to is ambiguous")
+    assert rows["Mint.exp.0.backward.output.0"].status == "pass"
+    extra = rows["Mint.exp.0.backward.output.1"]
+    assert extra.status == "error"
+    assert extra.message.startswith("Mint.exp.0.backward: output[1] is a gradient but the forward has 1 positional "
+                                    "tensors: which tensor each listed gradient belongs to is ambiguous")
 
 
 @pytest.mark.parametrize("name, message", [
