@@ -441,14 +441,14 @@ def test_an_ambiguous_gradient_list_is_an_error_naming_the_tensor_or_the_entry(t
     assert rows["Mint.mul.2.backward.output.0"].status == "pass"  # listed, compared by position
     unlisted = rows["Mint.mul.2.backward.output.1"]
     assert unlisted.status == "error"
-    assert unlisted.message.startswith("Mint.mul.2.backward: output lists 1 gradients for 2 positional tensors and "
-                                       "none for tensor 1 (Float32 [3]): which tensor each listed gradient belongs "
-                                       "to is ambiguous")
+    assert unlisted.message.startswith("Mint.mul.2.backward: output[1] is missing, the gradient of positional "
+                                       "tensor 1 (Float32 [3]); which tensor each listed gradient belongs to is "
+                                       "ambiguous")
     assert rows["Mint.exp.0.backward.output.0"].status == "pass"
     extra = rows["Mint.exp.0.backward.output.1"]
     assert extra.status == "error"
-    assert extra.message.startswith("Mint.exp.0.backward: output[1] is a gradient but the forward has 1 positional "
-                                    "tensors: which tensor each listed gradient belongs to is ambiguous")
+    assert extra.message.startswith("Mint.exp.0.backward: output[1] is a gradient, but the forward has only 1 "
+                                    "positional tensors; which tensor each listed gradient belongs to is ambiguous")
 
 
 @pytest.mark.parametrize("name, message", [

@@ -232,11 +232,11 @@ class _CallChecker:
         ambiguous = ("which tensor each listed gradient belongs to is ambiguous (expected one entry per positional "
                      "tensor, null for one that needs no gradient)")
         rows = [OutputResult(f"{key}.output.{i}", ERROR,
-                             f"{key}: output lists {len(recorded)} gradients for {len(leaves)} positional tensors and "
-                             f"none for tensor {i} ({leaves[i].spec.dtype} {list(leaves[i].spec.shape)}): {ambiguous}")
+                             f"{key}: output[{i}] is missing, the gradient of positional tensor {i} "
+                             f"({leaves[i].spec.dtype} {list(leaves[i].spec.shape)}); {ambiguous}")
                 for i in range(len(recorded), len(leaves)) if leaves[i].spec.dtype in FLOAT_DTYPES]
-        rows += [OutputResult(f"{key}.output.{i}", ERROR, f"{key}: output[{i}] is a gradient but the forward has "
-                                                          f"{len(leaves)} positional tensors: {ambiguous}")
+        rows += [OutputResult(f"{key}.output.{i}", ERROR, f"{key}: output[{i}] is a gradient, but the forward has "
+                                                          f"only {len(leaves)} positional tensors; {ambiguous}")
                  for i in range(len(leaves), len(recorded)) if recorded[i] is not None]
         return rows
 
