@@ -64,8 +64,8 @@ def logged(tracking_uri, dump_path, tmp_path_factory):
 
 def test_check_run_holds_summary_metrics(logged):
     _, _, run = logged
-    assert run.data.metrics == {"apis_total": 4, "apis_checked": 3, "apis_passed": 2, "apis_failed": 1,
-                                "apis_skipped": 1, "pass_rate": pytest.approx(2 / 3)}
+    assert run.data.metrics == {"apis_total": 4, "apis_checked": 3, "apis_pass": 2, "apis_error": 1,
+                                "apis_skip": 1, "pass_rate": pytest.approx(2 / 3)}
     assert run.info.status == "FINISHED"
     assert run.data.tags["msprobe_mlflow.framework"] == "mindspore"
     assert run.data.params["task"] == "tensor" and run.data.params["cosine_threshold"] == "0.99"
@@ -80,27 +80,29 @@ def test_check_run_holds_both_csvs_as_artifacts(logged, tmp_path):
                                                              "Mint.where.0"]
 
 
-def test_one_nested_run_per_api_named_after_it(logged):
+def test_one_nested_run_per_api_named_after_it_with_its_status_unless_pass(logged):
+    """Every run of the list shows a green Finished: the name says which APIs did not pass."""
     _, client, run = logged
     runs = children(client, run)
-    assert sorted(r.info.run_name for r in runs) == ["Mint.add.0", "Mint.mul.0", "Mint.where.0", "Tensor.add.0"]
+    assert sorted(r.info.run_name for r in runs) == ["Mint.add.0", "Mint.where.0", "[error] Mint.mul.0",
+                                                     "[skip] Tensor.add.0"]
     assert {r.info.experiment_id for r in runs} == {run.info.experiment_id}
     assert {r.info.status for r in runs} == {"FINISHED"}
 
 
 def test_nested_run_has_metrics_per_output_status_message_and_inputs(logged):
     _, client, run = logged
-    by_name = {r.info.run_name: r for r in children(client, run)}
+    by_name = {r.data.tags["api_name"]: r for r in children(client, run)}
     mul = by_name["Mint.mul.0"]
-    assert mul.data.metrics == pytest.approx({"forward.output.0.cosine": MUL_COSINE,
-                                              "forward.output.0.max_abs_err": 1.0,
-                                              "forward.output.0.max_relative_err": 1 / 6}, rel=1e-12)
+    assert mul.data.metrics == pytest.approx({"forward/output/0/cosine": MUL_COSINE,
+                                              "forward/output/0/max_abs_err": 1.0,
+                                              "forward/output/0/max_relative_err": 1 / 6}, rel=1e-12)
     assert mul.data.tags["status"] == "error" and mul.data.tags["forward_status"] == "error"
     assert mul.data.tags["message"] == "max absolute difference is greater than threshold: 0.001"
     assert mul.data.params == {"input_args.0": "Tensor Float32 [3] from mx.npy",
                                "input_args.1": "Tensor Float32 [3] from my.npy"}
     add = by_name["Mint.add.0"]
-    assert set(add.data.metrics) == {f"{side}.output.{i}.{metric}" for side, i in
+    assert set(add.data.metrics) == {f"{side}/output/{i}/{metric}" for side, i in
                                      (("forward", 0), ("backward", 0), ("backward", 1))
                                      for metric in ("cosine", "max_abs_err", "max_relative_err")}
     assert (add.data.tags["status"], add.data.tags["backward_status"]) == ("pass", "pass")
@@ -112,7 +114,12 @@ def test_nested_run_has_metrics_per_output_status_message_and_inputs(logged):
 def test_search_runs_by_status_tag_lists_the_failures(logged):
     _, _, run = logged
     failures = mlflow.search_runs([run.info.experiment_id], filter_string="tags.status = 'error'")
-    assert list(failures["tags.mlflow.runName"]) == ["Mint.mul.0"]
+    assert list(failures["tags.api_name"]) == ["Mint.mul.0"]
+
+
+def test_the_check_run_lists_the_apis_with_status_error_in_a_tag(logged):
+    _, _, run = logged
+    assert run.data.tags["error_apis"] == "Mint.mul.0"
 
 
 def test_nested_runs_are_logged_in_one_batch_each(tracking_uri, dump_path, tmp_path, monkeypatch):

@@ -13,6 +13,7 @@ import numpy as np
 
 EPSILON = 1e-8
 PASS, ERROR, SKIP = "pass", "error", "skip"
+STATUSES = (PASS, ERROR, SKIP)  # msprobe's words, used as they are in the CSVs, the tags, the metrics and the CLI
 
 
 def cosine_similarity(bench: np.ndarray, tested: np.ndarray) -> float:

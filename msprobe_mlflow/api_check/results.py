@@ -82,8 +82,8 @@ class ApiCheckReport:
     run_id: str | None = None
 
     def count(self, status: str) -> int:
-        return sum(result.status == status for result in self.results)
+        """How many APIs have ``status``: ``pass``, ``error`` or ``skip``."""
+        return len(self.with_status(status))
 
-    @property
-    def failures(self) -> list[ApiResult]:
-        return [result for result in self.results if result.status == ERROR]
+    def with_status(self, status: str) -> list[ApiResult]:
+        return [result for result in self.results if result.status == status]
