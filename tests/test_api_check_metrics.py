@@ -1,4 +1,5 @@
-"""API checker metrics and verdict (FORMATS.md section 6), on arrays small enough to work out by hand."""
+"""API checker metrics and verdict (docs/api_check.md, "Metrics and verdict"), on arrays small enough to work out
+by hand."""
 import math
 
 import numpy as np

@@ -14,7 +14,7 @@ from msprobe_mlflow.api_check import check_api_accuracy
 from msprobe_mlflow.dump import read_csv
 
 
-# --- the expectation, computed here from FORMATS.md section 6 ------------------------------------------------------
+# --- the expectation, computed here from docs/api_check.md, "Metrics and verdict" -------------------------------------
 
 def hand_metrics(bench: np.ndarray, tested: np.ndarray) -> tuple[float, float, float]:
     b, t = bench.astype(np.float64).ravel(), tested.astype(np.float64).ravel()

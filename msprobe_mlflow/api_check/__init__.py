@@ -1,6 +1,7 @@
 """The MindSpore API accuracy checker: ``mindspore.mint`` calls recorded by msprobe's dump are run again in MindSpore
 (tested) and torch (benchmark), forward and backward, compared, written as msprobe's two CSVs and recorded in MLflow
-(one run for the check, one nested run per API). See docs/api_check.md and FORMATS.md section 6.
+(one run for the check, one nested run per API). See docs/api_check.md (its Inputs and Outputs sections are the
+formats).
 
 Importing this package (and its ``parser``, ``metrics``, ``results`` and ``report``) needs numpy only: torch and
 MindSpore are imported with the runner, once the whole input has been checked, so bad input fails in a moment.

@@ -1,4 +1,5 @@
-"""The API checker's accuracy metrics and verdict (FORMATS.md section 6), as plain numpy functions.
+"""The API checker's accuracy metrics and verdict (docs/api_check.md, "Metrics and verdict"), as plain numpy
+functions.
 
 All three metrics take the benchmark (torch) and the tested (MindSpore) output as arrays of the same shape, compute
 in float64 over the flattened values, and let NaN propagate (a NaN metric fails the verdict); ``compare_arrays``

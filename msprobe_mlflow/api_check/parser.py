@@ -1,5 +1,5 @@
 """msprobe's MindSpore API dump (``api_info.json`` / ``dump.json``, tasks ``statistics`` and ``tensor``) as typed
-records (FORMATS.md section 6).
+records (the format: docs/api_check.md, "Inputs").
 
 A problem with the file as a whole (not JSON, no ``task``, no ``data``) raises ``ValueError``. A problem with one
 entry never does: it is kept on the API's record (``ApiCall.forward_problem`` / ``backward_problem`` /
