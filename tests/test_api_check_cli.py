@@ -61,6 +61,8 @@ def test_statistics_example_end_to_end_with_mlflow(tmp_path):
     statuses = {row[0]: row[1:3] for row in results[1:]}
     assert statuses["Mint.cat.0"] == ["pass", ""]  # tuple input: msprobe's hook records no backward
     assert statuses["Mint.atan2.0"] == ["skip", "skip"]
+    # reduced losses: a 0-d output and a 0-d backward input, recorded through the hook as msprobe does
+    assert statuses["MintFunctional.nll_loss.0"] == statuses["MintFunctional.smooth_l1_loss.0"] == ["pass", "pass"]
     run_id = done.stdout.split("MLflow run: ")[1].split()[0]
     client = MlflowClient(uri)
     experiment_id = client.get_experiment_by_name("example").experiment_id
