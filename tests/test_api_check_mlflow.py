@@ -47,6 +47,11 @@ def dump_path(tmp_path_factory):
     return path
 
 
+def new_experiment(name, folder):
+    """An experiment whose artifacts stay in ``folder``: MLflow's default, ./mlruns, is the working folder."""
+    return MlflowClient().create_experiment(name, artifact_location=(folder / "artifacts").as_uri())
+
+
 MUL_COSINE = (1e-8 + (2 * 2 + 4 * 4 + 6 * 7)) / (1e-8 + math.sqrt(4 + 16 + 36) * math.sqrt(4 + 16 + 49))
 
 
@@ -57,6 +62,7 @@ def children(client, run):
 
 @pytest.fixture(scope="module")
 def logged(tracking_uri, dump_path, tmp_path_factory):
+    new_experiment("api-check", tmp_path_factory.mktemp("artifacts"))
     report = check_api_accuracy(dump_path, output_dir=tmp_path_factory.mktemp("out"), experiment="api-check")
     client = MlflowClient()
     return report, client, client.get_run(report.run_id)
@@ -129,12 +135,13 @@ def test_nested_runs_are_logged_in_one_batch_each(tracking_uri, dump_path, tmp_p
         real = getattr(MlflowClient, method)
         monkeypatch.setattr(MlflowClient, method,
                             lambda self, *a, _real=real, _name=method, **k: calls.append(_name) or _real(self, *a, **k))
+    new_experiment("api-check-batches", tmp_path)  # before the spying starts
     check_api_accuracy(dump_path, output_dir=tmp_path, experiment="api-check-batches")
     assert calls == ["log_batch"] * (1 + 3)  # the check's run, then add, mul, where (Tensor.add has no values)
 
 
 def test_check_run_nests_under_the_active_run_and_leaves_it_active(tracking_uri, dump_path, tmp_path):
-    experiment_id = MlflowClient().create_experiment("api-check-active")
+    experiment_id = new_experiment("api-check-active", tmp_path)
     with mlflow.start_run(experiment_id=experiment_id) as training:
         report = check_api_accuracy(dump_path, output_dir=tmp_path, nested=False)
         assert mlflow.active_run().info.run_id == training.info.run_id
@@ -144,6 +151,7 @@ def test_check_run_nests_under_the_active_run_and_leaves_it_active(tracking_uri,
 
 
 def test_no_nested_logs_only_the_check_run(tracking_uri, dump_path, tmp_path):
+    new_experiment("api-check-flat", tmp_path)
     report = check_api_accuracy(dump_path, output_dir=tmp_path, experiment="api-check-flat", nested=False)
     client = MlflowClient()
     run = client.get_run(report.run_id)
@@ -153,7 +161,7 @@ def test_no_nested_logs_only_the_check_run(tracking_uri, dump_path, tmp_path):
 
 def test_parent_run_id_nests_the_check_run_under_that_run(tracking_uri, dump_path, tmp_path):
     client = MlflowClient()
-    experiment_id = client.create_experiment("api-check-parent")
+    experiment_id = new_experiment("api-check-parent", tmp_path)
     parent = client.create_run(experiment_id)
     client.set_terminated(parent.info.run_id)
     report = check_api_accuracy(dump_path, output_dir=tmp_path, parent_run_id=parent.info.run_id, nested=False)
@@ -163,7 +171,7 @@ def test_parent_run_id_nests_the_check_run_under_that_run(tracking_uri, dump_pat
 
 def test_experiment_other_than_the_parents_is_refused_before_anything_is_run(tracking_uri, dump_path, tmp_path):
     client = MlflowClient()
-    parent = client.create_run(client.create_experiment("api-check-refused"))
+    parent = client.create_run(new_experiment("api-check-refused", tmp_path))
     with pytest.raises(ValueError, match="experiment = 'other' is not the experiment of the parent run"):
         check_api_accuracy(dump_path, output_dir=tmp_path / "out", parent_run_id=parent.info.run_id,
                            experiment="other")
@@ -191,6 +199,7 @@ def test_untrusted_kwarg_names_become_valid_param_keys(tracking_uri, tmp_path):
     path = tmp_path / "api_info.json"
     path.write_text(json.dumps({"task": "tensor", "dump_data_dir": ".", "data": {"Mint.abs.0.forward": {
         "input_args": [x], "input_kwargs": {"we!rd=name": None}, "output": [x]}}}), encoding="utf-8")
+    new_experiment("api-check-keys", tmp_path)
     report = check_api_accuracy(path, output_dir=tmp_path / "out", experiment="api-check-keys")
     client = MlflowClient()
     (api_run,) = children(client, client.get_run(report.run_id))
