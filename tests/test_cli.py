@@ -124,5 +124,5 @@ def test_help_shows_an_example_and_the_exit_codes(command):
     exit_codes = " ".join(lines[lines.index("Exit codes:") + 1:])
     for meaning in ("0  done", "1  operational failure: the tracking server cannot be reached", "2  bad input:",
                     "3  suspicious or failing result: compare --fail-on-suspicious found a suspicious step, "
-                    "api-check found an API that failed"):
+                    "api-check found an API whose status is error"):
         assert meaning in exit_codes
