@@ -15,7 +15,7 @@ import math
 import re
 
 from msprobe_mlflow.dump import SummaryTable, csv_text
-from msprobe_mlflow.levels import csv_header
+from msprobe_mlflow.levels import ZERO_COLUMN, csv_header
 from msprobe_mlflow.records import StepRecord
 
 MAX_KEY_LENGTH = 250  # MLflow's limit (mlflow.utils.validation.MAX_ENTITY_KEY_LENGTH)
@@ -30,12 +30,28 @@ def metric_key(*parts: str) -> str:
     return key[:MAX_KEY_LENGTH]
 
 
-def bucket_metric_name(label: str) -> str:
-    """``(-1, 0]`` -> ``fraction/-1_to_0``; ``=0`` -> ``zero_fraction``."""
-    if label == "=0":
-        return "zero_fraction"
-    low, high = (part.strip() for part in label.strip("(]) ").split(","))
-    return f"fraction/{low}_to_{high}"
+_END_COMPARISON = {"(": "lt", ")": "lt", "[": "le", "]": "le"}  # an open end is "<", a closed one "<="
+
+
+def bucket_metric_names(labels: list[str]) -> list[str]:
+    """Metric names of msprobe's L2 columns, in their (numeric) order: ``(-inf, -1]``, ``(-1, 0]``, ...,
+    ``(1, inf)``, ``=0`` -> ``fraction/0 -inf lt g le -1``, ``fraction/1 -1 lt g le 0``, ...,
+    ``fraction/3 1 lt g lt inf``, ``zero_fraction``.
+
+    The bucket's index comes first, zero-padded, so that MLflow's alphabetical order is the numeric one; ``lt`` and
+    ``le`` say which end of the interval is open (``<``) or closed (``<=``), as MLflow keys allow no brackets.
+    """
+    width = len(str(sum(label != ZERO_COLUMN for label in labels) - 1))
+    names, index = [], 0
+    for label in labels:
+        if label == ZERO_COLUMN:
+            names.append("zero_fraction")
+            continue
+        low, high = (part.strip() for part in label[1:-1].split(","))
+        opening, closing = _END_COMPARISON[label[0]], _END_COMPARISON[label[-1]]
+        names.append(f"fraction/{index:0{width}d} {low} {opening} g {closing} {high}")
+        index += 1
+    return names
 
 
 def _floats(table: SummaryTable, column: str) -> list[float]:
@@ -84,13 +100,13 @@ def step_metrics(table: SummaryTable, rank: int, param_patterns: tuple[str, ...]
                                                 for values in zip(maxima, minima, norms))),
         f"{prefix}/params": float(len(table.rows)),
     }
-    bucket_columns = [h for h in table.header if h.startswith("(") or h == "=0"]
+    bucket_columns = [h for h in table.header if h.startswith("(") or h == ZERO_COLUMN]
     if bucket_columns:
         numels = _numels(table)
         total = sum(numels)
-        for column in bucket_columns:
+        for column, name in zip(bucket_columns, bucket_metric_names(bucket_columns)):
             counts = (round(f * n) for f, n in zip(_floats(table, column), numels))
-            metrics[metric_key(prefix, bucket_metric_name(column))] = sum(counts) / total if total else 0.0
+            metrics[metric_key(prefix, name)] = sum(counts) / total if total else 0.0
     if param_patterns:
         for name, high, low, norm in zip(table.column("param_name"), maxima, minima, norms):
             if any(fnmatch.fnmatchcase(name, pattern) for pattern in param_patterns):
