@@ -189,7 +189,8 @@ def test_server_runs_download_only_the_common_steps_once(hand_dumps, tmp_path):
         cache = tmp_path / "cache"
         first = compare_runs(run_a, run_b, cache_dir=cache, plots=False)
         assert first.comparison.ranks[0].summary == pytest.approx(HAND_SUMMARY)
-        assert first.run_url() == f"{server.uri}/#/experiments/{experiment_id}/runs/{first.run_id}"
+        assert first.run_url() == f"{server.uri}/#/experiments/{experiment_id}/runs/{first.run_id}" \
+                                  "?workflowType=machine_learning"
         cached_a = cache / run_a / "grad_probe" / "rank0"
         assert sorted(p.name for p in cached_a.iterdir()) == [
             "grad_summary_0.csv", "grad_summary_1.csv", "grad_summary_2.csv", "step0", "step1", "step2"]

@@ -31,7 +31,7 @@ from msprobe_mlflow.compare.verdict import DEFAULT_DROP_THRESHOLD, DEFAULT_FIRST
 from msprobe_mlflow.dump import indexed_children
 from msprobe_mlflow.tracking import TAG_PREFIX
 from msprobe_mlflow.metrics import metric_key
-from msprobe_mlflow.tracking.experiments import experiment_id_for
+from msprobe_mlflow.tracking.experiments import experiment_id_for, run_page_url
 from msprobe_mlflow.tracking.run_dump import RunDumpListing, fetch_run_dump, list_run_dump
 from msprobe_mlflow.tracking.runs import created_run, log_batched, now_ms, param, tag
 
@@ -53,7 +53,7 @@ class RunComparison:
     def run_url(self) -> str | None:
         """The run's page when the store is a server, else None (open it with ``mlflow ui``)."""
         if self.run_id and self.tracking_uri and self.tracking_uri.startswith(("http://", "https://")):
-            return f"{self.tracking_uri.rstrip('/')}/#/experiments/{self.experiment_id}/runs/{self.run_id}"
+            return run_page_url(self.tracking_uri, self.experiment_id, self.run_id)
         return None
 
 
