@@ -14,8 +14,12 @@ import mlflow
 import pytest
 import torch
 from mlflow.tracking import MlflowClient
+from mlflow.utils.validation import MAX_TAG_VAL_LENGTH
 
 from msprobe_mlflow import GradProbeConfig, compare_runs
+from msprobe_mlflow.compare.engine import DumpComparison, RankComparison
+from msprobe_mlflow.compare.verdict import RankVerdict, Verdict
+from msprobe_mlflow.tracking.comparison_run import ComparisonSource, log_comparison_run
 from msprobe_mlflow.pytorch import GradientMonitor
 from mlflow_server import MlflowServer
 from test_compare_dumps import FLIPS, base_signs, flipped, write_msprobe_style, write_ours
@@ -84,6 +88,47 @@ def test_compare_runs_logs_metrics_tags_and_artifacts(hand_dumps, experiment_id)
     assert csv_rows(text)[-1] == ["summary", *[repr(v) for v in HAND_SUMMARY]]
     verdict = mlflow.artifacts.load_dict(f"runs:/{result.run_id}/grad_compare/verdict.json")
     assert verdict["verdict"]["ranks"][0]["first_suspicious_step"] == 1
+
+
+def test_the_description_says_the_verdict_first_links_both_runs_and_keeps_the_table_aligned(hand_dumps,
+                                                                                             experiment_id):
+    run_a = log_dump_run(hand_dumps[0], experiment_id, "baseline")
+    run_b = log_dump_run(hand_dumps[1], experiment_id, "candidate")
+    result = compare_runs(run_a, run_b)
+    description = MlflowClient().get_run(result.run_id).data.tags["mlflow.note.content"]
+    lines = description.splitlines()
+    # step 1: fc.weight 15/15 -> 14/15, the summary 23/23 -> 22/23 (see test_compare_dumps)
+    assert lines[0] == ("**Suspicious**: the runs part at step 1 on rank 0 (summary 1.0000 -> 0.9565; "
+                        "fc.weight fell 1.0000 -> 0.9333)")
+    for side, name, run_id in (("A", "baseline", run_a), ("B", "candidate", run_b)):  # links within the MLflow UI
+        assert f"- {side}: [{name}](#/experiments/{experiment_id}/runs/{run_id}?workflowType=machine_learning) " \
+               f"`{run_id}`" in lines
+    fenced = description[description.index("```text\n") + 8:description.rindex("\n```")]
+    assert fenced.startswith(result.verdict.describe())
+    table = [line for line in fenced.splitlines() if line.startswith(("  step", "  summary"))]
+    assert table == ["  step            0        1        2", "  summary    1.0000   0.9565   0.6957"]
+
+
+def test_a_consistent_comparison_says_so_in_its_first_line(hand_dumps, tmp_path, experiment_id):
+    run_a = log_dump_run(hand_dumps[0], experiment_id, "baseline")
+    result = compare_runs(run_a, str(hand_dumps[0]))
+    description = MlflowClient().get_run(result.run_id).data.tags["mlflow.note.content"]
+    assert description.splitlines()[0] == ("**Consistent**: no suspicious step on 1 rank (first step below 0.97, "
+                                           "or a drop of more than 0.03)")
+    assert f"- B: `{hand_dumps[0].resolve()}`" in description.splitlines()
+
+
+def test_a_long_comparison_is_cut_to_fit_mlflows_limit_inside_its_fenced_block(store, experiment_id, tmp_path):
+    steps = list(range(3000))  # about 60 000 characters of printed table
+    rank = RankComparison(0, steps, ["w"], {"w": [(1, 1)] * len(steps)}, [(1, 1)] * len(steps))
+    comparison = DumpComparison(tmp_path / "a", tmp_path / "b", [rank], Verdict(0.97, 0.03, [RankVerdict(0)]))
+    sources = [ComparisonSource("a", folder=tmp_path / "a"), ComparisonSource("b", folder=tmp_path / "b")]
+    run_id, _ = log_comparison_run(MlflowClient(), comparison, sources, experiment=mlflow.get_experiment(
+        experiment_id).name)
+    description = MlflowClient().get_run(run_id).data.tags["mlflow.note.content"]
+    assert len(description) <= MAX_TAG_VAL_LENGTH
+    assert description.startswith("**Consistent**") and description.endswith("...\n```")
+    assert description.count("```") == 2
 
 
 def test_folder_and_run_mix_with_chosen_experiment_and_name(hand_dumps, experiment_id, tmp_path):

@@ -30,6 +30,11 @@ def experiment_id_for(client: MlflowClient, name: str | None) -> str:
     return DEFAULT_EXPERIMENT_ID
 
 
+def run_page_link(experiment_id: str, run_id: str) -> str:
+    """The run's page, in the model-training view, relative to any page of the same MLflow UI (for Markdown)."""
+    return f"#/experiments/{experiment_id}/runs/{run_id}?{MODEL_TRAINING_VIEW}"
+
+
 def run_page_url(ui_url: str, experiment_id: str, run_id: str) -> str:
     """The run's page in the MLflow UI at ``ui_url``, in the model-training view."""
-    return f"{ui_url.rstrip('/')}/#/experiments/{experiment_id}/runs/{run_id}?{MODEL_TRAINING_VIEW}"
+    return f"{ui_url.rstrip('/')}/{run_page_link(experiment_id, run_id)}"
