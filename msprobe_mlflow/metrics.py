@@ -10,7 +10,6 @@ from __future__ import annotations
 import csv
 import fnmatch
 import io
-import json
 import math
 import re
 
@@ -54,30 +53,6 @@ def bucket_metric_names(labels: list[str]) -> list[str]:
     return names
 
 
-def _floats(table: SummaryTable, column: str) -> list[float]:
-    values = []
-    for number, cell in enumerate(table.column(column), start=2):
-        try:
-            values.append(float(cell))
-        except ValueError:
-            raise ValueError(f"{table.path}: row {number}, column {column}: {cell!r} is not a number") from None
-    return values
-
-
-def _numels(table: SummaryTable) -> list[int]:
-    numels = []
-    for number, cell in enumerate(table.column("shape"), start=2):
-        try:
-            shape = json.loads(cell)
-            if not isinstance(shape, list) or not all(isinstance(d, int) and d >= 0 for d in shape):
-                raise ValueError
-        except ValueError:
-            raise ValueError(f"{table.path}: row {number}, column shape: {cell!r} is not a list of sizes "
-                             f"like [20, 8]") from None
-        numels.append(math.prod(shape))
-    return numels
-
-
 def _finite(values: list[float]) -> list[float]:
     return [v for v in values if math.isfinite(v)]
 
@@ -89,7 +64,7 @@ def step_metrics(table: SummaryTable, rank: int, param_patterns: tuple[str, ...]
     ``nonfinite_params`` = parameters whose max, min or norm is NaN or infinite; at L2 each bucket's and the ``=0``
     fraction over all monitored elements (weighted by element count).
     """
-    maxima, minima, norms = _floats(table, "max"), _floats(table, "min"), _floats(table, "norm")
+    maxima, minima, norms = table.numbers("max"), table.numbers("min"), table.numbers("norm")
     prefix = f"grad/rank{rank}"
     finite_max, finite_min = _finite(maxima), _finite(minima)
     metrics = {
@@ -102,10 +77,10 @@ def step_metrics(table: SummaryTable, rank: int, param_patterns: tuple[str, ...]
     }
     bucket_columns = [h for h in table.header if h.startswith("(") or h == ZERO_COLUMN]
     if bucket_columns:
-        numels = _numels(table)
+        numels = [math.prod(shape) for shape in table.shapes()]
         total = sum(numels)
         for column, name in zip(bucket_columns, bucket_metric_names(bucket_columns)):
-            counts = (round(f * n) for f, n in zip(_floats(table, column), numels))
+            counts = (round(f * n) for f, n in zip(table.numbers(column), numels))
             metrics[metric_key(prefix, name)] = sum(counts) / total if total else 0.0
     if param_patterns:
         for name, high, low, norm in zip(table.column("param_name"), maxima, minima, norms):

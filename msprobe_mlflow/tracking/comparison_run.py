@@ -23,7 +23,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from mlflow.entities import Metric, RunTag
-from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
 from msprobe_mlflow import __version__
@@ -33,7 +32,7 @@ from msprobe_mlflow.dump import indexed_children
 from msprobe_mlflow.tracking import TAG_PREFIX
 from msprobe_mlflow.metrics import metric_key
 from msprobe_mlflow.tracking.experiments import experiment_id_for, run_page_link, run_page_url
-from msprobe_mlflow.tracking.run_dump import RunDumpListing, fetch_run_dump, list_run_dump
+from msprobe_mlflow.tracking.run_dump import RunDumpListing, fetch_run_dump, get_run, list_run_dump
 from msprobe_mlflow.tracking.runs import MAX_TAG_VAL_LENGTH, clipped, created_run, log_batched, now_ms, param, tag
 
 COMPARE_TAG_PREFIX = f"{TAG_PREFIX}compare."
@@ -50,6 +49,10 @@ class RunComparison:
     comparison: DumpComparison
     experiment_id: str | None = None
     tracking_uri: str | None = None
+
+    def to_dataframe(self):
+        """:meth:`DumpComparison.to_dataframe`: the similarities per rank, step and parameter."""
+        return self.comparison.to_dataframe()
 
     def run_url(self) -> str | None:
         """The run's page when the store is a server, else None (open it with ``mlflow ui``)."""
@@ -100,13 +103,7 @@ def resolve_source(given: str | os.PathLike, side: str, client_factory) -> Compa
         raise CompareInputError(f"{side} = {str(given)!r}: no such folder; expected a grad_probe dump folder or "
                                 f"an MLflow run ID")
     client = client_factory()
-    try:
-        run = client.get_run(str(given))
-    except MlflowException as e:
-        if e.get_http_status_code() >= 500:  # a server that cannot be reached or fails: not a mistyped source
-            raise
-        raise CompareInputError(f"{side} = {str(given)!r}: no such folder, and no MLflow run with this ID at "
-                                f"{client.tracking_uri} ({e.message.splitlines()[0]})") from None
+    run = get_run(client, str(given), f"{side} = {str(given)!r}")
     return ComparisonSource(str(given), listing=list_run_dump(client, run))
 
 
