@@ -134,7 +134,8 @@ def test_a_long_comparison_is_cut_to_fit_mlflows_limit_inside_its_fenced_block(s
 def test_folder_and_run_mix_with_chosen_experiment_and_name(hand_dumps, experiment_id, tmp_path):
     msprobe_dump = write_msprobe_style(tmp_path / "msprobe", {step: base_signs(step) for step in FLIPS})
     run_b = log_dump_run(hand_dumps[1], experiment_id, "candidate")
-    target = f"comparisons-{uuid.uuid4().hex[:8]}"
+    target = f"comparisons-{uuid.uuid4().hex[:8]}"  # made here: one compare made would keep artifacts in ./mlruns
+    mlflow.create_experiment(target, artifact_location=str(tmp_path / "artifacts"))
     result = compare_runs(str(msprobe_dump), run_b, experiment=target, run_name="mine", output_dir=tmp_path / "out")
     run = MlflowClient().get_run(result.run_id)
     assert run.info.run_name == "mine"
