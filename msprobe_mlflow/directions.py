@@ -208,7 +208,8 @@ def _load_npy_bits(path: Path, shape: tuple[int, ...]) -> np.ndarray:
 
 
 def open_npy_folder(step_dir: Path) -> dict[str, StoredDirection]:
-    """msprobe's boolean ``.npy`` files of a step folder: headers are checked now, data read when asked."""
+    """msprobe's boolean ``.npy`` files of a step folder: headers are checked now (against the file's size too),
+    data read when asked."""
     renamed = {}
     map_path = step_dir / NAME_MAP_FILE_NAME
     if map_path.exists():
@@ -225,10 +226,14 @@ def open_npy_folder(step_dir: Path) -> dict[str, StoredDirection]:
         try:
             with open(path, "rb") as f:
                 shape, dtype = _read_npy_header(f)
+                held = os.fstat(f.fileno()).st_size - f.tell()
         except Exception as e:
             raise ValueError(f"{path}: not a readable .npy file ({e})") from e
         if dtype != np.bool_:
             raise ValueError(f"{path}: dtype {dtype}, expected bool (np.save(grad > 0))")
+        if held != math.prod(shape):  # checked here: numpy would first allocate what the header claims
+            raise ValueError(f"{path}: not a readable .npy file (it holds {held} data bytes, its header's shape "
+                             f"{list(shape)} needs {math.prod(shape)})")
         result[renamed.get(path.stem, path.stem)] = StoredDirection(
             path, shape, lambda path=path, shape=shape: _load_npy_bits(path, shape))
     return result

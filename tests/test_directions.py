@@ -256,13 +256,13 @@ def write_compressed_archive(path, bits_claimed: int, bits_held: int) -> None:
                 f.write(bytes(min(2**20, bits_held - start)))
 
 
-def refusal_and_peak_memory(path) -> tuple[str, int]:
-    """The message ``read_packed(path)`` is refused with, and the most memory Python and numpy held meanwhile
-    (numpy reports its buffers to tracemalloc)."""
+def refusal_and_peak_memory(path, read=read_packed) -> tuple[str, int]:
+    """The message ``read(path)`` is refused with, and the most memory Python and numpy held meanwhile (numpy
+    reports its buffers to tracemalloc)."""
     tracemalloc.start()
     try:
         with pytest.raises(ValueError) as error:
-            read_packed(path)
+            read(path)
     finally:
         peak = tracemalloc.get_traced_memory()[1]
         tracemalloc.stop()
@@ -304,4 +304,15 @@ def test_a_compressed_names_field_claiming_more_than_metadata_may_hold_is_refuse
     refusal, peak = refusal_and_peak_memory(path)
     assert refusal == (f"{path}: field names claims {claimed_names * 4} bytes, more than the {MAX_METADATA_BYTES} "
                        f"a field of names, ndims or dims may hold")
+    assert peak < 4 * 2**20
+
+
+def test_an_npy_whose_header_claims_more_than_the_file_holds_is_refused_before_anything_is_allocated(tmp_path):
+    path = tmp_path / "w.npy"
+    with open(path, "wb") as f:  # a header claiming a billion elements, ten bytes of data: numpy would allocate 1 GB
+        np.lib.format.write_array_header_1_0(f, {"descr": "|b1", "fortran_order": False, "shape": (10**9,)})
+        f.write(bytes(10))
+    refusal, peak = refusal_and_peak_memory(tmp_path, read_npy_folder)
+    assert refusal == (f"{path}: not a readable .npy file (it holds 10 data bytes, its header's shape [1000000000] "
+                       f"needs 1000000000)")
     assert peak < 4 * 2**20
