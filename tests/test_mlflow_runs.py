@@ -10,6 +10,7 @@ from mlflow.utils.validation import MAX_METRICS_PER_BATCH, MAX_PARAM_VAL_LENGTH,
 
 from msprobe_mlflow.config import GradProbeConfig
 from msprobe_mlflow.pytorch import GradientMonitor
+from msprobe_mlflow.tracking.experiments import experiment_id_for, run_page_url
 from msprobe_mlflow.tracking.runs import created_run, log_batched, param, tag
 from msprobe_mlflow.tracking.upload import upload_dump
 
@@ -70,3 +71,19 @@ def test_upload_into_a_new_run_leaves_it_finished(store, tmp_path):
     run = client.get_run(report.run_id)
     assert run.info.status == "FINISHED"
     assert [m.step for m in client.get_metric_history(report.run_id, "grad/rank0/total_norm")] == [0, 1]
+
+
+def test_an_experiment_this_tool_creates_opens_in_the_model_training_view(store, tmp_path, monkeypatch):
+    client, existing = store
+    monkeypatch.chdir(tmp_path)  # a new experiment's default artifact location is under the working folder
+    created = experiment_id_for(client, "made-by-msprobe-mlflow")
+    # what MLflow's own UI writes when a user picks "Machine learning" as the experiment type
+    assert client.get_experiment(created).tags["mlflow.experimentKind"] == "custom_model_development"
+    assert experiment_id_for(client, "runs") == existing  # a user's experiment is found, left as it is
+    assert "mlflow.experimentKind" not in client.get_experiment(existing).tags
+
+
+def test_links_to_a_run_open_the_ui_in_its_model_training_view():
+    # MLflow 3.9+ chooses the view by a workflow switch, which this query parameter of the page's route sets
+    assert run_page_url("http://mlflow:5000/", "3", "abc") == \
+        "http://mlflow:5000/#/experiments/3/runs/abc?workflowType=machine_learning"

@@ -65,7 +65,7 @@ def expected_summary(grads: dict[str, np.ndarray], bounds=(-1, 0, 1)) -> dict[st
     edges = np.float32(bounds).astype(np.float64)
     at_most = [(values <= b).sum() for b in edges]
     counts = np.diff([0, *at_most, values.size])
-    labels = ["-inf_to_-1", "-1_to_0", "0_to_1", "1_to_inf"]
+    labels = ["0 -inf lt g le -1", "1 -1 lt g le 0", "2 0 lt g le 1", "3 1 lt g lt inf"]  # (-inf, -1], ..., (1, inf)
     return {
         "total_norm": math.sqrt(sum(float(np.linalg.norm(g.astype(np.float64))) ** 2 for g in grads.values())),
         "max": values.max(), "min": values.min(), "zero_fraction": (values == 0).sum() / values.size,

@@ -94,5 +94,7 @@ def _print_result(comparison, run_id: str | None, run_url: str | None, tracking_
         if run_url:
             click.echo(f"open: {run_url}")
         else:
+            from msprobe_mlflow.tracking.experiments import run_page_url
+
             click.echo(f"open: mlflow ui --backend-store-uri {tracking_uri}")
-            click.echo(f"      then http://127.0.0.1:5000/#/experiments/{experiment_id}/runs/{run_id}")
+            click.echo(f"      then {run_page_url('http://127.0.0.1:5000', experiment_id, run_id)}")

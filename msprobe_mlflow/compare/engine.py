@@ -102,6 +102,17 @@ class DumpComparison:
                        "only_in_a": r.only_in_a, "only_in_b": r.only_in_b} for r in self.ranks],
         }
 
+    def to_dataframe(self):
+        """The similarities as a ``pandas.DataFrame``, for a notebook: a row per rank, step and compared parameter
+        (model order), columns ``rank``, ``step``, ``parameter``, ``similarity`` (msprobe's: 0.0 for an empty
+        parameter), ``agreeing`` and ``numel`` (elements). A step's summary is ``agreeing.sum() / numel.sum()``."""
+        import pandas  # only here: comparing needs no pandas
+
+        rows = [(rank.rank, step, name, similarity(*counts), *counts)
+                for rank in self.ranks for index, step in enumerate(rank.steps) for name in rank.parameters
+                if (counts := rank.counts[name][index]) is not None]
+        return pandas.DataFrame(rows, columns=["rank", "step", "parameter", "similarity", "agreeing", "numel"])
+
     def table(self, steps_per_line: int = 10) -> str:
         """Per rank, the summary similarity at each step, a few steps per line."""
         lines = []
