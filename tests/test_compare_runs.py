@@ -113,6 +113,9 @@ def test_unusable_runs_are_refused_before_any_run_is_created(hand_dumps, experim
         compare_runs(good, empty.info.run_id)
     with pytest.raises(ValueError, match=r"B = 'no-such-run': no such folder, and no MLflow run with this ID"):
         compare_runs(good, "no-such-run")
+    (tmp_path / "verdict.json").write_text("{}")
+    with pytest.raises(ValueError, match=r"B = '.*verdict.json' is a file, not a folder; expected a grad_probe dump"):
+        compare_runs(good, str(tmp_path / "verdict.json"))
     with pytest.raises(ValueError, match=r"rank0: no step in both sources \(A has steps \[0, 1, 2\], B has \[7\]\)"):
         compare_runs(good, str(write_ours(tmp_path / "late", {7: base_signs(7)})))
     assert len(runs_in(experiment_id)) == before
