@@ -249,5 +249,5 @@ def test_cli_upload_prints_the_run_and_rejects_a_folder_that_is_not_a_dump(track
     (tmp_path / "empty").mkdir()
     bad = subprocess.run([*command[:4], str(tmp_path / "empty")], capture_output=True, text=True, env=env, timeout=300)
     assert bad.returncode == 2
-    assert bad.stderr.startswith(f"msprobe-mlflow upload: error: dump path {str(tmp_path / 'empty')!r} holds no "
-                                 "rank<N> folder")
+    assert bad.stderr.startswith(f"msprobe-mlflow upload: error: DUMP_PATH = {str(tmp_path / 'empty')!r} holds no "
+                                 "rank<N> folders")
