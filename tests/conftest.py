@@ -1,4 +1,5 @@
-"""What every test process needs: MindSpore's launch blocking, and MLflow stores that leave no trace."""
+"""What every test process needs: MindSpore's launch blocking, a temporary working folder, and MLflow stores
+that leave no trace."""
 import os
 
 import mindspore
@@ -10,6 +11,15 @@ import pytest
 mindspore.runtime.launch_blocking()
 
 MLFLOW_ENVIRONMENT = ("MLFLOW_TRACKING_URI", "MLFLOW_EXPERIMENT_ID", "MLFLOW_EXPERIMENT_NAME", "MLFLOW_RUN_ID")
+
+
+@pytest.fixture(autouse=True)
+def temporary_working_folder(tmp_path, monkeypatch):
+    """Every test, and every process it starts, works in its own temporary folder: what MLflow writes relative to
+    the working folder (``./mlruns`` for an experiment created without an artifact location, the Default
+    experiment's artifacts, ``./mlflow.db`` without a tracking URI) and the tools' defaults (``./msprobe_dump``)
+    never land in the clone."""
+    monkeypatch.chdir(tmp_path)
 
 
 @pytest.fixture(autouse=True)
