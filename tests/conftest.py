@@ -20,6 +20,16 @@ else:  # the torch-only stage (scripts/test-torch-only, `pip install ".[torch]"`
 MLFLOW_ENVIRONMENT = ("MLFLOW_TRACKING_URI", "MLFLOW_EXPERIMENT_ID", "MLFLOW_EXPERIMENT_NAME", "MLFLOW_RUN_ID")
 
 
+@pytest.fixture(scope="session", autouse=True)
+def temporary_working_folder_for_fixtures(tmp_path_factory):
+    """Module and session fixtures run before a test enters its own folder (below): they work in a temporary one
+    too. This matters most for MLflow, which resolves a SQLite store's default artifact root (``./mlruns``) once,
+    when the store is first used in the process."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.chdir(tmp_path_factory.mktemp("working_folder"))
+        yield
+
+
 @pytest.fixture(autouse=True)
 def temporary_working_folder(tmp_path, monkeypatch):
     """Every test, and every process it starts, works in its own temporary folder: what MLflow writes relative to
