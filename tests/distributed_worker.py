@@ -45,7 +45,8 @@ def main() -> None:
         model = torch.nn.parallel.DistributedDataParallel(model)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
     run = mlflow.start_run(run_name=args.run_name) if rank == 0 else None
-    monitor = GradientMonitor(GradProbeConfig(dump_path=args.dump, level=args.level, rank=args.ranks)).monitor(model, optimizer)
+    config = GradProbeConfig(dump_path=args.dump, level=args.level, rank=args.ranks)
+    monitor = GradientMonitor(config).monitor(model, optimizer)
     if rank == 0:
         print("RUN_ID", run.info.run_id, flush=True)
     generator = torch.Generator().manual_seed(100 + rank)
