@@ -124,6 +124,24 @@ def indexed_children(folder: str | os.PathLike, prefix: str) -> list[int]:
     return sorted(found)
 
 
+DUMP_FOLDER_EXPECTED = "expected a grad_probe dump folder (holding rank0/grad_summary_0.csv, rank0/step0/...)"
+
+
+def dump_folder(path: str | os.PathLike, label: str) -> Path:
+    """``path`` as a dump folder, or a ``ValueError`` saying what is there instead (nothing, a file, a folder
+    without ``rank<N>/``) and what is expected; ``label`` names the argument (``dump_a``, ``B``)."""
+    folder = Path(path)
+    if not folder.exists():
+        found = ": no such folder"
+    elif not folder.is_dir():
+        found = " is a file, not a folder"
+    elif not indexed_children(folder, RANK_PREFIX):
+        found = " holds no rank<N> folders"
+    else:
+        return folder
+    raise ValueError(f"{label} = {str(path)!r}{found}; {DUMP_FOLDER_EXPECTED}")
+
+
 def summary_steps(rank_folder: str | os.PathLike) -> list[int]:
     """Sorted steps that have a ``grad_summary_{S}.csv`` in a rank folder."""
     return sorted(step for path in Path(rank_folder).glob(f"{SUMMARY_PREFIX}*{SUMMARY_SUFFIX}")

@@ -2,6 +2,8 @@
 runs that always end."""
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 from mlflow.entities import Metric
@@ -55,9 +57,8 @@ def test_a_created_run_ends_finished_or_failed_when_its_work_raises(store):
     assert client.get_run(failed).info.status == "FAILED"
 
 
-def test_upload_into_a_new_run_leaves_it_finished(store, tmp_path):
-    client, experiment_id = store
-    dump = tmp_path / "dump"
+def two_step_dump(dump: Path) -> Path:
+    """A local L1 dump of two steps, nothing logged."""
     monitor = GradientMonitor(GradProbeConfig(dump_path=str(dump), level="L1"), log_to_mlflow=False)
     model = torch.nn.Linear(2, 2)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
@@ -66,8 +67,13 @@ def test_upload_into_a_new_run_leaves_it_finished(store, tmp_path):
         model(torch.ones(1, 2)).sum().backward()
         optimizer.step()
     monitor.stop()
+    return dump
+
+
+def test_upload_into_a_new_run_leaves_it_finished(store, tmp_path):
+    client, experiment_id = store
     experiment = client.get_experiment(experiment_id).name
-    report = upload_dump(dump, experiment=experiment, tracking_uri=client.tracking_uri)
+    report = upload_dump(two_step_dump(tmp_path / "dump"), experiment=experiment, tracking_uri=client.tracking_uri)
     run = client.get_run(report.run_id)
     assert run.info.status == "FINISHED"
     assert [m.step for m in client.get_metric_history(report.run_id, "grad/rank0/total_norm")] == [0, 1]
@@ -87,3 +93,15 @@ def test_links_to_a_run_open_the_ui_in_its_model_training_view():
     # MLflow 3.9+ chooses the view by a workflow switch, which this query parameter of the page's route sets
     assert run_page_url("http://mlflow:5000/", "3", "abc") == \
         "http://mlflow:5000/#/experiments/3/runs/abc?workflowType=machine_learning"
+
+
+def test_upload_into_a_new_run_that_fails_midway_leaves_it_failed(store, tmp_path):
+    """The experiment's artifact location is a file: the run and its metrics are created, the first file is not."""
+    client, _ = store
+    (tmp_path / "a_file").write_text("")
+    experiment_id = client.create_experiment("unwritable", artifact_location=(tmp_path / "a_file").as_uri())
+    with pytest.raises(OSError):
+        upload_dump(two_step_dump(tmp_path / "dump"), experiment="unwritable", tracking_uri=client.tracking_uri)
+    [run] = client.search_runs([experiment_id])
+    assert run.info.status == "FAILED"
+    assert run.info.run_name == "upload dump"

@@ -24,8 +24,8 @@ from msprobe_mlflow.compare.similarity import agreeing_directions, similarity, s
 from msprobe_mlflow.compare.verdict import (DEFAULT_DROP_THRESHOLD, DEFAULT_FIRST_THRESHOLD, Verdict,
                                             check_thresholds, judge_rank)
 from msprobe_mlflow.directions import StoredDirection, open_step_directions
-from msprobe_mlflow.dump import (indexed_children, rank_dir, read_summary, step_dir, summary_csv_path,
-                                 summary_steps, write_csv)
+from msprobe_mlflow.dump import (dump_folder, indexed_children, rank_dir, read_summary, step_dir,
+                                 summary_csv_path, summary_steps, write_csv)
 
 SIMILARITIES_FILE_NAME = "similarities.csv"
 PICTURE_FOLDER_NAME = "similarities_picture"
@@ -127,17 +127,6 @@ class DumpComparison:
                     shown = ", ".join(names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
                     lines.append(f"  only in {side} (not compared): {shown}")
         return "\n".join(lines)
-
-
-def _dump_folder(path: str | os.PathLike, label: str) -> Path:
-    folder = Path(path)
-    if not folder.is_dir():
-        raise CompareInputError(f"{label} = {str(path)!r}: no such folder; expected a grad_probe dump folder "
-                                f"(holding rank0/grad_summary_0.csv, rank0/step0/...)")
-    if not indexed_children(folder, "rank"):
-        raise CompareInputError(f"{label} = {str(path)!r} holds no rank<N> folders; expected a grad_probe dump "
-                                f"folder (holding rank0/grad_summary_0.csv, rank0/step0/...)")
-    return folder
 
 
 def direction_steps(dump: Path, rank: int, label: str) -> list[int]:
@@ -299,7 +288,7 @@ def compare_dumps(dump_a: str | os.PathLike, dump_b: str | os.PathLike, output_d
     and the reason, before anything is written. ``progress``: None shows it when stderr is a terminal.
     """
     check_thresholds(first_threshold, drop_threshold)
-    folder_a, folder_b = _dump_folder(dump_a, "dump_a"), _dump_folder(dump_b, "dump_b")
+    folder_a, folder_b = dump_folder(dump_a, "dump_a"), dump_folder(dump_b, "dump_b")
     ranks_a, ranks_b = indexed_children(folder_a, "rank"), indexed_children(folder_b, "rank")
     ranks = sorted(set(ranks_a) & set(ranks_b))
     if not ranks:

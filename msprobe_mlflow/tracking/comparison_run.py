@@ -28,7 +28,7 @@ from mlflow.tracking import MlflowClient
 from msprobe_mlflow import __version__
 from msprobe_mlflow.compare.engine import CompareInputError, DumpComparison, compare_dumps, direction_steps
 from msprobe_mlflow.compare.verdict import DEFAULT_DROP_THRESHOLD, DEFAULT_FIRST_THRESHOLD, Verdict, check_thresholds
-from msprobe_mlflow.dump import indexed_children
+from msprobe_mlflow.dump import dump_folder, indexed_children
 from msprobe_mlflow.tracking import TAG_PREFIX
 from msprobe_mlflow.metrics import metric_key
 from msprobe_mlflow.tracking.experiments import experiment_id_for, run_page_link, run_page_url
@@ -93,12 +93,10 @@ def _looks_like_a_path(given: str) -> bool:
 
 
 def resolve_source(given: str | os.PathLike, side: str, client_factory) -> ComparisonSource:
-    """A folder if ``given`` is one, else an MLflow run ID (``client_factory()`` is only called then)."""
-    if Path(given).is_dir():
-        if not indexed_children(given, "rank"):
-            raise CompareInputError(f"{side} = {str(given)!r} holds no rank<N> folders; expected a grad_probe dump "
-                                    f"folder (rank0/grad_summary_0.csv, rank0/step0/...) or an MLflow run ID")
-        return ComparisonSource(str(given), folder=Path(given))
+    """A dump folder if something exists at ``given`` (a file is refused as such), else an MLflow run ID
+    (``client_factory()`` is only called then)."""
+    if Path(given).exists():
+        return ComparisonSource(str(given), folder=dump_folder(given, side))
     if _looks_like_a_path(str(given)):
         raise CompareInputError(f"{side} = {str(given)!r}: no such folder; expected a grad_probe dump folder or "
                                 f"an MLflow run ID")
