@@ -50,7 +50,9 @@ def check_api_accuracy(path: str | os.PathLike, *, output_dir: str | os.PathLike
     target = None
     if log_to_mlflow:  # looked up before anything is made: a wrong run ID leaves no empty output folder behind
         from msprobe_mlflow.tracking.api_check_runs import log_api_check, resolve_target
+        from msprobe_mlflow.tracking.server import require_tracking_server
 
+        require_tracking_server(tracking_uri)  # an unreachable server fails now, not after the last API
         target = resolve_target(experiment, parent_run_id, tracking_uri)
     try:
         Path(output_dir).mkdir(parents=True, exist_ok=True)

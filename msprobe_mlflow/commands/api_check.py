@@ -70,10 +70,6 @@ def api_check(api_info: str, output: str, experiment: str | None, parent_run_id:
     """
     from msprobe_mlflow.api_check import check_api_accuracy
     from msprobe_mlflow.api_check.metrics import ERROR, STATUSES
-    from msprobe_mlflow.tracking.server import require_tracking_server
-
-    if not no_mlflow:  # before any API runs: an unreachable server would otherwise cost the whole check
-        require_tracking_server(tracking_uri)
     report = check_api_accuracy(api_info, output_dir=output, experiment=experiment, parent_run_id=parent_run_id,
                                 nested=not no_nested, api_filter=api_filter, cosine_threshold=cosine_threshold,
                                 max_abs_threshold=max_abs_threshold, log_to_mlflow=not no_mlflow,
