@@ -14,8 +14,10 @@ import sys
 
 import mlflow
 import torch
+from mlflow.tracking import MlflowClient
 
 import msprobe_mlflow
+from msprobe_mlflow.tracking.experiments import experiment_id_for, run_page_url
 
 EXPERIMENT = "msprobe-mlflow-demo"
 
@@ -62,7 +64,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--perturb-from {args.perturb_from} must be a step of the training (0..{args.steps - 1})")
 
     mlflow.set_tracking_uri(args.tracking_uri)
-    mlflow.set_experiment(EXPERIMENT)
+    experiment_id = experiment_id_for(MlflowClient(), EXPERIMENT)  # created marked as model training
+    mlflow.set_experiment(experiment_id=experiment_id)
     msprobe_mlflow.autolog(level=args.level, dump_path=args.dump_path)
     baseline = train("baseline", args.steps, None)
     perturbed = train(f"perturbed from step {args.perturb_from}", args.steps, args.perturb_from)
@@ -78,7 +81,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\nfirst suspicious step: {found} (the perturbation started at step {args.perturb_from})")
     store = args.tracking_uri
     print(f"\nOpen the runs in the MLflow UI:\n  mlflow ui --backend-store-uri {store}\n"
-          f"then experiment '{EXPERIMENT}'.")
+          f"then {run_page_url('http://127.0.0.1:5000', experiment_id, result.run_id)}")
     return 0 if found == args.perturb_from else 1
 
 

@@ -5,12 +5,13 @@ from msprobe_mlflow.config import GradProbeConfig
 
 __version__ = "0.1.0"
 
-# Imported on first use, so that ``import msprobe_mlflow`` stays light (no torch, mlflow or matplotlib).
+# Imported on first use, so that ``import msprobe_mlflow`` stays light (no torch, mlflow, matplotlib or pandas).
 _LAZY_EXPORTS = {
     "autolog": "msprobe_mlflow.tracking.autolog",
     "upload_dump": "msprobe_mlflow.tracking.upload",
     "compare_dumps": "msprobe_mlflow.compare.engine",
     "compare_runs": "msprobe_mlflow.tracking.comparison_run",
+    "read_statistics": "msprobe_mlflow.tracking.run_dump",
 }
 __all__ = ["GradProbeConfig", "__version__", *_LAZY_EXPORTS]
 

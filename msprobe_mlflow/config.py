@@ -121,7 +121,11 @@ class GradProbeConfig:
         if not isinstance(data, dict):
             _reject(source, "(top level)", data, "a JSON object")
         if data.get("task") != "grad_probe":
-            _reject(source, "task", data.get("task"), '"grad_probe" (the only task this tool runs)')
+            found = f"task = {data['task']!r}" if "task" in data else \
+                f"no task key (top-level keys: {', '.join(sorted(map(str, data))) or 'none'})"
+            raise ValueError(f"{source}: {found}; expected msprobe's grad_probe config.json, with \"task\": "
+                             f"\"grad_probe\" (the only task this tool runs), \"dump_path\" and a \"grad_probe\" "
+                             f"section")
         section = data.get("grad_probe", {})
         if not isinstance(section, dict):
             _reject(source, "grad_probe", section, "an object with grad_level, param_list, bounds")

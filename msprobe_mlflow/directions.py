@@ -5,7 +5,9 @@
   a small header, and one file to upload per step.
 - ``npy`` (msprobe's): one boolean ``.npy`` per parameter, 1 byte per element.
 
-Everything loads with ``allow_pickle=False``; a malformed file raises ``ValueError`` naming the file and field.
+Everything loads with ``allow_pickle=False``; a malformed file raises ``ValueError`` naming the file and field. A
+compressed archive (``np.savez_compressed``: not ours, but accepted) is inflated no further than its shapes need,
+so a zip bomb is refused before it is inflated; its bits are then held in memory.
 ``open_step_directions`` lists a step's parameters (names, shapes) and reads each one's bits only when asked, so a
 reader such as the comparator holds one parameter in memory at a time, not the whole step.
 """
@@ -74,73 +76,118 @@ def _read_npy_header(f) -> tuple[tuple[int, ...], np.dtype]:
     return tuple(shape), dtype
 
 
-def _stored_array_bits(archive: zipfile.ZipFile, member: str, path: Path) -> np.ndarray:
-    """The uint8 array ``member`` of an uncompressed ``.npz``, memory-mapped (a compressed one is read whole)."""
-    info = archive.getinfo(member)
+class _FieldError(ValueError):
+    """A field of a packed archive that is missing, malformed or larger than the archive's shapes allow."""
+
+
+def _read_field(archive: zipfile.ZipFile, field: str, max_bytes: int, limit: str) -> np.ndarray:
+    """Field ``field`` of an ``.npz``, stored or compressed, read no further than its header's shape needs.
+
+    Refused before its data is read (or inflated) when that shape needs more than ``max_bytes`` (``limit`` says
+    why that many), and after reading one byte past it when the member holds more than its shape: a compressed
+    member is never inflated whole (zip bombs). Pickled objects are refused, never loaded.
+    """
+    with archive.open(f"{field}.npy") as f:
+        shape, dtype = _read_npy_header(f)
+        if dtype.hasobject:
+            raise ValueError(f"field {field} holds Python objects (dtype {dtype}), which are never loaded "
+                             f"(allow_pickle=False)")
+        if len(shape) > 1:
+            raise _FieldError(f"field {field} has shape {list(shape)}, expected one dimension at most")
+        size = math.prod(shape) * dtype.itemsize
+        if size > max_bytes:
+            raise _FieldError(f"field {field} claims {size} bytes, {limit}")
+        data = f.read(size)
+        if len(data) != size:
+            raise _FieldError(f"field {field} holds {len(data)} bytes, its shape {list(shape)} needs {size}")
+        if f.read(1):
+            raise _FieldError(f"field {field} holds more bytes than its shape {list(shape)} needs")
+    return np.frombuffer(data, dtype=dtype).reshape(shape)
+
+
+def _check_bits(dtype: np.dtype, shape: tuple[int, ...], needed: int) -> None:
+    if dtype != np.uint8 or len(shape) != 1:
+        raise _FieldError(f"field bits is {dtype} with shape {list(shape)}, expected 1-D uint8")
+    if shape[0] != needed:
+        raise _FieldError(f"field bits holds {shape[0]} bytes, the shapes need {needed}")
+
+
+def _bits(archive: zipfile.ZipFile, path: Path, needed: int) -> np.ndarray:
+    """The ``bits`` field, ``needed`` bytes: memory-mapped when stored (as we write it), else read and capped."""
+    info = archive.getinfo("bits.npy")
     if info.compress_type != zipfile.ZIP_STORED:
-        with archive.open(member) as f:
-            return np.lib.format.read_array(f, allow_pickle=False)
+        bits = _read_field(archive, "bits", needed, f"the shapes need {needed}")
+        _check_bits(bits.dtype, bits.shape, needed)
+        return bits
     with open(path, "rb") as f:
         f.seek(info.header_offset)
         local_header = f.read(30)
         if len(local_header) != 30 or local_header[:4] != b"PK\x03\x04":
-            raise ValueError(f"field {member[:-4]} has a damaged zip header")
+            raise _FieldError("field bits has a damaged zip header")
         name_length, extra_length = struct.unpack("<HH", local_header[26:30])
         f.seek(info.header_offset + 30 + name_length + extra_length)
         shape, dtype = _read_npy_header(f)
         offset = f.tell()
-    if dtype != np.uint8 or len(shape) != 1:
-        raise ValueError(f"field {member[:-4]} is {dtype} with shape {list(shape)}, expected 1-D uint8")
-    if shape[0] == 0:
+    _check_bits(dtype, shape, needed)
+    if needed == 0:
         return np.empty(0, dtype=np.uint8)
     return np.memmap(path, dtype=np.uint8, mode="r", offset=offset, shape=shape)
 
 
-def open_packed(path: Path) -> dict[str, StoredDirection]:
-    """The parameters of a packed archive; the ``bits`` field is memory-mapped, each parameter read when asked."""
-    missing = []
-    refuse_symlink(path)
-    try:
-        with np.load(path, allow_pickle=False) as archive:
-            missing = [key for key in ("format_version", "names", "ndims", "dims", "bits") if key not in archive.files]
-            if not missing:
-                fields = {key: archive[key] for key in ("format_version", "names", "ndims", "dims")}
-                bits = _stored_array_bits(archive.zip, "bits.npy", path)
-    except Exception as e:  # zip or npy header damage, truncation
-        raise ValueError(f"{path}: not a readable direction archive ({e})") from e
-    if missing:
-        raise ValueError(f"{path}: field {missing[0]} is missing from the direction archive")
-    if int(fields["format_version"]) != PACKED_FORMAT_VERSION:
-        raise ValueError(f"{path}: field format_version = {int(fields['format_version'])}, "
-                         f"expected {PACKED_FORMAT_VERSION}")
-    names, ndims, dims = fields["names"], fields["ndims"], fields["dims"]
-    if len(ndims) != len(names) or int(ndims.sum()) != len(dims) or (dims < 0).any() or (ndims < 0).any():
-        raise ValueError(f"{path}: fields names/ndims/dims disagree ({len(names)} names, {len(ndims)} ndims, "
-                         f"{len(dims)} dims)")
+# The most the names, ndims or dims field may hold: a million parameters named in 64 characters (UTF-32).
+MAX_METADATA_BYTES = 256 * 2**20
+_METADATA_LIMIT = f"more than the {MAX_METADATA_BYTES} a field of names, ndims or dims may hold"
+
+
+def _read_packed_fields(archive: zipfile.ZipFile, path: Path) -> tuple[list[str], list[tuple[int, ...]], np.ndarray]:
+    """Names, shapes and bits of a packed archive, each field checked before the next is read."""
+    present = set(archive.namelist())
+    for key in ("format_version", "names", "ndims", "dims", "bits"):
+        if f"{key}.npy" not in present:
+            raise _FieldError(f"field {key} is missing from the direction archive")
+    version = _read_field(archive, "format_version", 8, "a version number needs 8")
+    if version.shape != () or version.dtype.kind not in "iu" or int(version) != PACKED_FORMAT_VERSION:
+        raise _FieldError(f"field format_version = {version.tolist()}, expected {PACKED_FORMAT_VERSION}")
+    names, ndims, dims = (_read_field(archive, key, MAX_METADATA_BYTES, _METADATA_LIMIT)
+                          for key in ("names", "ndims", "dims"))
+    if names.dtype.kind != "U" or ndims.dtype.kind not in "iu" or dims.dtype.kind not in "iu":
+        raise _FieldError(f"fields names/ndims/dims are {names.dtype}/{ndims.dtype}/{dims.dtype}, expected text "
+                          f"and integers")
+    if len(ndims) != len(names) or sum(ndims.tolist()) != len(dims) or (dims < 0).any() or (ndims < 0).any():
+        raise _FieldError(f"fields names/ndims/dims disagree ({len(names)} names, {len(ndims)} ndims, "
+                          f"{len(dims)} dims)")
     shapes = [tuple(dims[piece].tolist()) for piece in consecutive_slices(ndims.tolist())]
     pieces = packed_slices(math.prod(shape) for shape in shapes)
-    needed = pieces[-1].stop if pieces else 0
-    if needed != len(bits):
-        raise ValueError(f"{path}: field bits holds {len(bits)} bytes, the shapes need {needed}")
+    return names.tolist(), shapes, _bits(archive, path, pieces[-1].stop if pieces else 0)
+
+
+def open_packed(path: Path) -> dict[str, StoredDirection]:
+    """The parameters of a packed archive; each parameter's bits are read when asked (memory-mapped as we write
+    them; a compressed archive from elsewhere is read once, capped by its shapes)."""
+    refuse_symlink(path)
+    try:
+        with zipfile.ZipFile(path) as archive:
+            names, shapes, bits = _read_packed_fields(archive, path)
+    except _FieldError as e:
+        raise ValueError(f"{path}: {e}") from None
+    except Exception as e:  # zip or npy header damage, truncation, pickled objects
+        raise ValueError(f"{path}: not a readable direction archive ({e})") from e
+    pieces = packed_slices(math.prod(shape) for shape in shapes)
     return {name: StoredDirection(path, shape, lambda piece=piece: np.array(bits[piece]))
-            for name, shape, piece in zip(names.tolist(), shapes, pieces)}
+            for name, shape, piece in zip(names, shapes, pieces)}
 
 
 def read_packed_laid_out(path: Path, names: list[str], shapes: list[tuple[int, ...]]) -> np.ndarray | None:
-    """The whole ``bits`` field of a packed archive that holds exactly ``names`` with ``shapes``, in that order, read
-    at once; None for any other archive (``open_packed`` then says what it holds). A reader that knows the layout
-    compares a whole step in one go instead of listing thousands of small parameters one by one."""
+    """The whole ``bits`` field of a packed archive that holds exactly ``names`` with ``shapes``, in that order (as
+    ``open_packed`` checks it, memory-mapped); None for any other archive, or a damaged one (``open_packed`` then
+    says what it holds). A reader that knows the layout compares a whole step in one go instead of listing
+    thousands of small parameters one by one."""
     try:
-        with np.load(refuse_symlink(path), allow_pickle=False) as archive:
-            if (int(archive["format_version"]) != PACKED_FORMAT_VERSION or archive["names"].tolist() != list(names)
-                    or archive["ndims"].tolist() != [len(shape) for shape in shapes]
-                    or archive["dims"].tolist() != [d for shape in shapes for d in shape]):
-                return None
-            bits = archive["bits"]
-    except Exception:  # damaged, or not ours: open_packed names the problem
+        with zipfile.ZipFile(refuse_symlink(path)) as archive:
+            held_names, held_shapes, bits = _read_packed_fields(archive, path)
+    except Exception:
         return None
-    needed = sum((math.prod(shape) + 7) // 8 for shape in shapes)
-    return bits if bits.dtype == np.uint8 and bits.shape == (needed,) else None
+    return bits if held_names == list(names) and held_shapes == [tuple(shape) for shape in shapes] else None
 
 
 def read_packed(path: Path) -> Directions:
@@ -174,7 +221,8 @@ def _load_npy_bits(path: Path, shape: tuple[int, ...]) -> np.ndarray:
 
 
 def open_npy_folder(step_dir: Path) -> dict[str, StoredDirection]:
-    """msprobe's boolean ``.npy`` files of a step folder: headers are checked now, data read when asked."""
+    """msprobe's boolean ``.npy`` files of a step folder: headers are checked now (against the file's size too),
+    data read when asked."""
     renamed = {}
     map_path = step_dir / NAME_MAP_FILE_NAME
     if map_path.exists():
@@ -191,10 +239,14 @@ def open_npy_folder(step_dir: Path) -> dict[str, StoredDirection]:
         try:
             with open(path, "rb") as f:
                 shape, dtype = _read_npy_header(f)
+                held = os.fstat(f.fileno()).st_size - f.tell()
         except Exception as e:
             raise ValueError(f"{path}: not a readable .npy file ({e})") from e
         if dtype != np.bool_:
             raise ValueError(f"{path}: dtype {dtype}, expected bool (np.save(grad > 0))")
+        if held != math.prod(shape):  # checked here: numpy would first allocate what the header claims
+            raise ValueError(f"{path}: not a readable .npy file (it holds {held} data bytes, its header's shape "
+                             f"{list(shape)} needs {math.prod(shape)})")
         result[renamed.get(path.stem, path.stem)] = StoredDirection(
             path, shape, lambda path=path, shape=shape: _load_npy_bits(path, shape))
     return result

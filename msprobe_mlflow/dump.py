@@ -17,6 +17,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import math
 import os
 import re
 from dataclasses import dataclass
@@ -24,7 +25,7 @@ from pathlib import Path
 
 from msprobe_mlflow.config import GradProbeConfig
 from msprobe_mlflow.directions import PACKED_FILE_NAME, write_npy, write_packed
-from msprobe_mlflow.levels import csv_header
+from msprobe_mlflow.levels import MD5_COLUMN, csv_header
 from msprobe_mlflow.records import StepRecord
 from msprobe_mlflow.safe_paths import atomic_write_bytes, refuse_symlink
 
@@ -130,6 +131,24 @@ def indexed_children(folder: str | os.PathLike, prefix: str) -> list[int]:
     return sorted(found)
 
 
+DUMP_FOLDER_EXPECTED = "expected a grad_probe dump folder (holding rank0/grad_summary_0.csv, rank0/step0/...)"
+
+
+def dump_folder(path: str | os.PathLike, label: str) -> Path:
+    """``path`` as a dump folder, or a ``ValueError`` saying what is there instead (nothing, a file, a folder
+    without ``rank<N>/``) and what is expected; ``label`` names the argument (``dump_a``, ``B``)."""
+    folder = Path(path)
+    if not folder.exists():
+        found = ": no such folder"
+    elif not folder.is_dir():
+        found = " is a file, not a folder"
+    elif not indexed_children(folder, RANK_PREFIX):
+        found = " holds no rank<N> folders"
+    else:
+        return folder
+    raise ValueError(f"{label} = {str(path)!r}{found}; {DUMP_FOLDER_EXPECTED}")
+
+
 def summary_steps(rank_folder: str | os.PathLike) -> list[int]:
     """Sorted steps that have a ``grad_summary_{S}.csv`` in a rank folder."""
     return sorted(step for path in Path(rank_folder).glob(f"{SUMMARY_PREFIX}*{SUMMARY_SUFFIX}")
@@ -152,6 +171,30 @@ class SummaryTable:
             raise ValueError(f"{self.path}: column {name!r} is missing (header: {','.join(self.header)})") from None
         return [row[index] for row in self.rows]
 
+    def numbers(self, name: str) -> list[float]:
+        """Column ``name`` as floats (``nan`` and ``inf`` included), naming the row and cell that is no number."""
+        values = []
+        for number, cell in enumerate(self.column(name), start=2):
+            try:
+                values.append(float(cell))
+            except ValueError:
+                raise ValueError(f"{self.path}: row {number}, column {name}: {cell!r} is not a number") from None
+        return values
+
+    def shapes(self) -> list[tuple[int, ...]]:
+        """The ``shape`` column (``[20, 8]``) as tuples of sizes."""
+        shapes = []
+        for number, cell in enumerate(self.column("shape"), start=2):
+            try:
+                shape = json.loads(cell)
+                if not isinstance(shape, list) or not all(isinstance(d, int) and d >= 0 for d in shape):
+                    raise ValueError
+            except ValueError:
+                raise ValueError(f"{self.path}: row {number}, column shape: {cell!r} is not a list of sizes "
+                                 f"like [20, 8]") from None
+            shapes.append(tuple(shape))
+        return shapes
+
 
 def read_summary(path: str | os.PathLike) -> SummaryTable:
     rows = read_csv(path)
@@ -162,6 +205,29 @@ def read_summary(path: str | os.PathLike) -> SummaryTable:
         if len(row) != len(header):
             raise ValueError(f"{path}: row {number} has {len(row)} cells, the header has {len(header)}")
     return SummaryTable(Path(path), header, rows[1:])
+
+
+def read_statistics_table(dump_path: str | os.PathLike):
+    """Every ``grad_summary_{S}.csv`` of a dump as one ``pandas.DataFrame``, for a notebook: a row per rank, step
+    and parameter (model order), columns ``rank``, ``step``, ``parameter``, then the CSV's own (``MD5`` as text;
+    ``max``, ``min``, ``norm`` and, at L2, the bucket fractions such as ``(-1, 0]`` and ``=0`` as floats; ``shape``
+    as a tuple) and ``numel``. Raises ``ValueError`` for a folder without summaries or a malformed CSV."""
+    import pandas  # only here: the dump's writer and reader need no pandas
+
+    frames = []
+    for rank in indexed_children(dump_path, RANK_PREFIX):
+        for step in summary_steps(rank_dir(dump_path, rank)):
+            table = read_summary(summary_csv_path(dump_path, rank, step))
+            columns = {"rank": rank, "step": step, "parameter": table.column("param_name")}
+            for name in table.header[1:]:
+                if name != "shape":
+                    columns[name] = table.column(name) if name == MD5_COLUMN else table.numbers(name)
+            columns["shape"] = table.shapes()
+            columns["numel"] = [math.prod(shape) for shape in columns["shape"]]
+            frames.append(pandas.DataFrame(columns))
+    if not frames:
+        raise ValueError(f"{dump_path}: holds no rank<N>/grad_summary_<S>.csv; expected a grad_probe dump folder")
+    return pandas.concat(frames, ignore_index=True)
 
 
 def write_dump_config(dump_path: str | os.PathLike, framework: str, config: GradProbeConfig) -> Path:

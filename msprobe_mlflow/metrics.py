@@ -10,12 +10,11 @@ from __future__ import annotations
 import csv
 import fnmatch
 import io
-import json
 import math
 import re
 
 from msprobe_mlflow.dump import SummaryTable, csv_text
-from msprobe_mlflow.levels import csv_header
+from msprobe_mlflow.levels import ZERO_COLUMN, csv_header
 from msprobe_mlflow.records import StepRecord
 
 MAX_KEY_LENGTH = 250  # MLflow's limit (mlflow.utils.validation.MAX_ENTITY_KEY_LENGTH)
@@ -30,36 +29,28 @@ def metric_key(*parts: str) -> str:
     return key[:MAX_KEY_LENGTH]
 
 
-def bucket_metric_name(label: str) -> str:
-    """``(-1, 0]`` -> ``fraction/-1_to_0``; ``=0`` -> ``zero_fraction``."""
-    if label == "=0":
-        return "zero_fraction"
-    low, high = (part.strip() for part in label.strip("(]) ").split(","))
-    return f"fraction/{low}_to_{high}"
+_END_COMPARISON = {"(": "lt", ")": "lt", "[": "le", "]": "le"}  # an open end is "<", a closed one "<="
 
 
-def _floats(table: SummaryTable, column: str) -> list[float]:
-    values = []
-    for number, cell in enumerate(table.column(column), start=2):
-        try:
-            values.append(float(cell))
-        except ValueError:
-            raise ValueError(f"{table.path}: row {number}, column {column}: {cell!r} is not a number") from None
-    return values
+def bucket_metric_names(labels: list[str]) -> list[str]:
+    """Metric names of msprobe's L2 columns, in their (numeric) order: ``(-inf, -1]``, ``(-1, 0]``, ...,
+    ``(1, inf)``, ``=0`` -> ``fraction/0 -inf lt g le -1``, ``fraction/1 -1 lt g le 0``, ...,
+    ``fraction/3 1 lt g lt inf``, ``zero_fraction``.
 
-
-def _numels(table: SummaryTable) -> list[int]:
-    numels = []
-    for number, cell in enumerate(table.column("shape"), start=2):
-        try:
-            shape = json.loads(cell)
-            if not isinstance(shape, list) or not all(isinstance(d, int) and d >= 0 for d in shape):
-                raise ValueError
-        except ValueError:
-            raise ValueError(f"{table.path}: row {number}, column shape: {cell!r} is not a list of sizes "
-                             f"like [20, 8]") from None
-        numels.append(math.prod(shape))
-    return numels
+    The bucket's index comes first, zero-padded, so that MLflow's alphabetical order is the numeric one; ``lt`` and
+    ``le`` say which end of the interval is open (``<``) or closed (``<=``), as MLflow keys allow no brackets.
+    """
+    width = len(str(sum(label != ZERO_COLUMN for label in labels) - 1))
+    names, index = [], 0
+    for label in labels:
+        if label == ZERO_COLUMN:
+            names.append("zero_fraction")
+            continue
+        low, high = (part.strip() for part in label[1:-1].split(","))
+        opening, closing = _END_COMPARISON[label[0]], _END_COMPARISON[label[-1]]
+        names.append(f"fraction/{index:0{width}d} {low} {opening} g {closing} {high}")
+        index += 1
+    return names
 
 
 def _finite(values: list[float]) -> list[float]:
@@ -73,7 +64,7 @@ def step_metrics(table: SummaryTable, rank: int, param_patterns: tuple[str, ...]
     ``nonfinite_params`` = parameters whose max, min or norm is NaN or infinite; at L2 each bucket's and the ``=0``
     fraction over all monitored elements (weighted by element count).
     """
-    maxima, minima, norms = _floats(table, "max"), _floats(table, "min"), _floats(table, "norm")
+    maxima, minima, norms = table.numbers("max"), table.numbers("min"), table.numbers("norm")
     prefix = f"grad/rank{rank}"
     finite_max, finite_min = _finite(maxima), _finite(minima)
     metrics = {
@@ -84,13 +75,13 @@ def step_metrics(table: SummaryTable, rank: int, param_patterns: tuple[str, ...]
                                                 for values in zip(maxima, minima, norms))),
         f"{prefix}/params": float(len(table.rows)),
     }
-    bucket_columns = [h for h in table.header if h.startswith("(") or h == "=0"]
+    bucket_columns = [h for h in table.header if h.startswith("(") or h == ZERO_COLUMN]
     if bucket_columns:
-        numels = _numels(table)
+        numels = [math.prod(shape) for shape in table.shapes()]
         total = sum(numels)
-        for column in bucket_columns:
-            counts = (round(f * n) for f, n in zip(_floats(table, column), numels))
-            metrics[metric_key(prefix, bucket_metric_name(column))] = sum(counts) / total if total else 0.0
+        for column, name in zip(bucket_columns, bucket_metric_names(bucket_columns)):
+            counts = (round(f * n) for f, n in zip(table.numbers(column), numels))
+            metrics[metric_key(prefix, name)] = sum(counts) / total if total else 0.0
     if param_patterns:
         for name, high, low, norm in zip(table.column("param_name"), maxima, minima, norms):
             if any(fnmatch.fnmatchcase(name, pattern) for pattern in param_patterns):

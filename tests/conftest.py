@@ -1,16 +1,43 @@
-"""What every test process needs: MindSpore's launch blocking, and MLflow stores that leave no trace."""
+"""What every test process needs: MindSpore's launch blocking (where MindSpore is installed), a temporary working
+folder, and MLflow stores that leave no trace."""
+import importlib.util
 import os
 import uuid
 
-import mindspore
 import mlflow
 import pytest
 
-# An op without a kernel on this CPU leaves the next ops failing too unless launch blocking was switched on
-# before the process's first MindSpore op; the API checker switches it on, but only the first call counts.
-mindspore.runtime.launch_blocking()
+if importlib.util.find_spec("mindspore") is not None:
+    import mindspore
+
+    # An op without a kernel on this CPU leaves the next ops failing too unless launch blocking was switched on
+    # before the process's first MindSpore op; the API checker switches it on, but only the first call counts.
+    mindspore.runtime.launch_blocking()
+else:  # the torch-only stage (scripts/test-torch-only, `pip install ".[torch]"`): the monitor's MindSpore tests skip
+    # themselves; the API checker (it replays MindSpore calls) and the deployment tests (the `server` extra) run in
+    # the first stage only
+    collect_ignore_glob = ["test_api_check_*.py", "test_topology.py", "test_topology_s3.py"]
 
 MLFLOW_ENVIRONMENT = ("MLFLOW_TRACKING_URI", "MLFLOW_EXPERIMENT_ID", "MLFLOW_EXPERIMENT_NAME", "MLFLOW_RUN_ID")
+
+
+@pytest.fixture(scope="session", autouse=True)
+def temporary_working_folder_for_fixtures(tmp_path_factory):
+    """Module and session fixtures run before a test enters its own folder (below): they work in a temporary one
+    too. This matters most for MLflow, which resolves a SQLite store's default artifact root (``./mlruns``) once,
+    when the store is first used in the process."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.chdir(tmp_path_factory.mktemp("working_folder"))
+        yield
+
+
+@pytest.fixture(autouse=True)
+def temporary_working_folder(tmp_path, monkeypatch):
+    """Every test, and every process it starts, works in its own temporary folder: what MLflow writes relative to
+    the working folder (``./mlruns`` for an experiment created without an artifact location, the Default
+    experiment's artifacts, ``./mlflow.db`` without a tracking URI) and the tools' defaults (``./msprobe_dump``)
+    never land in the clone."""
+    monkeypatch.chdir(tmp_path)
 
 
 @pytest.fixture(autouse=True)

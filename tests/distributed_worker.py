@@ -3,9 +3,10 @@
 Rank 0 starts the run (``--run-name``) and prints ``RUN_ID <id>``; every rank calls ``monitor()`` and so logs into
 rank 0's run. ``--perturb-from S`` scales the inputs of every rank from step S on, so gradient directions
 change from that step: the comparator must name it. ``--die-at S`` makes rank 1 exit abruptly at step S (the
-ranks then train without DDP, so the survivor is not stuck in an all-reduce with a dead peer). ``--pause-at S
---resume-file F`` makes every rank wait before step S until file F exists (a test breaks something meanwhile);
-a run that cannot be ended (tracking server down) is reported on stderr, as the job's last line of work.
+ranks then train without DDP, so the survivor is not stuck in an all-reduce with a dead peer). ``--ranks R ...``
+is the config's rank filter. ``--pause-at S --resume-file F`` makes every rank wait before step S until file F
+exists (a test breaks something meanwhile); a run that cannot be ended (tracking server down) is reported on
+stderr, as the job's last line of work.
 """
 from __future__ import annotations
 
@@ -33,6 +34,7 @@ def main() -> None:
     parser.add_argument("--die-at", type=int, default=None)
     parser.add_argument("--pause-at", type=int, default=None)
     parser.add_argument("--resume-file", default=None)
+    parser.add_argument("--ranks", type=int, nargs="*", default=[], help="the config's rank filter")
     args = parser.parse_args()
 
     dist.init_process_group("gloo")
@@ -43,7 +45,8 @@ def main() -> None:
         model = torch.nn.parallel.DistributedDataParallel(model)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
     run = mlflow.start_run(run_name=args.run_name) if rank == 0 else None
-    monitor = GradientMonitor(GradProbeConfig(dump_path=args.dump, level=args.level)).monitor(model, optimizer)
+    config = GradProbeConfig(dump_path=args.dump, level=args.level, rank=args.ranks)
+    monitor = GradientMonitor(config).monitor(model, optimizer)
     if rank == 0:
         print("RUN_ID", run.info.run_id, flush=True)
     generator = torch.Generator().manual_seed(100 + rank)

@@ -39,14 +39,17 @@ def free_port() -> int:
 
 
 class MlflowServer:
-    """``mlflow server --workers 1`` with proxied artifacts; ``backend_uri`` defaults to SQLite in ``folder``."""
+    """``mlflow server --workers 1`` with proxied artifacts; ``backend_uri`` defaults to SQLite in ``folder``, the
+    artifacts' destination to ``folder/artifacts`` (an ``s3://`` URI works with ``MLFLOW_S3_ENDPOINT_URL`` in
+    ``env``)."""
 
     def __init__(self, folder: Path, backend_uri: str | None = None, extra_args: list[str] = (),
-                 env: dict[str, str] | None = None):
+                 env: dict[str, str] | None = None, artifacts_destination: str | None = None):
         self.folder = Path(folder)
         self.folder.mkdir(parents=True, exist_ok=True)
         self.port = free_port()
         self.backend_uri = backend_uri or f"sqlite:///{self.folder / 'server.db'}"
+        self.artifacts_destination = artifacts_destination or str(self.folder / "artifacts")
         self.extra_args = list(extra_args)
         self.env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false", **(env or {})}
         self.process: subprocess.Popen | None = None
@@ -58,7 +61,7 @@ class MlflowServer:
     def start(self, timeout: float = 120) -> "MlflowServer":
         command = [sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(self.port),
                    "--workers", "1", "--backend-store-uri", self.backend_uri, "--serve-artifacts",
-                   "--artifacts-destination", str(self.folder / "artifacts"), *self.extra_args]
+                   "--artifacts-destination", self.artifacts_destination, *self.extra_args]
         self.log = open(self.folder / "server.log", "ab")
         self.process = subprocess.Popen(command, stdout=self.log, stderr=subprocess.STDOUT, env=self.env,
                                         start_new_session=True)

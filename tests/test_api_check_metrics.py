@@ -1,4 +1,5 @@
-"""API checker metrics and verdict (FORMATS.md section 6), on arrays small enough to work out by hand."""
+"""API checker metrics and verdict (docs/api_check.md, "Metrics and verdict"), on arrays small enough to work out
+by hand."""
 import math
 
 import numpy as np
@@ -72,9 +73,37 @@ def test_max_relative_err_does_not_decide():
     assert result.status == "pass"
 
 
-def test_nan_output_fails():
+def test_non_finite_values_at_the_same_positions_with_the_same_signs_pass_and_the_finite_ones_are_measured():
+    bench = np.array([np.inf, 1.0, -np.inf, np.nan, 2.0])
+    tested = np.array([np.inf, 1.0005, -np.inf, np.nan, 2.0])
+    result = compare_arrays(bench, tested, Thresholds())
+    # the finite elements: bench [1, 2], tested [1.0005, 2]
+    cosine = (1e-8 + 1.0005 + 4) / (1e-8 + math.sqrt(5) * math.sqrt(1.0005 ** 2 + 4))
+    assert (result.status, result.message) == ("pass", "")
+    assert (result.cosine, result.max_abs_err, result.max_relative_err) == pytest.approx((cosine, 0.0005, 0.0005),
+                                                                                         rel=1e-12)
+
+
+def test_outputs_that_are_all_non_finite_and_identical_pass_as_empty_ones_do():
+    result = compare_arrays(np.array([np.inf, np.nan]), np.array([np.inf, np.nan]), Thresholds())
+    assert (result.cosine, result.max_abs_err, result.max_relative_err, result.status) == (1.0, 0.0, 0.0, "pass")
+
+
+@pytest.mark.parametrize("tested, found", [([-np.inf, 1.0], "bench inf, tested -inf"),
+                                           ([np.nan, 1.0], "bench inf, tested nan"),
+                                           ([3.0, 1.0], "bench inf, tested 3.0")])
+def test_a_non_finite_value_that_differs_in_position_or_sign_fails_naming_the_first(tested, found):
+    result = compare_arrays(np.array([np.inf, 1.0]), np.array(tested), Thresholds())
+    assert result.status == "error"
+    assert result.message == f"non-finite values differ at 1 of 2 elements (the first at flat index 0: {found})"
+    assert (result.cosine, result.max_abs_err) == (pytest.approx(1.0), 0.0)  # the finite element agrees
+
+
+def test_nan_where_the_benchmark_is_finite_fails():
     result = compare_arrays(np.array([1.0, 2.0]), np.array([1.0, np.nan]), Thresholds())
-    assert result.status == "error" and math.isnan(result.max_abs_err)
+    assert result.status == "error"
+    assert result.message == "non-finite values differ at 1 of 2 elements (the first at flat index 1: bench 2.0, " \
+                             "tested nan)"
 
 
 @pytest.mark.parametrize("bench, tested", [(np.zeros((2, 3)), np.zeros((3, 2))), (None, np.zeros(2)),

@@ -66,14 +66,19 @@ def test_empty_tensor_may_have_null_statistics(tmp_path):
     assert call.forward_problem is None and call.forward.args[0].numel == 0
 
 
-def test_infinite_statistics_are_kept_and_clipped_when_regenerated(tmp_path):
+def test_infinite_statistics_are_kept_and_replayed(tmp_path):
+    """Max = Infinity: the first element is +inf; Min = -Infinity: the last is -inf. Nothing is known of the finite
+    elements but the finite bound, so they take it (0 when neither bound is finite)."""
+    inf = math.inf
     path = write_dump(tmp_path, {"Mint.abs.0.forward": {"input_args": [
-        tensor(maximum=math.inf, minimum=-math.inf), tensor("Float16", maximum=math.inf, minimum=0.0)]}})
-    float32, float16 = calls_by_name(path)["Mint.abs.0"].forward.args
-    assert (float32.maximum, float32.minimum) == (math.inf, -math.inf)
-    values32, values16 = regenerate(float32), regenerate(float16)
-    assert np.isfinite(values32).all() and np.abs(values32).max() <= np.finfo(np.float32).max
-    assert np.isfinite(values16).all() and values16.max() <= 65504 and values16.min() >= 0
+        tensor(maximum=inf, minimum=-inf), tensor("Float16", maximum=inf, minimum=0.5),
+        tensor("BFloat16", maximum=2.0, minimum=-inf), tensor(maximum=-inf, minimum=-inf)]}})
+    both, high, low, all_negative = calls_by_name(path)["Mint.abs.0"].forward.args
+    assert (both.maximum, both.minimum) == (inf, -inf)
+    np.testing.assert_array_equal(regenerate(both), [[inf, 0, 0], [0, 0, -inf]])
+    np.testing.assert_array_equal(regenerate(high), [[inf, 0.5, 0.5], [0.5, 0.5, 0.5]])
+    np.testing.assert_array_equal(regenerate(low), [[2, 2, 2], [2, 2, -inf]])
+    np.testing.assert_array_equal(regenerate(all_negative), np.full((2, 3), -inf))
 
 
 def test_regeneration_is_uniform_between_min_and_max_with_seed_42():
@@ -91,6 +96,7 @@ def test_regeneration_is_uniform_between_min_and_max_with_seed_42():
     (tensor(maximum=None), "input_args[0].Max", "null only for empty tensors"),
     (tensor(maximum="big"), "input_args[0].Max", "a number, Infinity"),
     (tensor(maximum=math.nan), "input_args[0].Max", "a number, Infinity"),
+    (tensor(dtype="Int64", maximum=math.inf, minimum=0), "input_args[0].Max", "a finite number for an Int64 tensor"),
     (tensor(maximum=-2.0, minimum=1.0), "input_args[0].Min", "not above Max"),
     ({"type": "numpy.ndarray", "value": 1}, "input_args[0].type", "mindspore.Tensor"),
     ({"type": "int", "value": "3"}, "input_args[0].value", "an integer"),

@@ -14,7 +14,7 @@ from msprobe_mlflow.api_check import check_api_accuracy
 from msprobe_mlflow.dump import read_csv
 
 
-# --- the expectation, computed here from FORMATS.md section 6 ------------------------------------------------------
+# --- the expectation, computed here from docs/api_check.md, "Metrics and verdict" -------------------------------------
 
 def hand_metrics(bench: np.ndarray, tested: np.ndarray) -> tuple[float, float, float]:
     b, t = bench.astype(np.float64).ravel(), tested.astype(np.float64).ravel()
@@ -187,6 +187,89 @@ def test_kernel_missing_on_this_cpu_is_a_skip_that_does_not_poison_the_next_op(s
     assert results["Mint.add.1"].status == "pass"
 
 
+# --- 0-d tensors: every reduced loss's output, so every loss function's backward input ------------------------------
+
+LOSSES = {  # the loss functions of mint.nn.functional with CPU kernels in MindSpore 2.10: (mint, torch, inputs)
+    "MintFunctional.smooth_l1_loss.0": (F("smooth_l1_loss"), torch.nn.functional.smooth_l1_loss,
+                                        [(-1, 1, (2, 3), np.float32), (0, 2, (2, 3), np.float32)]),
+    "MintFunctional.binary_cross_entropy.0": (F("binary_cross_entropy"), torch.nn.functional.binary_cross_entropy,
+                                              [(0.1, 0.9, (2, 3), np.float32), (0, 1, (2, 3), np.float32)]),
+    "MintFunctional.nll_loss.0": (F("nll_loss"), torch.nn.functional.nll_loss,
+                                  [(-2, 0, (2, 3), np.float32), (0, 3, (2,), np.int64)]),
+}
+DTYPE_NAMES = {np.float32: "Float32", np.int64: "Int64"}
+LOSS_SENSITIVITY = 0.25  # recorded as a 0-d tensor: shape [], Max = Min = 0.25
+
+
+@pytest.fixture(scope="module")
+def zero_d_report(tmp_path_factory):
+    data = {}
+    for name, (_, _, inputs) in LOSSES.items():
+        data[f"{name}.forward"] = {"input_args": [stat(shape, low, high, DTYPE_NAMES[dtype])
+                                                  for low, high, shape, dtype in inputs], "input_kwargs": {}}
+        data[f"{name}.backward"] = {"input": [stat((), LOSS_SENSITIVITY, LOSS_SENSITIVITY)]}
+    data["Mint.mul.0.forward"] = {"input_args": [stat((2, 3)), stat((), 2, 3)], "input_kwargs": {}}
+    data["Mint.mul.0.backward"] = {"input": [stat((2, 3))]}
+    folder = tmp_path_factory.mktemp("zero_d")
+    return check_api_accuracy(write_dump(folder, data), output_dir=folder / "out", log_to_mlflow=False)
+
+
+@pytest.mark.parametrize("name", list(LOSSES))
+def test_a_loss_output_and_its_backward_input_stay_0_d_in_both_frameworks(zero_d_report, name):
+    mint_function, torch_function, inputs = LOSSES[name]
+    values = [rebuilt(low, high, shape, dtype) for low, high, shape, dtype in inputs]
+    sensitivity = np.array(LOSS_SENSITIVITY, dtype=np.float32)
+    tested = mint_function(*map(mindspore.Tensor, values)).asnumpy()
+    bench = torch_function(*map(torch.from_numpy, values)).numpy()
+    rows = rows_by_name(zero_d_report)
+    forward = rows[f"{name}.forward.output.0"]
+    assert (forward.shape, forward.status) == ((), "pass")
+    assert (forward.cosine, forward.max_abs_err) == pytest.approx(hand_metrics(bench, tested)[:2], rel=1e-12,
+                                                                  abs=1e-15)
+    differentiable = [dtype == np.float32 for *_, dtype in inputs]
+    bench_grads = torch_gradients(torch_function, values, {}, sensitivity, differentiable)
+    tested_grads = [grad for grad, flag in zip(mindspore_gradients(mint_function, values, {}, sensitivity),
+                                               differentiable) if flag]
+    assert len(bench_grads) == len(tested_grads) == sum(differentiable)
+    for i, (b, t) in enumerate(zip(bench_grads, tested_grads)):
+        row = rows[f"{name}.backward.output.{i}"]
+        assert (row.shape, row.status) == (b.shape, "pass")
+        assert (row.cosine, row.max_abs_err) == pytest.approx(hand_metrics(b, t)[:2], rel=1e-12, abs=1e-15)
+
+
+def test_a_0_d_input_stays_0_d_and_gets_a_0_d_gradient(zero_d_report):
+    rows = rows_by_name(zero_d_report)
+    assert rows["Mint.mul.0.forward.output.0"].shape == (2, 3)
+    assert rows["Mint.mul.0.backward.output.1"].shape == ()  # d(x * s)/ds = sum(sensitivity * x), a 0-d tensor
+    assert all(rows[name].status == "pass" for name in rows if name.startswith("Mint.mul.0"))
+
+
+# --- non-finite inputs: replayed, and compared exactly -------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def infinite_report(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("infinite")
+    data = {"Mint.exp.0.forward": {"input_args": [stat((2, 3), -1, math.inf)], "input_kwargs": {}},
+            "Mint.exp.0.backward": {"input": [stat((2, 3))]}}
+    return check_api_accuracy(write_dump(folder, data), output_dir=folder / "out", log_to_mlflow=False)
+
+
+def test_a_recorded_infinity_reaches_both_frameworks_and_the_finite_elements_are_measured(infinite_report):
+    x = np.array([math.inf, -1, -1, -1, -1, -1], dtype=np.float32).reshape(2, 3)
+    sensitivity = rebuilt(-1, 1, (2, 3))
+    tested = mint.exp(mindspore.Tensor(x)).asnumpy()
+    bench = torch.exp(torch.from_numpy(x)).numpy()
+    assert bench[0, 0] == tested[0, 0] == math.inf  # exp(inf): what the real run saw
+    finite = np.isfinite(bench)
+    rows = rows_by_name(infinite_report)
+    forward = rows["Mint.exp.0.forward.output.0"]
+    assert forward.status == "pass"
+    assert (forward.cosine, forward.max_abs_err) == pytest.approx(hand_metrics(bench[finite], tested[finite])[:2],
+                                                                  rel=1e-12, abs=1e-15)
+    backward = rows["Mint.exp.0.backward.output.0"]  # sensitivity * exp(x): -inf where the sensitivity is negative
+    assert sensitivity[0, 0] < 0 and backward.status == "pass"
+
+
 # --- tensor task: recorded outputs against torch --------------------------------------------------------------------
 
 def npy(folder, name, values):
@@ -198,6 +281,35 @@ def recorded(folder, name, values, dtype="Float32"):
     values = np.asarray(values)
     return {"type": "mindspore.Tensor", "dtype": dtype, "shape": list(values.shape),
             "data_name": npy(folder, f"{name}.npy", values)}
+
+
+LOSS_X, LOSS_Y = np.array([[0.5, -1.5, 2.0], [0.1, 0.0, -0.3]]), np.array([[0.0, 0.0, 0.5], [0.6, -0.2, 0.4]])
+
+
+def smooth_l1(x, y):
+    """torch's smooth_l1_loss (beta 1, mean), in float64: 0.5 d^2 where |d| < 1, |d| - 0.5 elsewhere."""
+    d = np.abs(x - y)
+    return np.where(d < 1, 0.5 * d ** 2, d - 0.5).mean()
+
+
+def smooth_l1_gradient(x, y, sensitivity=LOSS_SENSITIVITY):
+    """d smooth_l1 / dx times the sensitivity: d where |d| < 1, sign(d) elsewhere, over the element count."""
+    d = x - y
+    return sensitivity * np.where(np.abs(d) < 1, d, np.sign(d)) / d.size
+
+
+NLL_X, NLL_TARGET = np.array([[-0.5, -1.0, -2.0], [-1.5, -0.2, -0.7]]), np.array([0, 2])
+
+
+def nll(x, target):
+    """torch's nll_loss (mean): minus the mean of each row's value at its target."""
+    return -x[np.arange(len(target)), target].mean()
+
+
+def nll_gradient(x, target, sensitivity=LOSS_SENSITIVITY):
+    gradient = np.zeros_like(x)
+    gradient[np.arange(len(target)), target] = -sensitivity / len(target)
+    return gradient
 
 
 @pytest.fixture(scope="module")
@@ -231,6 +343,31 @@ def tensor_report(tmp_path_factory):
                                "input_kwargs": {}, "output": [t("m1o", f32([4, 10, 18]))]},
         "Mint.mul.1.backward": {"input": [t("m1s", f32([1, 1, 1]))],
                                 "output": [t("m1g0", f32([4, 5, 6])), t("m1g1", np.zeros(3, np.int64), "Int64")]},
+        # a reduced loss: 0-d output, 0-d sensitivity; the recorded values are the numpy formula's
+        "MintFunctional.smooth_l1_loss.0.forward": {"input_args": [t("l0x", f32(LOSS_X)), t("l0y", f32(LOSS_Y))],
+                                                    "input_kwargs": {}, "output": [t("l0o", f32(smooth_l1(LOSS_X,
+                                                                                                          LOSS_Y)))]},
+        "MintFunctional.smooth_l1_loss.0.backward": {
+            "input": [t("l0s", f32(LOSS_SENSITIVITY))],
+            "output": [t("l0gx", f32(smooth_l1_gradient(LOSS_X, LOSS_Y))),
+                       t("l0gy", f32(-smooth_l1_gradient(LOSS_X, LOSS_Y)))]},
+        # backward output lists one gradient for two tensors: the Int64 target needs none
+        "MintFunctional.nll_loss.0.forward": {"input_args": [t("n0x", f32(NLL_X)), t("n0t", NLL_TARGET, "Int64")],
+                                              "input_kwargs": {}, "output": [t("n0o", f32(nll(NLL_X, NLL_TARGET)))]},
+        "MintFunctional.nll_loss.0.backward": {"input": [t("n0s", f32(LOSS_SENSITIVITY))],
+                                               "output": [t("n0g", f32(nll_gradient(NLL_X, NLL_TARGET)))]},
+        # null: the real run computed no gradient for the second input
+        "Mint.add.1.forward": {"input_args": [t("a1x", f32([1, 2])), t("a1y", f32([3, 4]))], "input_kwargs": {},
+                               "output": [t("a1o", f32([4, 6]))]},
+        "Mint.add.1.backward": {"input": [t("a1s", f32([1, 2]))], "output": [t("a1g0", f32([1, 2])), None]},
+        # ambiguous: a float tensor beyond the end of the list, a gradient beyond the last tensor
+        "Mint.mul.2.forward": {"input_args": [t("m2x", f32([1, 2, 3])), t("m2y", f32([2, 2, 2]))],
+                               "input_kwargs": {}, "output": [t("m2o", f32([2, 4, 6]))]},
+        "Mint.mul.2.backward": {"input": [t("m2s", f32([1, 1, 1]))], "output": [t("m2g0", f32([2, 2, 2]))]},
+        "Mint.exp.0.forward": {"input_args": [t("e0x", f32([0, 0]))], "input_kwargs": {},
+                               "output": [t("e0o", f32([1, 1]))]},
+        "Mint.exp.0.backward": {"input": [t("e0s", f32([1, 2]))],
+                                "output": [t("e0g", f32([1, 2])), t("e0z", f32([0, 0]))]},
         "Mint.neg.0.forward": {"input_args": [{"type": "mindspore.Tensor", "dtype": "Float32", "shape": [3],
                                                "data_name": "missing.npy"}], "output": []},
         "Mint.neg.1.forward": {"input_args": [{"type": "mindspore.Tensor", "dtype": "Float32", "shape": [1],
@@ -247,6 +384,15 @@ def test_recorded_outputs_and_gradients_that_match_torch_pass(tensor_report):
     rows = rows_by_name(tensor_report)
     for name in ("Mint.add.0.forward.output.0", "Mint.add.0.backward.output.0", "Mint.add.0.backward.output.1"):
         assert (rows[name].cosine, rows[name].max_abs_err, rows[name].status) == (pytest.approx(1.0), 0.0, "pass")
+
+
+def test_a_recorded_0_d_loss_and_its_0_d_sensitivity_match_the_numpy_formula(tensor_report):
+    rows = rows_by_name(tensor_report)
+    names = ["MintFunctional.smooth_l1_loss.0.forward.output.0", "MintFunctional.smooth_l1_loss.0.backward.output.0",
+             "MintFunctional.smooth_l1_loss.0.backward.output.1"]
+    assert [(rows[name].shape, rows[name].status) for name in names] == [((), "pass"), ((2, 3), "pass"),
+                                                                          ((2, 3), "pass")]
+    assert all(rows[name].max_abs_err < 1e-6 for name in names)
 
 
 def test_backward_uses_the_recorded_sensitivity(tensor_report):
@@ -276,6 +422,35 @@ def test_tensor_task_int_and_bool_inputs_get_no_gradient_rows(tensor_report):
     assert [name for name in rows if name.startswith(("Mint.where.0.backward", "Mint.mul.1.backward"))] == [
         "Mint.where.0.backward.output.1", "Mint.where.0.backward.output.2", "Mint.mul.1.backward.output.0"]
     assert all(rows[name].status == "pass" for name in rows if name.startswith(("Mint.where.0", "Mint.mul.1")))
+
+
+def test_a_gradient_list_shorter_than_the_tensors_is_compared_by_position(tensor_report):
+    rows = rows_by_name(tensor_report)
+    nll_rows = [name for name in rows if name.startswith("MintFunctional.nll_loss.0.backward")]
+    assert nll_rows == ["MintFunctional.nll_loss.0.backward.output.0"]  # the Int64 target needs no gradient
+    assert rows[nll_rows[0]].status == "pass" and rows[nll_rows[0]].max_abs_err < 1e-6
+    assert next(r for r in tensor_report.results if r.name == "MintFunctional.nll_loss.0").status == "pass"
+
+
+def test_a_null_gradient_is_an_input_without_gradient_and_gets_no_row(tensor_report):
+    rows = rows_by_name(tensor_report)
+    assert [name for name in rows if name.startswith("Mint.add.1.backward")] == ["Mint.add.1.backward.output.0"]
+    assert next(r for r in tensor_report.results if r.name == "Mint.add.1").status == "pass"
+
+
+def test_an_ambiguous_gradient_list_is_an_error_naming_the_tensor_or_the_entry(tensor_report):
+    rows = rows_by_name(tensor_report)
+    assert rows["Mint.mul.2.backward.output.0"].status == "pass"  # listed, compared by position
+    unlisted = rows["Mint.mul.2.backward.output.1"]
+    assert unlisted.status == "error"
+    assert unlisted.message.startswith("Mint.mul.2.backward: output[1] is missing, the gradient of positional "
+                                       "tensor 1 (Float32 [3]); which tensor each listed gradient belongs to is "
+                                       "ambiguous")
+    assert rows["Mint.exp.0.backward.output.0"].status == "pass"
+    extra = rows["Mint.exp.0.backward.output.1"]
+    assert extra.status == "error"
+    assert extra.message.startswith("Mint.exp.0.backward: output[1] is a gradient, but the forward has only 1 "
+                                    "positional tensors; which tensor each listed gradient belongs to is ambiguous")
 
 
 @pytest.mark.parametrize("name, message", [

@@ -15,6 +15,7 @@ from mlflow.protos.databricks_pb2 import RESOURCE_DOES_NOT_EXIST
 
 from msprobe_mlflow.cli import main
 from msprobe_mlflow.commands.exit_codes import exit_code_for
+from test_compare_dumps import FLIPS, base_signs, write_ours
 
 REPO = Path(__file__).resolve().parents[1]
 API_INFO = REPO / "examples" / "mindspore_api_dump" / "tensor" / "api_info.json"
@@ -66,29 +67,69 @@ def test_upload_to_a_run_that_does_not_exist_exits_2_with_one_line_naming_the_ru
     assert sorted(p.name for p in tmp_path.iterdir()) == ["dump", "mlflow.db"]
 
 
-def test_an_unreachable_tracking_server_exits_1(tmp_path):
-    (tmp_path / "rank0").mkdir()
-    result = CliRunner().invoke(main, ["upload", str(tmp_path), "--run-id", "abc", "--tracking-uri",
-                                       f"http://127.0.0.1:{free_port()}"],
-                                env={"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0"})
-    assert result.exit_code == 1
-    assert result.stderr.startswith("msprobe-mlflow upload: error: API request to http://127.0.0.1:")
-    assert result.stderr.count("\n") == 1
+def cli(*arguments: str, cwd: Path, **environment: str) -> subprocess.CompletedProcess:
+    """``msprobe-mlflow ...`` in a fresh process, with MLflow's own retry settings left at their defaults: a command
+    hanging on a dead server fails here by running past the (generous) timeout."""
+    env = {name: value for name, value in os.environ.items() if not name.startswith("MLFLOW_HTTP_REQUEST_")}
+    return subprocess.run([sys.executable, "-m", "msprobe_mlflow", *arguments], cwd=cwd, capture_output=True,
+                          text=True, env={**env, **environment}, timeout=120)
 
 
-def test_comparing_a_run_on_an_unreachable_tracking_server_exits_1_not_as_a_mistyped_source():
-    result = CliRunner().invoke(main, ["compare", "run_a", "run_b", "--no-mlflow", "--tracking-uri",
-                                       f"http://127.0.0.1:{free_port()}"],
-                                env={"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0"})
-    assert result.exit_code == 1
-    assert result.stderr.startswith("msprobe-mlflow compare: error: API request to http://127.0.0.1:")
+@pytest.mark.parametrize("command, arguments", [
+    ("upload", ["dump", "--run-id", "0123456789abcdef0123456789abcdef"]),
+    ("upload", ["dump", "--experiment", "imports"]),  # a new run
+    ("compare", ["0123456789abcdef0123456789abcdef", "fedcba9876543210fedcba9876543210", "--no-mlflow"]),
+    ("compare", ["dump", "dump"]),  # two folders, the comparison run logged
+    ("api-check", [str(REPO / "examples/mindspore_api_dump/statistics/api_info.json"),
+                   "--output", "out"]),  # before any API runs, before the output folder is made
+])
+def test_an_unreachable_tracking_server_fails_at_once_exit_1_naming_the_uri_and_the_request(command, arguments,
+                                                                                            tmp_path):
+    (tmp_path / "dump" / "rank0").mkdir(parents=True)
+    uri = f"http://127.0.0.1:{free_port()}"
+    done = cli(command, *arguments, "--tracking-uri", uri, cwd=tmp_path)
+    assert done.returncode == 1, done.stderr
+    assert done.stderr == (f"msprobe-mlflow {command}: error: cannot reach the MLflow tracking server at {uri}: GET "
+                           f"{uri}/health (one try, 5 s timeout) failed: [Errno 111] Connection refused. Check the URI "
+                           f"(--tracking-uri, MLFLOW_TRACKING_URI) and that the server is running\n")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["dump"]
 
 
-def test_a_usage_error_is_one_line_and_exits_2(tmp_path):
-    result = CliRunner().invoke(main, ["upload", str(tmp_path / "missing")])
+def test_comparing_two_dumps_without_mlflow_never_asks_the_tracking_server(tmp_path):
+    signs = {step: base_signs(step) for step in FLIPS}
+    write_ours(tmp_path / "a", signs)
+    write_ours(tmp_path / "b", signs)
+    done = cli("compare", "a", "b", "--no-mlflow", "--no-plots", cwd=tmp_path,
+               MLFLOW_TRACKING_URI=f"http://127.0.0.1:{free_port()}")
+    assert done.returncode == 0, done.stderr
+    assert "rank 0: no suspicious step" in done.stdout
+
+
+@pytest.mark.parametrize("command, make, expected", [
+    ("upload", None, "DUMP_PATH = 'given': no such folder; expected a grad_probe dump folder"),
+    ("upload", "file", "DUMP_PATH = 'given' is a file, not a folder; expected a grad_probe dump folder"),
+    ("upload", "folder", "DUMP_PATH = 'given' holds no rank<N> folders; expected a grad_probe dump folder"),
+    ("compare", "file", "A = 'given' is a file, not a folder; expected a grad_probe dump folder"),
+])
+def test_a_dump_path_that_is_not_a_dump_says_what_is_there_and_what_is_expected(command, make, expected, tmp_path,
+                                                                                monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path}/mlflow.db")
+    if make == "file":
+        (tmp_path / "given").write_text("{}")
+    elif make == "folder":
+        (tmp_path / "given").mkdir()
+    result = CliRunner().invoke(main, [command, "given", *(["run_b"] if command == "compare" else [])])
     assert result.exit_code == 2
-    assert result.stderr == (f"msprobe-mlflow upload: error: Invalid value for 'DUMP_PATH': Directory "
-                             f"'{tmp_path / 'missing'}' does not exist.\n")
+    assert result.stderr == (f"msprobe-mlflow {command}: error: {expected} (holding rank0/grad_summary_0.csv, "
+                             f"rank0/step0/...)\n")
+    assert not (tmp_path / "mlflow.db").exists()  # refused before any store was opened
+
+
+def test_a_usage_error_is_one_line_and_exits_2():
+    result = CliRunner().invoke(main, ["compare", "run_a"])
+    assert result.exit_code == 2
+    assert result.stderr == "msprobe-mlflow compare: error: Missing argument 'B'.\n"
 
 
 @pytest.mark.parametrize("command, arguments", [("upload", ["{tmp_path}"]), ("compare", ["run_a", "run_b"]),
@@ -124,5 +165,5 @@ def test_help_shows_an_example_and_the_exit_codes(command):
     exit_codes = " ".join(lines[lines.index("Exit codes:") + 1:])
     for meaning in ("0  done", "1  operational failure: the tracking server cannot be reached", "2  bad input:",
                     "3  suspicious or failing result: compare --fail-on-suspicious found a suspicious step, "
-                    "api-check found an API that failed"):
+                    "api-check found an API whose status is error"):
         assert meaning in exit_codes

@@ -266,9 +266,15 @@ def missing_folder(a: Path, b: Path) -> str:
     return f"dump_b = {str(b)!r}: no such folder"
 
 
+def a_file_not_a_folder(a: Path, b: Path) -> str:
+    missing_folder(a, b)
+    b.write_text('{"verdict": "a file passed by mistake"}')
+    return f"dump_b = {str(b)!r} is a file, not a folder; expected a grad_probe dump folder"
+
+
 @pytest.mark.parametrize("damage", [corrupt_archive, non_boolean_npy, truncated_npy, shape_mismatch,
                                     empty_step_folder, l0_dump, no_common_rank, no_common_step,
-                                    no_common_parameter, not_a_dump, missing_folder])
+                                    no_common_parameter, not_a_dump, missing_folder, a_file_not_a_folder])
 def test_bad_input_names_the_problem_and_writes_nothing(dumps, tmp_path, damage):
     expected = damage(*dumps)
     with pytest.raises(ValueError) as raised:

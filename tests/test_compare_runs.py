@@ -13,9 +13,15 @@ from pathlib import Path
 import mlflow
 import pytest
 import torch
+from click.testing import CliRunner
 from mlflow.tracking import MlflowClient
+from mlflow.utils.validation import MAX_TAG_VAL_LENGTH
 
 from msprobe_mlflow import GradProbeConfig, compare_runs
+from msprobe_mlflow.compare.engine import DumpComparison, RankComparison
+from msprobe_mlflow.compare.verdict import RankVerdict, Verdict
+from msprobe_mlflow.tracking.comparison_run import ComparisonSource, log_comparison_run
+from msprobe_mlflow.cli import main
 from msprobe_mlflow.pytorch import GradientMonitor
 from mlflow_server import MlflowServer
 from test_compare_dumps import FLIPS, base_signs, flipped, write_msprobe_style, write_ours
@@ -86,10 +92,52 @@ def test_compare_runs_logs_metrics_tags_and_artifacts(hand_dumps, experiment_id)
     assert verdict["verdict"]["ranks"][0]["first_suspicious_step"] == 1
 
 
+def test_the_description_says_the_verdict_first_links_both_runs_and_keeps_the_table_aligned(hand_dumps,
+                                                                                             experiment_id):
+    run_a = log_dump_run(hand_dumps[0], experiment_id, "baseline")
+    run_b = log_dump_run(hand_dumps[1], experiment_id, "candidate")
+    result = compare_runs(run_a, run_b)
+    description = MlflowClient().get_run(result.run_id).data.tags["mlflow.note.content"]
+    lines = description.splitlines()
+    # step 1: fc.weight 15/15 -> 14/15, the summary 23/23 -> 22/23 (see test_compare_dumps)
+    assert lines[0] == ("**Suspicious**: the runs part at step 1 on rank 0 (summary 1.0000 -> 0.9565; "
+                        "fc.weight fell 1.0000 -> 0.9333)")
+    for side, name, run_id in (("A", "baseline", run_a), ("B", "candidate", run_b)):  # links within the MLflow UI
+        assert f"- {side}: [{name}](#/experiments/{experiment_id}/runs/{run_id}?workflowType=machine_learning) " \
+               f"`{run_id}`" in lines
+    fenced = description[description.index("```text\n") + 8:description.rindex("\n```")]
+    assert fenced.startswith(result.verdict.describe())
+    table = [line for line in fenced.splitlines() if line.startswith(("  step", "  summary"))]
+    assert table == ["  step            0        1        2", "  summary    1.0000   0.9565   0.6957"]
+
+
+def test_a_consistent_comparison_says_so_in_its_first_line(hand_dumps, tmp_path, experiment_id):
+    run_a = log_dump_run(hand_dumps[0], experiment_id, "baseline")
+    result = compare_runs(run_a, str(hand_dumps[0]))
+    description = MlflowClient().get_run(result.run_id).data.tags["mlflow.note.content"]
+    assert description.splitlines()[0] == ("**Consistent**: no suspicious step on 1 rank (first step below 0.97, "
+                                           "or a drop of more than 0.03)")
+    assert f"- B: `{hand_dumps[0].resolve()}`" in description.splitlines()
+
+
+def test_a_long_comparison_is_cut_to_fit_mlflows_limit_inside_its_fenced_block(store, experiment_id, tmp_path):
+    steps = list(range(3000))  # about 60 000 characters of printed table
+    rank = RankComparison(0, steps, ["w"], {"w": [(1, 1)] * len(steps)}, [(1, 1)] * len(steps))
+    comparison = DumpComparison(tmp_path / "a", tmp_path / "b", [rank], Verdict(0.97, 0.03, [RankVerdict(0)]))
+    sources = [ComparisonSource("a", folder=tmp_path / "a"), ComparisonSource("b", folder=tmp_path / "b")]
+    run_id, _ = log_comparison_run(MlflowClient(), comparison, sources, experiment=mlflow.get_experiment(
+        experiment_id).name)
+    description = MlflowClient().get_run(run_id).data.tags["mlflow.note.content"]
+    assert len(description) <= MAX_TAG_VAL_LENGTH
+    assert description.startswith("**Consistent**") and description.endswith("...\n```")
+    assert description.count("```") == 2
+
+
 def test_folder_and_run_mix_with_chosen_experiment_and_name(hand_dumps, experiment_id, tmp_path):
     msprobe_dump = write_msprobe_style(tmp_path / "msprobe", {step: base_signs(step) for step in FLIPS})
     run_b = log_dump_run(hand_dumps[1], experiment_id, "candidate")
-    target = f"comparisons-{uuid.uuid4().hex[:8]}"
+    target = f"comparisons-{uuid.uuid4().hex[:8]}"  # made here: one compare made would keep artifacts in ./mlruns
+    mlflow.create_experiment(target, artifact_location=str(tmp_path / "artifacts"))
     result = compare_runs(str(msprobe_dump), run_b, experiment=target, run_name="mine", output_dir=tmp_path / "out")
     run = MlflowClient().get_run(result.run_id)
     assert run.info.run_name == "mine"
@@ -113,6 +161,9 @@ def test_unusable_runs_are_refused_before_any_run_is_created(hand_dumps, experim
         compare_runs(good, empty.info.run_id)
     with pytest.raises(ValueError, match=r"B = 'no-such-run': no such folder, and no MLflow run with this ID"):
         compare_runs(good, "no-such-run")
+    (tmp_path / "verdict.json").write_text("{}")
+    with pytest.raises(ValueError, match=r"B = '.*verdict.json' is a file, not a folder; expected a grad_probe dump"):
+        compare_runs(good, str(tmp_path / "verdict.json"))
     with pytest.raises(ValueError, match=r"rank0: no step in both sources \(A has steps \[0, 1, 2\], B has \[7\]\)"):
         compare_runs(good, str(write_ours(tmp_path / "late", {7: base_signs(7)})))
     assert len(runs_in(experiment_id)) == before
@@ -189,7 +240,8 @@ def test_server_runs_download_only_the_common_steps_once(hand_dumps, tmp_path):
         cache = tmp_path / "cache"
         first = compare_runs(run_a, run_b, cache_dir=cache, plots=False)
         assert first.comparison.ranks[0].summary == pytest.approx(HAND_SUMMARY)
-        assert first.run_url() == f"{server.uri}/#/experiments/{experiment_id}/runs/{first.run_id}"
+        assert first.run_url() == f"{server.uri}/#/experiments/{experiment_id}/runs/{first.run_id}" \
+                                  "?workflowType=machine_learning"
         cached_a = cache / run_a / "grad_probe" / "rank0"
         assert sorted(p.name for p in cached_a.iterdir()) == [
             "grad_summary_0.csv", "grad_summary_1.csv", "grad_summary_2.csv", "step0", "step1", "step2"]
@@ -200,6 +252,58 @@ def test_server_runs_download_only_the_common_steps_once(hand_dumps, tmp_path):
         assert second.comparison.ranks[0].summary == first.comparison.ranks[0].summary
         assert [(p.stat().st_ino, p.stat().st_mtime_ns) for p in files] == stamps  # nothing fetched again
         assert sorted(p for p in cache.rglob("*") if p.is_file()) == files
+        cli_cache = tmp_path / "cli_cache"  # the command's --cache-dir
+        compare_cli(run_a, run_b, "--no-mlflow", "--no-plots", "--cache-dir", str(cli_cache), "--tracking-uri",
+                    server.uri)
+        assert sorted(p.relative_to(cli_cache) for p in cli_cache.rglob("*") if p.is_file()) == \
+            [p.relative_to(cache) for p in files]
     finally:
         mlflow.set_tracking_uri(previous)
         server.stop()
+
+
+# --- every option of the 'compare' command, in process (its other options are used in the tests above) ---------
+def compare_cli(*args: str):
+    result = CliRunner().invoke(main, ["compare", *args])
+    assert result.exit_code == 0, result.output
+    return result
+
+
+def test_cli_experiment_and_run_name_place_and_name_the_comparison_run(store, hand_dumps):
+    uri, _ = store
+    target = f"chosen-{uuid.uuid4().hex[:8]}"
+    result = compare_cli(*map(str, hand_dumps), "--experiment", target, "--run-name", "bf16 vs fp32", "--no-plots",
+                         "--tracking-uri", uri)
+    run_id = [line.split()[-1] for line in result.stdout.splitlines() if line.startswith("comparison run:")][0]
+    run = MlflowClient(uri).get_run(run_id)
+    assert run.info.run_name == "bf16 vs fp32"
+    assert run.info.experiment_id == MlflowClient(uri).get_experiment_by_name(target).experiment_id
+
+
+@pytest.mark.parametrize("options, verdict", [
+    # step 1: the summary falls 1 - 22/23 = 0.043 and fc.weight 1 - 14/15 = 0.067; step 2: fc.weight 5/15 more
+    ([], "rank 0: first suspicious step 1"),
+    (["--drop-threshold", "0.07"], "rank 0: first suspicious step 2"),
+])
+def test_cli_drop_threshold_decides_which_fall_is_suspicious(hand_dumps, options, verdict):
+    result = compare_cli(*map(str, hand_dumps), "--no-mlflow", "--no-plots", *options)
+    assert verdict in result.stdout
+
+
+@pytest.mark.parametrize("options, verdict", [
+    # step 0 with one of fc.weight's 15 elements flipped: fc.weight 14/15 = 0.933, summary 22/23 = 0.957
+    ([], "rank 0: first suspicious step 0"),
+    (["--first-threshold", "0.9"], "rank 0: no suspicious step"),
+])
+def test_cli_first_threshold_judges_the_first_compared_step(tmp_path, options, verdict):
+    a = {0: base_signs(0)}
+    dump_a = write_ours(tmp_path / "a", a)
+    dump_b = write_ours(tmp_path / "b", {0: flipped(a[0], {"fc.weight": [4]})})
+    result = compare_cli(str(dump_a), str(dump_b), "--no-mlflow", "--no-plots", *options)
+    assert verdict in result.stdout
+
+
+def test_cli_per_param_plots_draws_one_curve_per_parameter(hand_dumps, tmp_path):
+    compare_cli(*map(str, hand_dumps), "--no-mlflow", "--output", str(tmp_path / "out"), "--per-param-plots")
+    pictures = {p.name for p in (tmp_path / "out" / "rank0" / "similarities_picture").iterdir()}
+    assert {f"{name}_similarities.png" for name in ("fc.weight", "NA", "scale")} <= pictures

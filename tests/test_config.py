@@ -122,7 +122,6 @@ BAD_CASES = {
     "empty dump_path": (valid_config(dump_path=""), "dump_path", "''", "non-empty folder path"),
     "null dump_path": (valid_config(dump_path=None), "dump_path", "None", "non-empty folder path"),
     "unknown task": (valid_config(task="statistics"), "task", "'statistics'", '"grad_probe"'),
-    "missing task": ({"dump_path": "d"}, "task", "None", '"grad_probe"'),
     "unknown direction_format": (valid_config(direction_format="pt"), "direction_format", "'pt'", "packed, npy"),
     "grad_probe not an object": ({**valid_config(), "grad_probe": ["L1"]}, "grad_probe", "['L1']",
                                  "an object"),
@@ -152,3 +151,13 @@ def test_the_dataclass_validates_like_the_file():
         GradProbeConfig(dump_path="d", bounds=())
     with pytest.raises(ValueError, match=r"grad_probe\.grad_level = 'L9'"):
         GradProbeConfig(dump_path="d").replace(level="L9")
+
+
+def test_a_json_file_that_is_no_grad_probe_config_is_named_as_such(tmp_path):
+    """A comparison's verdict.json (no task key at all) passed where config.json belongs."""
+    path = write_config(tmp_path, {"verdict": {"suspicious": True}, "sources": ["a", "b"]}, name="verdict.json")
+    with pytest.raises(ValueError) as error:
+        GradProbeConfig.from_json(path)
+    assert str(error.value) == (f"{path}: no task key (top-level keys: sources, verdict); expected msprobe's "
+                                f"grad_probe config.json, with \"task\": \"grad_probe\" (the only task this tool "
+                                f"runs), \"dump_path\" and a \"grad_probe\" section")

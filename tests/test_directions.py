@@ -2,14 +2,15 @@
 bits, which are ``np.packbits(grad > 0)`` per parameter, each padded to a whole byte."""
 import json
 import math
+import tracemalloc
 import zipfile
 
 import numpy as np
 import pytest
 import torch
 
-from msprobe_mlflow.directions import (NAME_MAP_FILE_NAME, PACKED_FILE_NAME, read_npy_folder, read_packed,
-                                       read_step_directions, write_npy, write_packed)
+from msprobe_mlflow.directions import (MAX_METADATA_BYTES, NAME_MAP_FILE_NAME, PACKED_FILE_NAME, read_npy_folder,
+                                       read_packed, read_step_directions, write_npy, write_packed)
 from msprobe_mlflow.pytorch.statistics import pack_signs
 
 NAN, INF = float("nan"), float("inf")
@@ -153,8 +154,8 @@ def test_the_packed_archive_wins_when_a_step_folder_holds_both_forms(tmp_path):
     assert read_step_directions(tmp_path)["w"][1].tolist() == [0b11100000]
 
 
-def write_archive(path, **arrays):
-    with zipfile.ZipFile(path, "w") as archive:
+def write_archive(path, compression=zipfile.ZIP_STORED, **arrays):
+    with zipfile.ZipFile(path, "w", compression) as archive:
         for key, array in arrays.items():
             with archive.open(f"{key}.npy", "w") as f:
                 np.lib.format.write_array(f, np.asarray(array), allow_pickle=True)
@@ -235,3 +236,83 @@ def test_a_broken_name_map_is_refused_naming_it(tmp_path):
     (tmp_path / NAME_MAP_FILE_NAME).write_text("{not json")
     with pytest.raises(ValueError, match=f"{NAME_MAP_FILE_NAME}: not valid JSON"):
         read_npy_folder(tmp_path)
+
+
+# --- compressed archives: each member read only as far as the shapes allow (zip bombs) -----------------------
+BOMB_BYTES = 64 * 2**20  # zeros deflate about 1000:1, so this is a 64 KiB file
+
+
+def write_compressed_archive(path, bits_claimed: int, bits_held: int) -> None:
+    """GOOD_FIELDS deflated, but ``bits`` with a header claiming ``bits_claimed`` bytes followed by ``bits_held``
+    zero bytes, written a MiB at a time (never whole in memory)."""
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as archive:
+        for key, array in GOOD_FIELDS.items():
+            if key != "bits":
+                with archive.open(f"{key}.npy", "w") as f:
+                    np.lib.format.write_array(f, array)
+        with archive.open("bits.npy", "w", force_zip64=True) as f:
+            np.lib.format.write_array_header_1_0(f, {"descr": "|u1", "fortran_order": False, "shape": (bits_claimed,)})
+            for start in range(0, bits_held, 2**20):
+                f.write(bytes(min(2**20, bits_held - start)))
+
+
+def refusal_and_peak_memory(path, read=read_packed) -> tuple[str, int]:
+    """The message ``read(path)`` is refused with, and the most memory Python and numpy held meanwhile (numpy
+    reports its buffers to tracemalloc)."""
+    tracemalloc.start()
+    try:
+        with pytest.raises(ValueError) as error:
+            read(path)
+    finally:
+        peak = tracemalloc.get_traced_memory()[1]
+        tracemalloc.stop()
+    return str(error.value), peak
+
+
+def test_a_compressed_archive_reads_like_the_stored_one(tmp_path):
+    path = tmp_path / PACKED_FILE_NAME
+    write_archive(path, zipfile.ZIP_DEFLATED, **GOOD_FIELDS)
+    shape, bits = read_packed(path)["w"]
+    assert shape == (9,) and bits.tolist() == [255, 128]
+
+
+@pytest.mark.parametrize("claimed, held, message", [
+    (BOMB_BYTES, BOMB_BYTES, f"field bits claims {BOMB_BYTES} bytes, the shapes need 2"),
+    (2, 2 + BOMB_BYTES, "field bits holds more bytes than its shape [2] needs"),
+])
+def test_a_compressed_bits_field_larger_than_the_shapes_need_is_refused_without_inflating_it(
+        tmp_path, claimed, held, message):
+    path = tmp_path / PACKED_FILE_NAME
+    write_compressed_archive(path, claimed, held)
+    assert path.stat().st_size < BOMB_BYTES / 100
+    refusal, peak = refusal_and_peak_memory(path)
+    assert refusal == f"{path}: {message}"
+    assert peak < 4 * 2**20
+
+
+def test_a_compressed_names_field_claiming_more_than_metadata_may_hold_is_refused_before_reading(tmp_path):
+    path = tmp_path / PACKED_FILE_NAME
+    claimed_names = MAX_METADATA_BYTES // 4 + 1  # '<U1': 4 bytes a name
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as archive:
+        for key, array in GOOD_FIELDS.items():
+            with archive.open(f"{key}.npy", "w") as f:
+                if key == "names":
+                    np.lib.format.write_array_header_1_0(
+                        f, {"descr": "<U1", "fortran_order": False, "shape": (claimed_names,)})
+                else:
+                    np.lib.format.write_array(f, array)
+    refusal, peak = refusal_and_peak_memory(path)
+    assert refusal == (f"{path}: field names claims {claimed_names * 4} bytes, more than the {MAX_METADATA_BYTES} "
+                       f"a field of names, ndims or dims may hold")
+    assert peak < 4 * 2**20
+
+
+def test_an_npy_whose_header_claims_more_than_the_file_holds_is_refused_before_anything_is_allocated(tmp_path):
+    path = tmp_path / "w.npy"
+    with open(path, "wb") as f:  # a header claiming a billion elements, ten bytes of data: numpy would allocate 1 GB
+        np.lib.format.write_array_header_1_0(f, {"descr": "|b1", "fortran_order": False, "shape": (10**9,)})
+        f.write(bytes(10))
+    refusal, peak = refusal_and_peak_memory(tmp_path, read_npy_folder)
+    assert refusal == (f"{path}: not a readable .npy file (it holds 10 data bytes, its header's shape [1000000000] "
+                       f"needs 1000000000)")
+    assert peak < 4 * 2**20

@@ -5,10 +5,11 @@ from __future__ import annotations
 import csv
 import json
 
-import mindspore as ms
 import numpy as np
 import pytest
-from mindspore import Tensor, nn, ops
+
+ms = pytest.importorskip("mindspore", reason="MindSpore is not installed (the torch-only stage)")
+from mindspore import Tensor, nn, ops  # noqa: E402
 
 from msprobe_mlflow import GradProbeConfig, compare_dumps
 from msprobe_mlflow.dump import findings_dir

@@ -13,11 +13,11 @@ from pathlib import Path
 
 from types import SimpleNamespace
 
-import mindspore as ms
-
 import numpy as np
 import pytest
-from mindspore import Parameter, Tensor, mint, nn, ops
+
+ms = pytest.importorskip("mindspore", reason="MindSpore is not installed (the torch-only stage)")
+from mindspore import Parameter, Tensor, mint, nn, ops  # noqa: E402
 
 from gradient_expectations import EXPECTED_L1, EXPECTED_L2
 from msprobe_mlflow.config import GradProbeConfig

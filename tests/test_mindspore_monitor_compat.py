@@ -7,13 +7,14 @@ import sys
 import uuid
 from pathlib import Path
 
-import mindspore as ms
 import mlflow
 import numpy as np
 import pytest
 import torch
-from mindspore import Tensor, nn
 from mlflow.tracking import MlflowClient
+
+ms = pytest.importorskip("mindspore", reason="MindSpore is not installed (the torch-only stage)")
+from mindspore import Tensor, nn  # noqa: E402
 
 from msprobe_mlflow.config import GradProbeConfig
 from msprobe_mlflow.dump import read_summary

@@ -2,6 +2,8 @@
 runs that always end."""
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 from mlflow.entities import Metric
@@ -10,6 +12,7 @@ from mlflow.utils.validation import MAX_METRICS_PER_BATCH, MAX_PARAM_VAL_LENGTH,
 
 from msprobe_mlflow.config import GradProbeConfig
 from msprobe_mlflow.pytorch import GradientMonitor
+from msprobe_mlflow.tracking.experiments import experiment_id_for, run_page_url
 from msprobe_mlflow.tracking.runs import created_run, log_batched, param, tag
 from msprobe_mlflow.tracking.upload import upload_dump
 
@@ -54,9 +57,8 @@ def test_a_created_run_ends_finished_or_failed_when_its_work_raises(store):
     assert client.get_run(failed).info.status == "FAILED"
 
 
-def test_upload_into_a_new_run_leaves_it_finished(store, tmp_path):
-    client, experiment_id = store
-    dump = tmp_path / "dump"
+def two_step_dump(dump: Path) -> Path:
+    """A local L1 dump of two steps, nothing logged."""
     monitor = GradientMonitor(GradProbeConfig(dump_path=str(dump), level="L1"), log_to_mlflow=False)
     model = torch.nn.Linear(2, 2)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
@@ -65,8 +67,41 @@ def test_upload_into_a_new_run_leaves_it_finished(store, tmp_path):
         model(torch.ones(1, 2)).sum().backward()
         optimizer.step()
     monitor.stop()
+    return dump
+
+
+def test_upload_into_a_new_run_leaves_it_finished(store, tmp_path):
+    client, experiment_id = store
     experiment = client.get_experiment(experiment_id).name
-    report = upload_dump(dump, experiment=experiment, tracking_uri=client.tracking_uri)
+    report = upload_dump(two_step_dump(tmp_path / "dump"), experiment=experiment, tracking_uri=client.tracking_uri)
     run = client.get_run(report.run_id)
     assert run.info.status == "FINISHED"
     assert [m.step for m in client.get_metric_history(report.run_id, "grad/rank0/total_norm")] == [0, 1]
+
+
+def test_an_experiment_this_tool_creates_opens_in_the_model_training_view(store, tmp_path, monkeypatch):
+    client, existing = store
+    monkeypatch.chdir(tmp_path)  # a new experiment's default artifact location is under the working folder
+    created = experiment_id_for(client, "made-by-msprobe-mlflow")
+    # what MLflow's own UI writes when a user picks "Machine learning" as the experiment type
+    assert client.get_experiment(created).tags["mlflow.experimentKind"] == "custom_model_development"
+    assert experiment_id_for(client, "runs") == existing  # a user's experiment is found, left as it is
+    assert "mlflow.experimentKind" not in client.get_experiment(existing).tags
+
+
+def test_links_to_a_run_open_the_ui_in_its_model_training_view():
+    # MLflow 3.9+ chooses the view by a workflow switch, which this query parameter of the page's route sets
+    assert run_page_url("http://mlflow:5000/", "3", "abc") == \
+        "http://mlflow:5000/#/experiments/3/runs/abc?workflowType=machine_learning"
+
+
+def test_upload_into_a_new_run_that_fails_midway_leaves_it_failed(store, tmp_path):
+    """The experiment's artifact location is a file: the run and its metrics are created, the first file is not."""
+    client, _ = store
+    (tmp_path / "a_file").write_text("")
+    experiment_id = client.create_experiment("unwritable", artifact_location=(tmp_path / "a_file").as_uri())
+    with pytest.raises(OSError):
+        upload_dump(two_step_dump(tmp_path / "dump"), experiment="unwritable", tracking_uri=client.tracking_uri)
+    [run] = client.search_runs([experiment_id])
+    assert run.info.status == "FAILED"
+    assert run.info.run_name == "upload dump"

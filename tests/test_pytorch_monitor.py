@@ -5,7 +5,6 @@ import subprocess
 import sys
 import textwrap
 import threading
-import time
 
 from types import SimpleNamespace
 
@@ -17,6 +16,7 @@ from gradient_expectations import INF, NAN, ROUND_TO, assert_row, expected_row, 
 from msprobe_mlflow.config import GradProbeConfig
 from msprobe_mlflow.directions import read_step_directions
 from msprobe_mlflow.pytorch import GradientMonitor, PrecisionDebugger
+from msprobe_mlflow.session import ProbeSession
 
 
 # ---------------------------------------------------------------- models and steps
@@ -414,26 +414,37 @@ def test_monitor_called_twice_does_not_double_count(tmp_path):
     assert monitor.step == 4 and steps_written(tmp_path) == [0, 1, 2, 3]
 
 
-def test_stop_writes_what_is_pending_then_no_step_is_probed(tmp_path):
-    handled = []
+def released_at_close(monkeypatch) -> threading.Event:
+    """An event set as a session starts closing (``stop()``): a sink waiting on it keeps every step pending
+    until ``stop()`` is called."""
+    released, close = threading.Event(), ProbeSession.close
 
-    def slow_handler(record):
-        time.sleep(0.2)  # the disk (or MLflow) is slower than training: steps queue up
+    def close_releasing(session):
+        released.set()
+        close(session)
+    monkeypatch.setattr(ProbeSession, "close", close_releasing)
+    return released
+
+
+def test_stop_writes_what_is_pending_then_no_step_is_probed(tmp_path, monkeypatch):
+    released, handled = released_at_close(monkeypatch), []
+
+    def blocked_handler(record):
+        released.wait(60)  # the disk (or MLflow) is slower than training: steps queue up behind this one
         handled.append(record.step)
 
     model = TwoLayers()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     monitor = GradientMonitor(GradProbeConfig(dump_path=str(tmp_path), level="L1"), log_to_mlflow=False,
-                              sinks=[sink_calling(slow_handler)]).monitor(model, optimizer)
+                              sinks=[sink_calling(blocked_handler)]).monitor(model, optimizer)
     for _ in range(3):
         set_grads(model, random_grads(model, np.random.default_rng(9)))
         optimizer.step()
-    assert len(handled) < 3  # still pending when stop() is called
+    assert handled == []  # every step still pending
     monitor.stop()
     assert handled == [0, 1, 2] and steps_written(tmp_path) == [0, 1, 2]
     for _ in range(2):
-        optimizer.step()
-    time.sleep(0.1)
+        optimizer.step()  # not probed: the step count, kept on this thread, stays
     assert monitor.step == 3 and steps_written(tmp_path) == [0, 1, 2] and handled == [0, 1, 2]
     monitor.stop()  # a second stop is harmless
 
@@ -552,9 +563,11 @@ def test_a_failing_handler_is_reported_and_the_local_dump_is_complete(tmp_path):
     assert steps_written(tmp_path) == [0, 1, 2]
 
 
-def test_errors_stay_readable_after_stop_also_those_of_steps_still_pending_at_stop(tmp_path):
+def test_errors_stay_readable_after_stop_also_those_of_steps_still_pending_at_stop(tmp_path, monkeypatch):
+    released = released_at_close(monkeypatch)
+
     def broken_handler(record):
-        time.sleep(0.2)  # still pending when stop() is called
+        released.wait(60)  # still pending when stop() is called
         raise RuntimeError("always broken")
 
     model = TwoLayers()
@@ -562,6 +575,7 @@ def test_errors_stay_readable_after_stop_also_those_of_steps_still_pending_at_st
     monitor = GradientMonitor(GradProbeConfig(dump_path=str(tmp_path), level="L0"), log_to_mlflow=False,
                               sinks=[sink_calling(broken_handler)]).monitor(model, optimizer)
     optimizer.step()
+    assert monitor.errors == []  # the step is still pending
     with pytest.warns(UserWarning):
         monitor.stop()
     assert len(monitor.errors) == 1 and "always broken" in monitor.errors[0]
@@ -638,22 +652,24 @@ def test_on_cuda_the_optimizer_step_returns_while_the_gpu_is_still_busy(tmp_path
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     grads = []
 
-    def timed_step() -> float:
+    def step_returns_before_the_gpu_is_done() -> bool:
+        """Queues about a second of GPU work (a backward pass, say), steps, and tells whether that work was still
+        running when step() returned: a step that waited for the device finds it done."""
         grads.append(random_grads(model, np.random.default_rng(20 + len(grads))))
         set_grads(model, grads[-1])
         torch.cuda.synchronize()
-        started = time.perf_counter()
-        torch.cuda._sleep(2_000_000_000)  # about a second of GPU work queued ahead (a backward pass, say)
+        torch.cuda._sleep(2_000_000_000)
+        queued_work_done = torch.cuda.Event()
+        queued_work_done.record()
         optimizer.step()
-        return time.perf_counter() - started
+        return not queued_work_done.query()
 
-    timed_step()
-    assert timed_step() < 0.25  # SGD alone does not wait for the GPU
+    step_returns_before_the_gpu_is_done()
+    assert step_returns_before_the_gpu_is_done()  # SGD alone does not wait for the GPU
     monitor = start(tmp_path, model, optimizer, level="L2")
-    timed_step()  # warms the monitor's caches (kernels, pinned host memory)
-    stepped = timed_step()
+    step_returns_before_the_gpu_is_done()  # warms the monitor's caches (kernels, pinned host memory)
+    assert step_returns_before_the_gpu_is_done()
     monitor.stop()
-    assert stepped < 0.25, stepped
     header, rows = summary(tmp_path, 1)
     assert_row(rows["fc1.weight"], header, expected_row(grads[-1]["fc1.weight"], "L2"))  # monitored step 1
 
@@ -667,15 +683,22 @@ def run_python(code: str, cwd, timeout=120, env=None) -> subprocess.CompletedPro
 
 def test_interpreter_exit_writes_the_pending_steps(tmp_path):
     result = run_python(f"""
-        import time, torch
+        import threading, torch
         from types import SimpleNamespace
         from msprobe_mlflow.config import GradProbeConfig
         from msprobe_mlflow.pytorch import GradientMonitor
+        from msprobe_mlflow.session import ProbeSession
         model = torch.nn.Linear(3, 2)
         optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-        slow = SimpleNamespace(handle=lambda record: time.sleep(0.3), flush=lambda: None, close=lambda: None)
+        release = threading.Event()
+        blocked = SimpleNamespace(handle=lambda record: release.wait(60), flush=lambda: None, close=lambda: None)
+        close = ProbeSession.close
+        def close_releasing_the_sink(session):  # only closing the session lets steps 1..3 through
+            release.set()
+            close(session)
+        ProbeSession.close = close_releasing_the_sink
         GradientMonitor(GradProbeConfig(dump_path={str(tmp_path)!r}, level="L1"), log_to_mlflow=False,
-                        sinks=[slow]).monitor(model, optimizer)
+                        sinks=[blocked]).monitor(model, optimizer)
         for _ in range(4):
             model(torch.ones(1, 3)).sum().backward()
             optimizer.step()

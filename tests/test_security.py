@@ -20,7 +20,6 @@ from mlflow.entities import Run, RunData, RunInfo
 from mlflow.tracking import MlflowClient
 
 from msprobe_mlflow import GradProbeConfig
-from msprobe_mlflow.api_check.inputs import InputError, load
 from msprobe_mlflow.api_check.parser import read_api_info
 from msprobe_mlflow.compare.engine import compare_dumps
 from msprobe_mlflow.directions import read_step_directions
@@ -257,6 +256,9 @@ def test_a_data_name_with_a_nul_is_refused_naming_the_field(tmp_path):
 
 
 def test_an_over_long_data_name_stays_inside_and_fails_to_load_with_a_clear_error(tmp_path):
+    pytest.importorskip("mindspore", reason="loading inputs for the API checker needs MindSpore")
+    from msprobe_mlflow.api_check.inputs import InputError, load
+
     (tmp_path / "npy").mkdir()
     call = api_dump(tmp_path, "a" * 5000 + ".npy")
     [argument] = call.forward.args

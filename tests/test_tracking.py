@@ -1,6 +1,7 @@
 """MLflow tracking of the PyTorch gradient monitor, against a real SQLite store (and a real server)."""
 from __future__ import annotations
 
+import json
 import math
 import os
 import subprocess
@@ -13,10 +14,13 @@ import mlflow
 import numpy as np
 import pytest
 import torch
+from click.testing import CliRunner
 from mlflow.tracking import MlflowClient
 
 import msprobe_mlflow
+from gradient_expectations import read_rows
 from msprobe_mlflow import GradProbeConfig
+from msprobe_mlflow.cli import main
 from msprobe_mlflow.directions import read_packed
 from msprobe_mlflow.dump import write_csv
 from msprobe_mlflow.pytorch import GradientMonitor
@@ -65,7 +69,7 @@ def expected_summary(grads: dict[str, np.ndarray], bounds=(-1, 0, 1)) -> dict[st
     edges = np.float32(bounds).astype(np.float64)
     at_most = [(values <= b).sum() for b in edges]
     counts = np.diff([0, *at_most, values.size])
-    labels = ["-inf_to_-1", "-1_to_0", "0_to_1", "1_to_inf"]
+    labels = ["0 -inf lt g le -1", "1 -1 lt g le 0", "2 0 lt g le 1", "3 1 lt g lt inf"]  # (-inf, -1], ..., (1, inf)
     return {
         "total_norm": math.sqrt(sum(float(np.linalg.norm(g.astype(np.float64))) ** 2 for g in grads.values())),
         "max": values.max(), "min": values.min(), "zero_fraction": (values == 0).sum() / values.size,
@@ -249,5 +253,138 @@ def test_cli_upload_prints_the_run_and_rejects_a_folder_that_is_not_a_dump(track
     (tmp_path / "empty").mkdir()
     bad = subprocess.run([*command[:4], str(tmp_path / "empty")], capture_output=True, text=True, env=env, timeout=300)
     assert bad.returncode == 2
-    assert bad.stderr.startswith(f"msprobe-mlflow upload: error: dump path {str(tmp_path / 'empty')!r} holds no "
-                                 "rank<N> folder")
+    assert bad.stderr.startswith(f"msprobe-mlflow upload: error: DUMP_PATH = {str(tmp_path / 'empty')!r} holds no "
+                                 "rank<N> folders")
+
+
+def metric_values(client: MlflowClient, run_id: str, key: str) -> dict[int, float]:
+    """MLflow step -> value of one metric."""
+    return {m.step: m.value for m in client.get_metric_history(run_id, key)}
+
+
+def test_param_metrics_log_norm_max_min_of_the_matching_parameters_only(experiment, tmp_path):
+    model, captured = small_model(), []
+    with mlflow.start_run() as run:
+        with GradientMonitor(GradProbeConfig(dump_path=str(tmp_path / "dump")), param_metrics=["0.*"]) as monitor:
+            monitor.monitor(model)
+            train(model, 2, captured)
+    client = MlflowClient()
+    logged = {key for key in client.get_run(run.info.run_id).data.metrics if "/param/" in key}
+    assert logged == {f"grad/rank0/param/0.{name}/{statistic}" for name in ("weight", "bias")
+                      for statistic in ("norm", "max", "min")}
+    for name in ("0.weight", "0.bias"):
+        for statistic, compute in (("norm", lambda g: np.linalg.norm(g.astype(np.float64))), ("max", np.max),
+                                   ("min", np.min)):
+            values = metric_values(client, run.info.run_id, f"grad/rank0/param/{name}/{statistic}")
+            assert values == {step: pytest.approx(float(compute(grads[name])), rel=1e-6)
+                              for step, grads in enumerate(captured)}, (name, statistic)
+
+
+def test_log_every_n_steps_sends_every_nth_step_and_the_local_dump_keeps_all(experiment, tmp_path):
+    model = small_model()
+    with mlflow.start_run() as run:
+        with GradientMonitor(GradProbeConfig(dump_path=str(tmp_path / "dump")), log_every_n_steps=2) as monitor:
+            monitor.monitor(model)
+            train(model, 5)
+    client = MlflowClient()
+    assert [m.step for m in client.get_metric_history(run.info.run_id, "grad/rank0/total_norm")] == [0, 2, 4]
+    csv_artifacts = [i.path for i in client.list_artifacts(run.info.run_id, "grad_probe/rank0") if not i.is_dir]
+    assert csv_artifacts == [f"grad_probe/rank0/grad_summary_{s}.csv" for s in (0, 2, 4)]
+    assert sorted(p.name for p in (tmp_path / "dump" / "rank0").glob("*.csv")) == \
+        [f"grad_summary_{s}.csv" for s in range(5)]
+
+
+def test_without_an_active_run_MLFLOW_RUN_ID_names_the_run(experiment, tmp_path, monkeypatch):
+    target = MlflowClient().create_run(mlflow.get_experiment_by_name(experiment).experiment_id).info.run_id
+    monkeypatch.setenv("MLFLOW_RUN_ID", target)
+    model = small_model()
+    with GradientMonitor(GradProbeConfig(dump_path=str(tmp_path / "dump"))) as monitor:
+        monitor.monitor(model)
+        train(model, 2)
+        assert monitor.run_id == target
+    assert mlflow.active_run() is None
+    assert [m.step for m in MlflowClient().get_metric_history(target, "grad/rank0/total_norm")] == [0, 1]
+
+
+def test_the_run_holds_the_config_as_grad_probe_config_json_and_grad_probe_params(experiment, tmp_path):
+    config = GradProbeConfig(dump_path=str(tmp_path / "dump"), level="L2", bounds=(-0.5, 0, 0.5),
+                             param_list=("0.weight", "2.weight"), rank=(0,), step=(0, 1, 2))
+    model = small_model()
+    with mlflow.start_run() as run:
+        with GradientMonitor(config) as monitor:
+            monitor.monitor(model)
+            train(model, 1)
+    assert mlflow.artifacts.load_dict(f"runs:/{run.info.run_id}/grad_probe/config.json") == {
+        "task": "grad_probe", "dump_path": str(tmp_path / "dump"), "rank": [0], "step": [0, 1, 2],
+        "grad_probe": {"grad_level": "L2", "param_list": ["0.weight", "2.weight"], "bounds": [-0.5, 0, 0.5]},
+        "direction_format": "packed"}
+    assert MlflowClient().get_run(run.info.run_id).data.params == {
+        "grad_probe.level": "L2", "grad_probe.bounds": "[-0.5, 0, 0.5]",
+        "grad_probe.param_list": '["0.weight", "2.weight"]', "grad_probe.rank": "[0]",
+        "grad_probe.step": "[0, 1, 2]", "grad_probe.direction_format": "packed"}
+
+
+def test_params_counts_the_probed_parameters_and_nonfinite_params_those_with_nan_or_inf(experiment, tmp_path):
+    model = small_model()  # 0.weight, 0.bias, 2.weight, 2.bias
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.0)
+    layers = dict(model.named_parameters())
+    steps = [  # the gradients of each step, by hand, and (params, nonfinite_params) counted here
+        ({"0.weight": math.nan, "0.bias": 1.0, "2.weight": math.inf, "2.bias": -2.0}, (4, 2)),
+        ({"0.weight": 1.0, "0.bias": -math.inf, "2.weight": None, "2.bias": 0.5}, (3, 1)),  # None: not probed
+        ({"0.weight": 1.0, "0.bias": 1.0, "2.weight": 1.0, "2.bias": 1.0}, (4, 0)),
+    ]
+    with mlflow.start_run() as run:
+        with GradientMonitor(GradProbeConfig(dump_path=str(tmp_path / "dump")), silent=True) as monitor:
+            monitor.monitor(model, optimizer)
+            for grads, _ in steps:
+                for name, value in grads.items():
+                    parameter = layers[name]
+                    parameter.grad = None if value is None else torch.ones_like(parameter)
+                    if value is not None:
+                        parameter.grad.view(-1)[0] = value  # one element carries the value
+                optimizer.step()
+    client = MlflowClient()
+    assert metric_values(client, run.info.run_id, "grad/rank0/params") == {
+        step: float(counts[0]) for step, (_, counts) in enumerate(steps)}
+    assert metric_values(client, run.info.run_id, "grad/rank0/nonfinite_params") == {
+        step: float(counts[1]) for step, (_, counts) in enumerate(steps)}
+
+
+def test_autolog_reads_msprobes_config_json(experiment, tmp_path):
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({"task": "grad_probe", "dump_path": str(tmp_path / "from_config"), "rank": [],
+                                "step": [], "grad_probe": {"grad_level": "L2", "param_list": ["2.weight"],
+                                                           "bounds": [-0.5, 0, 0.5]}}), encoding="utf-8")
+    msprobe_mlflow.autolog(str(path))
+    try:
+        with mlflow.start_run() as run:
+            train(small_model(), 2)
+    finally:
+        msprobe_mlflow.autolog(disable=True)
+    rank0 = tmp_path / "from_config" / run.info.run_id / "rank0"
+    assert sorted(p.name for p in rank0.glob("*.csv")) == ["grad_summary_0.csv", "grad_summary_1.csv"]
+    header, rows = read_rows(rank0 / "grad_summary_0.csv")
+    assert header[1:5] == ["(-inf, -0.5]", "(-0.5, 0]", "(0, 0.5]", "(0.5, inf)"]  # L2, the file's bounds
+    assert list(rows) == ["2.weight"]  # the file's param_list
+    params = MlflowClient().get_run(run.info.run_id).data.params
+    assert (params["grad_probe.level"], params["grad_probe.bounds"], params["grad_probe.param_list"]) == \
+        ("L2", "[-0.5, 0, 0.5]", '["2.weight"]')
+
+
+def test_upload_param_metrics_option_adds_the_matching_parameters_metrics(tracking_uri, experiment, tmp_path):
+    model, captured = small_model(), []
+    with GradientMonitor(GradProbeConfig(dump_path=str(tmp_path / "dump")), log_to_mlflow=False) as monitor:
+        monitor.monitor(model)
+        train(model, 1, captured)
+    result = CliRunner().invoke(main, ["upload", str(tmp_path / "dump"), "--experiment", experiment,
+                                       "--param-metrics", "0.*", "--param-metrics", "2.bias",
+                                       "--tracking-uri", tracking_uri])
+    assert result.exit_code == 0, result.output
+    metrics = MlflowClient().get_run(result.stdout.split()[1].rstrip(":")).data.metrics
+    assert {key for key in metrics if "/param/" in key} == {
+        f"grad/rank0/param/{name}/{statistic}" for name in ("0.weight", "0.bias", "2.bias")
+        for statistic in ("norm", "max", "min")}
+    bias = captured[0]["2.bias"]
+    assert metrics["grad/rank0/param/2.bias/norm"] == pytest.approx(np.linalg.norm(bias.astype(np.float64)), rel=1e-6)
+    assert (metrics["grad/rank0/param/2.bias/max"], metrics["grad/rank0/param/2.bias/min"]) == \
+        (pytest.approx(float(bias.max())), pytest.approx(float(bias.min())))

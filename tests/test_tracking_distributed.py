@@ -37,7 +37,11 @@ def launch_ranks_separately(tracking_uri: str, *worker_args: str, timeout: float
                                 LOCAL_RANK=str(rank), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=port)
         processes.append(subprocess.Popen([sys.executable, str(WORKER), *worker_args], env=env, text=True,
                                           stdout=subprocess.PIPE, stderr=subprocess.PIPE))
-    return [subprocess.CompletedProcess(p.args, p.wait(timeout), *p.communicate()) for p in processes]
+    finished = []
+    for process in processes:  # communicate() drains the pipes while waiting: a rank printing a lot cannot block
+        stdout, stderr = process.communicate(timeout=timeout)
+        finished.append(subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr))
+    return finished
 
 
 def run_id_of(done: subprocess.CompletedProcess) -> str:
@@ -88,3 +92,18 @@ def test_a_rank_that_dies_is_named_in_the_run_and_the_other_rank_is_complete(tmp
     assert run.data.tags["msprobe_mlflow.rank1.status"] == "running"
     assert "ranks [1] did not finish" in rank0.stderr
     assert [m.step for m in MlflowClient(uri).get_metric_history(run_id, "grad/rank0/total_norm")] == [0, 1, 2, 3]
+
+
+def test_the_configs_rank_filter_decides_which_ranks_log_into_the_run(tmp_path):
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    done = torchrun(uri, "--dump", str(tmp_path / "dump"), "--steps", "2", "--level", "L1", "--ranks", "1")
+    assert done.returncode == 0, done.stderr[-3000:]
+    run_id = run_id_of(done)
+    client = MlflowClient(uri)
+    run = client.get_run(run_id)
+    assert {key.split("/")[1] for key in run.data.metrics} == {"rank1"}
+    assert [m.step for m in client.get_metric_history(run_id, "grad/rank1/total_norm")] == [0, 1]
+    assert sorted(artifact_files(client, run_id, "grad_probe")) == sorted(
+        [f"grad_probe/rank1/grad_summary_{s}.csv" for s in range(2)]
+        + [f"grad_probe/rank1/step{s}/directions.npz" for s in range(2)])
+    assert sorted(p.name for p in (tmp_path / "dump").glob("rank*")) == ["rank1"]

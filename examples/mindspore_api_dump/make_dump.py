@@ -6,10 +6,11 @@ writes ``statistics/api_info.json`` (task ``statistics``) and ``tensor/api_info.
 ``tensor/dump_tensor_data/*.npy`` (task ``tensor``), in msprobe 1.0.3's ``dump.json`` format: the same keys
 (``Mint.add.0.forward``), argument records, statistics (computed as msprobe does, in float32 for BFloat16 and
 integer tensors, ``null`` for an empty tensor) and ``.npy`` names. Like msprobe, the backward entries come from a
-cell backward hook: ``input`` is the gradient arriving at the outputs, ``output`` the gradient of each tensor input
-(``null`` for a bool input, zeros for an int input), and a call whose tensors sit in a tuple argument (``cat``)
-gets no backward entry because the hook does not fire for it. ``Mint.erfinv.0`` is a real MindSpore 2.10 CPU
-accuracy problem (inputs near 1), so the example fails it. Two differences from msprobe: ``dump_data_dir`` is
+cell backward hook: ``input`` is the gradient arriving at the outputs (0-d for a reduced loss), ``output`` the
+gradient of each tensor input (``null`` for a bool input and for ``nll_loss``'s Int64 target, zeros for ``mul``'s
+Int64 input: what MindSpore's hook gives), and a call whose tensors sit in a tuple argument (``cat``) gets no
+backward entry because the hook does not fire for it. ``Mint.erfinv.0`` is a real MindSpore 2.10 CPU accuracy
+problem (inputs near 1), so the example reports it as error. Two differences from msprobe: ``dump_data_dir`` is
 written relative to the JSON file (so the example can move), and ``Mint.atan2.0``, whose kernel MindSpore does not
 have on CPU, is recorded from torch's result, as a run on an Ascend device would have recorded it.
 """
@@ -183,6 +184,10 @@ def record_all(recorder: Recorder) -> None:
                                           tensor((2, 3), dtype=mindspore.bfloat16, seed=9)))  # BFloat16
     # MindSpore 2.10's CPU erfinv loses accuracy near ±1 (erfinv(0.999): 2.2777 where the answer is 2.3268)
     record_mint(recorder, "Mint", "erfinv", (tensor((2, 3), 0.99, 0.9995, seed=10),))
+    # a reduced loss: its output, and so its backward input, is a 0-d tensor; the Int64 target needs no gradient
+    record_mint(recorder, "MintFunctional", "nll_loss", (tensor((2, 3), -2.0, 0.0, seed=11),
+                                                         mindspore.Tensor(np.array([0, 2]))))
+    record_mint(recorder, "MintFunctional", "smooth_l1_loss", (x, y))
     record_from_torch(recorder, "atan2", (x, y))
     record_other(recorder, "Functional", ops.relu, (x,))
 

@@ -1,6 +1,7 @@
 """The MindSpore API accuracy checker: ``mindspore.mint`` calls recorded by msprobe's dump are run again in MindSpore
 (tested) and torch (benchmark), forward and backward, compared, written as msprobe's two CSVs and recorded in MLflow
-(one run for the check, one nested run per API). See docs/api_check.md and FORMATS.md section 6.
+(one run for the check, one nested run per API). See docs/api_check.md (its Inputs and Outputs sections are the
+formats).
 
 Importing this package (and its ``parser``, ``metrics``, ``results`` and ``report``) needs numpy only: torch and
 MindSpore are imported with the runner, once the whole input has been checked, so bad input fails in a moment.
@@ -46,15 +47,17 @@ def check_api_accuracy(path: str | os.PathLike, *, output_dir: str | os.PathLike
     except re.error as error:
         raise ValueError(f"api_filter = {api_filter!r} is not a regular expression ({error})") from None
     thresholds = _thresholds(cosine_threshold, max_abs_threshold)
+    target = None
+    if log_to_mlflow:  # looked up before anything is made: a wrong run ID leaves no empty output folder behind
+        from msprobe_mlflow.tracking.api_check_runs import log_api_check, resolve_target
+        from msprobe_mlflow.tracking.server import require_tracking_server
+
+        require_tracking_server(tracking_uri)  # an unreachable server fails now, not after the last API
+        target = resolve_target(experiment, parent_run_id, tracking_uri)
     try:
         Path(output_dir).mkdir(parents=True, exist_ok=True)
     except OSError as error:
         raise ValueError(f"output_dir = {str(output_dir)!r} cannot be created ({error.strerror or error})") from None
-    target = None
-    if log_to_mlflow:
-        from msprobe_mlflow.tracking.api_check_runs import log_api_check, resolve_target
-
-        target = resolve_target(experiment, parent_run_id, tracking_uri)
     calls = [call for call in dump.calls if pattern is None or pattern.search(call.name)]
     from msprobe_mlflow.api_check.runner import check_call, prepare_mindspore  # torch and MindSpore, only now
 

@@ -6,6 +6,7 @@ values, so both frameworks start from the same inputs whatever the dtype (BFloat
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import mindspore
@@ -28,9 +29,6 @@ TORCH_DTYPES = {
     "UInt32": torch.uint32, "Int64": torch.int64, "UInt64": torch.uint64, "Bool": torch.bool,
 }
 _TORCH_DTYPE_NAMES = {value: key for key, value in TORCH_DTYPES.items()}
-# The finite range of each float dtype, where a recorded ±Infinity is clipped to.
-_FLOAT_LIMITS = {"Float16": 65504.0, "BFloat16": float(torch.finfo(torch.bfloat16).max),
-                 "Float32": float(np.finfo(np.float32).max), "Float64": float(np.finfo(np.float64).max)}
 
 
 class InputError(ValueError):
@@ -39,20 +37,31 @@ class InputError(ValueError):
 
 def regenerate(spec: TensorArg) -> np.ndarray:
     """msprobe's rebuild of a tensor from its statistics: a fresh ``RandomState(42)`` for every tensor, ``rand >
-    0.5`` for Bool, otherwise ``uniform(Min, Max)`` in float64 (±inf clipped to the dtype's finite range),
-    truncated toward zero for integer dtypes. An empty tensor (``Max``/``Min`` null) is an empty array."""
+    0.5`` for Bool, otherwise ``uniform(Min, Max)`` in float64, truncated toward zero for integer dtypes. An empty
+    tensor (``Max``/``Min`` null) is an empty array.
+
+    A recorded ±Infinity (float dtypes only) is replayed, so that the check sees what the real run saw: the first
+    element is +inf when Max is, the last is -inf when Min is (all of them when Max and Min are the same infinity).
+    Nothing is known of the finite elements but the finite bound, so an infinite bound is replaced by the other
+    one (0 when neither is finite) for them."""
     random = np.random.RandomState(SEED)
     if spec.numel == 0:
         return np.zeros(spec.shape, dtype=np.float64)
     if spec.dtype == "Bool":
         return random.rand(*spec.shape) > 0.5
-    limit = _FLOAT_LIMITS.get(spec.dtype, float(np.finfo(np.float64).max))
-    low, high = (float(np.clip(bound, -limit, limit)) for bound in (spec.minimum, spec.maximum))
+    if math.isinf(spec.minimum) and spec.minimum == spec.maximum:
+        return np.full(spec.shape, spec.minimum)
+    finite = [bound for bound in (spec.minimum, spec.maximum) if math.isfinite(bound)] or [0.0]
+    low, high = min(finite), max(finite)
     if np.isfinite(high - low):
         values = random.uniform(low, high, spec.shape)
-    else:  # the whole float64 range: high - low overflows, so interpolate without forming it
+    else:  # bounds near the float64 limits: high - low overflows, so interpolate without forming it
         fraction = random.random_sample(spec.shape)
         values = low * (1 - fraction) + high * fraction
+    if spec.maximum == math.inf:
+        values.flat[0] = math.inf
+    if spec.minimum == -math.inf:
+        values.flat[-1] = -math.inf
     return values if spec.dtype in FLOAT_DTYPES else np.trunc(values)
 
 
@@ -85,7 +94,9 @@ class TensorPair:
 
 
 def make_pair(spec: TensorArg, values: np.ndarray) -> TensorPair:
-    torch_tensor = torch.from_numpy(np.ascontiguousarray(values)).to(TORCH_DTYPES[spec.dtype])
+    """``np.asarray``, not ``np.ascontiguousarray``: the latter makes a 0-d tensor (a reduced loss, and so every
+    loss's backward input) one of shape [1], whose gradient torch then refuses."""
+    torch_tensor = torch.from_numpy(np.asarray(values, order="C")).to(TORCH_DTYPES[spec.dtype])
     exact = torch_tensor.float() if spec.dtype == "BFloat16" else torch_tensor  # numpy has no bfloat16
     mindspore_tensor = mindspore.Tensor(exact.numpy(), dtype=MINDSPORE_DTYPES[spec.dtype])
     return TensorPair(spec, mindspore_tensor, torch_tensor)

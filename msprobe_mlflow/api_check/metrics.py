@@ -1,8 +1,10 @@
-"""The API checker's accuracy metrics and verdict (FORMATS.md section 6), as plain numpy functions.
+"""The API checker's accuracy metrics and verdict (docs/api_check.md, "Metrics and verdict"), as plain numpy
+functions.
 
 All three metrics take the benchmark (torch) and the tested (MindSpore) output as arrays of the same shape, compute
-in float64 over the flattened values, and let NaN propagate (a NaN metric fails the verdict). For two empty arrays
-the cosine is 1.0 (the formula gives 1e-8 / 1e-8) and both errors are 0.0 (no element differs).
+in float64 over the flattened values, and let NaN propagate (a NaN metric fails the verdict); ``compare_arrays``
+gives them only the elements finite in both outputs. For two empty arrays the cosine is 1.0 (the formula gives
+1e-8 / 1e-8) and both errors are 0.0 (no element differs).
 """
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ import numpy as np
 
 EPSILON = 1e-8
 PASS, ERROR, SKIP = "pass", "error", "skip"
+STATUSES = (PASS, ERROR, SKIP)  # msprobe's words, used as they are in the CSVs, the tags, the metrics and the CLI
 
 
 def cosine_similarity(bench: np.ndarray, tested: np.ndarray) -> float:
@@ -61,15 +64,25 @@ def compare_arrays(bench: np.ndarray | None, tested: np.ndarray | None, threshol
     """Metrics and verdict of one output; ``None`` stands for a value that is not a tensor.
 
     A pair that is not two tensors of one shape gets no metrics and the status ``error`` with msprobe's
-    "skip comparing" message. Otherwise the messages are msprobe's threshold texts for each failed criterion.
+    "skip comparing" message. Otherwise non-finite values are compared exactly: NaN, inf and -inf must sit at the
+    same positions in both (an error names how many differ and the first), and the metrics are those of the
+    elements finite in both; the messages are then msprobe's threshold texts for each failed criterion.
     """
     if bench is None or tested is None or np.shape(bench) != np.shape(tested):
         return Comparison(None, None, None, ERROR,
                           "two inputs are not valid for computing cosine similarity, skip comparing "
                           "two inputs are not valid for computing max absolute difference, skip comparing")
+    bench, tested = _flat64(bench), _flat64(tested)
+    finite = np.isfinite(bench) & np.isfinite(tested)
+    differing = np.flatnonzero(~finite & (bench != tested) & ~(np.isnan(bench) & np.isnan(tested)))
+    failures = []
+    if differing.size:
+        first = differing[0]
+        failures.append(f"non-finite values differ at {differing.size} of {finite.size} elements (the first at "
+                        f"flat index {first}: bench {bench[first]}, tested {tested[first]})")
+    bench, tested = bench[finite], tested[finite]
     cosine = cosine_similarity(bench, tested)
     abs_err = max_abs_err(bench, tested)
-    failures = []
     if not cosine > thresholds.cosine:
         failures.append(f"cosine similarity is less than threshold: {thresholds.cosine}")
     if not abs_err < thresholds.max_abs_err:

@@ -1,5 +1,5 @@
 """msprobe's MindSpore API dump (``api_info.json`` / ``dump.json``, tasks ``statistics`` and ``tensor``) as typed
-records (FORMATS.md section 6).
+records (the format: docs/api_check.md, "Inputs").
 
 A problem with the file as a whole (not JSON, no ``task``, no ``data``) raises ``ValueError``. A problem with one
 entry never does: it is kept on the API's record (``ApiCall.forward_problem`` / ``backward_problem`` /
@@ -301,7 +301,8 @@ class _EntryParser:
         return TensorArg(dtype, shape, data_path=data_path)
 
     def bound(self, value: dict, where: str, field_name: str, dtype: str) -> float | None:
-        """``Max``/``Min``: a number (``true``/``false`` for Bool tensors), ±Infinity, or null; never NaN."""
+        """``Max``/``Min``: a number (``true``/``false`` for Bool tensors), ±Infinity (float tensors), or null;
+        never NaN."""
         item = value.get(field_name)
         if item is None:
             return None
@@ -311,4 +312,6 @@ class _EntryParser:
             return float(item)
         if not isinstance(item, (int, float)) or math.isnan(item):
             self.fail(f"{where}.{field_name}", item, "a number, Infinity, -Infinity or null (empty tensor)")
+        if math.isinf(item) and dtype not in FLOAT_DTYPES:
+            self.fail(f"{where}.{field_name}", item, f"a finite number for an {dtype} tensor")
         return float(item)

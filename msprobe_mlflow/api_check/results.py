@@ -1,11 +1,16 @@
 """What the API checker found: one ``OutputResult`` per compared output (a row of the details CSV), one
-``SideResult`` per forward or backward entry, one ``ApiResult`` per API call (a row of the result CSV)."""
+``SideResult`` per forward or backward entry, one ``ApiResult`` per API call (a row of the result CSV); and these
+two tables, which ``report`` writes as msprobe's CSVs and ``ApiCheckReport`` hands out as pandas DataFrames."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from msprobe_mlflow.api_check.metrics import ERROR, PASS, SKIP
+
+if TYPE_CHECKING:
+    import pandas
 
 
 @dataclass
@@ -82,8 +87,54 @@ class ApiCheckReport:
     run_id: str | None = None
 
     def count(self, status: str) -> int:
-        return sum(result.status == status for result in self.results)
+        """How many APIs have ``status``: ``pass``, ``error`` or ``skip``."""
+        return len(self.with_status(status))
 
-    @property
-    def failures(self) -> list[ApiResult]:
-        return [result for result in self.results if result.status == ERROR]
+    def with_status(self, status: str) -> list[ApiResult]:
+        return [result for result in self.results if result.status == status]
+
+    def details_frame(self) -> pandas.DataFrame:
+        """The details CSV as a DataFrame, one row per compared output: the metrics as float64 (NaN where the CSV
+        cell is empty), Shape as a tuple."""
+        header, *rows = details_rows(self.results)
+        return _frame(rows, header).astype({column: "float64" for column in METRIC_COLUMNS})
+
+    def results_frame(self) -> pandas.DataFrame:
+        """The result CSV as a DataFrame, one row per API, plus the API's own status as ``Status`` (the CSV has
+        only the forward and backward ones); ``None`` for a side the dump does not have."""
+        header, *rows = result_rows(self.results)
+        return _frame([[*row, result.status] for row, result in zip(rows, self.results)], [*header, "Status"])
+
+
+DETAILS_HEADER = ["API Name", "Bench Dtype", "Tested Dtype", "Shape", "Cosine", "MaxAbsErr", "MaxRelativeErr",
+                  "Status", "Message"]
+RESULT_HEADER = ["API Name", "Forward Test Success", "Backward Test Success", "Message"]
+METRIC_COLUMNS = ("Cosine", "MaxAbsErr", "MaxRelativeErr")
+
+
+def details_rows(results: list[ApiResult]) -> list[list]:
+    """The details table, header first, one row per compared output."""
+    return [DETAILS_HEADER, *(_details_row(row) for result in results for row in result.output_rows())]
+
+
+def _details_row(row: OutputResult) -> list:
+    """Shape as a Python tuple (``(2, 3)``), metrics as Python floats, ``None`` for what is missing."""
+    metrics = [None if value is None else float(value) for value in (row.cosine, row.max_abs_err, row.max_relative_err)]
+    shape = None if row.shape is None else tuple(row.shape)
+    return [row.name, row.bench_dtype, row.tested_dtype, shape, *metrics, row.status, row.message]
+
+
+def result_rows(results: list[ApiResult]) -> list[list]:
+    """The result table, header first, one row per API; ``None`` for a side the dump does not have."""
+    rows = [RESULT_HEADER]
+    for result in results:
+        forward = result.forward.status if result.forward is not None else None
+        backward = result.backward.status if result.backward is not None else None
+        rows.append([result.name, forward, backward, result.message])
+    return rows
+
+
+def _frame(rows: list[list], columns: list[str]) -> pandas.DataFrame:
+    import pandas  # here, not at the top: the package must import with numpy only
+
+    return pandas.DataFrame(rows, columns=columns)

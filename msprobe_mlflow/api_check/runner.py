@@ -8,7 +8,8 @@ Backward: the recorded backward ``input`` is the sensitivity (the gradient of ea
 differentiates with ``GradOperation(get_all=True, sens_param=True)``, torch with autograd. Gradients are taken with
 respect to the floating-point tensors among the positional arguments (tuple arguments such as ``cat``'s included,
 depth first); ``backward.output.i`` is the gradient of the ``i``-th positional tensor, and int or bool tensors get
-no row (they have no gradient). A call MindSpore or torch cannot run here is a ``skip`` with the framework's message.
+no row (they have no gradient). In the tensor task a recorded gradient of null (the input needed none) gets no row
+either. A call MindSpore or torch cannot run here is a ``skip`` with the framework's message.
 """
 from __future__ import annotations
 
@@ -202,18 +203,42 @@ class _CallChecker:
             raise _SideStopped(SKIP, "no positional argument is a floating-point tensor, so there is no gradient "
                                      "to compare")
         key = f"{call.name}.backward"
+        unmatched = []
+        if self.task == "tensor":
+            recorded = _flatten(call.backward.input_grads)
+            unmatched = self.unmatched_gradients(recorded, leaves)
+            positions = [i for i in positions if i < len(recorded) and recorded[i] is not None]
+            if not positions and not unmatched:
+                raise _SideStopped(SKIP, f"{key}: output records no gradient (null) for the floating-point inputs, "
+                                         "so there is none to compare")
+        if not positions:
+            return unmatched
         sensitivities = [self.materialize(spec, f"{key}: input[{i}]")
                          for i, spec in enumerate(_flatten(call.backward.output_grads))]
         bench = self.torch_gradients(torch_function, args, kwargs, leaves, positions, sensitivities)
         if self.task == "statistics":
             tested = self.mindspore_gradients(mindspore_function, args, kwargs, leaves, positions, sensitivities)
         else:
-            recorded = _flatten(call.backward.input_grads)
-            if len(recorded) != len(leaves):
-                raise _SideStopped(ERROR, f"{key}: output has {len(recorded)} gradients but the forward has "
-                                          f"{len(leaves)} positional tensors; expected one gradient per tensor")
             tested = self.recorded_outputs(tuple(recorded[i] for i in positions), f"{key}: output")
-        return self.compare(f"{key}.output", bench, tested, positions)
+        # every compared position is inside the recorded list and every unmatched one beyond it: already in order
+        return self.compare(f"{key}.output", bench, tested, positions) + unmatched
+
+    def unmatched_gradients(self, recorded: list, leaves: list[TensorPair]) -> list[OutputResult]:
+        """Error rows where the recorded gradients (one per positional tensor, by position; null for a tensor that
+        needs no gradient) cannot be matched: a floating-point tensor past the end of the list, or a gradient past
+        the last tensor. Which tensor each listed gradient belongs to is then ambiguous. A list that stops before
+        tensors that need no gradient (int, bool) is not."""
+        key = f"{self.call.name}.backward"
+        ambiguous = ("which tensor each listed gradient belongs to is ambiguous (expected one entry per positional "
+                     "tensor, null for one that needs no gradient)")
+        rows = [OutputResult(f"{key}.output.{i}", ERROR,
+                             f"{key}: output[{i}] is missing, the gradient of positional tensor {i} "
+                             f"({leaves[i].spec.dtype} {list(leaves[i].spec.shape)}); {ambiguous}")
+                for i in range(len(recorded), len(leaves)) if leaves[i].spec.dtype in FLOAT_DTYPES]
+        rows += [OutputResult(f"{key}.output.{i}", ERROR, f"{key}: output[{i}] is a gradient, but the forward has "
+                                                          f"only {len(leaves)} positional tensors; {ambiguous}")
+                 for i in range(len(leaves), len(recorded)) if recorded[i] is not None]
+        return rows
 
     def torch_gradients(self, function, args, kwargs, leaves, positions, sensitivities) -> list[_Observed]:
         differentiated = {id(leaves[i]): leaves[i].torch.detach().clone().requires_grad_(True) for i in positions}

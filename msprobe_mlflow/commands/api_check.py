@@ -55,11 +55,12 @@ def api_check(api_info: str, output: str, experiment: str | None, parent_run_id:
               no_mlflow: bool) -> int:
     """Runs every Mint / MintFunctional call recorded in an msprobe MindSpore dump (API_INFO_JSON: api_info.json
     or dump.json, task "statistics" or "tensor"; a relative dump_data_dir in it is taken relative to this file) in
-    MindSpore (tested) and in torch (benchmark), forward and backward, and compares the outputs: an API passes when
-    every output has Cosine > 0.99 and MaxAbsErr < 0.001. Writes msprobe's accuracy_checking_details_{stamp}.csv
-    and accuracy_checking_result_{stamp}.csv, and records one MLflow run for the check (the CSVs, APIs
-    passed/failed/skipped, pass rate) with one nested run per API (its metrics, and the tags status and message).
-    The command exits with code 3 when at least one API failed.
+    MindSpore (tested) and in torch (benchmark), forward and backward, and compares the outputs. Each API gets
+    msprobe's status: pass (every output has Cosine > 0.99 and MaxAbsErr < 0.001), error or skip. Writes msprobe's
+    accuracy_checking_details_{stamp}.csv and accuracy_checking_result_{stamp}.csv, and records one MLflow run for
+    the check (the CSVs, the number of APIs per status, the pass rate, the tag error_apis) in --experiment (else
+    the --run-id parent's, else MLflow's current experiment), with one nested run per API (its metrics, and the
+    tags status and message). The command exits with code 3 when at least one API has status error.
 
     \b
     Examples:
@@ -68,15 +69,14 @@ def api_check(api_info: str, output: str, experiment: str | None, parent_run_id:
           --experiment api-check --filter '^Mint(Functional)?\\.(add|matmul)\\.'
     """
     from msprobe_mlflow.api_check import check_api_accuracy
-    from msprobe_mlflow.api_check.metrics import ERROR, PASS, SKIP
-
+    from msprobe_mlflow.api_check.metrics import ERROR, STATUSES
     report = check_api_accuracy(api_info, output_dir=output, experiment=experiment, parent_run_id=parent_run_id,
                                 nested=not no_nested, api_filter=api_filter, cosine_threshold=cosine_threshold,
                                 max_abs_threshold=max_abs_threshold, log_to_mlflow=not no_mlflow,
                                 tracking_uri=tracking_uri, on_progress=_progress_line())
-    _print_failures(report)
-    click.echo(f"\n{len(report.results)} APIs: {report.count(PASS)} passed, {report.count(ERROR)} failed, "
-               f"{report.count(SKIP)} skipped")
+    _print_errors(report.with_status(ERROR))
+    counts = ", ".join(f"{report.count(status)} {status}" for status in STATUSES)
+    click.echo(f"\n{len(report.results)} APIs: {counts}")
     click.echo(f"details: {report.details_csv}\nresult:  {report.result_csv}")
     if report.run_id is not None:
         click.echo(f"MLflow run: {report.run_id}")
@@ -100,13 +100,13 @@ def _progress_line() -> Callable[[int, int, str], None]:
     return on_progress
 
 
-def _print_failures(report) -> None:
-    failures = report.failures
-    if not failures:
+def _print_errors(errors: list) -> None:
+    """The APIs whose status is error, one line each."""
+    if not errors:
         return
-    width = max(len("API"), *(len(result.name) for result in failures))
+    width = max(len("API"), *(len(result.name) for result in errors))
     click.echo(f"\n{'API':<{width}}  forward  backward  message")
-    for result in failures:
+    for result in errors:
         forward = result.forward.status if result.forward is not None else ""
         backward = result.backward.status if result.backward is not None else ""
         click.echo(f"{result.name:<{width}}  {forward:<7}  {backward:<8}  {result.message}")

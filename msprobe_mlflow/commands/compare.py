@@ -68,13 +68,15 @@ def compare(a: str, b: str, output: str | None, experiment: str | None, run_name
 
     options = dict(first_threshold=first_threshold, drop_threshold=drop_threshold, plots=not no_plots,
                    per_param_plots=per_param_plots)
-    if no_mlflow and Path(a).is_dir() and Path(b).is_dir():
+    if no_mlflow and Path(a).exists() and Path(b).exists():  # two dumps: no tracking store involved
         comparison = compare_dumps(a, b, output, **options)
         _print_result(comparison, None, None, None)
         verdict = comparison.verdict
     else:
         from msprobe_mlflow.tracking.comparison_run import compare_runs
+        from msprobe_mlflow.tracking.server import require_tracking_server
 
+        require_tracking_server(tracking_uri)  # a side is a run ID, or the comparison run is logged
         result = compare_runs(a, b, tracking_uri=tracking_uri, experiment=experiment, run_name=run_name,
                               output_dir=output, cache_dir=cache_dir, log_run=not no_mlflow, **options)
         _print_result(result.comparison, result.run_id, result.run_url(), result.tracking_uri, result.experiment_id)
@@ -94,5 +96,7 @@ def _print_result(comparison, run_id: str | None, run_url: str | None, tracking_
         if run_url:
             click.echo(f"open: {run_url}")
         else:
+            from msprobe_mlflow.tracking.experiments import run_page_url
+
             click.echo(f"open: mlflow ui --backend-store-uri {tracking_uri}")
-            click.echo(f"      then http://127.0.0.1:5000/#/experiments/{experiment_id}/runs/{run_id}")
+            click.echo(f"      then {run_page_url('http://127.0.0.1:5000', experiment_id, run_id)}")

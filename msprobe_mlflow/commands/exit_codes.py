@@ -19,7 +19,7 @@ Exit codes:
   2  bad input: a missing or malformed file, a wrong option, a run or experiment MLflow does not know,
      a parameter or credentials MLflow refuses
   3  suspicious or failing result: compare --fail-on-suspicious found a suspicious step, api-check found
-     an API that failed"""
+     an API whose status is error"""
 
 # Paths the user named, or asked us to write to. Any other OSError (a full disk; a refused connection: requests'
 # errors are OSErrors) is operational.

@@ -10,7 +10,7 @@ from msprobe_mlflow.commands import command, tracking_uri_option
 
 @command("upload", short_help="upload a gradient dump into an MLflow run (completes a run idempotently, or creates "
                               "one)")
-@click.argument("dump_path", type=click.Path(exists=True, file_okay=False, path_type=Path))
+@click.argument("dump_path", type=click.Path(path_type=Path))  # checked by dump_folder, which says more
 @click.option("--run-id", metavar="RUN_ID", help="complete this run; without it a new run is created")
 @click.option("--experiment", metavar="NAME", help="experiment name for a new run (default: MLflow's current one)")
 @tracking_uri_option
@@ -32,8 +32,12 @@ def upload(dump_path: Path, run_id: str | None, experiment: str | None, tracking
       msprobe-mlflow upload ./msprobe_dump/3f2a... --run-id 3f2a...
       msprobe-mlflow upload ./old_msprobe_dump --experiment npu-vs-gpu
     """
+    from msprobe_mlflow.dump import dump_folder
+    from msprobe_mlflow.tracking.server import require_tracking_server
     from msprobe_mlflow.tracking.upload import upload_dump
 
+    dump_folder(dump_path, "DUMP_PATH")  # bad input is told before the server is asked
+    require_tracking_server(tracking_uri)
     report = upload_dump(dump_path, run_id, experiment=experiment, tracking_uri=tracking_uri,
                          param_patterns=param_metrics, progress=True)
     steps = sum(len(s) for s in report.steps_completed.values())

@@ -25,8 +25,8 @@ from msprobe_mlflow.compare.similarity import (agreeing_directions, judged_simil
 from msprobe_mlflow.compare.verdict import (DEFAULT_DROP_THRESHOLD, DEFAULT_FIRST_THRESHOLD, Verdict,
                                             check_thresholds, judge_rank)
 from msprobe_mlflow.directions import StoredDirection, open_step_directions
-from msprobe_mlflow.dump import (indexed_children, rank_dir, read_summary, step_dir, summary_csv_path,
-                                 summary_steps, write_csv)
+from msprobe_mlflow.dump import (dump_folder, indexed_children, rank_dir, read_summary, step_dir,
+                                 summary_csv_path, summary_steps, write_csv)
 
 SIMILARITIES_FILE_NAME = "similarities.csv"
 PICTURE_FOLDER_NAME = "similarities_picture"
@@ -103,6 +103,17 @@ class DumpComparison:
                        "only_in_a": r.only_in_a, "only_in_b": r.only_in_b} for r in self.ranks],
         }
 
+    def to_dataframe(self):
+        """The similarities as a ``pandas.DataFrame``, for a notebook: a row per rank, step and compared parameter
+        (model order), columns ``rank``, ``step``, ``parameter``, ``similarity`` (msprobe's: 0.0 for an empty
+        parameter), ``agreeing`` and ``numel`` (elements). A step's summary is ``agreeing.sum() / numel.sum()``."""
+        import pandas  # only here: comparing needs no pandas
+
+        rows = [(rank.rank, step, name, similarity(*counts), *counts)
+                for rank in self.ranks for index, step in enumerate(rank.steps) for name in rank.parameters
+                if (counts := rank.counts[name][index]) is not None]
+        return pandas.DataFrame(rows, columns=["rank", "step", "parameter", "similarity", "agreeing", "numel"])
+
     def table(self, steps_per_line: int = 10) -> str:
         """Per rank, the summary similarity at each step, a few steps per line."""
         lines = []
@@ -117,17 +128,6 @@ class DumpComparison:
                     shown = ", ".join(names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
                     lines.append(f"  only in {side} (not compared): {shown}")
         return "\n".join(lines)
-
-
-def _dump_folder(path: str | os.PathLike, label: str) -> Path:
-    folder = Path(path)
-    if not folder.is_dir():
-        raise CompareInputError(f"{label} = {str(path)!r}: no such folder; expected a grad_probe dump folder "
-                                f"(holding rank0/grad_summary_0.csv, rank0/step0/...)")
-    if not indexed_children(folder, "rank"):
-        raise CompareInputError(f"{label} = {str(path)!r} holds no rank<N> folders; expected a grad_probe dump "
-                                f"folder (holding rank0/grad_summary_0.csv, rank0/step0/...)")
-    return folder
 
 
 def direction_steps(dump: Path, rank: int, label: str) -> list[int]:
@@ -289,7 +289,7 @@ def compare_dumps(dump_a: str | os.PathLike, dump_b: str | os.PathLike, output_d
     and the reason, before anything is written. ``progress``: None shows it when stderr is a terminal.
     """
     check_thresholds(first_threshold, drop_threshold)
-    folder_a, folder_b = _dump_folder(dump_a, "dump_a"), _dump_folder(dump_b, "dump_b")
+    folder_a, folder_b = dump_folder(dump_a, "dump_a"), dump_folder(dump_b, "dump_b")
     ranks_a, ranks_b = indexed_children(folder_a, "rank"), indexed_children(folder_b, "rank")
     ranks = sorted(set(ranks_a) & set(ranks_b))
     if not ranks:

@@ -15,8 +15,12 @@ from matplotlib.ticker import MaxNLocator
 
 from msprobe_mlflow.safe_paths import param_file_stem
 
-# Above this many parameters the heat map keeps its rows but drops their labels (they would overlap).
-MAX_LABELLED_ROWS = 80
+# The heat map draws at most this many parameters (every one while they fit, else those whose similarity fell
+# lowest), each on a labelled row tall enough to read at 100 dpi; similarities.csv holds them all.
+MAX_HEATMAP_ROWS = 60
+MAX_LABEL_CHARACTERS = 56
+MAX_STEP_LABELS = 40
+_DPI, _ROW_INCHES, _STEP_INCHES, _LABEL_POINTS = 100, 0.24, 0.3, 10
 
 
 def _save(figure: Figure, path: Path) -> None:
@@ -54,28 +58,57 @@ class CurvePlotter:
         return self.save(folder / f"{stem}_similarities.png", f"{name}_similarities", steps, values)
 
 
-def heatmap(folder: Path, names: list[str], steps: list[int], matrix: np.ndarray) -> Path:
-    """``matrix[i, j]``: similarity of ``names[i]`` at ``steps[j]``; NaN cells (not compared) stay blank."""
-    path = folder / "similarity_heatmap.png"
-    height = min(3 + 0.18 * min(len(names), MAX_LABELLED_ROWS), 20)
-    width = min(6 + 0.15 * len(steps), 20)
-    figure = Figure(figsize=(width, height), dpi=80, layout="constrained")
+def heatmap_rows(matrix: np.ndarray, limit: int = MAX_HEATMAP_ROWS) -> list[int]:
+    """The rows to draw, in model order: all of them up to ``limit``, else the ``limit`` whose lowest similarity is
+    lowest (rows never compared last, ties in model order)."""
+    if len(matrix) <= limit:
+        return list(range(len(matrix)))
+    lowest = np.where(np.isnan(matrix), np.inf, matrix).min(axis=1)
+    return sorted(np.argsort(lowest, kind="stable")[:limit].tolist())
+
+
+def _shortened(name: str) -> str:
+    """``name``, cut in the middle to ``MAX_LABEL_CHARACTERS`` (the start names the block, the end the tensor)."""
+    if len(name) <= MAX_LABEL_CHARACTERS:
+        return name
+    keep = MAX_LABEL_CHARACTERS - 3
+    return f"{name[:keep // 2]}...{name[len(name) - (keep - keep // 2):]}"
+
+
+def heatmap_figure(names: list[str], steps: list[int], matrix: np.ndarray) -> Figure:
+    """``matrix[i, j]``: similarity of ``names[i]`` at ``steps[j]``; NaN cells (not compared) stay blank.
+
+    Sized to what it shows: a 0.24-inch row per parameter with 10-point labels, 0.3 inch per step (at most
+    ``MAX_STEP_LABELS`` step labels), so 6 parameters and 500 read alike.
+    """
+    rows = heatmap_rows(matrix)
+    labels = [_shortened(names[i]) for i in rows]
+    label_inches = 0.085 * max(map(len, labels), default=0)
+    width = min(max(label_inches + 2.5 + _STEP_INCHES * len(steps), 8), 24)
+    figure = Figure(figsize=(width, 2.2 + _ROW_INCHES * len(rows)), dpi=_DPI, layout="constrained")
     FigureCanvasAgg(figure)
     axes = figure.add_subplot()
-    finite = matrix[np.isfinite(matrix)]
+    shown = matrix[rows]
+    finite = shown[np.isfinite(shown)]
     low = min(0.5, float(finite.min())) if finite.size else 0.5
-    image = axes.imshow(np.ma.masked_invalid(matrix), aspect="auto", interpolation="nearest", cmap="viridis",
+    image = axes.imshow(np.ma.masked_invalid(shown), aspect="auto", interpolation="nearest", cmap="viridis",
                         vmin=low, vmax=1.0)
-    figure.colorbar(image, ax=axes, label="similarity")
-    columns = range(len(steps))
-    shown_columns = columns[::max(1, math.ceil(len(steps) / 30))]
-    axes.set_xticks(list(shown_columns), [str(steps[j]) for j in shown_columns])
-    if len(names) <= MAX_LABELLED_ROWS:
-        axes.set_yticks(range(len(names)), names, fontsize=7)
-    else:
-        axes.set_yticks([])
-        axes.set_ylabel(f"{len(names)} parameters (model order)")
-    axes.set_xlabel("steps")
-    axes.set_title("direction similarity per parameter")
-    _save(figure, path)
+    figure.colorbar(image, ax=axes, fraction=0.05, aspect=30).set_label("similarity", fontsize=_LABEL_POINTS)
+    columns = range(len(steps))[::max(1, math.ceil(len(steps) / MAX_STEP_LABELS))]
+    axes.set_xticks(list(columns), [str(steps[j]) for j in columns])
+    axes.set_yticks(range(len(rows)), labels)
+    axes.tick_params(labelsize=_LABEL_POINTS)
+    axes.set_xlabel("steps", fontsize=_LABEL_POINTS)
+    title = "direction similarity per parameter"
+    if len(rows) < len(names):
+        title += (f"\nthe {len(rows)} of {len(names)} parameters whose similarity fell lowest, in model order "
+                  f"(all in similarities.csv)")
+    axes.set_title(title, fontsize=_LABEL_POINTS + 2)
+    return figure
+
+
+def heatmap(folder: Path, names: list[str], steps: list[int], matrix: np.ndarray) -> Path:
+    """Saves :func:`heatmap_figure` as ``{folder}/similarity_heatmap.png``."""
+    path = folder / "similarity_heatmap.png"
+    _save(heatmap_figure(names, steps, matrix), path)
     return path

@@ -90,7 +90,7 @@ class GradientMonitor(SessionMonitor):
         probe = GradientProbe([self.config.wants_param(p.name) for p in parameters],
                               [tuple(p.shape) for p in parameters], level=self.config.level,
                               bounds=self.config.bounds, steps=self.config.step, first_step=self.step,
-                              rank_wanted=ranks.probes)
+                              rank_wanted=ranks.probes, notices=self.notices)
         try:
             probe.check_compiles([p.dtype for _, p in selected])
         except Exception as e:  # observability must never break training: the optimizer stays untouched

@@ -13,9 +13,7 @@ and checkpoints are unchanged.
 from __future__ import annotations
 
 import itertools
-import logging
 import math
-import warnings
 from typing import Callable
 
 import numpy as np
@@ -25,8 +23,8 @@ from mindspore import Parameter, mint, nn, ops
 from msprobe_mlflow.mindspore.statistics import (float32_bounds, float32_values, gradient_statistics, pack_signs,
                                                  propagate_nan)
 from msprobe_mlflow.layout import StatisticsLayout
+from msprobe_mlflow.notices import Notices
 
-logger = logging.getLogger("msprobe_mlflow")
 _LAST_STEP = np.iinfo(np.int32).max
 _probe_numbers = itertools.count()
 _probed_classes: dict[type, type] = {}
@@ -44,7 +42,7 @@ class GradientProbe(nn.Cell):
     """
 
     def __init__(self, selected: list[bool], shapes: list[tuple[int, ...]], *, level: str, bounds,
-                 steps: tuple[int, ...], rank_wanted: bool, first_step: int = 0):
+                 steps: tuple[int, ...], rank_wanted: bool, first_step: int = 0, notices: Notices | None = None):
         super().__init__(auto_prefix=False)
         tag = f"msprobe_mlflow_{next(_probe_numbers)}"
         numels = [math.prod(shape) for shape, wanted in zip(shapes, selected) if wanted]
@@ -74,7 +72,7 @@ class GradientProbe(nn.Cell):
         self.probed_step = Parameter(ms.Tensor(np.array(-1, dtype=np.int32)), name=f"{tag}.probed_step",
                                      requires_grad=False)
         self.active = Parameter(ms.Tensor(True), name=f"{tag}.active", requires_grad=False)
-        self.failures = 0
+        self.notices = notices or Notices()
 
     @ms.jit
     def construct(self, gradients):
@@ -105,10 +103,7 @@ class GradientProbe(nn.Cell):
         try:
             return super().__call__(gradients)
         except Exception as e:
-            self.failures += 1
-            logger.exception("msprobe-mlflow: the gradient probe failed")
-            if self.failures == 1:
-                warnings.warn(f"msprobe-mlflow: the gradient probe failed ({e!r}); training goes on")
+            self.notices.failure("probe", f"the gradient probe failed ({e!r})")
             return None
 
     def check_compiles(self, dtypes) -> None:

@@ -1,13 +1,17 @@
 """The MindSpore API checker in MLflow: one run for the check, one nested run per API.
 
+Statuses are msprobe's words, ``pass``, ``error`` and ``skip``, in the CSVs, the tags and the metric names alike.
 The check's run is nested under ``parent_run_id``, else under the active run when there is one (and then lives in
-its parent's experiment). It holds the summary metrics (``apis_total``, ``apis_checked`` = passed + failed,
-``apis_passed``, ``apis_failed``, ``apis_skipped``, ``pass_rate`` = passed / checked), the options as params, and
-the two CSVs as artifacts under ``api_check/``. Each API's run (named after the call, ``Mint.add.0``) has the
-metrics of each output (``forward.output.0.cosine``, ``.max_abs_err``, ``.max_relative_err``), the tags ``status``,
-``message``, ``forward_status``, ``backward_status``, and its inputs as params (``input_args.0``), so that
-``mlflow.search_runs(filter_string="tags.status = 'error'")`` lists the failures. Each nested run costs three
-requests (create with its tags, one ``log_batch``, terminate), whatever its number of values.
+its parent's experiment). It holds the summary metrics (``apis_total``, ``apis_checked`` = pass + error,
+``apis_pass``, ``apis_error``, ``apis_skip``, ``pass_rate`` = pass / checked), the tag ``error_apis`` (the names
+of the APIs whose status is error), the options as params, and the two CSVs as artifacts under ``api_check/``.
+Each API's run is named after the call, marked with its status unless pass (``[error] Mint.erfinv.0``: in the
+UI's runs list every run shows a green Finished, so the name is where a failing API shows), and has the metrics
+of each output (``forward/output/0/cosine``, ``.../max_abs_err``, ``.../max_relative_err``: the UI groups them by
+``/``), the tags ``status``, ``message``, ``forward_status``, ``backward_status``, ``api_name``, and its inputs as
+params (``input_args.0``), so that ``mlflow.search_runs(filter_string="tags.status = 'error'")`` lists the APIs
+that fail. Each nested run costs three requests (create with its tags, one ``log_batch``, terminate), whatever its
+number of values.
 """
 from __future__ import annotations
 
@@ -21,7 +25,7 @@ from mlflow.utils.mlflow_tags import MLFLOW_PARENT_RUN_ID, MLFLOW_RUN_NAME
 from mlflow.utils.validation import MAX_TAG_VAL_LENGTH
 
 from msprobe_mlflow import __version__
-from msprobe_mlflow.api_check.metrics import ERROR, PASS, SKIP, Thresholds
+from msprobe_mlflow.api_check.metrics import ERROR, PASS, STATUSES, Thresholds
 from msprobe_mlflow.api_check.results import ApiCheckReport, ApiResult
 from msprobe_mlflow.tracking import TAG_PREFIX
 from msprobe_mlflow.metrics import metric_key
@@ -30,47 +34,52 @@ from msprobe_mlflow.tracking.runs import clipped, created_run, log_batched, now_
 
 ARTIFACT_FOLDER = "api_check"
 TASK_TAG = f"{TAG_PREFIX}api_check.task"
+ERROR_APIS_TAG = "error_apis"
 METRIC_FIELDS = ("cosine", "max_abs_err", "max_relative_err")
 MAX_RUN_NAME_LENGTH = 500  # a run name beyond this is unreadable in the UI's run list
 
 
 def summary_metrics(report: ApiCheckReport) -> dict[str, float]:
-    passed, failed, skipped = report.count(PASS), report.count(ERROR), report.count(SKIP)
-    metrics = {"apis_total": len(report.results), "apis_checked": passed + failed, "apis_passed": passed,
-               "apis_failed": failed, "apis_skipped": skipped}
-    if passed + failed:
-        metrics["pass_rate"] = passed / (passed + failed)
+    counts = {status: report.count(status) for status in STATUSES}
+    metrics = {"apis_total": len(report.results), "apis_checked": counts[PASS] + counts[ERROR],
+               **{f"apis_{status}": count for status, count in counts.items()}}
+    if metrics["apis_checked"]:
+        metrics["pass_rate"] = counts[PASS] / metrics["apis_checked"]
     return metrics
 
 
 @dataclass(frozen=True)
 class CheckRunTarget:
-    """Where the check's run goes, settled before the check starts so that a wrong run ID or experiment fails
-    at once rather than after the last API."""
+    """Where the check's run goes, looked up before the check starts so that a wrong run ID or experiment fails
+    at once rather than after the last API. Nothing is created before the run is logged: a missing experiment is
+    created then (``existing_experiment_id`` None)."""
 
     client: MlflowClient
-    experiment_id: str
     parent_run_id: str | None
+    existing_experiment_id: str | None
+    experiment: str | None
+
+    def experiment_id(self) -> str:
+        return self.existing_experiment_id or experiment_id_for(self.client, self.experiment)
 
 
 def resolve_target(experiment: str | None = None, parent_run_id: str | None = None,
                    tracking_uri: str | None = None) -> CheckRunTarget:
     """The parent is ``parent_run_id``, else the active run (only when ``tracking_uri`` is None: the active run
     lives in the active store). The experiment is the parent's (``experiment``, if given, must be that one),
-    else ``experiment`` (created if missing), else MLflow's current experiment."""
+    else ``experiment`` (created when the run is logged, if missing), else MLflow's current experiment."""
     client = MlflowClient(tracking_uri)
     active = mlflow.active_run() if tracking_uri is None else None
     parent = parent_run_id or (active.info.run_id if active is not None else None)
-    if parent is not None:
-        parent_experiment = client.get_run(parent).info.experiment_id
-        if experiment is not None:
-            found = client.get_experiment_by_name(experiment)
-            if found is None or found.experiment_id != parent_experiment:
-                raise ValueError(f"experiment = {experiment!r} is not the experiment of the parent run {parent} "
-                                 f"(experiment ID {parent_experiment}); a nested run lives in its parent's "
-                                 "experiment: leave the experiment out")
-        return CheckRunTarget(client, parent_experiment, parent)
-    return CheckRunTarget(client, experiment_id_for(client, experiment), None)
+    found = client.get_experiment_by_name(experiment) if experiment else None
+    if parent is None:
+        return CheckRunTarget(client, None, found.experiment_id if found else None, experiment)
+    parent_experiment = client.get_run(parent).info.experiment_id
+    if experiment is not None and (found is None or found.experiment_id != parent_experiment):
+        raise ValueError(f"experiment = {experiment!r} is not the experiment of the parent run {parent} "
+                         f"(experiment ID {parent_experiment}); a nested run lives in its parent's "
+                         "experiment: leave the experiment out")
+    return CheckRunTarget(client, parent, parent_experiment, experiment)
 
 
 def log_api_check(report: ApiCheckReport, target: CheckRunTarget, *, api_info: Path, task: str,
@@ -79,24 +88,28 @@ def log_api_check(report: ApiCheckReport, target: CheckRunTarget, *, api_info: P
     if any, stays active and unchanged."""
     client = target.client
     tags = {MLFLOW_RUN_NAME: f"api-check {api_info.name}", "mlflow.source.name": "msprobe-mlflow api-check",
-            f"{TAG_PREFIX}version": __version__, f"{TAG_PREFIX}framework": "mindspore", TASK_TAG: task}
+            f"{TAG_PREFIX}version": __version__, f"{TAG_PREFIX}framework": "mindspore", TASK_TAG: task,
+            ERROR_APIS_TAG: clipped(", ".join(result.name for result in report.with_status(ERROR)),
+                                    MAX_TAG_VAL_LENGTH)}
     if target.parent_run_id is not None:
         tags[MLFLOW_PARENT_RUN_ID] = target.parent_run_id
     params = {"api_info": str(api_info), "task": task, "cosine_threshold": thresholds.cosine,
               "max_abs_threshold": thresholds.max_abs_err, "api_filter": api_filter or "", "nested": nested}
-    with created_run(client, target.experiment_id, tags=tags) as run_id:
+    experiment_id = target.experiment_id()
+    with created_run(client, experiment_id, tags=tags) as run_id:
         _log_values(client, run_id, summary_metrics(report), params)
         for csv_path in (report.details_csv, report.result_csv):
             if csv_path is not None:
                 client.log_artifact(run_id, str(csv_path), ARTIFACT_FOLDER)
         if nested:
             for result in report.results:
-                _log_api_run(client, target.experiment_id, run_id, result)
+                _log_api_run(client, experiment_id, run_id, result)
     return run_id
 
 
 def _log_api_run(client: MlflowClient, experiment_id: str, parent_run_id: str, result: ApiResult) -> None:
-    tags = {MLFLOW_PARENT_RUN_ID: parent_run_id, MLFLOW_RUN_NAME: clipped(result.name, MAX_RUN_NAME_LENGTH),
+    name = result.name if result.status == PASS else f"[{result.status}] {result.name}"
+    tags = {MLFLOW_PARENT_RUN_ID: parent_run_id, MLFLOW_RUN_NAME: clipped(name, MAX_RUN_NAME_LENGTH),
             "api_name": clipped(result.name, MAX_TAG_VAL_LENGTH), "status": result.status,
             "message": clipped(result.message, MAX_TAG_VAL_LENGTH)}
     for side_name, side in (("forward", result.forward), ("backward", result.backward)):
@@ -108,7 +121,7 @@ def _log_api_run(client: MlflowClient, experiment_id: str, parent_run_id: str, r
         for field_name in METRIC_FIELDS:
             value = getattr(row, field_name)
             if value is not None:
-                metrics[f"{relative_name}.{field_name}"] = value
+                metrics[metric_key(*relative_name.split("."), field_name)] = value
     with created_run(client, experiment_id, tags=tags) as run_id:
         _log_values(client, run_id, metrics, result.inputs)
 

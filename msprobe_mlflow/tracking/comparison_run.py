@@ -5,7 +5,8 @@ The comparison run (default experiment: the first source run's; name ``compare <
 - tags ``msprobe_mlflow.compare.run_a`` / ``run_b`` (source run IDs) and ``dump_path_a`` / ``dump_path_b`` (source
   folders), ``msprobe_mlflow.compare.verdict`` (``suspicious`` or ``consistent``),
   ``msprobe_mlflow.compare.first_suspicious_step`` and per rank ``...rank{R}.first_suspicious_step`` and
-  ``...rank{R}.suspicious_parameters``; the verdict text as the run description;
+  ``...rank{R}.suspicious_parameters``; as the run's description (Markdown), the verdict in one line, links to
+  both sources, and the printed verdict and table in a fenced block;
 - params ``first_threshold``, ``drop_threshold``;
 - metrics ``summary_similarity/rank{R}`` whose MLflow step is the training step (the UI draws the curve), and
   ``verdict/suspicious``, ``verdict/first_suspicious_step``, ``verdict/rank{R}/first_suspicious_step``,
@@ -22,18 +23,17 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from mlflow.entities import Metric, RunTag
-from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
 from msprobe_mlflow import __version__
 from msprobe_mlflow.compare.engine import CompareInputError, DumpComparison, compare_dumps, direction_steps
 from msprobe_mlflow.compare.verdict import DEFAULT_DROP_THRESHOLD, DEFAULT_FIRST_THRESHOLD, Verdict, check_thresholds
-from msprobe_mlflow.dump import indexed_children
+from msprobe_mlflow.dump import dump_folder, indexed_children
 from msprobe_mlflow.tracking import TAG_PREFIX
 from msprobe_mlflow.metrics import metric_key
-from msprobe_mlflow.tracking.experiments import experiment_id_for
-from msprobe_mlflow.tracking.run_dump import RunDumpListing, fetch_run_dump, list_run_dump
-from msprobe_mlflow.tracking.runs import created_run, log_batched, now_ms, param, tag
+from msprobe_mlflow.tracking.experiments import experiment_id_for, run_page_link, run_page_url
+from msprobe_mlflow.tracking.run_dump import RunDumpListing, fetch_run_dump, get_run, list_run_dump
+from msprobe_mlflow.tracking.runs import MAX_TAG_VAL_LENGTH, clipped, created_run, log_batched, now_ms, param, tag
 
 COMPARE_TAG_PREFIX = f"{TAG_PREFIX}compare."
 ARTIFACT_FOLDER = "grad_compare"
@@ -50,10 +50,14 @@ class RunComparison:
     experiment_id: str | None = None
     tracking_uri: str | None = None
 
+    def to_dataframe(self):
+        """:meth:`DumpComparison.to_dataframe`: the similarities per rank, step and parameter."""
+        return self.comparison.to_dataframe()
+
     def run_url(self) -> str | None:
         """The run's page when the store is a server, else None (open it with ``mlflow ui``)."""
         if self.run_id and self.tracking_uri and self.tracking_uri.startswith(("http://", "https://")):
-            return f"{self.tracking_uri.rstrip('/')}/#/experiments/{self.experiment_id}/runs/{self.run_id}"
+            return run_page_url(self.tracking_uri, self.experiment_id, self.run_id)
         return None
 
 
@@ -89,23 +93,15 @@ def _looks_like_a_path(given: str) -> bool:
 
 
 def resolve_source(given: str | os.PathLike, side: str, client_factory) -> ComparisonSource:
-    """A folder if ``given`` is one, else an MLflow run ID (``client_factory()`` is only called then)."""
-    if Path(given).is_dir():
-        if not indexed_children(given, "rank"):
-            raise CompareInputError(f"{side} = {str(given)!r} holds no rank<N> folders; expected a grad_probe dump "
-                                    f"folder (rank0/grad_summary_0.csv, rank0/step0/...) or an MLflow run ID")
-        return ComparisonSource(str(given), folder=Path(given))
+    """A dump folder if something exists at ``given`` (a file is refused as such), else an MLflow run ID
+    (``client_factory()`` is only called then)."""
+    if Path(given).exists():
+        return ComparisonSource(str(given), folder=dump_folder(given, side))
     if _looks_like_a_path(str(given)):
         raise CompareInputError(f"{side} = {str(given)!r}: no such folder; expected a grad_probe dump folder or "
                                 f"an MLflow run ID")
     client = client_factory()
-    try:
-        run = client.get_run(str(given))
-    except MlflowException as e:
-        if e.get_http_status_code() >= 500:  # a server that cannot be reached or fails: not a mistyped source
-            raise
-        raise CompareInputError(f"{side} = {str(given)!r}: no such folder, and no MLflow run with this ID at "
-                                f"{client.tracking_uri} ({e.message.splitlines()[0]})") from None
+    run = get_run(client, str(given), f"{side} = {str(given)!r}")
     return ComparisonSource(str(given), listing=list_run_dump(client, run))
 
 
@@ -146,10 +142,44 @@ def _experiment_id(client: MlflowClient, experiment: str | None, sources: list[C
     return experiment_id_for(client, experiment)
 
 
+def _headline(verdict: Verdict) -> str:
+    """The verdict in one Markdown line: where the runs part, by how much, or that they do not."""
+    if not verdict.suspicious:
+        ranks_word = "ranks" if len(verdict.ranks) > 1 else "rank"
+        return (f"**Consistent**: no suspicious step on {len(verdict.ranks)} {ranks_word} (first step below "
+                f"{verdict.first_threshold}, or a drop of more than {verdict.drop_threshold})")
+    step = verdict.first_suspicious_step
+    ranks = [rank for rank in verdict.ranks if rank.first_suspicious_step == step]
+    where = ", ".join(str(rank.rank) for rank in ranks)
+    summary = ranks[0].summary_trip
+    details = [f"summary {summary.previous:.4f} -> {summary.similarity:.4f}"] if summary else []
+    trips = sorted((trip for rank in ranks for trip in rank.parameter_trips), key=lambda trip: -trip.fall)
+    if trips:
+        more = f", and {len(trips) - 1} more parameters" if len(trips) > 1 else ""
+        details.append(f"{trips[0].name} fell {trips[0].previous:.4f} -> {trips[0].similarity:.4f}{more}")
+    ranks_word = "ranks" if len(ranks) > 1 else "rank"
+    return f"**Suspicious**: the runs part at step {step} on {ranks_word} {where} ({'; '.join(details)})"
+
+
+def _description(comparison: DumpComparison, sources: list[ComparisonSource]) -> str:
+    """The run's description in the UI (Markdown): the verdict in one line, links to both sources, then the
+    printed verdict and table in a fenced block, which keeps its columns aligned (cut to fit MLflow's limit)."""
+    lines = [_headline(comparison.verdict), ""]
+    for side, source in zip("AB", sources):
+        if source.run_id:
+            link = run_page_link(source.listing.run.info.experiment_id, source.run_id)
+            lines.append(f"- {side}: [{source.label}]({link}) `{source.run_id}`")
+        else:
+            lines.append(f"- {side}: `{source.folder.resolve()}`")
+    head = "\n".join([*lines, "", "```text", ""])
+    printed = f"{comparison.verdict.describe()}\n\n{comparison.table()}"
+    return f"{head}{clipped(printed, MAX_TAG_VAL_LENGTH - len(head) - 4)}\n```"
+
+
 def _tags(comparison: DumpComparison, sources: list[ComparisonSource]) -> list[RunTag]:
     verdict = comparison.verdict
     tags = {"mlflow.source.name": "msprobe-mlflow compare", f"{TAG_PREFIX}version": __version__,
-            "mlflow.note.content": f"{comparison.table()}\n\n{verdict.describe()}",
+            "mlflow.note.content": _description(comparison, sources),
             f"{COMPARE_TAG_PREFIX}verdict": "suspicious" if verdict.suspicious else "consistent"}
     for side, source in zip("ab", sources):
         if source.run_id:

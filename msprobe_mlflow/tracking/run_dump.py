@@ -1,10 +1,11 @@
-"""A monitored run's dump as a local folder, for the comparator.
+"""A monitored run's dump as a local folder, for the comparator and :func:`read_statistics`.
 
 The run's ``grad_probe/`` artifacts mirror the local dump. When the artifact store is a local folder (the embedded
 SQLite/file store), the dump is read where it lies. Otherwise only the files asked for (the ranks and steps being
-compared) are downloaded, in parallel, into a cache keyed by run ID (``~/.cache/msprobe-mlflow/runs/<run_id>/``);
-a file already cached with the listed size is not fetched again. Each destination is confined to the cache folder
-(``safe_paths.confined_path``) and written by rename, so an interrupted download leaves no half file.
+compared, or only the summary CSVs) are downloaded, in parallel, into a cache keyed by run ID
+(``~/.cache/msprobe-mlflow/runs/<run_id>/``); a file already cached with the listed size is not fetched again. Each
+destination is confined to the cache folder (``safe_paths.confined_path``) and written by rename, so an
+interrupted download leaves no half file.
 """
 from __future__ import annotations
 
@@ -18,10 +19,11 @@ from pathlib import Path
 from urllib.parse import unquote, urlparse
 
 from mlflow.entities import Run
+from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
-from msprobe_mlflow.dump import (parse_rank_folder, parse_step_folder, parse_summary_name, relative_step_dir,
-                                 relative_summary_path, step_dir)
+from msprobe_mlflow.dump import (parse_rank_folder, parse_step_folder, parse_summary_name, read_statistics_table,
+                                 relative_step_dir, relative_summary_path, step_dir)
 from msprobe_mlflow.levels import LEVELS
 from msprobe_mlflow.progress import ProgressLine
 from msprobe_mlflow.safe_paths import confined_path
@@ -42,27 +44,47 @@ def default_cache_dir() -> Path:
 
 @dataclass
 class RunDumpListing:
-    """What a run's ``grad_probe/`` holds: ``steps[rank]`` are the steps with both a summary CSV and a
-    ``step{S}/`` folder (the sink uploads the CSV last, so such a step is complete)."""
+    """What a run's ``grad_probe/`` holds: ``summaries[rank]`` the steps with a summary CSV, ``steps[rank]`` those
+    with both a summary CSV and a ``step{S}/`` folder (the sink uploads the CSV last, so such a step is complete)."""
 
     run: Run
     steps: dict[int, list[int]] = field(default_factory=dict)
+    summaries: dict[int, list[int]] = field(default_factory=dict)
     file_sizes: dict[str, int | None] = field(default_factory=dict)  # artifact path of each summary CSV -> bytes
 
     @property
     def run_id(self) -> str:
         return self.run.info.run_id
 
+    def summary_files(self, steps: dict[int, list[int]]) -> list[tuple[str, int | None]]:
+        """Artifact path and listed size of the summary CSV of each rank and step in ``steps``."""
+        paths = [f"{ARTIFACT_ROOT}/{relative_summary_path(rank, step)}"
+                 for rank, rank_steps in steps.items() for step in rank_steps]
+        return [(path, self.file_sizes.get(path)) for path in paths]
+
 
 def _name(path: str) -> str:
     return path.rstrip("/").rsplit("/", 1)[-1]
 
 
-def list_run_dump(client: MlflowClient, run: Run) -> RunDumpListing:
-    """Lists the run's ranks and complete steps (one request per rank), refusing an L0 or empty run."""
+def get_run(client: MlflowClient, run_id: str, label: str) -> Run:
+    """The run; one the store does not know is bad input, ``{label}: no such folder, and no MLflow run with this
+    ID at ...`` (a server that fails or cannot be reached raises as it is: not a mistyped source)."""
+    try:
+        return client.get_run(run_id)
+    except MlflowException as e:
+        if e.get_http_status_code() >= 500:
+            raise
+        raise RunDumpError(f"{label}: no such folder, and no MLflow run with this ID at {client.tracking_uri} "
+                           f"({e.message.splitlines()[0]})") from None
+
+
+def list_run_dump(client: MlflowClient, run: Run, directions: bool = True) -> RunDumpListing:
+    """Lists the run's ranks and steps (one request per rank), refusing an empty run, and with ``directions`` an
+    L0 run too (the comparator's need)."""
     run_id = run.info.run_id
     level = run.data.tags.get(f"{TAG_PREFIX}level")
-    if level in LEVELS and not LEVELS[level].has_directions:
+    if directions and level in LEVELS and not LEVELS[level].has_directions:
         raise RunDumpError(f"run {run_id}: tag {TAG_PREFIX}level = {level!r}: an {level} run records no gradient "
                            f"directions; compare needs grad_level L1 or L2 in both runs")
     listing = RunDumpListing(run)
@@ -75,9 +97,10 @@ def list_run_dump(client: MlflowClient, run: Run) -> RunDumpListing:
         summaries = {parse_summary_name(_name(e.path)) for e in entries if not e.is_dir} - {None}
         listing.file_sizes.update({e.path: e.file_size for e in entries if not e.is_dir})
         step_folders = {parse_step_folder(_name(e.path)) for e in entries if e.is_dir} - {None}
-        if summaries and not step_folders:
+        if directions and summaries and not step_folders:
             raise RunDumpError(f"run {run_id}: {folder.path}/ holds grad_summary_*.csv but no step<N>/ folders: "
                                f"an L0 dump records no gradient directions; compare needs grad_level L1 or L2")
+        listing.summaries[rank] = sorted(summaries)
         listing.steps[rank] = sorted(summaries & step_folders)
     if not listing.steps:
         raise RunDumpError(f"run {run_id} has no {ARTIFACT_ROOT}/rank<N>/ artifacts; expected a run logged by "
@@ -102,6 +125,36 @@ def _download(client: MlflowClient, run_id: str, artifact_path: str, destination
     os.replace(fetched, destination)
 
 
+def _run_cache(client: MlflowClient, run_id: str, cache_dir: str | os.PathLike | None) -> Path:
+    """The run's cache folder (not created), refusing a run ID that is no plain name before anything is asked."""
+    if not _PLAIN_RUN_ID.match(run_id):
+        raise RunDumpError(f"run ID {run_id!r} from {client.tracking_uri} is not a plain name (1 to 64 letters, "
+                           f"digits, '-' or '_'); refusing to name a cache folder after it")
+    return (Path(cache_dir) if cache_dir is not None else default_cache_dir()) / run_id
+
+
+def _fetch(client: MlflowClient, run_id: str, run_root: Path, wanted: list[tuple[str, int | None]],
+           progress: bool | None) -> Path:
+    """Downloads into ``run_root`` each ``(artifact path, size)`` not already there with that size."""
+    run_root.mkdir(parents=True, exist_ok=True)
+    missing = []
+    for artifact_path, size in wanted:
+        destination = confined_path(run_root, artifact_path, f"run {run_id}: artifact path")
+        if not destination.is_file() or (size is not None and destination.stat().st_size != size):
+            missing.append((artifact_path, destination))
+    if missing:
+        scratch = Path(tempfile.mkdtemp(prefix=".download-", dir=run_root))
+        line = ProgressLine(f"downloading run {run_id[:8]}", len(missing), progress)
+        try:
+            with ThreadPoolExecutor(DOWNLOAD_WORKERS, thread_name_prefix="msprobe-download") as pool:
+                for _ in pool.map(lambda item: _download(client, run_id, *item, scratch), missing):
+                    line.advance()
+        finally:
+            line.close()
+            shutil.rmtree(scratch, ignore_errors=True)
+    return run_root / ARTIFACT_ROOT
+
+
 def fetch_run_dump(client: MlflowClient, listing: RunDumpListing, steps: dict[int, list[int]],
                    cache_dir: str | os.PathLike | None = None, progress: bool | None = None) -> Path:
     """A local dump folder holding at least ``steps[rank]`` of every rank in ``steps`` (read in place when the
@@ -110,36 +163,33 @@ def fetch_run_dump(client: MlflowClient, listing: RunDumpListing, steps: dict[in
     if in_place is not None:
         return in_place
     run_id = listing.run_id
-    if not _PLAIN_RUN_ID.match(run_id):
-        raise RunDumpError(f"run ID {run_id!r} from {client.tracking_uri} is not a plain name (1 to 64 letters, "
-                           f"digits, '-' or '_'); refusing to name a cache folder after it")
-    cache_root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
-    run_root = cache_root / run_id
-    run_root.mkdir(parents=True, exist_ok=True)
-    wanted = []  # (artifact path, size)
+    run_root = _run_cache(client, run_id, cache_dir)
     folders = [f"{ARTIFACT_ROOT}/{relative_step_dir(rank, step)}" for rank, rank_steps in steps.items()
                for step in rank_steps]
-    with ThreadPoolExecutor(DOWNLOAD_WORKERS, thread_name_prefix="msprobe-download") as pool:
-        for folder, entries in zip(folders, pool.map(lambda f: client.list_artifacts(run_id, f), folders)):
-            wanted += [(e.path, e.file_size) for e in entries if not e.is_dir]
-        summaries = [f"{ARTIFACT_ROOT}/{relative_summary_path(rank, step)}"
-                     for rank, rank_steps in steps.items() for step in rank_steps]
-        wanted += [(path, listing.file_sizes.get(path)) for path in summaries]
-        missing = []
-        for artifact_path, size in wanted:
-            destination = confined_path(run_root, artifact_path, f"run {run_id}: artifact path")
-            if not destination.is_file() or (size is not None and destination.stat().st_size != size):
-                missing.append((artifact_path, destination))
-        if missing:
-            scratch = Path(tempfile.mkdtemp(prefix=".download-", dir=run_root))
-            line = ProgressLine(f"downloading run {run_id[:8]}", len(missing), progress)
-            try:
-                for _ in pool.map(lambda item: _download(client, run_id, *item, scratch), missing):
-                    line.advance()
-            finally:
-                line.close()
-                shutil.rmtree(scratch, ignore_errors=True)
-    return run_root / ARTIFACT_ROOT
+    with ThreadPoolExecutor(DOWNLOAD_WORKERS, thread_name_prefix="msprobe-list") as pool:
+        wanted = [(e.path, e.file_size) for entries in pool.map(lambda f: client.list_artifacts(run_id, f), folders)
+                  for e in entries if not e.is_dir]
+    return _fetch(client, run_id, run_root, wanted + listing.summary_files(steps), progress)
+
+
+def read_statistics(source: str | os.PathLike, tracking_uri: str | None = None,
+                    cache_dir: str | os.PathLike | None = None, progress: bool | None = None):
+    """A monitored run's statistics across steps as a ``pandas.DataFrame``: a row per rank, step and parameter
+    with ``max``, ``min``, ``norm``, the bucket fractions (L2) and the shape (see ``dump.read_statistics_table``).
+
+    ``source``: a dump folder, or the ID of a run logged by the monitor or by ``msprobe-mlflow upload`` (at
+    ``tracking_uri``, default the active one). A run's summary CSVs are read in place when its artifacts are on
+    this file system, else only they are downloaded (not the directions), cached under ``cache_dir``.
+    """
+    if Path(source).is_dir():
+        return read_statistics_table(source)
+    client = MlflowClient(tracking_uri)
+    listing = list_run_dump(client, get_run(client, str(source), f"source = {str(source)!r}"), directions=False)
+    folder = local_artifact_dump(listing.run)
+    if folder is None:
+        folder = _fetch(client, listing.run_id, _run_cache(client, listing.run_id, cache_dir),
+                        listing.summary_files(listing.summaries), progress)
+    return read_statistics_table(folder)
 
 
 class RunBaseline:
@@ -149,7 +199,7 @@ class RunBaseline:
 
     def __init__(self, run_id: str, tracking_uri: str | None = None, cache_dir: str | os.PathLike | None = None):
         self.client = MlflowClient(tracking_uri)
-        self.listing = list_run_dump(self.client, self.client.get_run(run_id))
+        self.listing = list_run_dump(self.client, get_run(self.client, run_id, f"baseline = {run_id!r}"))
         self.in_place = local_artifact_dump(self.listing.run)
         self.cache_dir = cache_dir
 

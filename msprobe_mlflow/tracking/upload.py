@@ -19,9 +19,9 @@ from mlflow.tracking import MlflowClient
 
 from msprobe_mlflow import __version__
 from msprobe_mlflow.directions import PACKED_FILE_NAME, open_step_directions, read_step_directions, write_packed
-from msprobe_mlflow.dump import (RANK_PREFIX, indexed_children, parse_summary_name, rank_dir, read_dump_config,
-                                 read_summary, relative_rank_dir, relative_step_dir, step_dir, summary_csv_path,
-                                 summary_steps)
+from msprobe_mlflow.dump import (RANK_PREFIX, dump_folder, indexed_children, parse_summary_name, rank_dir,
+                                 read_dump_config, read_summary, relative_rank_dir, relative_step_dir, step_dir,
+                                 summary_csv_path, summary_steps)
 from msprobe_mlflow.levels import level_of_header
 from msprobe_mlflow.tracking import ARTIFACT_ROOT, TAG_PREFIX
 from msprobe_mlflow.tracking.experiments import experiment_id_for
@@ -99,14 +99,9 @@ def upload_dump(dump_path: str | os.PathLike, run_id: str | None = None, *, expe
                 tracking_uri: str | None = None, ranks: list[int] | None = None, steps: set[int] | None = None,
                 param_patterns: tuple[str, ...] = (), progress: bool = False) -> UploadReport:
     """Makes the run hold every step of the dump (or of ``ranks``/``steps``); creates a run when ``run_id`` is None."""
-    dump_path = Path(dump_path)
-    if not dump_path.is_dir():
-        raise ValueError(f"dump path {str(dump_path)!r} is not a folder")
-    found_ranks = indexed_children(dump_path, RANK_PREFIX)
-    if not found_ranks:
-        raise ValueError(f"dump path {str(dump_path)!r} holds no rank<N> folder: not a grad_probe dump")
+    dump_path = dump_folder(dump_path, "dump_path")
     wanted_steps = {}
-    for rank in found_ranks:
+    for rank in indexed_children(dump_path, RANK_PREFIX):
         if ranks is None or rank in ranks:
             wanted_steps[rank] = [s for s in summary_steps(rank_dir(dump_path, rank)) if steps is None or s in steps]
             check_steps(dump_path, rank, wanted_steps[rank], param_patterns)
