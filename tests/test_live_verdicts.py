@@ -239,8 +239,11 @@ def test_the_writer_hands_steps_over_without_waiting_for_a_slow_baseline(tmp_pat
 
 def test_bad_options_are_refused_before_training(tmp_path):
     config = GradProbeConfig(dump_path=str(tmp_path), level="L1")
-    with pytest.raises(ValueError, match=r"baseline = '\./no/such/dump': no such folder"):
+    with pytest.raises(ValueError, match=r"baseline = '\./no/such/dump': no such folder; expected a grad_probe dump"):
         GradientMonitor(config, baseline="./no/such/dump")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ValueError, match=r"baseline = '.*empty' holds no rank<N> folders; expected a grad_probe"):
+        GradientMonitor(config, baseline=str(tmp_path / "empty"))
     with pytest.raises(ValueError, match=r"on_suspicious is given without baseline="):
         GradientMonitor(config, on_suspicious=print)
     with pytest.raises(ValueError, match=r"on_suspicious = 3 is not accepted"):

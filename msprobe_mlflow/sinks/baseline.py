@@ -47,7 +47,8 @@ from msprobe_mlflow.compare.verdict import (DEFAULT_DROP_THRESHOLD, DEFAULT_FIRS
 from msprobe_mlflow.config import GradProbeConfig
 from msprobe_mlflow.directions import (PACKED_FILE_NAME, open_step_directions, read_packed_laid_out,
                                        read_step_directions)
-from msprobe_mlflow.dump import findings_dir, indexed_children, step_dir, write_csv
+from msprobe_mlflow.dump import (DUMP_FOLDER_EXPECTED, dump_folder, findings_dir, indexed_children, step_dir,
+                                 write_csv)
 from msprobe_mlflow.notices import Notices
 from msprobe_mlflow.records import StepRecord
 from msprobe_mlflow.safe_paths import atomic_write_bytes
@@ -90,9 +91,10 @@ class BaselineOptions:
         if not isinstance(given, (str, os.PathLike)) or not str(given):
             raise ValueError(f"baseline = {given!r} is not accepted; expected a dump folder or an MLflow run ID")
         given = str(given)
-        if _looks_like_a_path(given) and not Path(given).is_dir():
-            raise ValueError(f"baseline = {given!r}: no such folder; expected a grad_probe dump folder (holding "
-                             f"rank0/step0/...) or an MLflow run ID")
+        if Path(given).exists():
+            dump_folder(given, "baseline")  # a file, or a folder without rank<N>/, is refused saying what it is
+        elif _looks_like_a_path(given):
+            raise ValueError(f"baseline = {given!r}: no such folder; {DUMP_FOLDER_EXPECTED}, or an MLflow run ID")
         object.__setattr__(self, "baseline", given)
         if self.on_suspicious is not None and not callable(self.on_suspicious):
             raise ValueError(f"on_suspicious = {self.on_suspicious!r} is not accepted; expected a function taking "
