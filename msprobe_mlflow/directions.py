@@ -13,6 +13,7 @@ reader such as the comparator holds one parameter in memory at a time, not the w
 """
 from __future__ import annotations
 
+import functools
 import io
 import json
 import math
@@ -53,16 +54,16 @@ class StoredDirection:
         return self.load()
 
 
+def _layout_fields(names, shapes) -> dict[str, np.ndarray]:
+    """The fields of a packed archive that say what it holds (all but ``bits``)."""
+    return {"format_version": np.array(PACKED_FORMAT_VERSION), "names": np.array(names, dtype=str),
+            "ndims": np.array([len(s) for s in shapes], dtype=np.int64),
+            "dims": np.array([d for s in shapes for d in s], dtype=np.int64)}
+
+
 def write_packed(path: Path, names: list[str], shapes: list[tuple[int, ...]], bits: np.ndarray) -> None:
     buffer = io.BytesIO()
-    np.savez(
-        buffer,
-        format_version=np.array(PACKED_FORMAT_VERSION),
-        names=np.array(names, dtype=str),
-        ndims=np.array([len(s) for s in shapes], dtype=np.int64),
-        dims=np.array([d for s in shapes for d in s], dtype=np.int64),
-        bits=np.ascontiguousarray(bits, dtype=np.uint8),
-    )
+    np.savez(buffer, **_layout_fields(names, shapes), bits=np.ascontiguousarray(bits, dtype=np.uint8))
     atomic_write_bytes(path, buffer.getvalue())
 
 
@@ -177,17 +178,33 @@ def open_packed(path: Path) -> dict[str, StoredDirection]:
             for name, shape, piece in zip(names, shapes, pieces)}
 
 
+@functools.lru_cache(maxsize=4)
+def _layout_bytes(names: tuple[str, ...], shapes: tuple[tuple[int, ...], ...]) -> dict[str, bytes]:
+    """The bytes ``write_packed`` gives each layout field of an archive holding ``names`` with ``shapes``."""
+    encoded = {}
+    for key, value in _layout_fields(names, shapes).items():
+        buffer = io.BytesIO()
+        np.lib.format.write_array(buffer, value, allow_pickle=False)
+        encoded[key] = buffer.getvalue()
+    return encoded
+
+
 def read_packed_laid_out(path: Path, names: list[str], shapes: list[tuple[int, ...]]) -> np.ndarray | None:
-    """The whole ``bits`` field of a packed archive that holds exactly ``names`` with ``shapes``, in that order (as
-    ``open_packed`` checks it, memory-mapped); None for any other archive, or a damaged one (``open_packed`` then
-    says what it holds). A reader that knows the layout compares a whole step in one go instead of listing
-    thousands of small parameters one by one."""
+    """The whole ``bits`` field of a packed archive that holds exactly ``names`` with ``shapes``, in that order
+    (memory-mapped as ``open_packed`` maps it); None for any other archive, or a damaged one (``open_packed`` then
+    says what it holds). The layout fields are compared byte for byte with what ``write_packed`` writes for that
+    layout, reading no further than their length: a reader that knows the layout compares a step of thousands of
+    small parameters at once, without decoding the layout at every step."""
+    shapes = tuple(tuple(shape) for shape in shapes)
     try:
         with zipfile.ZipFile(refuse_symlink(path)) as archive:
-            held_names, held_shapes, bits = _read_packed_fields(archive, path)
+            for key, expected in _layout_bytes(tuple(names), shapes).items():
+                with archive.open(f"{key}.npy") as f:
+                    if f.read(len(expected) + 1) != expected:
+                        return None
+            return _bits(archive, path, sum((math.prod(shape) + 7) // 8 for shape in shapes))
     except Exception:
         return None
-    return bits if held_names == list(names) and held_shapes == [tuple(shape) for shape in shapes] else None
 
 
 def read_packed(path: Path) -> Directions:
