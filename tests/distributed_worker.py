@@ -4,7 +4,8 @@ Rank 0 starts the run (``--run-name``) and prints ``RUN_ID <id>``; every rank ca
 rank 0's run. ``--perturb-from S`` scales the inputs of every rank from step S on, so gradient directions
 change from that step: the comparator must name it. ``--die-at S`` makes rank 1 exit abruptly at step S (the
 ranks then train without DDP, so the survivor is not stuck in an all-reduce with a dead peer). ``--ranks R ...``
-is the config's rank filter. ``--pause-at S --resume-file F`` makes every rank wait before step S until file F
+is the config's rank filter. ``--nan-at R S`` puts a NaN into rank R's first gradient at step S, after DDP's
+all-reduce (so only rank R sees it at S; its weights turn NaN and every rank's gradients follow a step later). ``--pause-at S --resume-file F`` makes every rank wait before step S until file F
 exists (a test breaks something meanwhile); a run that cannot be ended (tracking server down) is reported on
 stderr, as the job's last line of work.
 """
@@ -34,6 +35,7 @@ def main() -> None:
     parser.add_argument("--die-at", type=int, default=None)
     parser.add_argument("--pause-at", type=int, default=None)
     parser.add_argument("--resume-file", default=None)
+    parser.add_argument("--nan-at", type=int, nargs=2, default=None, metavar=("RANK", "STEP"))
     parser.add_argument("--ranks", type=int, nargs="*", default=[], help="the config's rank filter")
     args = parser.parse_args()
 
@@ -62,6 +64,8 @@ def main() -> None:
             x = -3 * x.flip(0)
         optimizer.zero_grad()
         torch.nn.functional.mse_loss(model(x), torch.ones(16, 4)).backward()
+        if args.nan_at == [rank, step]:
+            next(model.parameters()).grad.view(-1)[0] = float("nan")
         optimizer.step()
     monitor.stop()
     if run is not None:

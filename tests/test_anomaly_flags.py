@@ -22,6 +22,7 @@ from msprobe_mlflow.dump import findings_dir
 from msprobe_mlflow.pytorch import GradientMonitor
 from msprobe_mlflow.records import StepRecord
 from msprobe_mlflow.sinks.anomalies import ANOMALIES_FILE_NAME, AnomalyFlags, SpikeRule, robust_bands
+from msprobe_mlflow.tracking.upload import upload_dump
 
 
 def test_robust_bands_are_each_rows_median_and_scaled_mad_ignoring_gaps():
@@ -246,3 +247,10 @@ def test_findings_mlflow_cannot_take_stay_in_the_local_dump_with_a_warning(tmp_e
     flags = [(f["step"], f["parameter"], f["kind"]) for f in csv_flags(tmp_path / "dump")]
     assert flags == [("1", "bias", "nonfinite")]
     assert "msprobe_mlflow.first_nonfinite_step" not in MlflowClient().get_run(run.info.run_id).data.tags
+
+    local = findings_dir(tmp_path / "dump", 0) / ANOMALIES_FILE_NAME
+    assert upload_dump(tmp_path / "dump", run.info.run_id).files_uploaded >= 1
+    sent = Path(mlflow.artifacts.download_artifacts(run_id=run.info.run_id, dst_path=str(tmp_path / "sent"),
+                                                    artifact_path=f"grad_probe/rank0/findings/{ANOMALIES_FILE_NAME}"))
+    assert sent.read_bytes() == local.read_bytes()
+    assert upload_dump(tmp_path / "dump", run.info.run_id).files_uploaded == 0  # nothing twice

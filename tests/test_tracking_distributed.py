@@ -1,6 +1,8 @@
 """A 2-process torch.distributed (gloo) job logs both ranks into one MLflow run, nothing lost."""
 from __future__ import annotations
 
+import csv
+import math
 import os
 import subprocess
 import sys
@@ -107,3 +109,26 @@ def test_the_configs_rank_filter_decides_which_ranks_log_into_the_run(tmp_path):
         [f"grad_probe/rank1/grad_summary_{s}.csv" for s in range(2)]
         + [f"grad_probe/rank1/step{s}/directions.npz" for s in range(2)])
     assert sorted(p.name for p in (tmp_path / "dump").glob("rank*")) == ["rank1"]
+
+
+def first_nonfinite_step(rank_folder: Path) -> int:
+    """From the dump's CSVs: the first step with a non-finite max, min or norm."""
+    for step in range(len(list(rank_folder.glob("grad_summary_*.csv")))):
+        with open(rank_folder / f"grad_summary_{step}.csv", encoding="utf-8-sig") as file:
+            rows = list(csv.DictReader(file))
+        if not all(math.isfinite(float(row[column])) for row in rows for column in ("max", "min", "norm")):
+            return step
+    raise AssertionError(f"no non-finite gradient in {rank_folder}")
+
+
+def test_the_runs_first_finding_is_the_earliest_of_all_ranks_whichever_rank_tagged_last(tmp_path):
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    done = torchrun(uri, "--dump", str(tmp_path / "dump"), "--steps", "4", "--level", "L1", "--nan-at", "1", "1")
+    assert done.returncode == 0, done.stderr[-3000:]
+    tags = MlflowClient(uri).get_run(run_id_of(done)).data.tags
+    first = {rank: first_nonfinite_step(tmp_path / "dump" / f"rank{rank}") for rank in (0, 1)}
+    assert first[1] == 1 and first[0] > 1  # rank 0 sees NaN only once rank 1's NaN weights reach the all-reduce
+    for rank in (0, 1):
+        assert tags[f"msprobe_mlflow.rank{rank}.first_nonfinite_step"] == str(first[rank])
+    assert tags["msprobe_mlflow.first_nonfinite_step"] == "1"
+    assert tags["msprobe_mlflow.nonfinite_parameters"] == tags["msprobe_mlflow.rank1.nonfinite_parameters"]

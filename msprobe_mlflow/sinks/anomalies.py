@@ -28,7 +28,7 @@ from msprobe_mlflow.background import BackgroundStepWriter
 from msprobe_mlflow.dump import findings_dir
 from msprobe_mlflow.notices import Notices
 from msprobe_mlflow.records import StepRecord
-from msprobe_mlflow.tracking import TAG_PREFIX
+from msprobe_mlflow.tracking import finding_tags
 
 ANOMALIES_FILE_NAME = "anomalies.csv"
 CSV_HEADER = ["step", "scope", "parameter", "kind", "norm", "median_norm", "band_low", "band_high"]
@@ -214,8 +214,7 @@ class AnomalySink:
         what = "non-finite gradients" if kind == "nonfinite" else "gradient-norm spikes"
         self.notices.warn(f"rank {self.rank}: {what} at step {step}: {names[:500]}; every flag is listed in "
                           f"{self.path}")
-        plural = "nonfinite_parameters" if kind == "nonfinite" else "spike_parameters"
-        return {f"{TAG_PREFIX}first_{kind}_step": str(step), f"{TAG_PREFIX}{plural}": names}
+        return finding_tags(kind, self.rank, step, names)
 
     def _append(self, flags: list[Flag]) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)

@@ -52,7 +52,7 @@ from msprobe_mlflow.dump import (DUMP_FOLDER_EXPECTED, dump_folder, findings_dir
 from msprobe_mlflow.notices import Notices
 from msprobe_mlflow.records import StepRecord
 from msprobe_mlflow.safe_paths import atomic_write_bytes
-from msprobe_mlflow.tracking import TAG_PREFIX
+from msprobe_mlflow.tracking import TAG_PREFIX, finding_tags
 
 PREFETCH_STEPS = 4  # baseline steps opened (downloaded, for a remote run) ahead of the step being compared
 HELD_STEPS = 8  # steps waiting for the comparison with their directions in memory
@@ -355,10 +355,9 @@ class BaselineSink:
                 self.notices.failure("on_suspicious", f"on_suspicious raised {e!r}")
         if self.run is not None:
             names = ", ".join(f"{t.name} (fell {t.fall:.4f})" for t in verdict.parameter_trips)
-            self.run.annotate(tags={f"{TAG_PREFIX}live_verdict": "suspicious",
-                                    f"{TAG_PREFIX}first_suspicious_step": str(verdict.first_suspicious_step),
-                                    f"{TAG_PREFIX}suspicious_parameters": names or "(the summary only)",
-                                    DESCRIPTION_TAG: self._line()},
+            self.run.annotate(tags={f"{TAG_PREFIX}live_verdict": "suspicious", DESCRIPTION_TAG: self._line(),
+                                    **finding_tags("suspicious", self.rank, verdict.first_suspicious_step,
+                                                   names or "(the summary only)")},
                               files=[path])
 
     def _skip(self, step: int, reason: str, kind: str | None = None) -> None:

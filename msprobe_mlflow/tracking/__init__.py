@@ -5,3 +5,31 @@ Artifact layout of a monitored run: ``grad_probe/`` mirrors the local dump (``gr
 """
 ARTIFACT_ROOT = "grad_probe"
 TAG_PREFIX = "msprobe_mlflow."
+
+# What the live sinks find, by kind: the tag of the parameters it names (``first_{kind}_step`` holds the step).
+FINDING_KINDS = {"suspicious": "suspicious_parameters", "nonfinite": "nonfinite_parameters",
+                 "spike": "spike_parameters"}
+
+
+def finding_tags(kind: str, rank: int, step: int, parameters: str) -> dict[str, str]:
+    """A rank's first finding of ``kind``: the run-level tags, and the same under ``rank{R}.`` so that, with
+    several ranks, the run end can set the run-level ones to the earliest rank's (:func:`earliest_findings`)."""
+    tags = {}
+    for prefix in (TAG_PREFIX, f"{TAG_PREFIX}rank{rank}."):
+        tags[f"{prefix}first_{kind}_step"] = str(step)
+        tags[f"{prefix}{FINDING_KINDS[kind]}"] = parameters
+    return tags
+
+
+def earliest_findings(run_tags: dict[str, str], ranks: list[int]) -> dict[str, str]:
+    """The run-level finding tags as the earliest step over ``ranks`` (the lowest rank on a tie), from their
+    ``rank{R}.`` tags; kinds no rank found are left out."""
+    tags = {}
+    for kind, parameters_tag in FINDING_KINDS.items():
+        found = [(int(run_tags[f"{TAG_PREFIX}rank{r}.first_{kind}_step"]), r) for r in ranks
+                 if f"{TAG_PREFIX}rank{r}.first_{kind}_step" in run_tags]
+        if found:
+            step, rank = min(found)
+            tags[f"{TAG_PREFIX}first_{kind}_step"] = str(step)
+            tags[f"{TAG_PREFIX}{parameters_tag}"] = run_tags.get(f"{TAG_PREFIX}rank{rank}.{parameters_tag}", "")
+    return tags

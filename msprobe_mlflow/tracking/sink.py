@@ -39,7 +39,7 @@ from msprobe_mlflow.metrics import record_metrics
 from msprobe_mlflow.notices import Notices
 from msprobe_mlflow.records import StepRecord
 from msprobe_mlflow.session import RankPolicy
-from msprobe_mlflow.tracking import ARTIFACT_ROOT, TAG_PREFIX
+from msprobe_mlflow.tracking import ARTIFACT_ROOT, TAG_PREFIX, earliest_findings
 from msprobe_mlflow.tracking.options import TrackingOptions
 from msprobe_mlflow.tracking.runs import log_batched, now_ms, param, tag
 from msprobe_mlflow.tracking.upload import metric_entities, upload_dump, upload_step_files
@@ -241,7 +241,8 @@ class MlflowSink:
     # --- end of monitoring ---------------------------------------------------------------------------
     def close(self) -> None:
         """Sends what is queued, retries the unsent steps once, marks this rank finished; rank 0 then waits
-        (``MSPROBE_MLFLOW_RANK_WAIT_SECONDS``) for the other ranks and tags the run with any that never finished."""
+        (``MSPROBE_MLFLOW_RANK_WAIT_SECONDS``) for the other ranks, tags the run with any that never finished, and
+        sets the run's first-finding tags to the earliest rank's."""
         if self._thread.is_alive():
             self._closing.set()
             self._queue.put(_CLOSE)
@@ -268,7 +269,8 @@ class MlflowSink:
                 self.unsent_annotations = annotations
                 self.notices.warn(f"rank {self.rank}: the live findings (live verdict, anomaly flags) of MLflow run "
                                   f"{self.run_id} could not all be sent; they are in the local dump, in "
-                                  f"{findings_dir(self.config.dump_path, self.rank)}")
+                                  f"{findings_dir(self.config.dump_path, self.rank)}; send them with: "
+                                  f"msprobe-mlflow upload {self.config.dump_path} --run-id {self.run_id}")
         status = "incomplete" if self.unsent_steps else "finished"
         if self._attempt("mark the rank finished", lambda: self.client.set_tag(
                 self.run_id, rank_status_tag(self.rank), status)) and self.ranks.owns_run and self.ranks.world_size > 1:
@@ -283,6 +285,9 @@ class MlflowSink:
             if not missing or time.monotonic() > deadline:
                 break
             time.sleep(0.5)
+        findings = {key: value for key, value in earliest_findings(tags, expected).items() if tags.get(key) != value}
+        if findings:  # each rank tagged its own first finding as it came: the run's is the earliest of all ranks
+            log_batched(self.client, self.run_id, tags=[tag(key, value) for key, value in findings.items()])
         if missing:
             self.client.set_tag(self.run_id, f"{TAG_PREFIX}missing_ranks", ",".join(map(str, missing)))
             self.notices.warn(f"ranks {missing} did not finish logging into run {self.run_id} within "

@@ -1,4 +1,5 @@
 """Uploading a local dump into an MLflow run: what the live sink could not send, or a whole msprobe 1.0.3 dump.
+The live findings (``rank{R}/findings/``) go up too, file by file, those the run lacks.
 
 Idempotent: it asks the run which steps already have their metrics (the ``total_norm`` history) and their CSV
 artifact, and sends only the rest, so running it twice adds nothing. Directions always travel as one packed
@@ -19,7 +20,7 @@ from mlflow.tracking import MlflowClient
 
 from msprobe_mlflow import __version__
 from msprobe_mlflow.directions import PACKED_FILE_NAME, open_step_directions, read_step_directions, write_packed
-from msprobe_mlflow.dump import (RANK_PREFIX, dump_folder, indexed_children, parse_summary_name, rank_dir,
+from msprobe_mlflow.dump import (RANK_PREFIX, dump_folder, findings_dir, indexed_children, parse_summary_name, rank_dir,
                                  read_dump_config, read_summary, relative_rank_dir, relative_step_dir, step_dir,
                                  summary_csv_path, summary_steps)
 from msprobe_mlflow.levels import level_of_header
@@ -142,7 +143,23 @@ def _upload_steps(client: MlflowClient, run_id: str, dump_path: Path, wanted_ste
             line.advance(item=f"step {step}")
         line.close()
         report.steps_completed[rank] = missing
+    for rank in wanted_steps:
+        report.files_uploaded += _upload_findings(client, run_id, dump_path, rank)
     return report
+
+
+def _upload_findings(client: MlflowClient, run_id: str, dump_path: Path, rank: int) -> int:
+    """The live sinks' files (``rank{R}/findings/``: verdict, similarities, anomaly flags) the run lacks."""
+    folder = findings_dir(dump_path, rank)
+    if not folder.is_dir():
+        return 0
+    destination = f"{ARTIFACT_ROOT}/{relative_rank_dir(rank)}/{folder.name}"
+    present = {(info.path.rsplit("/", 1)[-1], info.file_size) for info in client.list_artifacts(run_id, destination)}
+    files = [path for path in sorted(folder.iterdir()) if path.is_file() and not path.is_symlink()
+             and (path.name, path.stat().st_size) not in present]  # a verdict rewritten since is sent again
+    for path in files:
+        client.log_artifact(run_id, str(path), destination)
+    return len(files)
 
 
 def _upload_config(client: MlflowClient, run_id: str, saved: dict) -> None:
