@@ -46,6 +46,7 @@ class GradientMonitor(SessionMonitor):
         ``first_threshold``, ``drop_threshold``, ``anomaly_flags``, ``spike_threshold``, ``spike_window`` (see
         :class:`SessionMonitor`)."""
         super().__init__(config, **options)
+        self.config = self.config.for_framework("mindspore")
         self._optimizer: nn.Cell | None = None
         self._probe: GradientProbe | None = None
         self._names: list[str] = []
@@ -203,8 +204,8 @@ class PrecisionDebugger:
     """
 
     def __init__(self, config_path: str | os.PathLike, **overrides):
-        self.config = GradProbeConfig.from_json(config_path, **overrides)
-        self.monitor_ = GradientMonitor(self.config)
+        self.monitor_ = GradientMonitor(GradProbeConfig.from_json(config_path, **overrides))
+        self.config = self.monitor_.config
 
     def monitor(self, optimizer: nn.Cell) -> GradientMonitor:
         return self.monitor_.monitor(optimizer)
