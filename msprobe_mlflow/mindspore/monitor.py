@@ -19,7 +19,7 @@ import weakref
 from mindspore import nn
 
 from msprobe_mlflow.config import GradProbeConfig
-from msprobe_mlflow.mindspore.distributed import current_rank, world_size
+from msprobe_mlflow.mindspore.distributed import current_rank, shared_run_id, world_size
 from msprobe_mlflow.mindspore.probe import GradientProbe, install_probe, installed_probe, remove_probe
 from msprobe_mlflow.monitoring import SessionMonitor
 from msprobe_mlflow.records import record_from_statistics
@@ -33,7 +33,8 @@ _monitored_optimizers: dict[int, "GradientMonitor"] = {}
 class GradientMonitor(SessionMonitor):
     """Probes the gradients an optimizer receives at each of its steps, writes msprobe's dump and logs into MLflow.
 
-    MLflow: into ``run_id``, else the active run (else ``MLFLOW_RUN_ID``); with none, the local dump only.
+    MLflow: into ``run_id``, else the active run (else ``MLFLOW_RUN_ID``); with none, the local dump only. Under
+    ``msrun`` (``mindspore.communication``), every rank logs into rank 0's run (call ``monitor()`` on every rank).
     ``log_to_mlflow=False`` turns MLflow off. More outputs: ``metrics_file``, ``sinks`` (see
     :class:`SessionMonitor`). Use as ``GradientMonitor(config).monitor(optimizer)`` ... ``stop()``, or as a context
     manager; in graph mode add ``monitor.collect()`` after each train step. ``step`` is the number of optimizer
@@ -60,7 +61,8 @@ class GradientMonitor(SessionMonitor):
     def monitor(self, optimizer: nn.Cell) -> "GradientMonitor":
         """Starts probing the gradients ``optimizer`` receives, from its next step on.
 
-        Call it after ``mindspore.communication.init()`` (the rank is read here). Calling it with another
+        Call it after ``mindspore.communication.init()`` (the rank is read here), on every rank: under ``msrun``
+        every rank logs into rank 0's run (rank 0's run ID is broadcast here, a collective). Calling it with another
         optimizer re-targets the monitor; the step counter goes on.
         """
         if not isinstance(optimizer, nn.Cell) or not hasattr(optimizer, "parameters"):
@@ -79,7 +81,8 @@ class GradientMonitor(SessionMonitor):
                               "build the training cell or jit function again")
         self._detach()
         if self._session is None or self._session.closed:  # first: a bad dump_path fails before the optimizer changes
-            self._session = self._open_session("mindspore", RankPolicy.of(self.config, current_rank(), world_size()))
+            self._session = self._open_session("mindspore", RankPolicy.of(self.config, current_rank(), world_size()),
+                                               shared_run_id)
         ranks = self._session.ranks
         parameters = list(optimizer.parameters)
         selected = [(i, p) for i, p in enumerate(parameters) if self.config.wants_param(p.name)]
