@@ -143,3 +143,14 @@ def test_real_dataset_sinking_warns_that_only_the_last_step_of_each_sink_is_prob
 def test_a_bad_option_fails_when_the_callback_is_made_not_when_training_starts(tmp_path):
     with pytest.raises(ValueError, match="log_every_n_steps = 0 is not accepted"):
         GradProbeCallback(GradProbeConfig(dump_path=str(tmp_path)), log_every_n_steps=0)
+
+
+@pytest.mark.parametrize("mode", ["graph"], indirect=True)
+def test_a_model_trained_again_in_graph_mode_is_probed_again(mode, tmp_path):
+    """The second Model.train runs the graph compiled in the first: the new monitor restarts the probe inside it."""
+    net = dense()
+    model = Model(net, loss_fn=nn.MSELoss(), optimizer=nn.SGD(net.trainable_params(), learning_rate=0.0))
+    for dump in ("first", "second"):
+        callback = GradProbeCallback(GradProbeConfig(dump_path=str(tmp_path / dump)), log_to_mlflow=False)
+        model.train(1, batches(), callbacks=[callback], dataset_sink_mode=False)
+        assert_steps_match_numpy(tmp_path / dump, [p.name for p in net.trainable_params()])

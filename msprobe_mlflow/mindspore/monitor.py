@@ -20,7 +20,8 @@ from mindspore import nn
 
 from msprobe_mlflow.config import GradProbeConfig
 from msprobe_mlflow.mindspore.distributed import current_rank, shared_run_id, world_size
-from msprobe_mlflow.mindspore.probe import GradientProbe, install_probe, installed_probe, remove_probe
+from msprobe_mlflow.mindspore.probe import (GradientProbe, install_probe, installed_probe, probe_settings,
+                                           remove_probe)
 from msprobe_mlflow.monitoring import SessionMonitor
 from msprobe_mlflow.records import record_from_statistics
 from msprobe_mlflow.session import RankPolicy
@@ -75,10 +76,6 @@ class GradientMonitor(SessionMonitor):
             raise ValueError("this optimizer is already monitored by another GradientMonitor; call its stop() first")
         if installed_probe(optimizer) is not None:
             raise ValueError("this optimizer is already probed (by a monitor that was never stopped)")
-        if getattr(optimizer, "msprobe_mlflow_probe", None) is not None:
-            self.notices.warn("this optimizer was monitored before; graphs compiled then (a TrainOneStepCell in "
-                              "GRAPH_MODE, a @jit train step) keep that stopped probe and do not feed this monitor: "
-                              "build the training cell or jit function again")
         self._detach()
         if self._session is None or self._session.closed:  # first: a bad dump_path fails before the optimizer changes
             self._session = self._open_session("mindspore", RankPolicy.of(self.config, current_rank(), world_size()),
@@ -91,16 +88,25 @@ class GradientMonitor(SessionMonitor):
             self.notices.warn(f"grad_probe.param_list names parameters the optimizer does not have: {sorted(missing)}")
         self._names = [p.name for _, p in selected]
         self._shapes = [tuple(p.shape) for _, p in selected]
-        probe = GradientProbe([self.config.wants_param(p.name) for p in parameters],
-                              [tuple(p.shape) for p in parameters], level=self.config.level,
-                              bounds=self.config.bounds, steps=self.config.step, first_step=self.step,
-                              rank_wanted=ranks.probes, notices=self.notices)
-        try:
-            probe.check_compiles([p.dtype for _, p in selected])
-        except Exception as e:  # observability must never break training: the optimizer stays untouched
-            self.notices.failure("compile", f"the gradient probe does not compile for this optimizer ({e!r}); "
-                                            f"gradients are not monitored")
-            return self
+        wanted, shapes = [self.config.wants_param(p.name) for p in parameters], [tuple(p.shape) for p in parameters]
+        settings = dict(level=self.config.level, bounds=self.config.bounds, steps=self.config.step,
+                        rank_wanted=ranks.probes)
+        stopped_probe = getattr(optimizer, "msprobe_mlflow_probe", None)
+        if stopped_probe is not None and stopped_probe.settings == probe_settings(wanted, shapes, **settings):
+            probe = stopped_probe  # graphs compiled with it (a Model trained again) feed this monitor too
+            probe.restart(self.step, self.notices)
+        else:
+            if stopped_probe is not None:
+                self.notices.warn("this optimizer was monitored before with other settings; graphs compiled then (a "
+                                  "TrainOneStepCell in GRAPH_MODE, a @jit train step) keep that stopped probe and do "
+                                  "not feed this monitor: build the training cell or jit function again")
+            probe = GradientProbe(wanted, shapes, first_step=self.step, notices=self.notices, **settings)
+            try:
+                probe.check_compiles([p.dtype for _, p in selected])
+            except Exception as e:  # observability must never break training: the optimizer stays untouched
+                self.notices.failure("compile", f"the gradient probe does not compile for this optimizer ({e!r}); "
+                                                f"gradients are not monitored")
+                return self
         self._probe = probe
         self._optimizer = optimizer
         self._last_probed_step = self.step - 1
@@ -187,7 +193,8 @@ class GradientMonitor(SessionMonitor):
 
     def stop(self) -> None:
         """Collects the last step, unpatches the optimizer, writes what is pending and stops the writer thread.
-        Safe to call twice. Graphs compiled while monitored keep an inactive probe that only counts steps."""
+        Safe to call twice. Graphs compiled while monitored keep an inactive probe that only counts steps, until a
+        monitor with the same settings monitors this optimizer again and restarts it."""
         self._detach()
         if self._session:
             self._session.close()
