@@ -1,4 +1,5 @@
-"""MindSpore gradient monitor, its Model.train callback and the API accuracy checker (imported lazily: MindSpore is an optional extra)."""
+"""MindSpore gradient monitor, its Model.train callback and the API accuracy checker (imported lazily: MindSpore
+is an optional extra)."""
 import importlib
 
 _EXPORTS = {

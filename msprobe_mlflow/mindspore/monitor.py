@@ -6,8 +6,9 @@ monitor reads them after the step and hands them to the shared :class:`ProbeSess
 optimizer is called directly from Python (PyNative, or ``optimizer(grads)`` in GRAPH_MODE) that happens by itself.
 When it runs inside a compiled graph (a ``TrainOneStepCell`` in GRAPH_MODE, a ``@jit`` train step), Python sees
 the whole step only when the graph returns: call ``monitor.collect()`` after each train step (``stop()`` and
-interpreter exit collect the last one). Unlike msprobe 1.0.3 there is no ``TensorDump`` and no reader process,
-the step and rank filters work in graph mode, and the monitor never hangs at exit, with or without ``stop()``.
+interpreter exit collect the last one), or train with ``Model.train`` and ``GradProbeCallback``, which does.
+Unlike msprobe 1.0.3 there is no ``TensorDump`` and no reader process, the step and rank filters work in graph
+mode, and the monitor never hangs at exit, with or without ``stop()``.
 """
 from __future__ import annotations
 
@@ -38,7 +39,8 @@ class GradientMonitor(SessionMonitor):
     ``msrun`` (``mindspore.communication``), every rank logs into rank 0's run (call ``monitor()`` on every rank).
     ``log_to_mlflow=False`` turns MLflow off. More outputs: ``metrics_file``, ``sinks`` (see
     :class:`SessionMonitor`). Use as ``GradientMonitor(config).monitor(optimizer)`` ... ``stop()``, or as a context
-    manager; in graph mode add ``monitor.collect()`` after each train step. ``step`` is the number of optimizer
+    manager; in graph mode add ``monitor.collect()`` after each train step (``Model.train``: use
+    :class:`~msprobe_mlflow.mindspore.callback.GradProbeCallback` instead). ``step`` is the number of optimizer
     steps counted so far (as of the last collection).
     """
 
