@@ -1,6 +1,7 @@
 """A real 2-worker ``msrun`` job (MindSpore's launcher, the CPU's ``mccl`` backend) logs both ranks into rank 0's
 MLflow run: the run ID goes over MindSpore's own communication, rank 0 waits for the other rank and names it when
-it does not finish."""
+it does not finish. With ``GradientMonitor`` in a loop of the user's (GRAPH_MODE), and with ``Model.train`` and
+``GradProbeCallback`` (PyNative), whose rank 0 starts the run itself."""
 from __future__ import annotations
 
 import os
@@ -60,13 +61,16 @@ def test_both_msrun_ranks_log_every_step_into_rank_0s_run(tmp_path):
         (tmp_path / "dump/rank1/grad_summary_2.csv").read_bytes()
 
 
-def test_rank_0_tags_a_rank_that_has_not_finished_when_its_wait_ends(tmp_path):
+def test_with_the_callback_rank_0_starts_the_run_and_tags_a_rank_that_has_not_finished(tmp_path):
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     rank0_log, _ = msrun(tmp_path, uri, "--dump", str(tmp_path / "dump"), "--steps", "2", "--mode", "pynative",
-                         "--level", "L1", "--late-rank", "1")
+                         "--level", "L1", "--trainer", "model", "--late-rank", "1")
     run_id = run_id_in(rank0_log)
     client = MlflowClient(uri)
-    assert client.get_run(run_id).data.tags["msprobe_mlflow.missing_ranks"] == "1"
+    run = client.get_run(run_id)
+    assert (run.data.tags["mlflow.autologging"], run.info.status) == ("msprobe_mlflow", "FINISHED")
+    assert len(client.search_runs([run.info.experiment_id])) == 1  # rank 1 started none
+    assert run.data.tags["msprobe_mlflow.missing_ranks"] == "1"
     assert "ranks [1] did not finish" in rank0_log
     for rank in (0, 1):  # the late rank's steps are in the run all the same
         assert [m.step for m in client.get_metric_history(run_id, f"grad/rank{rank}/total_norm")] == [0, 1]
