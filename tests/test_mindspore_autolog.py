@@ -6,12 +6,13 @@ import mlflow
 import pytest
 
 ms = pytest.importorskip("mindspore", reason="MindSpore is not installed (the torch-only stage)")
+from mindspore import nn  # noqa: E402
 from mindspore.train import Model  # noqa: E402
 from mlflow.tracking import MlflowClient  # noqa: E402
 
 from mindspore_training import assert_steps_match_numpy, batches, dense, sgd_model
 from msprobe_mlflow.config import GradProbeConfig
-from msprobe_mlflow.mindspore import GradProbeCallback
+from msprobe_mlflow.mindspore import GradientMonitor, GradProbeCallback
 from msprobe_mlflow.mindspore.autolog import autolog
 
 ORIGINAL_TRAIN = Model.train
@@ -71,3 +72,15 @@ def test_msprobe_mlflow_autolog_switches_the_mindspore_patch_on_and_off(tmp_path
     finally:
         msprobe_mlflow.autolog(disable=True)
     assert Model.train is ORIGINAL_TRAIN
+
+
+def test_an_optimizer_the_user_monitors_already_trains_on_with_a_warning(autolog_off_afterwards, tmp_path):
+    autolog(dump_path=str(tmp_path / "autolog"), log_to_mlflow=False)
+    net = dense()
+    optimizer = nn.SGD(net.trainable_params(), learning_rate=0.0)
+    own = GradientMonitor(GradProbeConfig(dump_path=str(tmp_path / "own")), log_to_mlflow=False).monitor(optimizer)
+    with pytest.warns(UserWarning, match="GradProbeCallback does not monitor this training: this optimizer is "
+                                         "already monitored by another GradientMonitor"):
+        Model(net, loss_fn=nn.MSELoss(), optimizer=optimizer).train(1, batches(), dataset_sink_mode=False)
+    own.stop()
+    assert_steps_match_numpy(tmp_path / "own", [p.name for p in net.trainable_params()])

@@ -58,7 +58,10 @@ class GradProbeCallback(Callback):
             run_id = shared_run_id(self.monitor.tracking.local_run_id() if self.monitor.tracking else None)
             config = self.config.replace(dump_path=os.path.join(self.config.dump_path, run_id or "no-run"))
             self.monitor = GradientMonitor(config, **{**self.options, "run_id": run_id})
-        self.monitor.monitor(optimizer)
+        try:
+            self.monitor.monitor(optimizer)
+        except ValueError as e:  # already monitored (by the user's own monitor, say): training goes on without us
+            self.monitor.notices.warn(f"GradProbeCallback does not monitor this training: {e}")
 
     def on_train_step_end(self, run_context: RunContext) -> None:
         self.monitor.collect()
