@@ -41,15 +41,16 @@ def shared_run_id(local_run_id: str | None) -> str | None:
         return local_run_id
     import mindspore as ms
     from mindspore.communication import GlobalComm
-    from mindspore.communication.comm_func import broadcast
+    from mindspore.ops.communication import broadcast
 
     encoded = (local_run_id or "").encode() if current_rank() == 0 else b""
     buffer = np.zeros(RUN_ID_MAX_LENGTH + 1, np.int32)
     if len(encoded) <= RUN_ID_MAX_LENGTH:
         buffer[0] = len(encoded)
         buffer[1:1 + len(encoded)] = np.frombuffer(encoded, np.uint8)
-    # the group explicitly: broadcast's default was bound at import, before init() chose the backend's world group
-    received = broadcast(ms.Tensor(buffer), 0, group=GlobalComm.WORLD_COMM_GROUP).asnumpy()
+    tensor = ms.Tensor(buffer)
+    broadcast(tensor, 0, group=GlobalComm.WORLD_COMM_GROUP)  # in place; the group named: its default is Ascend's
+    received = tensor.asnumpy()
     if current_rank() == 0:
         return local_run_id
     return bytes(received[1:1 + received[0]].astype(np.uint8)).decode() or None
