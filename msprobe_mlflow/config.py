@@ -15,7 +15,10 @@ from dataclasses import dataclass, field, fields
 from msprobe_mlflow.levels import LEVELS
 
 DIRECTION_FORMATS = ("packed", "npy")
-DEFAULT_BOUNDS = (-1, 0, 1)
+DEFAULT_BOUNDS = (-1, 0, 1)  # msprobe's PyTorch default
+# msprobe's MindSpore default (``grad_probe/global_context.py``): 13 distribution columns
+MINDSPORE_DEFAULT_BOUNDS = (-10, -1, -0.1, -0.01, -0.001, 0, 0.001, 0.01, 0.1, 1, 10)
+FRAMEWORK_DEFAULT_BOUNDS = {"pytorch": DEFAULT_BOUNDS, "mindspore": MINDSPORE_DEFAULT_BOUNDS}
 GRAD_PROBE_KEYS = ("grad_level", "param_list", "bounds")
 
 
@@ -59,18 +62,21 @@ class GradProbeConfig:
 
     ``level``: ``L0`` (MD5, max, min, norm, shape), ``L1`` (max, min, norm, shape + directions) or ``L2`` (L1 +
     bucket fractions over ``bounds`` and the ``=0`` fraction). Empty ``rank``/``step``/``param_list`` mean all.
+    ``bounds`` None (or absent from ``config.json``): msprobe's default of the framework, ``[-1, 0, 1]`` until a
+    monitor applies its own (:meth:`for_framework`); ``bounds_are_default`` says which.
     ``direction_format``: ``packed`` (1 bit per element, one archive per rank and step) or ``npy`` (msprobe's
     boolean ``.npy`` per parameter).
     """
 
     dump_path: str
     level: str = "L1"
-    bounds: tuple[float, ...] = DEFAULT_BOUNDS
+    bounds: tuple[float, ...] | None = None
     param_list: tuple[str, ...] = ()
     rank: tuple[int, ...] = ()
     step: tuple[int, ...] = ()
     direction_format: str = "packed"
     source: str = field(default="GradProbeConfig", compare=False, repr=False)
+    bounds_are_default: bool = field(default=False, init=False, compare=False, repr=False)
 
     def __post_init__(self):
         src = self.source
@@ -84,7 +90,8 @@ class GradProbeConfig:
             _reject(src, "grad_probe.param_list", self.param_list, "a list of exact parameter names (empty = all)")
         object.__setattr__(self, "dump_path", str(self.dump_path))
         object.__setattr__(self, "param_list", tuple(self.param_list))
-        object.__setattr__(self, "bounds", _bounds(src, self.bounds))
+        object.__setattr__(self, "bounds_are_default", self.bounds is None)
+        object.__setattr__(self, "bounds", DEFAULT_BOUNDS if self.bounds is None else _bounds(src, self.bounds))
         object.__setattr__(self, "rank", _int_list(src, "rank", self.rank))
         object.__setattr__(self, "step", _int_list(src, "step", self.step))
 
@@ -99,9 +106,18 @@ class GradProbeConfig:
         return not self.param_list or name in self.param_list
 
     def replace(self, **changes) -> "GradProbeConfig":
-        values = {f.name: getattr(self, f.name) for f in fields(self)}
+        values = {f.name: getattr(self, f.name) for f in fields(self) if f.init}
+        if self.bounds_are_default:
+            values["bounds"] = None
         values.update(changes)
         return GradProbeConfig(**values)
+
+    def for_framework(self, framework: str) -> "GradProbeConfig":
+        """This config with msprobe's default bounds of ``framework`` (``pytorch``, ``mindspore``) when it has
+        none of its own, so an unchanged ``config.json`` gives msprobe's CSV columns on either framework."""
+        if not self.bounds_are_default:
+            return self
+        return self.replace(bounds=FRAMEWORK_DEFAULT_BOUNDS[framework])
 
     def to_msprobe_dict(self) -> dict:
         """The config as msprobe's ``config.json`` would hold it (plus our ``direction_format``)."""
@@ -138,7 +154,7 @@ class GradProbeConfig:
         values = {
             "dump_path": data.get("dump_path"),
             "level": section.get("grad_level", "L1"),
-            "bounds": section.get("bounds", list(DEFAULT_BOUNDS)),
+            "bounds": section.get("bounds"),
             "param_list": section.get("param_list", []),
             "rank": data.get("rank", []),
             "step": data.get("step", []),

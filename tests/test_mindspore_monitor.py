@@ -60,7 +60,9 @@ def restore_mode():
 
 
 def config(dump_path, **fields) -> GradProbeConfig:
-    return GradProbeConfig(dump_path=str(dump_path), **fields)
+    """The expectations here are written for bounds [-1, 0, 1] (a config without bounds gets msprobe's MindSpore
+    default: tests/test_mindspore_default_bounds.py)."""
+    return GradProbeConfig(dump_path=str(dump_path), **{"bounds": (-1, 0, 1), **fields})
 
 
 class SmallCell(nn.Cell):

@@ -21,6 +21,7 @@ from msprobe_mlflow.dump import read_summary
 from msprobe_mlflow.mindspore import GradientMonitor as MindSporeMonitor
 from msprobe_mlflow.pytorch import GradientMonitor as TorchMonitor
 
+SHARED_BOUNDS = (-1, 0, 1)  # the frameworks' defaults differ (msprobe's): both get the same bounds to compare
 MS_DTYPES = {"float32": ms.float32, "float16": ms.float16, "bfloat16": ms.bfloat16, "float64": ms.float64}
 TORCH_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
                 "float64": torch.float64}
@@ -92,7 +93,7 @@ def torch_dump(path: Path, level: str, dtype: str, steps: list[dict], log_to_mlf
     """Runs the PyTorch monitor on ``steps``; returns the MLflow run it logged into."""
     model = TorchNet(TORCH_DTYPES[dtype])
     optimizer = torch.optim.SGD(model.parameters(), lr=0.0)
-    monitor = TorchMonitor(GradProbeConfig(dump_path=str(path), level=level),
+    monitor = TorchMonitor(GradProbeConfig(dump_path=str(path), level=level, bounds=SHARED_BOUNDS),
                            log_to_mlflow=log_to_mlflow).monitor(model, optimizer)
     for grads in steps:
         for name, parameter in model.named_parameters():
@@ -107,7 +108,7 @@ def mindspore_dump(path: Path, level: str, dtype: str, steps: list[dict], log_to
     """Runs the MindSpore monitor on ``steps``; returns the MLflow run it logged into."""
     net = MindSporeNet(MS_DTYPES[dtype])
     optimizer = KeepParameters(0.0, net.trainable_params())
-    monitor = MindSporeMonitor(GradProbeConfig(dump_path=str(path), level=level),
+    monitor = MindSporeMonitor(GradProbeConfig(dump_path=str(path), level=level, bounds=SHARED_BOUNDS),
                                log_to_mlflow=log_to_mlflow).monitor(optimizer)
     for grads in steps:
         # mutable: in GRAPH_MODE a tuple of tensors from Python is otherwise a compile-time constant, which the
@@ -167,14 +168,15 @@ def test_norms_of_a_large_gradient_agree_to_float32_accumulation_error(tmp_path)
     steps = [gradients_for("float32", 2, hidden)]
     model = TorchNet(torch.float32, hidden)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.0)
-    monitor = TorchMonitor(GradProbeConfig(dump_path=str(tmp_path / "torch"), level="L2"),
+    monitor = TorchMonitor(GradProbeConfig(dump_path=str(tmp_path / "torch"), level="L2", bounds=SHARED_BOUNDS),
                            log_to_mlflow=False).monitor(model, optimizer)
     for name, parameter in model.named_parameters():
         parameter.grad = torch.from_numpy(steps[0][name])
     optimizer.step()
     monitor.stop()
     ms_optimizer = KeepParameters(0.0, MindSporeNet(ms.float32, hidden).trainable_params())
-    ms_monitor = MindSporeMonitor(GradProbeConfig(dump_path=str(tmp_path / "mindspore"), level="L2"),
+    ms_monitor = MindSporeMonitor(GradProbeConfig(dump_path=str(tmp_path / "mindspore"), level="L2",
+                                                  bounds=SHARED_BOUNDS),
                                   log_to_mlflow=False).monitor(ms_optimizer)
     ms_optimizer(ms.mutable(tuple(Tensor(steps[0][p.name]) for p in ms_optimizer.parameters)))
     ms_monitor.stop()

@@ -6,8 +6,9 @@ monitor reads them after the step and hands them to the shared :class:`ProbeSess
 optimizer is called directly from Python (PyNative, or ``optimizer(grads)`` in GRAPH_MODE) that happens by itself.
 When it runs inside a compiled graph (a ``TrainOneStepCell`` in GRAPH_MODE, a ``@jit`` train step), Python sees
 the whole step only when the graph returns: call ``monitor.collect()`` after each train step (``stop()`` and
-interpreter exit collect the last one). Unlike msprobe 1.0.3 there is no ``TensorDump`` and no reader process,
-the step and rank filters work in graph mode, and the monitor never hangs at exit, with or without ``stop()``.
+interpreter exit collect the last one), or train with ``Model.train`` and ``GradProbeCallback``, which does.
+Unlike msprobe 1.0.3 there is no ``TensorDump`` and no reader process, the step and rank filters work in graph
+mode, and the monitor never hangs at exit, with or without ``stop()``.
 """
 from __future__ import annotations
 
@@ -19,8 +20,9 @@ import weakref
 from mindspore import nn
 
 from msprobe_mlflow.config import GradProbeConfig
-from msprobe_mlflow.mindspore.distributed import current_rank, world_size
-from msprobe_mlflow.mindspore.probe import GradientProbe, install_probe, installed_probe, remove_probe
+from msprobe_mlflow.mindspore.distributed import current_rank, shared_run_id, world_size
+from msprobe_mlflow.mindspore.probe import (GradientProbe, install_probe, installed_probe, probe_settings,
+                                           remove_probe)
 from msprobe_mlflow.monitoring import SessionMonitor
 from msprobe_mlflow.records import record_from_statistics
 from msprobe_mlflow.session import RankPolicy
@@ -33,10 +35,12 @@ _monitored_optimizers: dict[int, "GradientMonitor"] = {}
 class GradientMonitor(SessionMonitor):
     """Probes the gradients an optimizer receives at each of its steps, writes msprobe's dump and logs into MLflow.
 
-    MLflow: into ``run_id``, else the active run (else ``MLFLOW_RUN_ID``); with none, the local dump only.
+    MLflow: into ``run_id``, else the active run (else ``MLFLOW_RUN_ID``); with none, the local dump only. Under
+    ``msrun`` (``mindspore.communication``), every rank logs into rank 0's run (call ``monitor()`` on every rank).
     ``log_to_mlflow=False`` turns MLflow off. More outputs: ``metrics_file``, ``sinks`` (see
     :class:`SessionMonitor`). Use as ``GradientMonitor(config).monitor(optimizer)`` ... ``stop()``, or as a context
-    manager; in graph mode add ``monitor.collect()`` after each train step. ``step`` is the number of optimizer
+    manager; in graph mode add ``monitor.collect()`` after each train step (``Model.train``: use
+    :class:`~msprobe_mlflow.mindspore.callback.GradProbeCallback` instead). ``step`` is the number of optimizer
     steps counted so far (as of the last collection).
     """
 
@@ -46,6 +50,7 @@ class GradientMonitor(SessionMonitor):
         ``first_threshold``, ``drop_threshold``, ``anomaly_flags``, ``spike_threshold``, ``spike_window`` (see
         :class:`SessionMonitor`)."""
         super().__init__(config, **options)
+        self.config = self.config.for_framework("mindspore")
         self._optimizer: nn.Cell | None = None
         self._probe: GradientProbe | None = None
         self._names: list[str] = []
@@ -59,7 +64,8 @@ class GradientMonitor(SessionMonitor):
     def monitor(self, optimizer: nn.Cell) -> "GradientMonitor":
         """Starts probing the gradients ``optimizer`` receives, from its next step on.
 
-        Call it after ``mindspore.communication.init()`` (the rank is read here). Calling it with another
+        Call it after ``mindspore.communication.init()`` (the rank is read here), on every rank: under ``msrun``
+        every rank logs into rank 0's run (rank 0's run ID is broadcast here, a collective). Calling it with another
         optimizer re-targets the monitor; the step counter goes on.
         """
         if not isinstance(optimizer, nn.Cell) or not hasattr(optimizer, "parameters"):
@@ -72,13 +78,10 @@ class GradientMonitor(SessionMonitor):
             raise ValueError("this optimizer is already monitored by another GradientMonitor; call its stop() first")
         if installed_probe(optimizer) is not None:
             raise ValueError("this optimizer is already probed (by a monitor that was never stopped)")
-        if getattr(optimizer, "msprobe_mlflow_probe", None) is not None:
-            self.notices.warn("this optimizer was monitored before; graphs compiled then (a TrainOneStepCell in "
-                              "GRAPH_MODE, a @jit train step) keep that stopped probe and do not feed this monitor: "
-                              "build the training cell or jit function again")
         self._detach()
         if self._session is None or self._session.closed:  # first: a bad dump_path fails before the optimizer changes
-            self._session = self._open_session("mindspore", RankPolicy.of(self.config, current_rank(), world_size()))
+            self._session = self._open_session("mindspore", RankPolicy.of(self.config, current_rank(), world_size()),
+                                               shared_run_id)
         ranks = self._session.ranks
         parameters = list(optimizer.parameters)
         selected = [(i, p) for i, p in enumerate(parameters) if self.config.wants_param(p.name)]
@@ -87,16 +90,25 @@ class GradientMonitor(SessionMonitor):
             self.notices.warn(f"grad_probe.param_list names parameters the optimizer does not have: {sorted(missing)}")
         self._names = [p.name for _, p in selected]
         self._shapes = [tuple(p.shape) for _, p in selected]
-        probe = GradientProbe([self.config.wants_param(p.name) for p in parameters],
-                              [tuple(p.shape) for p in parameters], level=self.config.level,
-                              bounds=self.config.bounds, steps=self.config.step, first_step=self.step,
-                              rank_wanted=ranks.probes, notices=self.notices)
-        try:
-            probe.check_compiles([p.dtype for _, p in selected])
-        except Exception as e:  # observability must never break training: the optimizer stays untouched
-            self.notices.failure("compile", f"the gradient probe does not compile for this optimizer ({e!r}); "
-                                            f"gradients are not monitored")
-            return self
+        wanted, shapes = [self.config.wants_param(p.name) for p in parameters], [tuple(p.shape) for p in parameters]
+        settings = dict(level=self.config.level, bounds=self.config.bounds, steps=self.config.step,
+                        rank_wanted=ranks.probes)
+        stopped_probe = getattr(optimizer, "msprobe_mlflow_probe", None)
+        if stopped_probe is not None and stopped_probe.settings == probe_settings(wanted, shapes, **settings):
+            probe = stopped_probe  # graphs compiled with it (a Model trained again) feed this monitor too
+            probe.restart(self.step, self.notices)
+        else:
+            if stopped_probe is not None:
+                self.notices.warn("this optimizer was monitored before with other settings; graphs compiled then (a "
+                                  "TrainOneStepCell in GRAPH_MODE, a @jit train step) keep that stopped probe and do "
+                                  "not feed this monitor: build the training cell or jit function again")
+            probe = GradientProbe(wanted, shapes, first_step=self.step, notices=self.notices, **settings)
+            try:
+                probe.check_compiles([p.dtype for _, p in selected])
+            except Exception as e:  # observability must never break training: the optimizer stays untouched
+                self.notices.failure("compile", f"the gradient probe does not compile for this optimizer ({e!r}); "
+                                                f"gradients are not monitored")
+                return self
         self._probe = probe
         self._optimizer = optimizer
         self._last_probed_step = self.step - 1
@@ -183,7 +195,8 @@ class GradientMonitor(SessionMonitor):
 
     def stop(self) -> None:
         """Collects the last step, unpatches the optimizer, writes what is pending and stops the writer thread.
-        Safe to call twice. Graphs compiled while monitored keep an inactive probe that only counts steps."""
+        Safe to call twice. Graphs compiled while monitored keep an inactive probe that only counts steps, until a
+        monitor with the same settings monitors this optimizer again and restarts it."""
         self._detach()
         if self._session:
             self._session.close()
@@ -203,8 +216,8 @@ class PrecisionDebugger:
     """
 
     def __init__(self, config_path: str | os.PathLike, **overrides):
-        self.config = GradProbeConfig.from_json(config_path, **overrides)
-        self.monitor_ = GradientMonitor(self.config)
+        self.monitor_ = GradientMonitor(GradProbeConfig.from_json(config_path, **overrides))
+        self.config = self.monitor_.config
 
     def monitor(self, optimizer: nn.Cell) -> GradientMonitor:
         return self.monitor_.monitor(optimizer)

@@ -44,6 +44,8 @@ class GradientProbe(nn.Cell):
     def __init__(self, selected: list[bool], shapes: list[tuple[int, ...]], *, level: str, bounds,
                  steps: tuple[int, ...], rank_wanted: bool, first_step: int = 0, notices: Notices | None = None):
         super().__init__(auto_prefix=False)
+        self.settings = probe_settings(selected, shapes, level=level, bounds=bounds, steps=steps,
+                                       rank_wanted=rank_wanted)
         tag = f"msprobe_mlflow_{next(_probe_numbers)}"
         numels = [math.prod(shape) for shape, wanted in zip(shapes, selected) if wanted]
         self.layout = StatisticsLayout(level, bounds, numels)
@@ -128,6 +130,23 @@ class GradientProbe(nn.Cell):
     def deactivate(self) -> None:
         """Graphs compiled with the probe keep calling it; inactive, it only counts steps."""
         self.active.set_data(ms.Tensor(False))
+
+    def restart(self, first_step: int, notices: Notices) -> None:
+        """Makes a deactivated probe count from ``first_step`` again, active: the graphs compiled with it (a
+        ``Model`` trained again in GRAPH_MODE) then feed the monitor that restarts it."""
+        self.first_step = first_step
+        # assign, not set_data: a compiled graph keeps reading the Parameter's own memory
+        ops.assign(self.steps_run, ms.Tensor(first_step, ms.int32))
+        ops.assign(self.probed_step, ms.Tensor(-1, ms.int32))
+        ops.assign(self.active, ms.Tensor(True))
+        self.notices = notices
+
+
+def probe_settings(selected, shapes, *, level: str, bounds, steps, rank_wanted: bool) -> tuple:
+    """What a compiled graph keeps of a probe as constants: a stopped probe with equal settings can be restarted
+    instead of making a new one, which graphs compiled before would never call."""
+    return (tuple(bool(s) for s in selected), tuple(tuple(shape) for shape in shapes), level, float32_bounds(bounds),
+            tuple(steps), bool(rank_wanted))
 
 
 @ms.jit

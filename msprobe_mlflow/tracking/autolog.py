@@ -19,7 +19,8 @@ import torch
 from mlflow.utils.autologging_utils import autologging_integration, get_autologging_config, safe_patch
 
 from msprobe_mlflow.compare.verdict import DEFAULT_DROP_THRESHOLD, DEFAULT_FIRST_THRESHOLD
-from msprobe_mlflow.config import DEFAULT_BOUNDS, GradProbeConfig, load_config
+from msprobe_mlflow.config import GradProbeConfig, load_config
+from msprobe_mlflow.mindspore.autolog import autolog_when_imported
 from msprobe_mlflow.pytorch.distributed import is_distributed, shared_run_id
 from msprobe_mlflow.pytorch.monitor import GradientMonitor, _monitored_models
 from msprobe_mlflow.sinks.anomalies import SpikeRule
@@ -84,11 +85,13 @@ def autolog(config: GradProbeConfig | str | os.PathLike | dict | None = None, *,
             drop_threshold: float = DEFAULT_DROP_THRESHOLD, anomaly_flags: bool = True,
             spike_threshold: float = SpikeRule.threshold, spike_window: int = SpikeRule.window,
             disable: bool = False, silent: bool = False) -> None:
-    """Probes the gradients of every PyTorch model trained inside ``mlflow.start_run()`` into that run.
+    """Probes the gradients of every PyTorch model trained inside ``mlflow.start_run()`` into that run, and of
+    every MindSpore ``Model.train`` (``msprobe_mlflow.mindspore.autolog``).
 
     Args:
         config: msprobe's ``config.json`` path, its dict, or a :class:`GradProbeConfig`; ``level``, ``bounds`` and
-            ``dump_path`` override it. Without any, level ``L1``, bounds ``[-1, 0, 1]``, dump ``./msprobe_dump``.
+            ``dump_path`` override it. Without any, level ``L1``, msprobe's default bounds of the framework
+            (``[-1, 0, 1]`` for PyTorch), dump ``./msprobe_dump``.
             Each run's local dump goes to ``{dump_path}/{run_id}``.
         log_every_n_steps: send every n-th probed step to MLflow (the local dump keeps every step).
         param_metrics: parameter names or glob patterns (``"layers.0.*"``) that also get per-parameter metrics.
@@ -105,11 +108,16 @@ def autolog(config: GradProbeConfig | str | os.PathLike | dict | None = None, *,
     if _installed is not None:  # MLflow's wrapper reverts the patches; the hook and the monitors are ours to undo
         _installed.teardown()
         _installed = None
-    _integration(config, level=level, bounds=bounds, dump_path=dump_path, monitor_options=dict(
+    monitor_options = dict(
         log_every_n_steps=log_every_n_steps, param_metrics=param_metrics or (), metrics_file=metrics_file,
         baseline=baseline, on_suspicious=on_suspicious, first_threshold=first_threshold,
         drop_threshold=drop_threshold, anomaly_flags=anomaly_flags, spike_threshold=spike_threshold,
-        spike_window=spike_window), disable=disable, silent=silent)
+        spike_window=spike_window)
+    _integration(config, level=level, bounds=bounds, dump_path=dump_path, monitor_options=monitor_options,
+                 disable=disable, silent=silent)
+    # MindSpore: Model.train gets a GradProbeCallback, from when mindspore.train is imported
+    autolog_when_imported(config=config, level=level, bounds=bounds, dump_path=dump_path, disable=disable,
+                          silent=silent, **monitor_options)
 
 
 @autologging_integration(FLAVOR_NAME)
@@ -121,7 +129,7 @@ def _integration(config, *, level, bounds, dump_path, monitor_options: dict, dis
     overrides = {key: value for key, value in (("level", level), ("bounds", bounds), ("dump_path", dump_path))
                  if value is not None}
     if config is None:
-        base = GradProbeConfig(**{"dump_path": DEFAULT_DUMP_PATH, "bounds": DEFAULT_BOUNDS, **overrides},
+        base = GradProbeConfig(**{"dump_path": DEFAULT_DUMP_PATH, **overrides},
                                source="autolog()")
     else:
         base = load_config(config).replace(**overrides)

@@ -1,0 +1,93 @@
+"""``msprobe_mlflow.mindspore.autolog()``: every ``mindspore.train.Model.train`` call gets a
+:class:`GradProbeCallback`, with no line of user code. ``msprobe_mlflow.autolog()`` switches it on too, as soon as
+``mindspore.train`` is imported (MLflow's import hooks), and off with ``disable=True``.
+
+Why ``Model.train``: it is the one MindSpore training entry point that Python sees whole, in PyNative and
+GRAPH_MODE alike, and it knows the optimizer. A custom loop (a ``TrainOneStepCell`` or a ``@jit`` step called by
+the user) offers no such place: the optimizer may run inside a compiled graph where no Python hook can see it
+step, so such loops use ``GradientMonitor(config).monitor(optimizer)`` (plus ``monitor.collect()`` after each
+step in GRAPH_MODE). MLflow: the active run; with none, the callback starts one for the training and ends it with
+the training (MLflow's autologging convention). Each run's dump goes to ``{dump_path}/{run_id}``.
+
+This module imports MindSpore only when the patch is installed: ``msprobe_mlflow.autolog()`` imports it always.
+"""
+from __future__ import annotations
+
+import inspect
+import os
+
+from mlflow.utils.autologging_utils import autologging_integration, get_autologging_config, safe_patch
+from mlflow.utils.import_hooks import register_post_import_hook
+
+from msprobe_mlflow.config import GradProbeConfig, load_config
+
+FLAVOR_NAME = "msprobe_mlflow_mindspore"
+DEFAULT_DUMP_PATH = "msprobe_dump"
+
+
+def autolog(config: GradProbeConfig | str | os.PathLike | dict | None = None, *, level: str | None = None,
+            bounds=None, dump_path: str | None = None, disable: bool = False, silent: bool = False,
+            **monitor_options) -> None:
+    """Probes the gradients of every ``mindspore.train.Model.train`` into the active MLflow run.
+
+    Args:
+        config: msprobe's ``config.json`` path, its dict, or a :class:`GradProbeConfig`; ``level``, ``bounds`` and
+            ``dump_path`` override it. Without any: level ``L1``, msprobe's MindSpore default bounds, dump
+            ``./msprobe_dump``; each run's dump goes to ``{dump_path}/{run_id}``.
+        disable: give ``Model.train`` back its own code (MLflow's ``safe_patch`` reverts it).
+        silent: no warnings from msprobe-mlflow; problems go to the ``msprobe_mlflow`` logger only.
+        monitor_options: those of :class:`msprobe_mlflow.mindspore.GradientMonitor` (``log_every_n_steps``,
+            ``param_metrics``, ``metrics_file``, ``baseline``, ``on_suspicious``, ``anomaly_flags``...).
+
+    A ``Model.train`` whose callbacks already hold a :class:`GradProbeCallback` is left as the user set it.
+    """
+    _integration(config, level=level, bounds=bounds, dump_path=dump_path, monitor_options=monitor_options,
+                 disable=disable, silent=silent)
+
+
+@autologging_integration(FLAVOR_NAME)
+def _integration(config, *, level, bounds, dump_path, monitor_options: dict, disable: bool = False,
+                 silent: bool = False) -> None:
+    """MLflow's side of :func:`autolog`: stores the configuration, reverts the earlier patch and, unless
+    ``disable``, runs this body, which patches ``Model.train``."""
+    from mindspore.train import Model
+
+    from msprobe_mlflow.mindspore.callback import GradProbeCallback
+
+    overrides = {key: value for key, value in (("level", level), ("bounds", bounds), ("dump_path", dump_path))
+                 if value is not None}
+    if config is None:
+        base = GradProbeConfig(**{"dump_path": DEFAULT_DUMP_PATH, **overrides}, source="autolog()")
+    else:
+        base = load_config(config).replace(**overrides)
+    GradProbeCallback(base, **monitor_options)  # refuses a bad option now, not at the first training
+    signature = inspect.signature(Model.train)
+
+    def train_with_probe(original, model, *args, **kwargs):
+        bound = signature.bind(model, *args, **kwargs)
+        callbacks = bound.arguments.get("callbacks")
+        callbacks = [] if callbacks is None else list(callbacks) if isinstance(callbacks, (list, tuple)) \
+            else [callbacks]
+        if not any(isinstance(callback, GradProbeCallback) for callback in callbacks):
+            silent_now = get_autologging_config(FLAVOR_NAME, "silent", False)
+            bound.arguments["callbacks"] = callbacks + [GradProbeCallback(base, dump_per_run=True, silent=silent_now,
+                                                                    **monitor_options)]
+        return original(*bound.args, **bound.kwargs)
+
+    safe_patch(FLAVOR_NAME, Model, "train", train_with_probe)
+
+
+_pending_call: dict | None = None
+
+
+def autolog_when_imported(**arguments) -> None:
+    """:func:`autolog` with ``arguments`` now if ``mindspore.train`` is imported, else as soon as it is (what
+    ``msprobe_mlflow.autolog()`` calls: a PyTorch user never imports MindSpore). The latest call wins."""
+    global _pending_call
+    _pending_call = arguments
+    register_post_import_hook(_on_import, "mindspore.train", overwrite=True)
+
+
+def _on_import(module) -> None:
+    if _pending_call is not None:
+        autolog(**_pending_call)

@@ -1,0 +1,126 @@
+"""``GradProbeCallback``: the gradient monitor for ``mindspore.train.Model.train(..., callbacks=[...])``, with no other
+line in the user's code, in PyNative and GRAPH_MODE alike.
+
+When training begins it attaches a :class:`GradientMonitor` to the model's optimizer; after each step it collects
+the step (what graph mode needs: the optimizer runs inside the compiled step); when training ends, or fails, it
+stops the monitor, so every probed step is written and sent. MLflow follows MLflow's autologging convention: the
+steps go into the active run (or ``run_id=``, or ``MLFLOW_RUN_ID``); with none, the callback starts a run when
+training begins and ends it when training ends (only a run it started, and only on rank 0: under ``msrun`` every
+rank logs into rank 0's run).
+
+Dataset sink mode: on CPU MindSpore trains without sink (it says so at INFO level) and every step is collected.
+Where the data is sunk (Ascend, GPU), MindSpore returns to Python once per ``sink_size`` steps, so only the last
+step of each sink can be collected: the callback warns when training begins.
+"""
+from __future__ import annotations
+
+import os
+
+from mindspore import nn
+from mindspore.experimental.optim import Optimizer as ExperimentalOptimizer
+from mindspore.train import Callback, RunContext
+
+from msprobe_mlflow.config import GradProbeConfig, load_config
+from msprobe_mlflow.mindspore.distributed import current_rank, shared_run_id
+from msprobe_mlflow.mindspore.monitor import GradientMonitor
+
+AUTOLOGGING_TAG = "mlflow.autologging"  # MLflow's tag on the runs its autologging starts
+
+
+class GradProbeCallback(Callback):
+    """``Model.train(epochs, dataset, callbacks=[GradProbeCallback(config)])`` probes every step's gradients.
+
+    ``config``: msprobe's ``config.json`` path, its dict or a :class:`GradProbeConfig`. ``options``: those of
+    :class:`GradientMonitor` (``run_id``, ``tracking_uri``, ``log_every_n_steps``, ``baseline``, ``silent``...).
+    ``dump_per_run``: the dump goes to ``{dump_path}/{run_id}`` (``no-run`` without one), so that trainings into
+    several runs keep separate dumps (what autolog does). ``monitor`` is the current :class:`GradientMonitor`.
+    """
+
+    def __init__(self, config: GradProbeConfig | str | os.PathLike | dict, *, dump_per_run: bool = False,
+                 **options):
+        self.config = load_config(config)
+        self.options = options
+        self.dump_per_run = dump_per_run
+        self.monitor = GradientMonitor(self.config, **options)  # a bad config or option fails now, not mid-training
+        self._started_run = None
+
+    def on_train_begin(self, run_context: RunContext) -> None:
+        cb_params = run_context.original_args()
+        optimizer = training_optimizer(cb_params)
+        if optimizer is None:
+            self.monitor.notices.warn("Model.train has no optimizer this callback can find (neither Model(..., "
+                                      "optimizer=) nor an optimizer cell inside the train network); gradients are "
+                                      "not monitored")
+            return
+        self._warn_if_sunk(cb_params)
+        self._start_run_if_none()
+        if self.dump_per_run:
+            run_id = shared_run_id(self.monitor.tracking.local_run_id() if self.monitor.tracking else None)
+            config = self.config.replace(dump_path=os.path.join(self.config.dump_path, run_id or "no-run"))
+            self.monitor = GradientMonitor(config, **{**self.options, "run_id": run_id})
+        try:
+            self.monitor.monitor(optimizer)
+        except ValueError as e:  # already monitored (by the user's own monitor, say): training goes on without us
+            self.monitor.notices.warn(f"GradProbeCallback does not monitor this training: {e}")
+
+    def on_train_step_end(self, run_context: RunContext) -> None:
+        self.monitor.collect()
+
+    def on_train_end(self, run_context: RunContext) -> None:
+        self._finish("FINISHED")
+
+    def __exit__(self, *error) -> None:
+        """Model.train leaves its callbacks' context also when training fails: the steps so far are kept."""
+        self._finish("FAILED" if error and error[0] is not None else "FINISHED")
+
+    def _warn_if_sunk(self, cb_params) -> None:
+        sink_size = cb_params.get("sink_size", 1)
+        if cb_params.get("dataset_sink_mode") and sink_size != 1 and not self.config.step:
+            steps = "all the steps of an epoch" if sink_size == -1 else f"{sink_size} steps"
+            self.monitor.notices.warn(f"dataset sink mode: MindSpore returns to Python once per sink of {steps} "
+                                      f"(sink_size={sink_size}), so only the last step of each sink is probed; "
+                                      f"for every step, train with sink_size=1 or dataset_sink_mode=False")
+
+    def _start_run_if_none(self) -> None:
+        """MLflow's autologging convention: a run when none is active, ended with the training. Not with
+        ``tracking_uri=`` (a run MLflow's fluent API does not track: pass ``run_id=`` there), not on ranks > 0."""
+        tracking = self.monitor.tracking
+        if tracking is None or tracking.tracking_uri or tracking.local_run_id() or current_rank() != 0:
+            return
+        import mlflow
+
+        try:
+            self._started_run = mlflow.start_run(tags={AUTOLOGGING_TAG: "msprobe_mlflow"})
+        except Exception as e:  # observability must never break training
+            self.monitor.notices.failure("start_run", f"could not start an MLflow run ({e!r}); the gradients go "
+                                                      f"to the local dump only")
+
+    def _finish(self, status: str) -> None:
+        """Stops the monitor (every step written and sent), then ends the run this callback started. Idempotent."""
+        self.monitor.stop()
+        run, self._started_run = self._started_run, None
+        if run is None:
+            return
+        import mlflow
+
+        try:
+            active = mlflow.active_run()
+            if active is not None and active.info.run_id == run.info.run_id:
+                mlflow.end_run(status)
+            else:  # the user switched runs meanwhile: end ours without touching theirs
+                mlflow.MlflowClient().set_terminated(run.info.run_id, status)
+        except Exception as e:  # observability must never break training
+            self.monitor.notices.failure("end_run", f"could not end MLflow run {run.info.run_id} ({e!r})")
+
+
+def training_optimizer(cb_params) -> nn.Cell | None:
+    """The optimizer ``Model.train`` steps: ``Model(..., optimizer=)``, else the first optimizer cell inside the
+    train network (a ``Model`` built on a ``TrainOneStepCell``)."""
+    optimizer = cb_params.get("optimizer")
+    if optimizer is not None:
+        return optimizer
+    network = cb_params.get("train_network")
+    if network is None:
+        return None
+    return next((cell for _, cell in network.cells_and_names()
+                 if isinstance(cell, (nn.Optimizer, ExperimentalOptimizer))), None)

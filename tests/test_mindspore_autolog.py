@@ -1,0 +1,86 @@
+"""Autolog for MindSpore (real MindSpore 2.10, CPU): ``Model.train`` gets a GradProbeCallback with no line of user
+code, in GRAPH_MODE too, and ``disable=True`` gives ``Model.train`` back its own code."""
+from __future__ import annotations
+
+import mlflow
+import pytest
+
+ms = pytest.importorskip("mindspore", reason="MindSpore is not installed (the torch-only stage)")
+from mindspore import nn  # noqa: E402
+from mindspore.train import Model  # noqa: E402
+from mlflow.tracking import MlflowClient  # noqa: E402
+
+from mindspore_training import assert_steps_match_numpy, batches, dense, sgd_model
+from msprobe_mlflow.config import GradProbeConfig
+from msprobe_mlflow.mindspore import GradientMonitor, GradProbeCallback
+from msprobe_mlflow.mindspore.autolog import autolog
+
+ORIGINAL_TRAIN = Model.train
+
+
+@pytest.fixture
+def graph_mode():
+    previous = ms.get_context("mode")
+    ms.set_context(mode=ms.GRAPH_MODE)
+    yield
+    ms.set_context(mode=previous)
+
+
+@pytest.fixture
+def autolog_off_afterwards():
+    yield
+    autolog(disable=True)
+    assert Model.train is ORIGINAL_TRAIN
+
+
+def test_model_train_in_a_run_is_probed_into_it_until_disabled(graph_mode, autolog_off_afterwards, tmp_experiment,
+                                                                tmp_path):
+    autolog(dump_path=str(tmp_path / "dump"))
+    assert Model.train is not ORIGINAL_TRAIN
+    net = dense()
+    with mlflow.start_run() as run:
+        sgd_model(net).train(1, batches(), dataset_sink_mode=False)
+    assert_steps_match_numpy(tmp_path / "dump" / run.info.run_id, [p.name for p in net.trainable_params()])
+    history = MlflowClient().get_metric_history(run.info.run_id, "grad/rank0/total_norm")
+    assert [m.step for m in history] == [0, 1, 2]
+
+    autolog(disable=True)
+    assert Model.train is ORIGINAL_TRAIN
+    with mlflow.start_run() as unmonitored:
+        sgd_model(dense()).train(1, batches(), dataset_sink_mode=False)
+    assert not (tmp_path / "dump" / unmonitored.info.run_id).exists()
+    assert MlflowClient().get_run(unmonitored.info.run_id).data.metrics == {}
+
+
+def test_a_callback_the_user_added_is_not_doubled(autolog_off_afterwards, tmp_experiment, tmp_path):
+    autolog(dump_path=str(tmp_path / "autolog"))
+    net = dense()
+    own = GradProbeCallback(GradProbeConfig(dump_path=str(tmp_path / "own")), log_to_mlflow=False)
+    with mlflow.start_run():
+        sgd_model(net).train(1, batches(), callbacks=own, dataset_sink_mode=False)
+    assert_steps_match_numpy(tmp_path / "own", [p.name for p in net.trainable_params()])
+    assert not (tmp_path / "autolog").exists()
+
+
+def test_msprobe_mlflow_autolog_switches_the_mindspore_patch_on_and_off(tmp_path):
+    pytest.importorskip("torch", reason="msprobe_mlflow.autolog() also hooks PyTorch")
+    import msprobe_mlflow
+
+    msprobe_mlflow.autolog(dump_path=str(tmp_path / "dump"))
+    try:
+        assert Model.train is not ORIGINAL_TRAIN
+    finally:
+        msprobe_mlflow.autolog(disable=True)
+    assert Model.train is ORIGINAL_TRAIN
+
+
+def test_an_optimizer_the_user_monitors_already_trains_on_with_a_warning(autolog_off_afterwards, tmp_path):
+    autolog(dump_path=str(tmp_path / "autolog"), log_to_mlflow=False)
+    net = dense()
+    optimizer = nn.SGD(net.trainable_params(), learning_rate=0.0)
+    own = GradientMonitor(GradProbeConfig(dump_path=str(tmp_path / "own")), log_to_mlflow=False).monitor(optimizer)
+    with pytest.warns(UserWarning, match="GradProbeCallback does not monitor this training: this optimizer is "
+                                         "already monitored by another GradientMonitor"):
+        Model(net, loss_fn=nn.MSELoss(), optimizer=optimizer).train(1, batches(), dataset_sink_mode=False)
+    own.stop()
+    assert_steps_match_numpy(tmp_path / "own", [p.name for p in net.trainable_params()])
