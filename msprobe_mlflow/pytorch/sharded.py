@@ -162,7 +162,8 @@ def _gather_signs(group, members: list[tuple[torch.Tensor, torch.Size, _Sharding
         widths.append(width)
     mine = torch.cat(padded)
     everyone = mine.new_empty(world * mine.numel())
-    dist.all_gather_into_tensor(everyone, mine, group=group)
+    gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor  # its newer name
+    gather(everyone, mine, group=group)
 
     def assemble(host: np.ndarray) -> list[np.ndarray]:
         per_rank = host.reshape(world, -1)
