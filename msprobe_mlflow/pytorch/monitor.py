@@ -141,6 +141,10 @@ class GradientMonitor(SessionMonitor):
                 grad = grad.to_dense()
             names.append(name)
             grads.append(grad.detach())
+        unsupported = [f"{n} ({g.dtype})" for n, g in zip(names, grads) if not g.is_floating_point()]
+        if unsupported:
+            raise TypeError(f"gradients of {', '.join(unsupported)} have no max/min/sign statistics; expected "
+                            f"real floating dtypes (leave such parameters out with grad_probe.param_list)")
         if has_sharded(grads):  # a collective: every rank takes part, written or not
             pending = launch_sharded_statistics(names, grads, rank=rank, step=step, level=self.config.level,
                                                 bounds=self.config.bounds)
