@@ -165,9 +165,13 @@ class GradientMonitor(SessionMonitor):
         self.notices.failure("probe", f"probing step {step} failed ({error!r})")
         tag = FAILED_STEPS_TAG if self._session.ranks.world_size == 1 else \
             f"msprobe_mlflow.rank{self._session.ranks.rank}.failed_steps"
-        for sink in self._session.sinks:
+        self.tag_run({tag: _step_ranges(self._failed_steps)}, step)
+
+    def tag_run(self, tags: dict[str, str], step: int = 0) -> None:
+        """Sets ``tags`` on the MLflow run this monitor logs into (queued, sent off the training thread)."""
+        for sink in self._session.sinks if self._session else []:
             if hasattr(sink, "annotate"):
-                sink.annotate(step=step, tags={tag: _step_ranges(self._failed_steps)})
+                sink.annotate(step=step, tags=tags)
 
     @property
     def errors(self) -> list[str]:
