@@ -114,3 +114,32 @@ def test_a_failing_probe_is_counted_tagged_and_warned_about(tmp_path, tmp_experi
     tags = MlflowClient().get_run(run.info.run_id).data.tags
     assert tags["msprobe_mlflow.failed_steps"] == f"0-{STEPS - 1}"
     assert not list((tmp_path / "dump" / "rank0").glob("*.csv"))
+
+
+def test_autolog_monitors_a_compiled_model_under_its_eager_names_without_torchs_global_hook_warning(
+        tmp_path, tmp_experiment):
+    import warnings
+
+    import msprobe_mlflow
+
+    model = small_model()
+    compiled = torch.compile(model, backend="eager")
+    optimizer = torch.optim.SGD(compiled.parameters(), lr=0.1)
+    msprobe_mlflow.autolog(dump_path=str(tmp_path / "dump"), level="L1")
+    try:
+        with mlflow.start_run() as run, warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            expected = []
+            for _ in range(STEPS):
+                optimizer.zero_grad()
+                compiled(torch.randn(8, 4)).square().mean().backward()
+                expected.append(gradient_norms(model))
+                optimizer.step()
+    finally:
+        msprobe_mlflow.autolog(disable=True)
+    assert not [w for w in caught if "global hooks" in str(w.message)]
+    dump = tmp_path / "dump" / run.info.run_id
+    for step in range(STEPS):
+        table = read_summary(dump / "rank0" / f"grad_summary_{step}.csv")
+        assert table.column("param_name") == ["0.weight", "0.bias", "2.weight", "2.bias"]
+        np.testing.assert_allclose(table.numbers("norm"), expected[step], rtol=1e-6)

@@ -95,7 +95,7 @@ def outermost_model(optimizer: torch.optim.Optimizer) -> torch.nn.Module | None:
     """The outermost live module (a wrapper such as DDP or ``torch.compile``'s, when there is one) holding the
     parameters ``optimizer`` steps: one walk over the garbage collector's objects, once per optimizer."""
     stepped = {id(p) for group in optimizer.param_groups for p in group["params"]}
-    modules = [m for m in gc.get_objects() if isinstance(m, torch.nn.Module)]
+    modules = [m for m in gc.get_objects() if issubclass(type(m), torch.nn.Module)]  # not weakref proxies
     parents = {id(child): module for module in modules for child in module._modules.values() if child is not None}
     roots: dict[int, torch.nn.Module] = {}
     for module in modules:
