@@ -1,19 +1,18 @@
 """Lightning: ``Trainer(logger=MLFlowLogger(...), callbacks=[GradientProbeCallback()])`` probes into the logger's run.
 
 ``MLFlowLogger`` creates its run with ``MlflowClient.create_run``: no run is active, so nothing that looks for the
-active run finds it. :func:`mlflow_logger_run` finds it from the model (autolog uses it too). Under automatic
-optimization Lightning calls ``optimizer.step(closure)`` with a closure that runs the training step, the backward
-and the gradient clipping; the monitor probes when that closure returns, so a record holds the accumulated, clipped
-gradients the optimizer applies, one record per optimizer step whatever ``accumulate_grad_batches``.
+active run finds it. :func:`~msprobe_mlflow.integrations.mlflow_logger_run` finds it from the model (autolog uses
+it too). Under automatic optimization Lightning calls ``optimizer.step(closure)`` with a closure that runs the
+training step, the backward and the gradient clipping; the monitor probes when that closure returns, so a record
+holds the accumulated, clipped gradients the optimizer applies, one record per optimizer step whatever
+``accumulate_grad_batches``.
 """
 from __future__ import annotations
 
 import os
 
-import torch
-
 from msprobe_mlflow.config import GradProbeConfig
-from msprobe_mlflow.integrations import callback_config
+from msprobe_mlflow.integrations import callback_config, mlflow_logger_run
 from msprobe_mlflow.pytorch.monitor import GradientMonitor
 
 try:
@@ -25,16 +24,6 @@ except ImportError:  # the older package name, or no Lightning (the callback the
         Callback = object
 
 RECORDED_TAG = "msprobe_mlflow.gradients_recorded"
-
-
-def mlflow_logger_run(model: torch.nn.Module) -> tuple[str | None, str | None] | None:
-    """``(run_id, tracking_uri)`` of the ``MLFlowLogger`` of the Lightning trainer ``model`` (or a module inside
-    it) is attached to; None without one. Ranks other than 0 get ``(None, uri)``: Lightning logs on rank 0 only."""
-    trainer = next((t for m in model.modules() if (t := getattr(m, "_trainer", None)) is not None), None)
-    for logger in getattr(trainer, "loggers", None) or []:
-        if type(logger).__name__ == "MLFlowLogger":
-            return logger.run_id, getattr(logger, "_tracking_uri", None)
-    return None
 
 
 class GradientProbeCallback(Callback):

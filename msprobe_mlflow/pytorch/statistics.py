@@ -16,28 +16,10 @@ import torch
 
 from msprobe_mlflow.layout import CUMULATIVE_COUNTS, EXTREMES, StatisticsLayout
 from msprobe_mlflow.levels import Level
+from msprobe_mlflow.pytorch.host_copy import start_host_copy as _to_host  # any accelerator, no sync
 from msprobe_mlflow.records import StepRecord, record_from_statistics
 
 _BIT_WEIGHTS = (128, 64, 32, 16, 8, 4, 2, 1)  # np.packbits order: first element in the high bit
-
-
-def _to_host(tensor: torch.Tensor) -> Callable[[], np.ndarray]:
-    """Starts the device-to-host copy; the returned callable waits for it (on the writer thread)."""
-    if tensor.device.type == "cpu":
-        return tensor.numpy
-    host = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=torch.cuda.is_available())
-    host.copy_(tensor, non_blocking=True)
-    if tensor.device.type == "cuda":
-        event = torch.cuda.Event()
-        event.record()
-
-        def wait() -> np.ndarray:
-            event.synchronize()
-            return host.numpy()
-        return wait
-    if hasattr(torch, "accelerator"):
-        torch.accelerator.synchronize()  # other accelerators: correct first, a synchronisation point
-    return host.numpy
 
 
 _constants: dict[tuple, torch.Tensor] = {}

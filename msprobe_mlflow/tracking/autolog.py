@@ -24,7 +24,7 @@ from torch.optim.optimizer import register_optimizer_step_pre_hook
 
 from msprobe_mlflow.compare.verdict import DEFAULT_DROP_THRESHOLD, DEFAULT_FIRST_THRESHOLD
 from msprobe_mlflow.config import DEFAULT_BOUNDS, GradProbeConfig, load_config
-from msprobe_mlflow.integrations.lightning import mlflow_logger_run
+from msprobe_mlflow.integrations import mlflow_logger_run
 from msprobe_mlflow.pytorch.distributed import is_distributed, shared_run_id
 from msprobe_mlflow.pytorch.monitor import GradientMonitor, _monitored_models
 from msprobe_mlflow.sinks.anomalies import SpikeRule
