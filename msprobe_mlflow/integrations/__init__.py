@@ -8,6 +8,9 @@ from typing import TYPE_CHECKING
 
 from msprobe_mlflow.config import DEFAULT_BOUNDS, GradProbeConfig, load_config
 
+if TYPE_CHECKING:
+    import torch
+
 
 def callback_config(config, run_id: str | None, source: str) -> GradProbeConfig:
     """The callback's ``config`` (as :class:`GradProbeConfig` takes it), or autolog's default: L1, bounds
@@ -16,11 +19,6 @@ def callback_config(config, run_id: str | None, source: str) -> GradProbeConfig:
         return load_config(config)
     return GradProbeConfig(dump_path=os.path.join("msprobe_dump", run_id or "no-run"), bounds=DEFAULT_BOUNDS,
                            source=source)
-
-
-if TYPE_CHECKING:
-    import torch
-
 
 def mlflow_logger_run(model: "torch.nn.Module") -> tuple[str | None, str | None] | None:
     """``(run_id, tracking_uri)`` of the ``MLFlowLogger`` of the Lightning trainer ``model`` (or a module inside
