@@ -14,19 +14,25 @@ from msprobe_mlflow.compare.engine import compare_dumps
 from msprobe_mlflow.dump import read_summary
 
 WORKER = Path(__file__).with_name("stacks_worker.py")
+SHARDED_WORKER = Path(__file__).with_name("sharded_statistics_worker.py")
 STEPS = 3
 STATISTICS = ("max", "min", "norm")
 BUCKETS = ("(-inf, -1]", "(-1, 0]", "(0, 1]", "(1, inf)", "=0")
 
 
-def train(stack: str, dump: Path) -> None:
+def run(script: Path, *args: str, ranks: int = 1) -> subprocess.CompletedProcess:
     launcher = [sys.executable]
-    if stack in ("fsdp2", "ddp"):
-        launcher += ["-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
+    if ranks > 1:
+        launcher += ["-m", "torch.distributed.run", "--nproc-per-node", str(ranks), "--master-addr", "127.0.0.1",
                      "--master-port", str(free_port())]
-    done = subprocess.run([*launcher, str(WORKER), "--stack", stack, "--dump", str(dump), "--steps", str(STEPS)],
-                          capture_output=True, text=True, timeout=300)
+    done = subprocess.run([*launcher, str(script), *args], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
+    return done
+
+
+def train(stack: str, dump: Path) -> None:
+    ranks = 2 if stack in ("fsdp2", "ddp") else 1
+    run(WORKER, "--stack", stack, "--dump", str(dump), "--steps", str(STEPS), ranks=ranks)
 
 
 @pytest.fixture(scope="module")
@@ -57,6 +63,12 @@ def assert_comparable(dump: Path, eager: Path) -> None:
     assert rank.steps == list(range(STEPS))
     assert not comparison.verdict.suspicious, comparison.verdict.describe()
     assert min(rank.summary) > 0.99
+
+
+def test_dtensor_statistics_equal_the_full_tensors_at_every_level_for_any_shard_layout():
+    """Shards along dim 0 and 1, uneven and empty shards, replicated and plain tensors, NaN, infinities, bf16."""
+    done = run(SHARDED_WORKER, ranks=2)
+    assert done.stdout.count("sharded statistics equal") == 2
 
 
 def test_fsdp2_on_two_ranks_records_the_unsharded_gradients_statistics(tmp_path, eager_dump):

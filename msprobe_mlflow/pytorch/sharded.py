@@ -97,7 +97,7 @@ def launch_sharded_statistics(names: list[str], grads: list[torch.Tensor], *, ra
             dist.all_reduce(sums[rows], op=dist.ReduceOp.SUM, group=group)
         if LEVELS[level].has_directions:
             gathered.append(_gather_signs(group, [(locals_[i], grads[i].shape, shardings[i]) for i in members]))
-    statistics = _full_statistics(extremes, sums, [grads[i].numel() for i in order], level, bounds32)
+    statistics = _full_statistics(extremes, sums, [grads[i] for i in order], level, bounds32)
     statistics_host = start_host_copy(statistics)
     signs_host = [(members, start_host_copy(bits), assemble) for members, (bits, assemble)
                   in zip(groups.values(), gathered)]
@@ -118,7 +118,7 @@ def launch_sharded_statistics(names: list[str], grads: list[torch.Tensor], *, ra
 def _partials(shards: list[torch.Tensor], bounds32, buckets: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """Per shard, ``(max, -min)`` (reduced with MAX) and ``(sum of squares, [counts x <= b..., x == 0], NaNs)``
     (reduced with SUM), float64 on the shards' device. An empty shard gives ``(-inf, -inf)`` and zeros."""
-    norms = torch._foreach_norm(shards)  # float32 accumulation, as the unsharded path
+    norms = torch._foreach_norm(shards, 2, dtype=torch.float32)  # not yet rounded to a bf16/fp16 gradient's dtype
     extremes, sums = [], []
     for shard, norm in zip(shards, norms):
         values = shard if shard.dtype in (torch.float32, torch.float64) else shard.float()
@@ -133,16 +133,25 @@ def _partials(shards: list[torch.Tensor], bounds32, buckets: bool) -> tuple[torc
     return torch.stack(extremes), torch.stack(sums)
 
 
-def _full_statistics(extremes: torch.Tensor, sums: torch.Tensor, numels: list[int], level: str,
+def _full_statistics(extremes: torch.Tensor, sums: torch.Tensor, grads: list[torch.Tensor], level: str,
                      bounds32) -> torch.Tensor:
     """The layout's flat vector from the reduced partials: max and min NaN where a NaN was seen (as
-    ``aminmax`` over the full gradient gives) or the parameter is empty; the norm rounded to float32."""
-    layout = StatisticsLayout(level, bounds32, numels)
+    ``aminmax`` over the full gradient gives) or the parameter is empty; the norm rounded as the unsharded path
+    rounds it (to the gradient's dtype when narrower, then to float32)."""
+    layout = StatisticsLayout(level, bounds32, [g.numel() for g in grads])
     undefined = (sums[:, -1] > 0) | (extremes[:, 0] == -math.inf)
     nan = torch.full_like(extremes[:, 0], math.nan)
     maximum = torch.where(undefined, nan, extremes[:, 0])
     minimum = torch.where(undefined, nan, -extremes[:, 1])
-    norm = sums[:, 0].sqrt().float().double()
+    norm = sums[:, 0].sqrt()
+    narrow = [(i, g.dtype) for i, g in enumerate(grads) if g.dtype not in (torch.float32, torch.float64)]
+    if len(narrow) == len(grads) and len({dtype for _, dtype in narrow}) == 1:  # one kernel for a bf16 model
+        norm = norm.to(narrow[0][1])
+    else:
+        norm = norm.clone()
+        for i, dtype in narrow:
+            norm[i:i + 1] = norm[i:i + 1].to(dtype).double()
+    norm = norm.float().double()
     rows = torch.stack([maximum, minimum, norm], dim=1)
     return torch.cat(layout.in_order({EXTREMES: rows, CUMULATIVE_COUNTS: sums[:, 1:-1]}))
 
