@@ -37,6 +37,14 @@ def _wrapped_attribute(module: "torch.nn.Module | None") -> str | None:
     return None
 
 
+def wrapper_chain(model: "torch.nn.Module"):
+    """``model``, then the module each wrapper on the way down wraps (``compile(DDP(net))``: the three of them)."""
+    while model is not None:
+        yield model
+        attribute = _wrapped_attribute(model)
+        model = model._modules.get(attribute) if attribute else None
+
+
 def eager_name(model: torch.nn.Module, name: str) -> str:
     """``name`` (from ``model.named_parameters()``) without the components that wrappers on its path add."""
     kept, module = [], model

@@ -1,7 +1,7 @@
 """One rank of a 2-rank gloo job: the sharded statistics of DTensors equal the unsharded statistics of the same
 full tensors, at every level, for shards along dim 0 and dim 1, uneven and empty shards, a replicated tensor, a
-plain tensor beside them, NaN and infinities. Started by torchrun from tests/test_training_stacks.py; exits non-zero
-with the first difference."""
+plain tensor beside them, NaN, infinities, bf16 and float64. Started by torchrun from tests/test_training_stacks.py;
+exits non-zero with the first difference."""
 from __future__ import annotations
 
 import numpy as np
@@ -28,6 +28,7 @@ def full_tensors() -> dict[str, torch.Tensor]:
         "with_infinities": with_infinities,
         "replicated": torch.randn(4, generator=generator),
         "bf16": torch.randn(6, 2, generator=generator).bfloat16(),
+        "float64": torch.randn(5, 2, generator=generator, dtype=torch.float64),
         "plain": torch.randn(2, 2, generator=generator),            # not a DTensor
     }
 

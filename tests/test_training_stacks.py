@@ -66,7 +66,7 @@ def assert_comparable(dump: Path, eager: Path) -> None:
 
 
 def test_dtensor_statistics_equal_the_full_tensors_at_every_level_for_any_shard_layout():
-    """Shards along dim 0 and 1, uneven and empty shards, replicated and plain tensors, NaN, infinities, bf16."""
+    """Shards along dim 0 and 1, uneven and empty shards, replicated and plain tensors, NaN, inf, bf16, float64."""
     done = run(SHARDED_WORKER, ranks=2)
     assert done.stdout.count("sharded statistics equal") == 2
 

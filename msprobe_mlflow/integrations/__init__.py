@@ -7,6 +7,7 @@ import os
 from typing import TYPE_CHECKING
 
 from msprobe_mlflow.config import DEFAULT_BOUNDS, GradProbeConfig, load_config
+from msprobe_mlflow.parameter_names import wrapper_chain
 
 if TYPE_CHECKING:
     import torch
@@ -21,9 +22,10 @@ def callback_config(config, run_id: str | None, source: str) -> GradProbeConfig:
                            source=source)
 
 def mlflow_logger_run(model: "torch.nn.Module") -> tuple[str | None, str | None] | None:
-    """``(run_id, tracking_uri)`` of the ``MLFlowLogger`` of the Lightning trainer ``model`` (or a module inside
-    it) is attached to; None without one. Ranks other than 0 get ``(None, uri)``: Lightning logs on rank 0 only."""
-    trainer = next((t for m in model.modules() if (t := getattr(m, "_trainer", None)) is not None), None)
+    """``(run_id, tracking_uri)`` of the ``MLFlowLogger`` of the Lightning trainer ``model`` (or the module its
+    wrappers wrap) is attached to; None without one. Ranks other than 0 get ``(None, uri)``: Lightning logs on rank 0
+    only."""
+    trainer = next((t for m in wrapper_chain(model) if (t := getattr(m, "_trainer", None)) is not None), None)
     for logger in getattr(trainer, "loggers", None) or []:
         if type(logger).__name__ == "MLFlowLogger":
             return logger.run_id, getattr(logger, "_tracking_uri", None)

@@ -119,6 +119,8 @@ class GradientMonitor(SessionMonitor):
     def record_gradients(self) -> None:
         """Records the gradients as they are now as the coming optimizer step's record (that step then records
         nothing more): call it before ``clip_grad_norm_`` to record the unclipped gradients."""
+        if self._session is None or self._session.closed:
+            raise RuntimeError("record_gradients() needs a monitor that is running: call monitor(model) first")
         self._recorded_early = self.step
         self._probe_step(self.step)
 
@@ -141,18 +143,15 @@ class GradientMonitor(SessionMonitor):
                 grad = grad.to_dense()
             names.append(name)
             grads.append(grad.detach())
+        sharded = has_sharded(grads)  # a collective: every rank takes part, written or not
+        if not (writes or sharded):
+            return
         unsupported = [f"{n} ({g.dtype})" for n, g in zip(names, grads) if not g.is_floating_point()]
         if unsupported:
             raise TypeError(f"gradients of {', '.join(unsupported)} have no max/min/sign statistics; expected "
                             f"real floating dtypes (leave such parameters out with grad_probe.param_list)")
-        if has_sharded(grads):  # a collective: every rank takes part, written or not
-            pending = launch_sharded_statistics(names, grads, rank=rank, step=step, level=self.config.level,
-                                                bounds=self.config.bounds)
-        elif writes:
-            pending = launch_step_statistics(names, grads, rank=rank, step=step, level=self.config.level,
-                                             bounds=self.config.bounds)
-        else:
-            return
+        launch = launch_sharded_statistics if sharded else launch_step_statistics
+        pending = launch(names, grads, rank=rank, step=step, level=self.config.level, bounds=self.config.bounds)
         if writes:
             self._probed_steps += 1
             self._session.submit(pending)

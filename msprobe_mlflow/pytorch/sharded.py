@@ -118,10 +118,11 @@ def launch_sharded_statistics(names: list[str], grads: list[torch.Tensor], *, ra
 def _partials(shards: list[torch.Tensor], bounds32, buckets: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """Per shard, ``(max, -min)`` (reduced with MAX) and ``(sum of squares, [counts x <= b..., x == 0], NaNs)``
     (reduced with SUM), float64 on the shards' device. An empty shard gives ``(-inf, -inf)`` and zeros."""
-    norms = torch._foreach_norm(shards, 2, dtype=torch.float32)  # not yet rounded to a bf16/fp16 gradient's dtype
     extremes, sums = [], []
-    for shard, norm in zip(shards, norms):
-        values = shard if shard.dtype in (torch.float32, torch.float64) else shard.float()
+    for shard in shards:
+        wide = shard.dtype in (torch.float32, torch.float64)
+        values = shard if wide else shard.float()
+        norm = torch.linalg.vector_norm(shard, dtype=None if wide else torch.float32)  # bf16/fp16: not yet rounded
         if values.numel():
             minimum, maximum = torch.aminmax(shard)
             extremes.append(torch.stack([maximum.float().double(), -minimum.float().double()]))

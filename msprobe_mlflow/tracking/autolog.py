@@ -100,8 +100,10 @@ def outermost_model(optimizer: torch.optim.Optimizer) -> torch.nn.Module | None:
     roots: dict[int, torch.nn.Module] = {}
     for module in modules:
         if any(id(p) in stepped for p in module._parameters.values() if p is not None):
-            while id(module) in parents:
+            climbed = {id(module)}
+            while id(module) in parents and id(parents[id(module)]) not in climbed:  # a cycle stops the climb
                 module = parents[id(module)]
+                climbed.add(id(module))
             roots[id(module)] = module
     return max(roots.values(), key=lambda m: sum(1 for _ in m.parameters()), default=None)
 
