@@ -30,10 +30,11 @@ def full_tensors() -> dict[str, torch.Tensor]:
         "bf16": torch.randn(6, 2, generator=generator).bfloat16(),
         "float64": torch.randn(5, 2, generator=generator, dtype=torch.float64),
         "plain": torch.randn(2, 2, generator=generator),            # not a DTensor
+        "scalar": torch.tensor(-0.25),                                # not a DTensor, no dimension
     }
 
 
-PLACEMENTS = {"columns": Shard(1), "replicated": Replicate(), "plain": None}
+PLACEMENTS = {"columns": Shard(1), "replicated": Replicate(), "plain": None, "scalar": None}
 
 
 def main() -> None:

@@ -22,7 +22,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from msprobe_mlflow.layout import CUMULATIVE_COUNTS, EXTREMES, StatisticsLayout
+from msprobe_mlflow.layout import CUMULATIVE_COUNTS, EXTREMES, StatisticsLayout, packed_length
 from msprobe_mlflow.levels import LEVELS
 from msprobe_mlflow.pytorch.host_copy import start_host_copy
 from msprobe_mlflow.pytorch.statistics import launch_step_statistics, pack_bits
@@ -49,10 +49,18 @@ class _Sharding:
     group: object = None
     dim: int = 0
 
-    def chunk_length(self, length: int, index: int) -> int:
-        """Rows of ``length`` that group rank ``index`` holds: ``torch.chunk``'s split, as DTensor's ``Shard``."""
-        chunk = -(-length // dist.get_world_size(self.group))
-        return max(0, min(chunk, length - chunk * index))
+    @property
+    def world(self) -> int:
+        return 1 if self.group is None else dist.get_world_size(self.group)
+
+    def shard_shape(self, shape: torch.Size, index: int) -> list[int]:
+        """The shape of group rank ``index``'s shard: ``torch.chunk``'s split along ``dim``, as DTensor's ``Shard``."""
+        if self.group is None:
+            return list(shape)
+        length, shard = shape[self.dim], list(shape)
+        chunk = -(-length // self.world)
+        shard[self.dim] = max(0, min(chunk, length - chunk * index))
+        return shard
 
 
 def _sharding(grad: torch.Tensor, name: str) -> _Sharding:
@@ -96,7 +104,7 @@ def launch_sharded_statistics(names: list[str], grads: list[torch.Tensor], *, ra
             dist.all_reduce(extremes[rows], op=dist.ReduceOp.MAX, group=group)
             dist.all_reduce(sums[rows], op=dist.ReduceOp.SUM, group=group)
         if LEVELS[level].has_directions:
-            gathered.append(_gather_signs(group, [(locals_[i], grads[i].shape, shardings[i]) for i in members]))
+            gathered.append(_gather_signs([(locals_[i], grads[i].shape, shardings[i]) for i in members]))
     statistics = _full_statistics(extremes, sums, [grads[i] for i in order], level, bounds32)
     statistics_host = start_host_copy(statistics)
     signs_host = [(members, start_host_copy(bits), assemble) for members, (bits, assemble)
@@ -157,55 +165,38 @@ def _full_statistics(extremes: torch.Tensor, sums: torch.Tensor, grads: list[tor
     return torch.cat(layout.in_order({EXTREMES: rows, CUMULATIVE_COUNTS: sums[:, 1:-1]}))
 
 
-def _gather_signs(group, members: list[tuple[torch.Tensor, torch.Size, _Sharding]]):
-    """Each shard's packed ``> 0`` bits, padded to the longest shard's, gathered from every rank of ``group`` (one
-    ``all_gather``), and the host function that reassembles them into each full parameter's packed bits."""
-    if group is None:
-        bits = [pack_bits(_whole_bytes(local.reshape(-1) > 0)) for local, _, _ in members]
-        return torch.cat([torch.zeros(0, dtype=torch.uint8, device=_device(members)), *bits]), _split_whole(members)
-    world = dist.get_world_size(group)
+def _gather_signs(members: list[tuple[torch.Tensor, torch.Size, _Sharding]]):
+    """Each shard's packed ``> 0`` bits, padded to the longest shard's, gathered from every rank of the members'
+    group (one ``all_gather``; none for gradients not split), and the host function that reassembles them into each
+    full parameter's packed bits."""
+    group, world = members[0][2].group, members[0][2].world  # one group; each member has its own sharded dim
     widths, padded = [], []
     for local, shape, sharding in members:
-        width = max(-(-math.prod(_shard_shape(shape, sharding, r)) // 8) for r in range(world))
+        width = max(packed_length(math.prod(sharding.shard_shape(shape, r))) for r in range(world))
         bits = pack_bits(_whole_bytes(local.reshape(-1) > 0))
         padded.append(torch.cat([bits, bits.new_zeros(width - bits.numel())]))
         widths.append(width)
-    mine = torch.cat(padded)
-    everyone = mine.new_empty(world * mine.numel())
-    gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor  # its newer name
-    gather(everyone, mine, group=group)
+    everyone = mine = torch.cat(padded)
+    if world > 1:
+        everyone = mine.new_empty(world * mine.numel())
+        gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor  # its newer name
+        gather(everyone, mine, group=group)
 
     def assemble(host: np.ndarray) -> list[np.ndarray]:
-        per_rank = host.reshape(world, -1)
-        full, offset = [], 0
+        per_rank, full, offset = host.reshape(world, -1), [], 0
         for (_, shape, sharding), width in zip(members, widths):
             pieces = []
             for r in range(world):
-                shard_shape = _shard_shape(shape, sharding, r)
+                shard_shape = sharding.shard_shape(shape, r)
                 bits = np.unpackbits(per_rank[r, offset:offset + width], count=math.prod(shard_shape))
                 pieces.append(bits.reshape(shard_shape))
-            full.append(np.packbits(np.concatenate(pieces, axis=sharding.dim).reshape(-1)))
+            joined = pieces[0] if world == 1 else np.concatenate(pieces, axis=sharding.dim)
+            full.append(np.packbits(joined.reshape(-1)))
             offset += width
         return full
     return everyone, assemble
 
 
-def _shard_shape(shape: torch.Size, sharding: _Sharding, index: int) -> list[int]:
-    """The shape of group rank ``index``'s shard of a gradient of ``shape``."""
-    shard = list(shape)
-    shard[sharding.dim] = sharding.chunk_length(shape[sharding.dim], index)
-    return shard
-
-
 def _whole_bytes(bits: torch.Tensor) -> torch.Tensor:
     padding = -bits.numel() % 8
     return torch.cat([bits, bits.new_zeros(padding)]) if padding else bits
-
-
-def _device(members) -> torch.device:
-    return members[0][0].device
-
-
-def _split_whole(members):
-    lengths = [-(-local.numel() // 8) for local, _, _ in members]
-    return lambda host: np.split(host, np.cumsum(lengths)[:-1]) if lengths else []
