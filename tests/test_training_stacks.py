@@ -8,8 +8,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from click.testing import CliRunner
 
 from mlflow_server import free_port
+from msprobe_mlflow.cli import main
 from msprobe_mlflow.compare.engine import compare_dumps
 from msprobe_mlflow.dump import read_summary
 
@@ -56,6 +58,12 @@ def assert_same_statistics(dump: Path, rank: int, eager: Path) -> None:
 
 
 def assert_comparable(dump: Path, eager: Path) -> None:
+    """``msprobe-mlflow compare`` exits 0 with --fail-on-suspicious; its engine's result holds every parameter."""
+    output = dump.parent / f"{dump.name}-vs-eager"
+    done = CliRunner().invoke(main, ["compare", str(dump), str(eager), "--output", str(output), "--no-mlflow",
+                                     "--no-plots", "--fail-on-suspicious"])
+    assert done.exit_code == 0, done.output
+    assert "only in" not in done.output and "matched once wrapper prefixes" not in done.output
     comparison = compare_dumps(dump, eager, None, plots=False, progress=False)
     (rank,) = comparison.ranks
     names = read_summary(eager / "rank0" / "grad_summary_0.csv").column("param_name")

@@ -177,6 +177,7 @@ def matched_names(names_a: list[str], names_b) -> list[tuple[str, str]]:
             if name not in exact:
                 stripped.setdefault(strip_wrapper_components(name), []).append(name)
         return {key: found[0] for key, found in stripped.items() if len(found) == 1}
+
     stripped_b = unique_stripped(names_b)
     stripped_a = unique_stripped(names_a)
     pairs = []
