@@ -1,6 +1,7 @@
 """What a step records is what the optimizer applies: with ``optimizer.step(closure)`` the gradients the closure
-left (plain SGD, LBFGS), one record per step; ``record_gradients()`` records them before clipping; a step whose
-probe fails is counted, tagged on the run and warned about."""
+left (plain SGD, LBFGS), one record per step; with a GradScaler the unscaled gradients; ``record_gradients()``
+records them before clipping; a step whose probe fails is counted, tagged on the run and warned about; autolog
+monitors a compiled model under its eager names."""
 from __future__ import annotations
 
 import mlflow
@@ -143,3 +144,25 @@ def test_autolog_monitors_a_compiled_model_under_its_eager_names_without_torchs_
         table = read_summary(dump / "rank0" / f"grad_summary_{step}.csv")
         assert table.column("param_name") == ["0.weight", "0.bias", "2.weight", "2.bias"]
         np.testing.assert_allclose(table.numbers("norm"), expected[step], rtol=1e-6)
+
+
+def test_amp_grad_scaler_steps_record_the_unscaled_gradients(tmp_path):
+    model = small_model()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    scaler = torch.amp.GradScaler("cpu", init_scale=1024.0)
+    monitor = GradientMonitor(GradProbeConfig(dump_path=str(tmp_path / "dump"), level="L1"), log_to_mlflow=False)
+    monitor.monitor(model, optimizer)
+    generator = torch.Generator().manual_seed(4)
+    expected = []
+    for _ in range(STEPS):
+        x, y = torch.randn(8, 4, generator=generator), torch.randn(8, 2, generator=generator)
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        unscaled = torch.autograd.grad(loss, list(model.parameters()), retain_graph=True)
+        expected.append([float(np.float32(np.linalg.norm(g.double().numpy()))) for g in unscaled])
+        optimizer.zero_grad()
+        scaler.scale(loss).backward()  # gradients 1024 times too large until the scaler unscales them
+        scaler.step(optimizer)
+        scaler.update()
+    monitor.stop()
+    for step in range(STEPS):
+        np.testing.assert_allclose(recorded_norms(tmp_path / "dump", step), expected[step], rtol=1e-5)
