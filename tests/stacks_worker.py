@@ -30,6 +30,7 @@ def main() -> None:
     parser.add_argument("--stack", choices=["single", "fsdp2", "ddp", "compile"], required=True)
     parser.add_argument("--dump", required=True)
     parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--ranks", type=int, nargs="*", default=[], help="the config's rank filter")
     args = parser.parse_args()
 
     distributed = args.stack in ("fsdp2", "ddp")
@@ -48,7 +49,7 @@ def main() -> None:
     elif args.stack == "compile":
         model = torch.compile(model, backend="aot_eager")
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-    monitor = GradientMonitor(GradProbeConfig(dump_path=args.dump, level="L2"), log_to_mlflow=False)
+    monitor = GradientMonitor(GradProbeConfig(dump_path=args.dump, level="L2", rank=args.ranks), log_to_mlflow=False)
     monitor.monitor(model, optimizer)
     generator = torch.Generator().manual_seed(1)
     share = GLOBAL_BATCH // world

@@ -32,9 +32,9 @@ def run(script: Path, *args: str, ranks: int = 1) -> subprocess.CompletedProcess
     return done
 
 
-def train(stack: str, dump: Path) -> None:
+def train(stack: str, dump: Path, *worker_args: str) -> None:
     ranks = 2 if stack in ("fsdp2", "ddp") else 1
-    run(WORKER, "--stack", stack, "--dump", str(dump), "--steps", str(STEPS), ranks=ranks)
+    run(WORKER, "--stack", stack, "--dump", str(dump), "--steps", str(STEPS), *worker_args, ranks=ranks)
 
 
 @pytest.fixture(scope="module")
@@ -85,6 +85,13 @@ def test_fsdp2_on_two_ranks_records_the_unsharded_gradients_statistics(tmp_path,
     for rank in (0, 1):  # every rank holds the full statistics after the reduction
         assert_same_statistics(tmp_path / "fsdp2", rank, eager_dump)
     assert_comparable(tmp_path / "fsdp2", eager_dump)
+
+
+def test_fsdp2_writing_on_rank_0_only_still_reduces_on_every_rank(tmp_path, eager_dump):
+    """Rank 1 writes nothing but takes part in the collectives: without it rank 0 would wait forever."""
+    train("fsdp2", tmp_path / "fsdp2", "--ranks", "0")
+    assert sorted(p.name for p in (tmp_path / "fsdp2").glob("rank*")) == ["rank0"]
+    assert_same_statistics(tmp_path / "fsdp2", 0, eager_dump)
 
 
 def test_ddp_on_two_ranks_records_the_eager_names_and_statistics(tmp_path, eager_dump):
