@@ -12,6 +12,8 @@ from msprobe_mlflow.parameter_names import wrapper_chain
 if TYPE_CHECKING:
     import torch
 
+# Where a callback says what the recorded gradients are (after clipping: not what the trainer's own norm shows).
+RECORDED_TAG = "msprobe_mlflow.gradients_recorded"
 
 def callback_config(config, run_id: str | None, source: str) -> GradProbeConfig:
     """The callback's ``config`` (as :class:`GradProbeConfig` takes it), or autolog's default: L1, bounds
@@ -20,6 +22,7 @@ def callback_config(config, run_id: str | None, source: str) -> GradProbeConfig:
         return load_config(config)
     return GradProbeConfig(dump_path=os.path.join("msprobe_dump", run_id or "no-run"), bounds=DEFAULT_BOUNDS,
                            source=source)
+
 
 def mlflow_logger_run(model: "torch.nn.Module") -> tuple[str | None, str | None] | None:
     """``(run_id, tracking_uri)`` of the ``MLFlowLogger`` of the Lightning trainer ``model`` (or the module its

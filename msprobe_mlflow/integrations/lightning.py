@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 
 from msprobe_mlflow.config import GradProbeConfig
-from msprobe_mlflow.integrations import callback_config, mlflow_logger_run
+from msprobe_mlflow.integrations import RECORDED_TAG, callback_config, mlflow_logger_run
 from msprobe_mlflow.pytorch.monitor import GradientMonitor
 
 try:
@@ -22,8 +22,6 @@ except ImportError:  # the older package name, or no Lightning (the callback the
         from pytorch_lightning import Callback
     except ImportError:
         Callback = object
-
-RECORDED_TAG = "msprobe_mlflow.gradients_recorded"
 
 
 class GradientProbeCallback(Callback):

@@ -11,13 +11,12 @@ from __future__ import annotations
 
 import os
 
+import mlflow
 from transformers import TrainerCallback
 
 from msprobe_mlflow.config import GradProbeConfig
-from msprobe_mlflow.integrations import callback_config
+from msprobe_mlflow.integrations import RECORDED_TAG, callback_config
 from msprobe_mlflow.pytorch.monitor import GradientMonitor
-
-RECORDED_TAG = "msprobe_mlflow.gradients_recorded"
 
 
 class GradientProbeCallback(TrainerCallback):
@@ -34,8 +33,6 @@ class GradientProbeCallback(TrainerCallback):
         self.monitor: GradientMonitor | None = None
 
     def on_train_begin(self, args, state, control, model=None, optimizer=None, **kwargs):
-        import mlflow
-
         active = mlflow.active_run()
         config = callback_config(self.config, active.info.run_id if active else None, "GradientProbeCallback")
         self.monitor = GradientMonitor(config, **self.options)
