@@ -2,9 +2,10 @@
 
 On an accelerator, nothing here reads a value on the host: every per-parameter number lands in one float64
 result tensor (float32 statistics and integer counts are exact in float64), the sign bits in one packed uint8
-tensor, and both are copied to the host with ``non_blocking`` into pinned memory behind a device event (``host_copy.py``). The
-training thread never waits for the device; the writer thread waits for the event. On the CPU, the gradients
-already are on the host: the statistics are computed at once with numpy on zero-copy views.
+tensor, and both are copied to the host with ``non_blocking`` into pinned memory behind a device event (any
+accelerator: ``host_copy.py``). The training thread never waits for the device; the writer thread waits for the
+event. On the CPU, the gradients already are on the host: the statistics are computed at once with numpy on
+zero-copy views.
 """
 from __future__ import annotations
 
