@@ -14,6 +14,7 @@ import mlflow
 import numpy as np
 import pytest
 import torch
+import torch.optim.optimizer as optimizer_module
 from click.testing import CliRunner
 from mlflow.tracking import MlflowClient
 
@@ -117,12 +118,12 @@ def test_autolog_logs_metrics_csv_tables_and_directions_for_every_step(experimen
 
 
 def test_autolog_disable_removes_the_hook_and_logs_nothing(experiment, tmp_path):
-    hooks_before = len(torch.nn.modules.module._global_forward_pre_hooks)
+    hooks_before = len(optimizer_module._global_optimizer_pre_hooks)
     msprobe_mlflow.autolog(dump_path=str(tmp_path / "first"))
     msprobe_mlflow.autolog(dump_path=str(tmp_path / "dump"))  # replaces the first call's hook
-    assert len(torch.nn.modules.module._global_forward_pre_hooks) == hooks_before + 1
+    assert len(optimizer_module._global_optimizer_pre_hooks) == hooks_before + 1
     msprobe_mlflow.autolog(disable=True)
-    assert len(torch.nn.modules.module._global_forward_pre_hooks) == hooks_before
+    assert len(optimizer_module._global_optimizer_pre_hooks) == hooks_before
     with mlflow.start_run() as run:
         train(small_model(), 2)
     assert MlflowClient().get_run(run.info.run_id).data.metrics == {}

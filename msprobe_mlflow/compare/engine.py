@@ -27,6 +27,7 @@ from msprobe_mlflow.compare.verdict import (DEFAULT_DROP_THRESHOLD, DEFAULT_FIRS
 from msprobe_mlflow.directions import StoredDirection, open_step_directions
 from msprobe_mlflow.dump import (dump_folder, indexed_children, rank_dir, read_summary, step_dir,
                                  summary_csv_path, summary_steps, write_csv)
+from msprobe_mlflow.parameter_names import strip_wrapper_components
 
 SIMILARITIES_FILE_NAME = "similarities.csv"
 PICTURE_FOLDER_NAME = "similarities_picture"
@@ -52,6 +53,9 @@ class RankComparison:
     summary_counts: list[tuple[int, int]]
     only_in_a: list[str] = field(default_factory=list)
     only_in_b: list[str] = field(default_factory=list)
+    # (name in A, name in B) of parameters matched only once wrapper prefixes (``module.``, ``_orig_mod.``) were
+    # removed: dumps written before names were unwrapped.
+    unwrapped_matches: list[tuple[str, str]] = field(default_factory=list)
 
     def similarities(self, name: str) -> list[float | None]:
         """msprobe's values: agreeing / numel, 0.0 for an empty parameter, ``None`` where not compared."""
@@ -100,7 +104,8 @@ class DumpComparison:
             "dump_b": str(self.dump_b),
             "verdict": self.verdict.to_dict(),
             "ranks": [{"rank": r.rank, "steps": r.steps, "summary": r.summary, "parameters": len(r.parameters),
-                       "only_in_a": r.only_in_a, "only_in_b": r.only_in_b} for r in self.ranks],
+                       "only_in_a": r.only_in_a, "only_in_b": r.only_in_b,
+                       "unwrapped_matches": [list(pair) for pair in r.unwrapped_matches]} for r in self.ranks],
         }
 
     def to_dataframe(self):
@@ -123,6 +128,10 @@ class DumpComparison:
                 chunk = slice(start, start + steps_per_line)
                 lines.append("  step    " + "".join(f"{s:>9}" for s in rank.steps[chunk]))
                 lines.append("  summary " + "".join(f"{v:>9.4f}" for v in rank.summary[chunk]))
+            if rank.unwrapped_matches:
+                a, b = rank.unwrapped_matches[0]
+                lines.append(f"  {len(rank.unwrapped_matches)} parameters matched once wrapper prefixes were "
+                             f"removed (e.g. A {a!r} = B {b!r})")
             for side, names in (("A", rank.only_in_a), ("B", rank.only_in_b)):
                 if names:
                     shown = ", ".join(names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
@@ -157,6 +166,29 @@ def _open_step(dump: Path, rank: int, step: int) -> dict[str, StoredDirection]:
     return stored
 
 
+def matched_names(names_a: list[str], names_b) -> list[tuple[str, str]]:
+    """Pairs ``(name in A, name in B)`` in A's order: equal names, else names equal once the components wrappers
+    add (``module.``, ``_orig_mod.``...) are removed from both, where that stripped name is unique on each side."""
+    exact = set(names_a) & set(names_b)
+
+    def unique_stripped(names) -> dict[str, str]:
+        stripped: dict[str, list[str]] = {}
+        for name in names:
+            if name not in exact:
+                stripped.setdefault(strip_wrapper_components(name), []).append(name)
+        return {key: found[0] for key, found in stripped.items() if len(found) == 1}
+
+    stripped_b = unique_stripped(names_b)
+    stripped_a = unique_stripped(names_a)
+    pairs = []
+    for name in names_a:
+        if name in exact:
+            pairs.append((name, name))
+        elif (key := strip_wrapper_components(name)) in stripped_b and stripped_a.get(key) == name:
+            pairs.append((name, stripped_b[key]))
+    return pairs
+
+
 def _compare_pair(pair: tuple[StoredDirection, StoredDirection]) -> int:
     stored_a, stored_b = pair
     return agreeing_directions(stored_a.packed_bits(), stored_b.packed_bits(), stored_a.numel)
@@ -173,23 +205,27 @@ def _compare_rank(dump_a: Path, dump_b: Path, rank: int, pool: ThreadPoolExecuto
     counts: dict[str, list[Counts]] = {}
     only_a: dict[str, None] = {}
     only_b: dict[str, None] = {}
+    unwrapped: dict[tuple[str, str], None] = {}
     summary_counts = []
     line = ProgressLine(f"rank{rank} steps", len(steps), progress)
     for index, step in enumerate(steps):
         stored_a, stored_b = _open_step(dump_a, rank, step), _open_step(dump_b, rank, step)
-        names = [name for name in _parameter_order(dump_a, rank, step, stored_a) if name in stored_b]
-        if not names:
+        pairs = matched_names(_parameter_order(dump_a, rank, step, stored_a), stored_b)
+        if not pairs:
             raise CompareInputError(f"rank{rank} step{step}: no parameter in both dumps (A has "
                                     f"{sorted(stored_a)[:5]}, B has {sorted(stored_b)[:5]})")
-        only_a.update(dict.fromkeys(n for n in stored_a if n not in stored_b))
-        only_b.update(dict.fromkeys(n for n in stored_b if n not in stored_a))
-        for name in names:
-            if stored_a[name].shape != stored_b[name].shape:
+        matched_a, matched_b = {a for a, _ in pairs}, {b for _, b in pairs}
+        only_a.update(dict.fromkeys(n for n in stored_a if n not in matched_a))
+        only_b.update(dict.fromkeys(n for n in stored_b if n not in matched_b))
+        unwrapped.update(dict.fromkeys((a, b) for a, b in pairs if a != b))
+        for name, name_b in pairs:
+            if stored_a[name].shape != stored_b[name_b].shape:
                 raise CompareInputError(
                     f"rank{rank} step{step}: parameter {name!r} has shape {list(stored_a[name].shape)} in "
-                    f"{stored_a[name].path} but {list(stored_b[name].shape)} in {stored_b[name].path}; "
+                    f"{stored_a[name].path} but {list(stored_b[name_b].shape)} in {stored_b[name_b].path}; "
                     f"shapes must match (were both runs the same model?)")
-        agreeing = list(pool.map(_compare_pair, [(stored_a[n], stored_b[n]) for n in names]))
+        agreeing = list(pool.map(_compare_pair, [(stored_a[a], stored_b[b]) for a, b in pairs]))
+        names = [a for a, _ in pairs]
         for name, agree in zip(names, agreeing):
             if name not in counts:
                 order.append(name)
@@ -198,9 +234,10 @@ def _compare_rank(dump_a: Path, dump_b: Path, rank: int, pool: ThreadPoolExecuto
         summary_counts.append((sum(agreeing), sum(stored_a[n].numel for n in names)))
         line.advance()
     line.close()
-    compared = set(counts)
+    compared_a, compared_b = set(counts), {b for _, b in unwrapped} | set(counts)
     return RankComparison(rank, steps, order, counts, summary_counts,
-                          [n for n in only_a if n not in compared], [n for n in only_b if n not in compared])
+                          [n for n in only_a if n not in compared_a], [n for n in only_b if n not in compared_b],
+                          list(unwrapped))
 
 
 def _check_output_folder(output_dir: Path, ranks: list[int]) -> None:

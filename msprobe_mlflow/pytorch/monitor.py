@@ -1,7 +1,14 @@
 """The PyTorch gradient monitor: an optimizer step pre-hook that probes every monitored gradient.
 
 Unlike msprobe 1.0.3, the step counter counts the monitored optimizer's steps only, every hook is removable
-(``stop()``), a second ``monitor()`` does not double count, and a failure in the probe never breaks training.
+(``stop()``), a second ``monitor()`` does not double count, and a failure in the probe never breaks training (it
+is counted in ``errors``, tagged on the run and warned about).
+
+What a step records is what the optimizer applies: with ``optimizer.step(closure)`` (LBFGS, Lightning's automatic
+optimization) the probe runs when the closure first returns, before the update; gradients are read after
+unscaling and clipping when those happen before ``step()``. Names are the eager model's
+(:mod:`msprobe_mlflow.parameter_names`), and DTensor gradients (FSDP2) get their full gradient's statistics
+(:mod:`msprobe_mlflow.pytorch.sharded`).
 """
 from __future__ import annotations
 
@@ -12,9 +19,13 @@ from torch.optim.optimizer import register_optimizer_step_pre_hook
 
 from msprobe_mlflow.config import GradProbeConfig
 from msprobe_mlflow.monitoring import SessionMonitor
+from msprobe_mlflow.parameter_names import eager_named_parameters
 from msprobe_mlflow.pytorch.distributed import current_rank, shared_run_id, world_size
+from msprobe_mlflow.pytorch.sharded import has_sharded, launch_sharded_statistics
 from msprobe_mlflow.pytorch.statistics import launch_step_statistics
 from msprobe_mlflow.session import RankPolicy
+
+FAILED_STEPS_TAG = "msprobe_mlflow.failed_steps"
 
 # model id -> the monitor watching it, so two monitors never probe one model by accident.
 _monitored_models: dict[int, "GradientMonitor"] = {}
@@ -38,6 +49,10 @@ class GradientMonitor(SessionMonitor):
         self._optimizer: torch.optim.Optimizer | None = None
         self._model_id: int | None = None
         self._hook = None
+        self._probe_failures: list[str] = []
+        self._failed_steps: list[int] = []
+        self._probed_steps = 0
+        self._recorded_early: int | None = None  # the step record_gradients() already recorded
 
     def monitor(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None) -> "GradientMonitor":
         """Starts probing ``model``'s gradients at each ``optimizer.step()``.
@@ -52,8 +67,9 @@ class GradientMonitor(SessionMonitor):
         if self._session is None or self._session.closed:  # first: a bad dump_path fails before any hook exists
             self._session = self._open_session("pytorch", RankPolicy.of(self.config, current_rank(), world_size()),
                                                shared_run_id)
-        self._parameters = [(n, p) for n, p in model.named_parameters() if self.config.wants_param(n)]
-        missing = set(self.config.param_list) - {n for n, _ in model.named_parameters()}
+        named = eager_named_parameters(model)
+        self._parameters = [(n, p) for n, p in named if self.config.wants_param(n)]
+        missing = set(self.config.param_list) - {n for n, _ in named}
         if missing:
             self.notices.warn(f"grad_probe.param_list names parameters the model does not have: {sorted(missing)}")
         self._optimizer = optimizer
@@ -69,20 +85,55 @@ class GradientMonitor(SessionMonitor):
         watched = {id(p) for _, p in self._parameters}
         return any(id(p) in watched for group in optimizer.param_groups for p in group["params"])
 
-    def _on_optimizer_step(self, optimizer, args, kwargs) -> None:
+    def _on_optimizer_step(self, optimizer, args, kwargs):
         if self._optimizer is None and self._owns_model_parameters(optimizer):
             self._optimizer = optimizer
         if optimizer is not self._optimizer:
-            return
+            return None
         step, self.step = self.step, self.step + 1
-        ranks = self._session.ranks
-        try:
-            if self.config.wants_step(step) and ranks.probes:
-                self._probe(ranks.rank, step)
-        except Exception as e:  # observability must never break training
-            self.notices.failure("probe", f"probing step {step} failed ({e!r})")
+        if step == self._recorded_early:
+            return None
+        closure = args[1] if len(args) > 1 else kwargs.get("closure")  # args[0] is the optimizer
+        if closure is None:
+            self._probe_step(step)
+            return None
+        return self._after_closure(closure, step, args, kwargs)
 
-    def _probe(self, rank: int, step: int) -> None:
+    def _after_closure(self, closure, step: int, args, kwargs):
+        """The step's arguments with ``closure`` wrapped so that the probe runs when it first returns: the
+        gradients it leaves are the ones the optimizer applies (LBFGS calls it again for its line search)."""
+        probed = False
+
+        def closure_then_probe():
+            nonlocal probed
+            loss = closure()
+            if not probed:
+                probed = True
+                self._probe_step(step)
+            return loss
+
+        if len(args) > 1:
+            return (args[0], closure_then_probe, *args[2:]), kwargs
+        return args, {**kwargs, "closure": closure_then_probe}
+
+    def record_gradients(self) -> None:
+        """Records the gradients as they are now as the coming optimizer step's record (that step then records
+        nothing more): call it before ``clip_grad_norm_`` to record the unclipped gradients."""
+        if self._session is None or self._session.closed:
+            raise RuntimeError("record_gradients() needs a monitor that is running: call monitor(model) first")
+        self._recorded_early = self.step
+        self._probe_step(self.step)
+
+    def _probe_step(self, step: int) -> None:
+        ranks = self._session.ranks
+        if not self.config.wants_step(step):
+            return
+        try:
+            self._probe(ranks.rank, step, ranks.probes)
+        except Exception as e:  # observability must never break training
+            self._report_failure(step, e)
+
+    def _probe(self, rank: int, step: int, writes: bool) -> None:
         names, grads = [], []
         for name, parameter in self._parameters:
             grad = parameter.main_grad if hasattr(parameter, "main_grad") else parameter.grad
@@ -92,9 +143,39 @@ class GradientMonitor(SessionMonitor):
                 grad = grad.to_dense()
             names.append(name)
             grads.append(grad.detach())
-        pending = launch_step_statistics(names, grads, rank=rank, step=step, level=self.config.level,
-                                         bounds=self.config.bounds)
-        self._session.submit(pending)
+        sharded = has_sharded(grads)  # a collective: every rank takes part, written or not
+        if not (writes or sharded):
+            return
+        unsupported = [f"{n} ({g.dtype})" for n, g in zip(names, grads) if not g.is_floating_point()]
+        if unsupported:
+            raise TypeError(f"gradients of {', '.join(unsupported)} have no max/min/sign statistics; expected "
+                            f"real floating dtypes (leave such parameters out with grad_probe.param_list)")
+        launch = launch_sharded_statistics if sharded else launch_step_statistics
+        pending = launch(names, grads, rank=rank, step=step, level=self.config.level, bounds=self.config.bounds)
+        if writes:
+            self._probed_steps += 1
+            self._session.submit(pending)
+
+    def _report_failure(self, step: int, error: Exception) -> None:
+        """Counted in ``errors``, tagged on the run (the failed steps), warned about once, logged each time."""
+        self._probed_steps += 1
+        self._failed_steps.append(step)
+        self._probe_failures.append(f"probing step {step} failed: {error!r}")
+        self.notices.failure("probe", f"probing step {step} failed ({error!r})")
+        tag = FAILED_STEPS_TAG if self._session.ranks.world_size == 1 else \
+            f"msprobe_mlflow.rank{self._session.ranks.rank}.failed_steps"
+        self.tag_run({tag: _step_ranges(self._failed_steps)}, step)
+
+    def tag_run(self, tags: dict[str, str], step: int = 0) -> None:
+        """Sets ``tags`` on the MLflow run this monitor logs into (queued, sent off the training thread)."""
+        for sink in self._session.sinks if self._session else []:
+            if hasattr(sink, "annotate"):
+                sink.annotate(step=step, tags=tags)
+
+    @property
+    def errors(self) -> list[str]:
+        """Probe failures (training thread), then what the writer thread and the sinks could not do."""
+        return self._probe_failures + super().errors
 
     def _remove_hook(self) -> None:
         if self._hook is not None:
@@ -106,7 +187,10 @@ class GradientMonitor(SessionMonitor):
     def stop(self) -> None:
         """Removes every hook, writes what is pending and stops the writer thread. Safe to call twice."""
         self._remove_hook()
-        if self._session:
+        if self._session and not self._session.closed:
+            if self._probed_steps and len(self._failed_steps) == self._probed_steps:
+                self.notices.warn(f"every probed step ({self._probed_steps}) failed, nothing was recorded; first "
+                                  f"failure: {self._probe_failures[0]}")
             self._session.close()
 
 
@@ -125,3 +209,15 @@ class PrecisionDebugger:
 
     def stop(self) -> None:
         self.monitor_.stop()
+
+
+def _step_ranges(steps: list[int], limit: int = 4000) -> str:
+    """``0-3,7,9-10``, shortened to ``limit`` characters (an MLflow tag value holds 8000)."""
+    ranges = []
+    for step in steps:
+        if ranges and step == ranges[-1][1] + 1:
+            ranges[-1][1] = step
+        else:
+            ranges.append([step, step])
+    text = ",".join(str(a) if a == b else f"{a}-{b}" for a, b in ranges)
+    return text if len(text) <= limit else text[:limit].rsplit(",", 1)[0] + ",..."

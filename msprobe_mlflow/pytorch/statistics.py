@@ -2,9 +2,10 @@
 
 On an accelerator, nothing here reads a value on the host: every per-parameter number lands in one float64
 result tensor (float32 statistics and integer counts are exact in float64), the sign bits in one packed uint8
-tensor, and both are copied to the host with ``non_blocking`` into pinned memory behind a CUDA event. The
-training thread never waits for the device; the writer thread waits for the event. On the CPU, the gradients
-already are on the host: the statistics are computed at once with numpy on zero-copy views.
+tensor, and both are copied to the host with ``non_blocking`` into pinned memory behind a device event (any
+accelerator: ``host_copy.py``). The training thread never waits for the device; the writer thread waits for the
+event. On the CPU, the gradients already are on the host: the statistics are computed at once with numpy on
+zero-copy views.
 """
 from __future__ import annotations
 
@@ -16,28 +17,10 @@ import torch
 
 from msprobe_mlflow.layout import CUMULATIVE_COUNTS, EXTREMES, StatisticsLayout
 from msprobe_mlflow.levels import Level
+from msprobe_mlflow.pytorch.host_copy import start_host_copy as _to_host  # any accelerator, no sync
 from msprobe_mlflow.records import StepRecord, record_from_statistics
 
 _BIT_WEIGHTS = (128, 64, 32, 16, 8, 4, 2, 1)  # np.packbits order: first element in the high bit
-
-
-def _to_host(tensor: torch.Tensor) -> Callable[[], np.ndarray]:
-    """Starts the device-to-host copy; the returned callable waits for it (on the writer thread)."""
-    if tensor.device.type == "cpu":
-        return tensor.numpy
-    host = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=torch.cuda.is_available())
-    host.copy_(tensor, non_blocking=True)
-    if tensor.device.type == "cuda":
-        event = torch.cuda.Event()
-        event.record()
-
-        def wait() -> np.ndarray:
-            event.synchronize()
-            return host.numpy()
-        return wait
-    if hasattr(torch, "accelerator"):
-        torch.accelerator.synchronize()  # other accelerators: correct first, a synchronisation point
-    return host.numpy
 
 
 _constants: dict[tuple, torch.Tensor] = {}

@@ -1,0 +1,56 @@
+"""Lightning: ``Trainer(logger=MLFlowLogger(...), callbacks=[GradientProbeCallback()])`` probes into the logger's run.
+
+``MLFlowLogger`` creates its run with ``MlflowClient.create_run``: no run is active, so nothing that looks for the
+active run finds it. :func:`~msprobe_mlflow.integrations.mlflow_logger_run` finds it from the model (autolog uses
+it too). Under automatic optimization Lightning calls ``optimizer.step(closure)`` with a closure that runs the
+training step, the backward and the gradient clipping; the monitor probes when that closure returns, so a record
+holds the accumulated, clipped gradients the optimizer applies, one record per optimizer step whatever
+``accumulate_grad_batches``.
+"""
+from __future__ import annotations
+
+import os
+
+from msprobe_mlflow.config import GradProbeConfig
+from msprobe_mlflow.integrations import RECORDED_TAG, callback_config, mlflow_logger_run
+from msprobe_mlflow.pytorch.monitor import GradientMonitor
+
+try:
+    from lightning.pytorch import Callback
+except ImportError:  # the older package name, or no Lightning (the callback then refuses to start)
+    try:
+        from pytorch_lightning import Callback
+    except ImportError:
+        Callback = object
+
+
+class GradientProbeCallback(Callback):
+    """Probes the LightningModule's gradients at each optimizer step into the ``MLFlowLogger``'s run (else the
+    active run), from ``on_train_start`` to ``on_train_end``.
+
+    ``config``: as :class:`GradientMonitor` takes it (default: L1 in ``./msprobe_dump/{run_id}``); ``options``: the
+    monitor's (``log_every_n_steps``, ``param_metrics``, ``baseline``...).
+    """
+
+    def __init__(self, config: GradProbeConfig | str | os.PathLike | dict | None = None, **options):
+        if Callback is object:
+            raise ImportError("GradientProbeCallback needs Lightning: pip install lightning")
+        self.config = config
+        self.options = options
+        self.monitor: GradientMonitor | None = None
+
+    def on_train_start(self, trainer, pl_module) -> None:
+        run_id, tracking_uri = mlflow_logger_run(pl_module) or (None, None)
+        config = callback_config(self.config, run_id, "GradientProbeCallback")
+        optimizer = trainer.optimizers[0] if len(trainer.optimizers) == 1 else None
+        self.monitor = GradientMonitor(config, run_id=run_id, tracking_uri=tracking_uri, **self.options)
+        self.monitor.monitor(pl_module, optimizer)
+        if trainer.gradient_clip_val:
+            self.monitor.tag_run({RECORDED_TAG: f"after clipping (gradient_clip_val={trainer.gradient_clip_val})"})
+
+    def on_train_end(self, trainer, pl_module) -> None:
+        if self.monitor is not None:
+            self.monitor.stop()
+
+    def on_exception(self, trainer, pl_module, exception) -> None:
+        self.on_train_end(trainer, pl_module)

@@ -1,0 +1,46 @@
+"""Hugging Face ``Trainer``: ``Trainer(..., callbacks=[GradientProbeCallback()])`` probes into the Trainer's own
+MLflow run (its ``MLflowCallback`` starts it before this callback's ``on_train_begin``).
+
+One record per optimizer step, whatever ``gradient_accumulation_steps``: the monitor watches the optimizer inside
+accelerate's wrapper, which steps it only when the gradients are synchronised. Steps: our step S is Trainer's
+``global_step`` S + 1 (Trainer counts the steps done, we number them from 0). Trainer clips before ``step()``
+(``max_grad_norm``, 1.0 by default), so the recorded gradients, and ``total_norm``, are the clipped ones while
+Trainer's ``grad_norm`` is the norm before clipping: the run's tag ``msprobe_mlflow.gradients_recorded`` says so.
+"""
+from __future__ import annotations
+
+import os
+
+import mlflow
+from transformers import TrainerCallback
+
+from msprobe_mlflow.config import GradProbeConfig
+from msprobe_mlflow.integrations import RECORDED_TAG, callback_config
+from msprobe_mlflow.pytorch.monitor import GradientMonitor
+
+
+class GradientProbeCallback(TrainerCallback):
+    """Probes the model's gradients at each optimizer step, from ``on_train_begin`` to ``on_train_end``, into the
+    active MLflow run (Trainer's, with ``report_to="mlflow"``), else the local dump only.
+
+    ``config``: as :class:`GradientMonitor` takes it (default: L1 in ``./msprobe_dump/{run_id}``); ``options``: the
+    monitor's (``log_every_n_steps``, ``param_metrics``, ``baseline``...).
+    """
+
+    def __init__(self, config: GradProbeConfig | str | os.PathLike | dict | None = None, **options):
+        self.config = config
+        self.options = options
+        self.monitor: GradientMonitor | None = None
+
+    def on_train_begin(self, args, state, control, model=None, optimizer=None, **kwargs):
+        active = mlflow.active_run()
+        config = callback_config(self.config, active.info.run_id if active else None, "GradientProbeCallback")
+        self.monitor = GradientMonitor(config, **self.options)
+        self.monitor.monitor(model, getattr(optimizer, "optimizer", optimizer))  # accelerate's wrapper holds it
+        if args.max_grad_norm:
+            self.monitor.tag_run({RECORDED_TAG: f"after clipping (max_grad_norm={args.max_grad_norm}); Trainer's "
+                                                f"grad_norm is before clipping; our step S is global_step S+1"})
+
+    def on_train_end(self, args, state, control, **kwargs):
+        if self.monitor is not None:
+            self.monitor.stop()

@@ -1,0 +1,202 @@
+"""Statistics of sharded gradients (FSDP2's DTensors): those of the full gradient, without gathering it.
+
+Each rank reduces its own shard to a few numbers per parameter (max, -min, the sum of squares, the L2 cumulative
+counts and the number of NaNs), then one ``all_reduce`` with MAX and one with SUM per process group combine them:
+the result equals what an unsharded run records, up to the order of the float additions in the norm. Directions
+(L1/L2) are gathered as packed bits (1 bit per element, 1/32 of a float32 gradient), one ``all_gather`` per step,
+and reassembled into the full parameter's bits on the writer thread, so they compare with an unsharded run's. MD5
+(L0) needs every byte of the gradient: at L0 a sharded gradient is gathered (``full_tensor()``).
+
+Every rank ends with the same full statistics, as under DDP; each rank the config's ``rank`` list selects writes
+them to its ``rank{R}`` folder (``rank: [0]`` writes them once). Every rank must take part in the collectives,
+whether it writes or not. Supported: DTensors sharded on one mesh dimension (FSDP2, HSDP's replicated dimension
+is not reduced); plain tensors beside them are not reduced.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from msprobe_mlflow.layout import CUMULATIVE_COUNTS, EXTREMES, StatisticsLayout, packed_length
+from msprobe_mlflow.levels import LEVELS
+from msprobe_mlflow.pytorch.host_copy import start_host_copy
+from msprobe_mlflow.pytorch.statistics import launch_step_statistics, pack_bits
+from msprobe_mlflow.records import StepRecord, record_from_statistics
+
+
+def _dtensor_type():
+    try:
+        from torch.distributed.tensor import DTensor
+    except ImportError:  # a torch built without distributed
+        return None
+    return DTensor
+
+
+def has_sharded(grads: list[torch.Tensor]) -> bool:
+    DTensor = _dtensor_type()
+    return DTensor is not None and any(isinstance(g, DTensor) for g in grads)
+
+
+@dataclass(frozen=True)
+class _Sharding:
+    """How a gradient is split: along tensor ``dim`` over ``group`` (None: not split, this rank holds it all)."""
+
+    group: object = None
+    dim: int = 0
+
+    @property
+    def world(self) -> int:
+        return 1 if self.group is None else dist.get_world_size(self.group)
+
+    def shard_shape(self, shape: torch.Size, index: int) -> list[int]:
+        """The shape of group rank ``index``'s shard: ``torch.chunk``'s split along ``dim``, as DTensor's ``Shard``."""
+        if self.group is None:
+            return list(shape)
+        length, shard = shape[self.dim], list(shape)
+        chunk = -(-length // self.world)
+        shard[self.dim] = max(0, min(chunk, length - chunk * index))
+        return shard
+
+
+def _sharding(grad: torch.Tensor, name: str) -> _Sharding:
+    DTensor = _dtensor_type()
+    if DTensor is None or not isinstance(grad, DTensor):
+        return _Sharding()
+    sharded = [(mesh_dim, p) for mesh_dim, p in enumerate(grad.placements) if p.is_shard()]
+    if any(p.is_partial() for p in grad.placements):
+        raise ValueError(f"gradient of {name!r} is a partial (not yet reduced) DTensor, placements "
+                         f"{grad.placements}; expected Shard or Replicate placements")
+    if len(sharded) > 1:
+        raise NotImplementedError(f"gradient of {name!r} is sharded on {len(sharded)} mesh dimensions "
+                                  f"({grad.placements}); one sharded dimension (FSDP2, HSDP) is supported")
+    if not sharded:
+        return _Sharding()
+    mesh_dim, placement = sharded[0]
+    return _Sharding(grad.device_mesh.get_group(mesh_dim), placement.dim)
+
+
+def launch_sharded_statistics(names: list[str], grads: list[torch.Tensor], *, rank: int, step: int, level: str,
+                              bounds: tuple) -> Callable[[], StepRecord]:
+    """Like :func:`~msprobe_mlflow.pytorch.statistics.launch_step_statistics`, for gradients of which some are
+    DTensors: the record holds each full gradient's statistics. A collective: every rank of each gradient's
+    process group must call it, with the same parameters in the same order."""
+    if LEVELS[level].has_md5:
+        full = [g.full_tensor() if isinstance(g, _dtensor_type()) else g for g in grads]
+        return launch_step_statistics(names, full, rank=rank, step=step, level=level, bounds=bounds)
+    shardings = [_sharding(g, n) for g, n in zip(grads, names)]
+    locals_ = [g.to_local() if isinstance(g, _dtensor_type()) else g for g in grads]
+    groups: dict[object, list[int]] = {}
+    for index, sharding in enumerate(shardings):
+        groups.setdefault(sharding.group, []).append(index)
+    order = [i for members in groups.values() for i in members]  # each group's rows contiguous
+    bounds32 = [np.float32(b) for b in bounds]
+    extremes, sums = _partials([locals_[i] for i in order], bounds32, LEVELS[level].has_buckets)
+    start, gathered = 0, []
+    for group, members in groups.items():
+        rows = slice(start, start + len(members))
+        start += len(members)
+        if group is not None:
+            dist.all_reduce(extremes[rows], op=dist.ReduceOp.MAX, group=group)
+            dist.all_reduce(sums[rows], op=dist.ReduceOp.SUM, group=group)
+        if LEVELS[level].has_directions:
+            gathered.append(_gather_signs([(locals_[i], grads[i].shape, shardings[i]) for i in members]))
+    statistics = _full_statistics(extremes, sums, [grads[i] for i in order], level, bounds32)
+    statistics_host = start_host_copy(statistics)
+    signs_host = [(members, start_host_copy(bits), assemble) for members, (bits, assemble)
+                  in zip(groups.values(), gathered)]
+
+    def resolve() -> StepRecord:
+        layout = StatisticsLayout(level, bounds32, [g.numel() for g in grads])
+        signs = {}
+        for members, bits, assemble in signs_host:
+            signs.update(zip(members, assemble(bits())))
+        ordered_signs = np.concatenate([np.zeros(0, np.uint8), *(signs[i] for i in order)]) if signs else None
+        statistics, packed, _ = layout.merge([(order, (statistics_host(), ordered_signs, None))])
+        return record_from_statistics(rank=rank, step=step, level=level, bounds=bounds, names=names,
+                                      shapes=[g.shape for g in grads], statistics=statistics, signs=packed)
+
+    return resolve
+
+
+def _partials(shards: list[torch.Tensor], bounds32, buckets: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per shard, ``(max, -min)`` (reduced with MAX) and ``(sum of squares, [counts x <= b..., x == 0], NaNs)``
+    (reduced with SUM), float64 on the shards' device. An empty shard gives ``(-inf, -inf)`` and zeros."""
+    extremes, sums = [], []
+    for shard in shards:
+        wide = shard.dtype in (torch.float32, torch.float64)
+        values = shard if wide else shard.float()
+        norm = torch.linalg.vector_norm(shard, dtype=None if wide else torch.float32)  # bf16/fp16: not yet rounded
+        if values.numel():
+            minimum, maximum = torch.aminmax(shard)
+            extremes.append(torch.stack([maximum.float().double(), -minimum.float().double()]))
+        else:
+            extremes.append(torch.full((2,), -math.inf, dtype=torch.float64, device=shard.device))
+        counts = [(values <= float(b)).sum() for b in bounds32] + [(values == 0).sum()] if buckets else []
+        sums.append(torch.stack([norm.double() ** 2, *[c.double() for c in counts],
+                                 values.isnan().sum().double()]))
+    return torch.stack(extremes), torch.stack(sums)
+
+
+def _full_statistics(extremes: torch.Tensor, sums: torch.Tensor, grads: list[torch.Tensor], level: str,
+                     bounds32) -> torch.Tensor:
+    """The layout's flat vector from the reduced partials: max and min NaN where a NaN was seen (as
+    ``aminmax`` over the full gradient gives) or the parameter is empty; the norm rounded as the unsharded path
+    rounds it (to the gradient's dtype when narrower, then to float32)."""
+    layout = StatisticsLayout(level, bounds32, [g.numel() for g in grads])
+    undefined = (sums[:, -1] > 0) | (extremes[:, 0] == -math.inf)
+    nan = torch.full_like(extremes[:, 0], math.nan)
+    maximum = torch.where(undefined, nan, extremes[:, 0])
+    minimum = torch.where(undefined, nan, -extremes[:, 1])
+    norm = sums[:, 0].sqrt()
+    narrow = [(i, g.dtype) for i, g in enumerate(grads) if g.dtype not in (torch.float32, torch.float64)]
+    if len(narrow) == len(grads) and len({dtype for _, dtype in narrow}) == 1:  # one kernel for a bf16 model
+        norm = norm.to(narrow[0][1])
+    else:
+        norm = norm.clone()
+        for i, dtype in narrow:
+            norm[i:i + 1] = norm[i:i + 1].to(dtype).double()
+    norm = norm.float().double()
+    rows = torch.stack([maximum, minimum, norm], dim=1)
+    return torch.cat(layout.in_order({EXTREMES: rows, CUMULATIVE_COUNTS: sums[:, 1:-1]}))
+
+
+def _gather_signs(members: list[tuple[torch.Tensor, torch.Size, _Sharding]]):
+    """Each shard's packed ``> 0`` bits, padded to the longest shard's, gathered from every rank of the members'
+    group (one ``all_gather``; none for gradients not split), and the host function that reassembles them into each
+    full parameter's packed bits."""
+    group, world = members[0][2].group, members[0][2].world  # one group; each member has its own sharded dim
+    widths, padded = [], []
+    for local, shape, sharding in members:
+        width = max(packed_length(math.prod(sharding.shard_shape(shape, r))) for r in range(world))
+        bits = pack_bits(_whole_bytes(local.reshape(-1) > 0))
+        padded.append(torch.cat([bits, bits.new_zeros(width - bits.numel())]))
+        widths.append(width)
+    everyone = mine = torch.cat(padded)
+    if world > 1:
+        everyone = mine.new_empty(world * mine.numel())
+        gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor  # its newer name
+        gather(everyone, mine, group=group)
+
+    def assemble(host: np.ndarray) -> list[np.ndarray]:
+        per_rank, full, offset = host.reshape(world, -1), [], 0
+        for (_, shape, sharding), width in zip(members, widths):
+            pieces = []
+            for r in range(world):
+                shard_shape = sharding.shard_shape(shape, r)
+                bits = np.unpackbits(per_rank[r, offset:offset + width], count=math.prod(shard_shape))
+                pieces.append(bits.reshape(shard_shape))
+            joined = pieces[0] if world == 1 else np.concatenate(pieces, axis=sharding.dim)
+            full.append(np.packbits(joined.reshape(-1)))
+            offset += width
+        return full
+    return everyone, assemble
+
+
+def _whole_bytes(bits: torch.Tensor) -> torch.Tensor:
+    padding = -bits.numel() % 8
+    return torch.cat([bits, bits.new_zeros(padding)]) if padding else bits

@@ -1,0 +1,116 @@
+"""Lightning: the callback (and autolog) log into ``MLFlowLogger``'s run, one run per training, and record the
+gradients the optimizer applies under automatic optimization with accumulation and clipping: measured here,
+independently, from the SGD update itself (``(before - after) / lr``, float64)."""
+from __future__ import annotations
+
+import mlflow
+import numpy as np
+import pytest
+import torch
+from mlflow.tracking import MlflowClient
+
+pytest.importorskip("lightning")
+import lightning.pytorch as lightning  # noqa: E402
+from lightning.pytorch.loggers import MLFlowLogger  # noqa: E402
+
+import msprobe_mlflow  # noqa: E402
+from msprobe_mlflow import GradProbeConfig  # noqa: E402
+from msprobe_mlflow.dump import read_summary  # noqa: E402
+from msprobe_mlflow.integrations.lightning import GradientProbeCallback  # noqa: E402
+
+LR = 0.5
+CLIP = 0.05
+BATCHES = 6  # 3 optimizer steps of 2 accumulated micro-batches
+
+
+class Regression(lightning.LightningModule):
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.net = torch.nn.Sequential(torch.nn.Linear(4, 5), torch.nn.Tanh(), torch.nn.Linear(5, 2))
+
+    def training_step(self, batch, index):
+        x, y = batch
+        loss = torch.nn.functional.mse_loss(self.net(x), y)
+        self.log("loss", loss)
+        return loss
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=LR)
+
+
+class AppliedGradients(lightning.Callback):
+    """Snapshots the parameters before every batch and at the end: each optimizer step's applied gradient."""
+
+    def __init__(self):
+        self.snapshots = []
+
+    def on_train_batch_start(self, trainer, module, batch, index):
+        self.snapshots.append([p.detach().double().clone() for p in module.parameters()])
+
+    def on_train_end(self, trainer, module):
+        self.snapshots.append([p.detach().double().clone() for p in module.parameters()])
+
+    def norms(self, step: int) -> list[float]:
+        before, after = self.snapshots[2 * step], self.snapshots[2 * step + 2]
+        return [float(np.linalg.norm(((b - a) / LR).numpy())) for b, a in zip(before, after)]
+
+
+def loader() -> torch.utils.data.DataLoader:
+    generator = torch.Generator().manual_seed(2)
+    x, y = torch.randn(BATCHES * 4, 4, generator=generator), 5 * torch.randn(BATCHES * 4, 2, generator=generator)
+    return torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=4)
+
+
+def fit(tracking_uri: str, experiment: str, callbacks: list) -> tuple[MLFlowLogger, AppliedGradients]:
+    applied = AppliedGradients()
+    logger = MLFlowLogger(experiment_name=experiment, tracking_uri=tracking_uri)
+    trainer = lightning.Trainer(max_epochs=1, accumulate_grad_batches=2, gradient_clip_val=CLIP, logger=logger,
+                                callbacks=[applied, *callbacks], accelerator="cpu", devices=1,
+                                enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+                                log_every_n_steps=1)
+    trainer.fit(Regression(), loader())
+    return logger, applied
+
+
+def assert_applied_gradients_recorded(dump, applied: AppliedGradients) -> None:
+    steps = BATCHES // 2
+    assert sorted(p.name for p in (dump / "rank0").glob("*.csv")) == [f"grad_summary_{s}.csv" for s in range(steps)]
+    for step in range(steps):
+        table = read_summary(dump / "rank0" / f"grad_summary_{step}.csv")
+        assert table.column("param_name") == ["net.0.weight", "net.0.bias", "net.2.weight", "net.2.bias"]
+        np.testing.assert_allclose(table.numbers("norm"), applied.norms(step), rtol=2e-5)
+        assert np.linalg.norm(table.numbers("norm")) == pytest.approx(CLIP, rel=1e-4)  # clipped, as applied
+
+
+def assert_one_run_with_every_step(tracking_uri: str, experiment: str, run_id: str) -> None:
+    client = MlflowClient(tracking_uri)
+    experiment_id = client.get_experiment_by_name(experiment).experiment_id
+    assert [r.info.run_id for r in client.search_runs([experiment_id])] == [run_id]
+    history = client.get_metric_history(run_id, "grad/rank0/total_norm")
+    assert [m.step for m in history] == [0, 1, 2]
+    assert "loss" in client.get_run(run_id).data.metrics  # Lightning's own metrics, same run
+    files = [f.path for f in client.list_artifacts(run_id, "grad_probe/rank0")]
+    assert sum(path.endswith(".csv") for path in files) == 3
+
+
+def test_lightning_callback_records_the_accumulated_clipped_gradients_into_the_loggers_run(tmp_path):
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    config = GradProbeConfig(dump_path=str(tmp_path / "dump"), level="L1")
+    logger, applied = fit(uri, "lightning-callback", [GradientProbeCallback(config)])
+    assert_applied_gradients_recorded(tmp_path / "dump", applied)
+    assert_one_run_with_every_step(uri, "lightning-callback", logger.run_id)
+    tags = MlflowClient(uri).get_run(logger.run_id).data.tags
+    assert tags["msprobe_mlflow.gradients_recorded"] == f"after clipping (gradient_clip_val={CLIP})"
+
+
+def test_autolog_finds_the_loggers_run(tmp_path):
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    msprobe_mlflow.autolog(dump_path=str(tmp_path / "dump"))
+    try:
+        logger, applied = fit(uri, "lightning-autolog", [])
+        assert mlflow.active_run() is None
+    finally:
+        msprobe_mlflow.autolog(disable=True)  # stops (flushes) the monitors autolog started
+    assert_applied_gradients_recorded(tmp_path / "dump" / logger.run_id, applied)
+    assert_one_run_with_every_step(uri, "lightning-autolog", logger.run_id)

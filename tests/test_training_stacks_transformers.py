@@ -1,0 +1,77 @@
+"""Hugging Face Trainer with the callback: one run (Trainer's own), one record per optimizer step with gradient
+accumulation, tied weights once, and the recorded norms are those of the gradients the optimizer applied, measured
+independently from the SGD update (``(before - after) / lr``, float64). A tiny GPT-2 from a config, no download."""
+from __future__ import annotations
+
+import mlflow
+import numpy as np
+import pytest
+import torch
+from mlflow.tracking import MlflowClient
+
+transformers = pytest.importorskip("transformers")
+pytest.importorskip("accelerate")
+
+from msprobe_mlflow import GradProbeConfig  # noqa: E402
+from msprobe_mlflow.dump import read_summary  # noqa: E402
+from msprobe_mlflow.integrations.transformers import GradientProbeCallback  # noqa: E402
+
+LR = 0.1
+STEPS = 3
+
+
+class AppliedGradients(transformers.TrainerCallback):
+    """Parameters at the start and after each optimizer step: each step's applied gradient, by eager name."""
+
+    def __init__(self):
+        self.snapshots = []
+
+    def snapshot(self, model):
+        self.snapshots.append({n: p.detach().double().clone() for n, p in model.named_parameters()})
+
+    def on_train_begin(self, args, state, control, model=None, **kwargs):
+        self.snapshot(model)
+
+    def on_step_end(self, args, state, control, model=None, **kwargs):
+        self.snapshot(model)
+
+    def norms(self, step: int) -> dict[str, float]:
+        before, after = self.snapshots[step], self.snapshots[step + 1]
+        return {n: float(np.linalg.norm(((before[n] - after[n]) / LR).numpy())) for n in before}
+
+
+def test_trainer_callback_records_each_optimizer_step_into_trainers_run(tmp_path, tmp_experiment, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    torch.manual_seed(0)
+    config = transformers.GPT2Config(n_layer=2, n_embd=64, n_head=2, vocab_size=97, n_positions=16)
+    model = transformers.GPT2LMHeadModel(config).double()  # float64: the update gives the gradient exactly
+    generator = torch.Generator().manual_seed(1)
+    tokens = torch.randint(0, 97, (16, 12), generator=generator)
+    dataset = [{"input_ids": t, "labels": t} for t in tokens]
+    args = transformers.TrainingArguments(
+        output_dir=str(tmp_path / "out"), max_steps=STEPS, per_device_train_batch_size=2,
+        gradient_accumulation_steps=2, learning_rate=LR, optim="sgd", lr_scheduler_type="constant",
+        weight_decay=0.0, max_grad_norm=1.0, report_to=["mlflow"], logging_steps=1, save_strategy="no",
+        use_cpu=True, disable_tqdm=True)
+    applied = AppliedGradients()
+    probe = GradientProbeCallback(GradProbeConfig(dump_path=str(tmp_path / "dump"), level="L1"))
+    transformers.Trainer(model=model, args=args, train_dataset=dataset, callbacks=[applied, probe]).train()
+
+    client = MlflowClient()
+    (run,) = client.search_runs([tmp_experiment])
+    assert run.info.run_id == probe.monitor.run_id and mlflow.active_run() is None
+    names = [n for n, _ in model.named_parameters()]
+    assert "lm_head.weight" not in names and "transformer.wte.weight" in names  # tied: once, under the first name
+    assert sorted(p.name for p in (tmp_path / "dump/rank0").glob("*.csv")) == \
+        [f"grad_summary_{s}.csv" for s in range(STEPS)]
+    for step in range(STEPS):
+        table = read_summary(tmp_path / "dump/rank0" / f"grad_summary_{step}.csv")
+        assert table.column("param_name") == names
+        expected = applied.norms(step)
+        np.testing.assert_allclose(table.numbers("norm"), [expected[n] for n in names], rtol=1e-5, atol=1e-12)
+        assert np.linalg.norm(table.numbers("norm")) <= 1.0 + 1e-5  # max_grad_norm=1.0: the clipped gradients
+    assert [m.step for m in client.get_metric_history(run.info.run_id, "grad/rank0/total_norm")] == [0, 1, 2]
+    assert [m.step for m in client.get_metric_history(run.info.run_id, "grad_norm")] == [1, 2, 3]  # Trainer's
+    assert run.data.tags["msprobe_mlflow.gradients_recorded"].startswith("after clipping (max_grad_norm=1.0)")
+    files = [f.path for f in client.list_artifacts(run.info.run_id, "grad_probe/rank0")]
+    assert sum(path.endswith(".csv") for path in files) == STEPS
