@@ -145,11 +145,13 @@ class InputCache:
 
 
 def to_float64(value) -> np.ndarray | None:
-    """A real MindSpore or torch tensor (or array) as a float64 array; ``None`` for anything else."""
+    """A real MindSpore or torch tensor (or array) as a float64 array; ``None`` for anything else. MindSpore's
+    values go to numpy first (bfloat16 as ml_dtypes'), then to float64, exactly: ``Tensor.astype`` takes
+    milliseconds a tensor, ``asnumpy`` microseconds."""
     if isinstance(value, mindspore.Tensor):
         if value.dtype in (mindspore.complex64, mindspore.complex128):
             return None
-        return value.astype(mindspore.float64).asnumpy()
+        return value.asnumpy().astype(np.float64)
     if isinstance(value, torch.Tensor):
         if value.is_complex():
             return None

@@ -300,6 +300,7 @@ class _CallChecker:
                                           f"{list(output.shape)}; expected a gradient of that shape")
             else:
                 grads.append(sensitivity.torch.to(output.dtype) if framework == "torch"
+                             else sensitivity.mindspore if sensitivity.mindspore.dtype == output.dtype
                              else sensitivity.mindspore.astype(output.dtype))
             roots.append(output)
         return roots, grads

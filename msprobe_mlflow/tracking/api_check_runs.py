@@ -11,10 +11,14 @@ of each output (``forward/output/0/cosine``, ``.../max_abs_err``, ``.../max_rela
 ``/``), the tags ``status``, ``message``, ``forward_status``, ``backward_status``, ``api_name``, and its inputs as
 params (``input_args.0``), so that ``mlflow.search_runs(filter_string="tags.status = 'error'")`` lists the APIs
 that fail. Each nested run costs three requests (create with its tags, one ``log_batch``, terminate), whatever its
-number of values.
+number of values. The nested runs are logged from the calling process once the check is done (worker processes
+never talk to MLflow); a tracking server gets ``NESTED_RUNS_AT_ONCE`` of them at a time (each run's requests
+mostly wait on the network and the server's database), a local store one after another (SQLite serialises its
+writers).
 """
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -37,6 +41,7 @@ TASK_TAG = f"{TAG_PREFIX}api_check.task"
 ERROR_APIS_TAG = "error_apis"
 METRIC_FIELDS = ("cosine", "max_abs_err", "max_relative_err")
 MAX_RUN_NAME_LENGTH = 500  # a run name beyond this is unreadable in the UI's run list
+NESTED_RUNS_AT_ONCE = 8
 
 
 def summary_metrics(report: ApiCheckReport) -> dict[str, float]:
@@ -102,9 +107,23 @@ def log_api_check(report: ApiCheckReport, target: CheckRunTarget, *, api_info: P
             if csv_path is not None:
                 client.log_artifact(run_id, str(csv_path), ARTIFACT_FOLDER)
         if nested:
-            for result in report.results:
-                _log_api_run(client, experiment_id, run_id, result)
+            _log_api_runs(client, experiment_id, run_id, report.results)
     return run_id
+
+
+def _log_api_runs(client: MlflowClient, experiment_id: str, parent_run_id: str, results: list[ApiResult]) -> None:
+    """One nested run per API: ``NESTED_RUNS_AT_ONCE`` at a time for a tracking server, else one by one. The first
+    failure stops the runs not yet started and is raised."""
+    if not client.tracking_uri.startswith(("http://", "https://")) or NESTED_RUNS_AT_ONCE == 1:
+        for result in results:
+            _log_api_run(client, experiment_id, parent_run_id, result)
+        return
+    pool = ThreadPoolExecutor(NESTED_RUNS_AT_ONCE, thread_name_prefix="msprobe-mlflow-api-runs")
+    try:
+        for future in [pool.submit(_log_api_run, client, experiment_id, parent_run_id, result) for result in results]:
+            future.result()
+    finally:
+        pool.shutdown(cancel_futures=True)
 
 
 def _log_api_run(client: MlflowClient, experiment_id: str, parent_run_id: str, result: ApiResult) -> None:
