@@ -25,11 +25,14 @@ import json
 import os
 import platform
 import re
+import signal
+import socket
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -50,20 +53,20 @@ def scaled(value, scale: int):
 
 
 def generate_dump(path: Path, calls: int) -> int:
-    """Writes a statistics dump of at least ``calls`` calls (see the module docstring); returns how many."""
+    """Writes a statistics dump of the first ``calls`` calls of the repeated example (see the module docstring)."""
     example = json.loads(EXAMPLE.read_text(encoding="utf-8"))
-    per_repetition = len({_KEY.match(key)["api"] + _KEY.match(key)["index"] if _KEY.match(key) else key
-                          for key in example["data"]})
-    data, repetition = {}, 0
-    while repetition * per_repetition < calls:
+    data, names, repetition = {}, set(), 0
+    while True:
         for key, entry in example["data"].items():
             match = _KEY.match(key)
-            name = (f"{match['api']}.{repetition * 10 + int(match['index'])}.{match['side']}" if match
-                    else f"{key}.{repetition}")
-            data[name] = scaled(entry, SCALES[repetition % len(SCALES)])
+            name = f"{match['api']}.{repetition * 10 + int(match['index'])}"
+            if name not in names:
+                if len(names) == calls:
+                    path.write_text(json.dumps({**example, "data": data}), encoding="utf-8")
+                    return calls
+                names.add(name)
+            data[f"{name}.{match['side']}"] = scaled(entry, SCALES[repetition % len(SCALES)])
         repetition += 1
-    path.write_text(json.dumps({**example, "data": data}), encoding="utf-8")
-    return repetition * per_repetition
 
 
 # One variant, run by ``python api_check_benchmark.py --variant NAME DUMP OUT``: prints its timing as JSON.
@@ -120,28 +123,66 @@ def timed_variant(variant: str, dump: Path, work: Path, threads: str) -> dict:
 
 
 def mlflow_logging(dump: Path, work: Path) -> dict:
-    """Seconds to log a check of ``dump`` (the in-process results, computed once) with and without nested runs."""
+    """Seconds to log a check of ``dump`` (checked once, here) without nested runs and with one per call: into a
+    SQLite store, and through a local ``mlflow server`` one nested run at a time and ``NESTED_RUNS_AT_ONCE`` at a
+    time."""
     import mindspore
-    import mlflow
+    from mlflow import MlflowClient
 
     from msprobe_mlflow.api_check import check_api_accuracy
     from msprobe_mlflow.api_check.metrics import Thresholds
-    from msprobe_mlflow.tracking.api_check_runs import log_api_check, resolve_target
+    from msprobe_mlflow.tracking import api_check_runs
 
     mindspore.runtime.launch_blocking()
     report = check_api_accuracy(dump, output_dir=work / "mlflow_csv", log_to_mlflow=False)
-    mlflow.set_tracking_uri(f"sqlite:///{work / 'mlflow.db'}")
-    client = mlflow.MlflowClient()
-    timings = {}
-    for nested in (False, True):
-        name = f"api-check-{'nested' if nested else 'flat'}"
-        client.create_experiment(name, artifact_location=(work / "artifacts").as_uri())
+    at_once = api_check_runs.NESTED_RUNS_AT_ONCE
+
+    def log(uri: str, name: str, nested: bool, runs_at_once: int) -> float:
+        MlflowClient(uri).create_experiment(name, artifact_location=(work / "artifacts").as_uri())
+        api_check_runs.NESTED_RUNS_AT_ONCE = runs_at_once
         started = time.perf_counter()
-        log_api_check(report, resolve_target(name), api_info=dump, task="statistics", thresholds=Thresholds(),
-                      nested=nested)
-        timings["nested" if nested else "flat"] = time.perf_counter() - started
-    timings["per_nested_run_ms"] = 1000 * (timings["nested"] - timings["flat"]) / len(report.results)
+        api_check_runs.log_api_check(report, api_check_runs.resolve_target(name, tracking_uri=uri), api_info=dump,
+                                     task="statistics", thresholds=Thresholds(), nested=nested)
+        return time.perf_counter() - started
+
+    sqlite = f"sqlite:///{work / 'mlflow.db'}"
+    timings = {"calls": len(report.results), "runs_at_once": at_once,
+               "sqlite_flat": log(sqlite, "flat", False, at_once),
+               "sqlite_nested": log(sqlite, "nested", True, at_once)}
+    port = free_port()
+    server = subprocess.Popen([sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(port),
+                               "--workers", "1", "--backend-store-uri", f"sqlite:///{work / 'server.db'}",
+                               "--serve-artifacts", "--artifacts-destination", str(work / "server_artifacts")],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+                              env={**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"})
+    try:
+        uri = f"http://127.0.0.1:{port}"
+        wait_for_server(uri)
+        timings["server_flat"] = log(uri, "flat", False, at_once)
+        timings["server_nested_one_at_a_time"] = log(uri, "one-at-a-time", True, 1)
+        timings["server_nested_at_once"] = log(uri, "at-once", True, at_once)
+    finally:
+        os.killpg(server.pid, signal.SIGKILL)
+        server.wait()
+        api_check_runs.NESTED_RUNS_AT_ONCE = at_once
     return timings
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_for_server(uri: str, timeout: float = 180) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(f"{uri}/health", timeout=2):
+                return
+        except OSError:
+            time.sleep(0.5)
+    raise RuntimeError(f"mlflow server at {uri} did not answer in {timeout} s")
 
 
 def main() -> None:
@@ -149,6 +190,7 @@ def main() -> None:
     parser.add_argument("--calls", type=int, default=2000)
     parser.add_argument("--repeats", type=int, default=1, help="runs of each variant, interleaved; medians")
     parser.add_argument("--threads", choices=("default", "1", "both"), default="both")
+    parser.add_argument("--mlflow-calls", type=int, default=500, help="calls of the dump whose check is logged")
     parser.add_argument("--variant", help=argparse.SUPPRESS)
     parser.add_argument("paths", nargs="*", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -160,11 +202,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as folder:
         work = Path(folder)
         calls = generate_dump(work / "many.json", args.calls)
-        generate_dump(work / "one.json", 1)
-        one = work / "one_call.json"
-        document = json.loads((work / "one.json").read_text())
-        one.write_text(json.dumps({**document, "data": {key: entry for key, entry in document["data"].items()
-                                                        if key.startswith("Mint.add.0.")}}))
+        one = work / "one.json"
+        generate_dump(one, 1)
         load_before = os.getloadavg()
         runs = {(threads, variant): {"many": [], "startup": []} for threads in thread_settings
                 for variant in variants}
@@ -175,7 +214,8 @@ def main() -> None:
                     runs[threads, variant]["startup"].append(timed_variant(variant, one, work, threads))
                     runs[threads, variant]["many"].append(timed_variant(variant, work / "many.json", work, threads))
         print("MLflow logging...", file=sys.stderr, flush=True)
-        logging = mlflow_logging(work / "many.json", work)
+        generate_dump(work / "mlflow.json", args.mlflow_calls)
+        logging = mlflow_logging(work / "mlflow.json", work)
         load_after = os.getloadavg()
     write_results(calls, runs, logging, load_before, load_after, args)
 
@@ -233,8 +273,16 @@ def write_results(calls, runs, logging, load_before, load_after, args) -> None:
     shares = [row for row in rows if row.get("share_seconds")]
     lines += ["", "Round-robin shares' own times (s): " + "; ".join(
         f"threads {row['threads']}: {', '.join(f'{s:.1f}' for s in row['share_seconds'])}" for row in shares),
-        "", f"MLflow (SQLite store): logging the check without nested runs {logging['flat']:.1f} s, with one nested "
-        f"run per call {logging['nested']:.1f} s: {logging['per_nested_run_ms']:.1f} ms per nested run.", ""]
+        "", f"MLflow, logging the check of {logging['calls']} calls (ms per nested run = (with nested runs - "
+        "without) / calls):", "", "| store | without nested runs s | with nested runs s | ms per nested run |",
+        "|---|---:|---:|---:|"]
+    for label, flat, nested in (("SQLite", "sqlite_flat", "sqlite_nested"),
+                                ("mlflow server, one run at a time", "server_flat", "server_nested_one_at_a_time"),
+                                (f"mlflow server, {logging['runs_at_once']} at a time", "server_flat",
+                                 "server_nested_at_once")):
+        per_run = 1000 * (logging[nested] - logging[flat]) / logging["calls"]
+        lines.append(f"| {label} | {logging[flat]:.1f} | {logging[nested]:.1f} | {per_run:.1f} |")
+    lines.append("")
     (RESULTS / "api_check.md").write_text("\n".join(lines))
     print("\n".join(lines))
 

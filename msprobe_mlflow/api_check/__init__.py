@@ -3,8 +3,9 @@
 (one run for the check, one nested run per API). See docs/api_check.md (its Inputs and Outputs sections are the
 formats).
 
-Importing this package (and its ``parser``, ``metrics``, ``results`` and ``report``) needs numpy only: torch and
-MindSpore are imported with the runner, once the whole input has been checked, so bad input fails in a moment.
+Importing this package (and its ``parser``, ``metrics``, ``results``, ``report`` and ``replay``) needs numpy only:
+torch and MindSpore are imported with the runner, once the whole input has been checked, so bad input fails in a
+moment; and only in the worker processes when the calls run there (``replay``).
 """
 from __future__ import annotations
 
@@ -43,9 +44,9 @@ def check_api_accuracy(path: str | os.PathLike, *, output_dir: str | os.PathLike
     number of workers.
 
     Raises ``ValueError`` only for what stops the whole check (a missing or unreadable file, a folder, no
-    ``task``/``data``, a bad ``api_filter`` or ``workers``, a threshold that is NaN or not a number, an ``output_dir`` that cannot
-    be made, an ``experiment`` that is not the parent's), before torch or MindSpore is imported and before any API
-    is run; every problem of one entry becomes that API's ``error`` or ``skip`` row.
+    ``task``/``data``, a bad ``api_filter`` or ``workers``, a threshold that is NaN or not a number, an
+    ``output_dir`` that cannot be made, an ``experiment`` that is not the parent's), before torch or MindSpore is
+    imported and before any API is run; every problem of one entry becomes that API's ``error`` or ``skip`` row.
     """
     dump = read_api_info(path)
     try:

@@ -4,7 +4,7 @@ in worker processes.
 MindSpore runs the statistics task's calls in PyNative mode with launch blocking on (``runner``). The mode can be
 restored afterwards; launch blocking cannot (MindSpore 2.10 has no call that turns it off). So the calls run here
 only when launch blocking is on already (the mode is then switched for the check and switched back) or when
-MindSpore does not run at all (the tensor task) and one worker is asked for; otherwise in ``workers`` spawned
+MindSpore does not run at all (the tensor task) and one worker is asked for; otherwise in ``workers`` child
 processes, which also keeps torch and MindSpore out of the caller's process.
 
 Balance: the parent hands each worker one call at a time, the next as soon as it returns a result, biggest
@@ -16,11 +16,16 @@ an ``error`` row naming how the worker ended, and a new worker takes the remaini
 from __future__ import annotations
 
 import multiprocessing
+import os
 import signal
+import subprocess
 import sys
 import traceback
 from multiprocessing.connection import Connection, wait
+from pathlib import Path
 from typing import Callable
+
+import msprobe_mlflow
 
 from msprobe_mlflow.api_check.metrics import ERROR, Thresholds
 from msprobe_mlflow.api_check.parser import ApiCall, TensorArg
@@ -69,9 +74,10 @@ def _replay_here(calls: list[ApiCall], task: str, thresholds: Thresholds, on_res
     return results
 
 
-def _serve(connection: Connection, task: str, thresholds: Thresholds) -> None:
-    """A worker: ``("ready",)`` once MindSpore is set up, then one ``("result", index, ApiResult)`` per call
-    received, until ``None``. A setup failure is sent as ``("failed", text)``."""
+def _serve(connection: Connection) -> None:
+    """A worker: receives ``(task, thresholds)``, answers ``("ready",)`` once MindSpore is set up (or ``("failed",
+    text)``), then one ``("result", index, ApiResult)`` per ``(index, ApiCall)`` received, until ``None``."""
+    task, thresholds = connection.recv()
     try:
         from msprobe_mlflow.api_check.inputs import InputCache
         from msprobe_mlflow.api_check.runner import check_call, prepare_worker_process
@@ -114,9 +120,9 @@ def _lost(call: ApiCall, message: str) -> ApiResult:
     return ApiResult.from_sides(call.name, sides.get("forward"), sides.get("backward"), {})
 
 
-def _how_it_ended(process: multiprocessing.process.BaseProcess) -> str:
-    code = process.exitcode
-    if code is not None and code < 0:
+def _how_it_ended(process: subprocess.Popen) -> str:
+    code = process.wait()
+    if code < 0:
         try:
             return f"killed by {signal.Signals(-code).name}"
         except ValueError:
@@ -125,11 +131,19 @@ def _how_it_ended(process: multiprocessing.process.BaseProcess) -> str:
 
 
 class _Worker:
-    def __init__(self, context, task: str, thresholds: Thresholds):
-        self.connection, child_end = context.Pipe()
-        self.process = context.Process(target=_serve, args=(child_end, task, thresholds), daemon=True)
-        self.process.start()
+    """``python -m msprobe_mlflow.api_check.replay FD``: a fresh interpreter, not multiprocessing's spawn, which
+    would first run the caller's main script again in the worker (a training script without a ``__main__`` guard
+    would train there). One duplex pipe carries everything; it reads as closed once the worker has ended."""
+
+    def __init__(self, task: str, thresholds: Thresholds):
+        self.connection, child_end = multiprocessing.Pipe()
+        package_root = str(Path(msprobe_mlflow.__file__).resolve().parent.parent)  # importable as the parent has it
+        environment = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [package_root,
+                                                                                os.environ.get("PYTHONPATH")]))}
+        self.process = subprocess.Popen([sys.executable, "-m", __name__, str(child_end.fileno())],
+                                        pass_fds=[child_end.fileno()], env=environment, stdin=subprocess.DEVNULL)
         child_end.close()
+        self.connection.send((task, thresholds))
         self.ready, self.current = False, None  # current: the index of the call it is running
 
 
@@ -138,17 +152,15 @@ class _WorkerPool:
         self.calls, self.task, self.thresholds, self.on_result = calls, task, thresholds, on_result
         self.pending = sorted(range(len(calls)), key=lambda i: (_estimated_cost(calls[i]), -i))  # popped from the end
         self.results: list[ApiResult | None] = [None] * len(calls)
-        self.context = multiprocessing.get_context("spawn")
-        self.workers = [_Worker(self.context, task, thresholds) for _ in range(min(workers, len(calls)))]
+        self.workers = [_Worker(task, thresholds) for _ in range(min(workers, len(calls)))]
         self.start_failure: str | None = None
 
     def run(self) -> list[ApiResult]:
         try:
             while self.workers and (self.pending or any(worker.current is not None for worker in self.workers)):
-                ready = wait([worker.connection for worker in self.workers]
-                             + [worker.process.sentinel for worker in self.workers])
+                ready = wait([worker.connection for worker in self.workers])
                 for worker in list(self.workers):
-                    if worker.connection in ready or worker.process.sentinel in ready:
+                    if worker.connection in ready:
                         self._attend(worker)
         finally:
             for worker in self.workers:
@@ -161,7 +173,7 @@ class _WorkerPool:
 
     def _attend(self, worker: _Worker) -> None:
         """Reads what the worker sent (even if it died since), hands it its next call, or replaces it if it died."""
-        failed = False
+        ended = False
         try:
             while worker.connection.poll():
                 message = worker.connection.recv()
@@ -171,10 +183,10 @@ class _WorkerPool:
                     worker.current = None
                     self._record(message[1], message[2])
                 else:
-                    failed, self.start_failure = True, message[1]
-        except (EOFError, OSError):  # the worker died: its end of the pipe is closed
-            pass
-        if not failed and worker.process.is_alive():
+                    ended, self.start_failure = True, message[1]
+        except (EOFError, OSError):  # the worker has ended: its end of the pipe is closed
+            ended = True
+        if not ended:
             if worker.ready and worker.current is None and self.pending:
                 worker.current = self.pending.pop()
                 worker.connection.send((worker.current, self.calls[worker.current]))
@@ -185,7 +197,7 @@ class _WorkerPool:
             self._record(worker.current, _lost(self.calls[worker.current], "the worker process running this call "
                                                f"ended ({_how_it_ended(worker.process)}) before it finished"))
             if self.pending:  # it got as far as a call: a new one takes over
-                self.workers.append(_Worker(self.context, self.task, self.thresholds))
+                self.workers.append(_Worker(self.task, self.thresholds))
         elif not worker.ready and self.start_failure is None:
             self.start_failure = f"a worker ended ({_how_it_ended(worker.process)}) before it was ready"
 
@@ -195,13 +207,18 @@ class _WorkerPool:
 
     @staticmethod
     def _stop(worker: _Worker) -> None:
-        if worker.process.is_alive():
+        if worker.process.poll() is None:
             try:
                 worker.connection.send(None)
-            except OSError:
-                pass
-            worker.process.join(timeout=30)
-            if worker.process.is_alive():
+                worker.process.wait(timeout=30)
+            except (OSError, subprocess.TimeoutExpired):
                 worker.process.kill()
-                worker.process.join()
+                worker.process.wait()
         worker.connection.close()
+
+
+if __name__ == "__main__":
+    try:
+        _serve(Connection(int(sys.argv[1])))
+    except EOFError:  # the parent has gone: nothing is waiting for the results
+        pass

@@ -315,7 +315,12 @@ class _CallChecker:
                             **mindspore_kwargs)
 
         def run():
-            tensors = [pair.mindspore for pair in differentiated]
+            # One tensor object passed twice (the input cache's, for two arguments recorded alike) is differentiated
+            # by MindSpore as one input, each getting the sum of both gradients: the repeats get copies.
+            tensors, seen = [], set()
+            for pair in differentiated:
+                tensors.append(pair.mindspore.copy() if id(pair.mindspore) in seen else pair.mindspore)
+                seen.add(id(pair.mindspore))
             _, grads = self.sensitivity_pairs(_flatten(forward(*tensors)), sensitivities, "mindspore")
             gradient_function = mindspore.ops.GradOperation(get_all=True, sens_param=True)(forward)
             return gradient_function(*tensors, grads[0] if len(grads) == 1 else tuple(grads))
