@@ -36,6 +36,7 @@ import urllib.request
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))  # this checkout's msprobe_mlflow, whichever one the interpreter has installed
 EXAMPLE = ROOT / "examples" / "mindspore_api_dump" / "statistics" / "api_info.json"
 RESULTS = Path(__file__).resolve().parent / "results"
 SCALES = (1, 2, 4, 8, 16, 32, 64)
@@ -230,7 +231,7 @@ def write_results(calls, runs, logging, load_before, load_after, args) -> None:
         startup = statistics.median(run["seconds"] for run in measured["startup"])
         rows.append({"threads": threads, "variant": variant, "seconds": seconds, "startup_seconds": startup,
                      "calls_per_second": calls / seconds,
-                     "calls_per_second_after_startup": (calls - 1) / max(seconds - startup, 1e-9),
+                     "calls_per_second_after_startup": (calls - 1) / (seconds - startup) if seconds > startup else None,
                      "statuses": measured["many"][0]["statuses"],
                      "share_seconds": measured["many"][0].get("share_seconds")})
     for threads in {row["threads"] for row in rows}:
@@ -238,8 +239,9 @@ def write_results(calls, runs, logging, load_before, load_after, args) -> None:
         for row in rows:
             if row["threads"] == threads and row["variant"] in ("2 workers", "round-robin x2"):
                 row["scaling_efficiency"] = row["calls_per_second"] / (2 * one["calls_per_second"])
-                row["scaling_efficiency_after_startup"] = (row["calls_per_second_after_startup"]
-                                                           / (2 * one["calls_per_second_after_startup"]))
+                if row["calls_per_second_after_startup"] and one["calls_per_second_after_startup"]:
+                    row["scaling_efficiency_after_startup"] = (row["calls_per_second_after_startup"]
+                                                               / (2 * one["calls_per_second_after_startup"]))
     machine = {"cpus": os.cpu_count(), "machine": platform.machine(), "python": platform.python_version(),
                "torch": torch.__version__, "mindspore": mindspore.__version__,
                "load_average_1min_before_after": [round(load_before[0], 2), round(load_after[0], 2)],
@@ -266,10 +268,13 @@ def write_results(calls, runs, logging, load_before, load_after, args) -> None:
         "|---|---|---:|---:|---:|---:|---:|",
     ]
     for row in rows:
-        efficiency = (f"{row['scaling_efficiency']:.0%} ({row['scaling_efficiency_after_startup']:.0%})"
+        after = row["scaling_efficiency_after_startup"] if "scaling_efficiency_after_startup" in row else None
+        efficiency = (f"{row['scaling_efficiency']:.0%} ({'n/a' if after is None else f'{after:.0%}'})"
                       if "scaling_efficiency" in row else "")
+        rate_after = row["calls_per_second_after_startup"]
         lines.append(f"| {row['threads']} | {row['variant']} | {row['seconds']:.1f} | {row['calls_per_second']:.1f}"
-                     f" | {row['startup_seconds']:.1f} | {row['calls_per_second_after_startup']:.1f} | {efficiency} |")
+                     f" | {row['startup_seconds']:.1f} | {'n/a' if rate_after is None else f'{rate_after:.1f}'} | "
+                     f"{efficiency} |")
     shares = [row for row in rows if row.get("share_seconds")]
     lines += ["", "Round-robin shares' own times (s): " + "; ".join(
         f"threads {row['threads']}: {', '.join(f'{s:.1f}' for s in row['share_seconds'])}" for row in shares),

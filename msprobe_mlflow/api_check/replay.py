@@ -21,6 +21,7 @@ import signal
 import subprocess
 import sys
 import traceback
+from contextlib import nullcontext
 from multiprocessing.connection import Connection, wait
 from pathlib import Path
 from typing import Callable
@@ -67,7 +68,7 @@ def _replay_here(calls: list[ApiCall], task: str, thresholds: Thresholds, on_res
     from msprobe_mlflow.api_check.runner import check_call, pynative_mode
 
     cache, results = InputCache(), []
-    with pynative_mode():
+    with pynative_mode() if task == "statistics" else nullcontext():  # the tensor task does not run MindSpore
         for index, call in enumerate(calls):
             results.append(check_call(call, task, thresholds, cache))
             on_result(index, results[-1])
