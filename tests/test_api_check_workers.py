@@ -4,6 +4,8 @@ dies costs only the call it was running; identical inputs are made once and stil
 import json
 import os
 import signal
+import subprocess
+import sys
 import threading
 from pathlib import Path
 
@@ -152,3 +154,16 @@ def test_the_command_takes_workers_and_refuses_zero(tmp_path):
     result = CliRunner().invoke(cli, ["api-check", str(EXAMPLE), "--no-mlflow", "--workers", "0"])
     assert result.exit_code == 2
     assert "--workers" in result.output and "0" in result.output
+
+
+def test_the_callers_process_imports_neither_torch_nor_mindspore_when_a_worker_runs_the_calls(tmp_path):
+    """A fresh interpreter (launch blocking off) checks the statistics example: MindSpore ran the calls (atan2 has
+    no CPU kernel: skip), in the worker; the caller's process never imported torch or MindSpore."""
+    code = (f"import sys\nfrom msprobe_mlflow.api_check import check_api_accuracy\n"
+            f"report = check_api_accuracy({str(EXAMPLE)!r}, output_dir={str(tmp_path)!r}, log_to_mlflow=False)\n"
+            f"print({{result.name: result.status for result in report.results}}['Mint.atan2.0'])\n"
+            f"print(sorted(name for name in ('torch', 'mindspore') if name in sys.modules))")
+    environment = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    done = subprocess.run([sys.executable, "-c", code], env=environment, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.splitlines()[-2:] == ["skip", "[]"]
