@@ -12,8 +12,9 @@ Python process each (so each pays its own imports, as a user's run does):
 - ``round-robin x2``: msprobe's multi-device scheme (PyTorch's ``multi_run_ut``: msprobe 1.0.3's MindSpore checker
   has none) with our checker: calls dealt alternately into two fixed halves, each checked by its own process.
 Scaling efficiency = rate at 2 / (2 x rate at 1 worker). The startup (a check of one call) is measured per variant,
-and each variant's rate is also given without it. Then MLflow: logging the check with one nested run per call,
-into a SQLite store, against ``nested=False``.
+and each variant's rate is also given without it. Then MLflow: logging the check of ``--mlflow-calls`` calls with
+one nested run per call against ``nested=False``, into a SQLite store and through a local ``mlflow server`` (one
+nested run at a time, and ``NESTED_RUNS_AT_ONCE`` at a time).
 
 Run: ``benchmarks/run-api-check`` (``--calls N``, ``--repeats N``, ``--threads default|1|both``). Results go to
 ``results/api_check.json`` and ``results/api_check.md``.
@@ -260,6 +261,9 @@ def write_results(calls, runs, logging, load_before, load_after, args) -> None:
         f"1-min load average {machine['load_average_1min_before_after'][0]} before, "
         f"{machine['load_average_1min_before_after'][1]} after. Reproduce: `benchmarks/run-api-check`.",
         "",
+        *([f"**Noisy**: the load average exceeded the {machine['cpus']} CPUs (other work on the machine); rerun "
+           "on a quiet machine before quoting these figures.", ""]
+          if max(machine["load_average_1min_before_after"]) > machine["cpus"] else []),
         "*startup* is the same variant on a dump of one call (process start, imports); *efficiency* is the rate "
         "at two processes over twice the rate of one worker.",
         "",
