@@ -77,6 +77,24 @@ def _read_npy_header(f) -> tuple[tuple[int, ...], np.dtype]:
     return tuple(shape), dtype
 
 
+def checked_npy_header(path: Path) -> tuple[tuple[int, ...], np.dtype]:
+    """Shape and dtype of the ``.npy`` file at ``path``, checked against the file's size before its data is read:
+    ``np.load`` first allocates what the header claims, so ten bytes claiming a billion elements are refused here.
+    Raises ``ValueError`` naming the file. An object array's size is not known from its header: loading it with
+    ``allow_pickle=False`` refuses it."""
+    try:
+        with open(path, "rb") as f:
+            shape, dtype = _read_npy_header(f)
+            held = os.fstat(f.fileno()).st_size - f.tell()
+    except Exception as e:
+        raise ValueError(f"{path}: not a readable .npy file ({e})") from e
+    needed = math.prod(shape) * dtype.itemsize
+    if not dtype.hasobject and held != needed:
+        raise ValueError(f"{path}: not a readable .npy file (it holds {held} data bytes, its header's shape "
+                         f"{list(shape)} needs {needed})")
+    return shape, dtype
+
+
 class _FieldError(ValueError):
     """A field of a packed archive that is missing, malformed or larger than the archive's shapes allow."""
 
@@ -253,17 +271,9 @@ def open_npy_folder(step_dir: Path) -> dict[str, StoredDirection]:
     result: dict[str, StoredDirection] = {}
     for path in sorted(step_dir.glob("*.npy")):
         refuse_symlink(path)
-        try:
-            with open(path, "rb") as f:
-                shape, dtype = _read_npy_header(f)
-                held = os.fstat(f.fileno()).st_size - f.tell()
-        except Exception as e:
-            raise ValueError(f"{path}: not a readable .npy file ({e})") from e
+        shape, dtype = checked_npy_header(path)
         if dtype != np.bool_:
             raise ValueError(f"{path}: dtype {dtype}, expected bool (np.save(grad > 0))")
-        if held != math.prod(shape):  # checked here: numpy would first allocate what the header claims
-            raise ValueError(f"{path}: not a readable .npy file (it holds {held} data bytes, its header's shape "
-                             f"{list(shape)} needs {math.prod(shape)})")
         result[renamed.get(path.stem, path.stem)] = StoredDirection(
             path, shape, lambda path=path, shape=shape: _load_npy_bits(path, shape))
     return result

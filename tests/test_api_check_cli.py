@@ -138,7 +138,8 @@ def test_a_folder_exits_2_naming_the_dump_file_inside_it(tmp_path):
 
 
 @pytest.mark.parametrize("option", ["--output", "--experiment", "--run-id", "--no-nested", "--filter",
-                                    "--cosine-threshold", "--max-abs-threshold", "--tracking-uri", "--no-mlflow"])
+                                    "--cosine-threshold", "--max-abs-threshold", "--workers", "--tracking-uri",
+                                    "--no-mlflow"])
 def test_help_explains_every_option(option):
     result = CliRunner().invoke(main, ["api-check", "--help"])
     assert result.exit_code == 0

@@ -454,7 +454,7 @@ def test_an_ambiguous_gradient_list_is_an_error_naming_the_tensor_or_the_entry(t
 
 
 @pytest.mark.parametrize("name, message", [
-    ("Mint.neg.0", "missing.npy cannot be loaded as a .npy file"),
+    ("Mint.neg.0", "missing.npy: not a readable .npy file"),
     ("Mint.neg.1", "allow_pickle=False"),
     ("Mint.neg.2", "n2x.npy has shape [2] but the dump records [3]"),
     ("Mint.neg.3", "input_args[0].data_name = '../api_info.json' leads outside"),

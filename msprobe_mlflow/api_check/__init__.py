@@ -3,8 +3,9 @@
 (one run for the check, one nested run per API). See docs/api_check.md (its Inputs and Outputs sections are the
 formats).
 
-Importing this package (and its ``parser``, ``metrics``, ``results`` and ``report``) needs numpy only: torch and
-MindSpore are imported with the runner, once the whole input has been checked, so bad input fails in a moment.
+Importing this package (and its ``parser``, ``metrics``, ``results``, ``report`` and ``replay``) needs numpy only:
+torch and MindSpore are imported with the runner, once the whole input has been checked, so bad input fails in a
+moment; and only in the worker processes when the calls run there (``replay``).
 """
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from typing import Callable
 
 from msprobe_mlflow.api_check.metrics import Thresholds
 from msprobe_mlflow.api_check.parser import read_api_info
+from msprobe_mlflow.api_check.replay import check_workers, replay_calls
 from msprobe_mlflow.api_check.report import write_reports
 from msprobe_mlflow.api_check.results import ApiCheckReport, ApiResult, OutputResult, SideResult
 
@@ -26,7 +28,7 @@ def check_api_accuracy(path: str | os.PathLike, *, output_dir: str | os.PathLike
                        experiment: str | None = None, parent_run_id: str | None = None, nested: bool = True,
                        api_filter: str | None = None, cosine_threshold: float = 0.99,
                        max_abs_threshold: float = 0.001, log_to_mlflow: bool = True, tracking_uri: str | None = None,
-                       on_progress: Callable[[int, int, str], None] | None = None) -> ApiCheckReport:
+                       on_progress: Callable[[int, int, str], None] | None = None, workers: int = 1) -> ApiCheckReport:
     """Checks every API call of an msprobe MindSpore dump (``api_info.json`` / ``dump.json``) and reports.
 
     ``api_filter``: a regular expression searched in the call name (``Mint.add.0``); calls that do not match are
@@ -36,10 +38,15 @@ def check_api_accuracy(path: str | os.PathLike, *, output_dir: str | os.PathLike
     ``experiment`` if given; ``tracking_uri`` None: MLflow's active one) with one nested run per API unless
     ``nested`` is false. ``on_progress(done, total, name)`` is called after each call.
 
+    The process is left as it was found: MindSpore's execution mode and launch blocking are as they were (graph
+    mode in a training script stays graph mode), because the calls run in ``workers`` child processes unless they
+    can run here without a lasting change (see ``replay``). The report lists the calls in dump order whatever the
+    number of workers.
+
     Raises ``ValueError`` only for what stops the whole check (a missing or unreadable file, a folder, no
-    ``task``/``data``, a bad ``api_filter``, a threshold that is NaN or not a number, an ``output_dir`` that cannot
-    be made, an ``experiment`` that is not the parent's), before torch or MindSpore is imported and before any API
-    is run; every problem of one entry becomes that API's ``error`` or ``skip`` row.
+    ``task``/``data``, a bad ``api_filter`` or ``workers``, a threshold that is NaN or not a number, an
+    ``output_dir`` that cannot be made, an ``experiment`` that is not the parent's), before torch or MindSpore is
+    imported and before any API is run; every problem of one entry becomes that API's ``error`` or ``skip`` row.
     """
     dump = read_api_info(path)
     try:
@@ -47,6 +54,7 @@ def check_api_accuracy(path: str | os.PathLike, *, output_dir: str | os.PathLike
     except re.error as error:
         raise ValueError(f"api_filter = {api_filter!r} is not a regular expression ({error})") from None
     thresholds = _thresholds(cosine_threshold, max_abs_threshold)
+    workers = check_workers(workers)
     target = None
     if log_to_mlflow:  # looked up before anything is made: a wrong run ID leaves no empty output folder behind
         from msprobe_mlflow.tracking.api_check_runs import log_api_check, resolve_target
@@ -59,15 +67,15 @@ def check_api_accuracy(path: str | os.PathLike, *, output_dir: str | os.PathLike
     except OSError as error:
         raise ValueError(f"output_dir = {str(output_dir)!r} cannot be created ({error.strerror or error})") from None
     calls = [call for call in dump.calls if pattern is None or pattern.search(call.name)]
-    from msprobe_mlflow.api_check.runner import check_call, prepare_mindspore  # torch and MindSpore, only now
+    done = 0
 
-    if dump.task == "statistics":
-        prepare_mindspore()
-    results: list[ApiResult] = []
-    for done, call in enumerate(calls, start=1):
-        results.append(check_call(call, dump.task, thresholds))
+    def on_result(index: int, result: ApiResult) -> None:
+        nonlocal done
+        done += 1
         if on_progress is not None:
-            on_progress(done, len(calls), call.name)
+            on_progress(done, len(calls), result.name)
+
+    results = replay_calls(calls, dump.task, thresholds, workers, on_result)
     details_csv, result_csv = write_reports(results, output_dir)
     report = ApiCheckReport(results, details_csv, result_csv)
     if target is not None:

@@ -7,6 +7,7 @@ values, so both frameworks start from the same inputs whatever the dtype (BFloat
 from __future__ import annotations
 
 import math
+from collections import OrderedDict
 from dataclasses import dataclass
 
 import mindspore
@@ -14,6 +15,7 @@ import numpy as np
 import torch
 
 from msprobe_mlflow.api_check.parser import FLOAT_DTYPES, TensorArg
+from msprobe_mlflow.directions import checked_npy_header
 
 SEED = 42
 
@@ -66,8 +68,14 @@ def regenerate(spec: TensorArg) -> np.ndarray:
 
 
 def load(spec: TensorArg, where: str) -> np.ndarray:
-    """The ``.npy`` of a tensor-task argument (``allow_pickle=False``), checked against the recorded shape."""
+    """The ``.npy`` of a tensor-task argument (``allow_pickle=False``), checked against the recorded shape. The
+    header is checked against the file's size first: a small file claiming a huge shape is refused before numpy
+    allocates what it claims."""
     path = spec.data_path
+    try:
+        checked_npy_header(path)
+    except ValueError as error:
+        raise InputError(f"{where}: {error}") from None
     try:
         array = np.load(path, allow_pickle=False)
     except (OSError, ValueError) as error:
@@ -102,12 +110,48 @@ def make_pair(spec: TensorArg, values: np.ndarray) -> TensorPair:
     return TensorPair(spec, mindspore_tensor, torch_tensor)
 
 
+class InputCache:
+    """Tensor pairs already made, by their recorded spec: a dump repeats the same inputs (one layer's calls at
+    every step and micro-batch), and a spec fixes the values (the statistics task regenerates them from a fixed
+    seed; the tensor task loads the same file), so they are made once. Holds at most ``max_bytes`` of tensors,
+    the least recently used dropped first. Each ``pair`` is a new ``TensorPair`` (the checker tells a call's
+    arguments apart by identity) over the shared tensors; a torch tensor changed in place since it was made (its
+    version counter moved) is made again. Calls that may change their inputs in place get fresh ones
+    (``runner`` asks no cache for them)."""
+
+    def __init__(self, max_bytes: int = 256 * 2**20):
+        self.max_bytes, self.held_bytes = max_bytes, 0
+        self._pairs: OrderedDict[TensorArg, tuple[TensorPair, int]] = OrderedDict()
+
+    def pair(self, spec: TensorArg, task: str, where: str) -> TensorPair:
+        cached = self._pairs.get(spec)
+        if cached is not None and cached[0].torch._version == cached[1]:
+            self._pairs.move_to_end(spec)
+            return TensorPair(spec, cached[0].mindspore, cached[0].torch)
+        pair = make_pair(spec, recorded_values(spec, task, where))
+        self._forget(spec)
+        size = 2 * pair.torch.nbytes  # the torch tensor and MindSpore's copy
+        if size <= self.max_bytes:
+            self._pairs[spec] = (pair, pair.torch._version)
+            self.held_bytes += size
+            while self.held_bytes > self.max_bytes:
+                self._forget(next(iter(self._pairs)))
+        return TensorPair(spec, pair.mindspore, pair.torch)
+
+    def _forget(self, spec: TensorArg) -> None:
+        dropped = self._pairs.pop(spec, None)
+        if dropped is not None:
+            self.held_bytes -= 2 * dropped[0].torch.nbytes
+
+
 def to_float64(value) -> np.ndarray | None:
-    """A real MindSpore or torch tensor (or array) as a float64 array; ``None`` for anything else."""
+    """A real MindSpore or torch tensor (or array) as a float64 array; ``None`` for anything else. MindSpore's
+    values go to numpy first (bfloat16 as ml_dtypes'), then to float64, exactly: ``Tensor.astype`` takes
+    milliseconds a tensor, ``asnumpy`` microseconds."""
     if isinstance(value, mindspore.Tensor):
         if value.dtype in (mindspore.complex64, mindspore.complex128):
             return None
-        return value.astype(mindspore.float64).asnumpy()
+        return value.asnumpy().astype(np.float64)
     if isinstance(value, torch.Tensor):
         if value.is_complex():
             return None

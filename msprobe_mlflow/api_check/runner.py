@@ -13,14 +13,15 @@ either. A call MindSpore or torch cannot run here is a ``skip`` with the framewo
 """
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Iterator
 
 import mindspore
 import numpy as np
 import torch
 
-from msprobe_mlflow.api_check.inputs import (InputError, TensorPair, MINDSPORE_DTYPES, TORCH_DTYPES,
+from msprobe_mlflow.api_check.inputs import (InputCache, InputError, TensorPair, MINDSPORE_DTYPES, TORCH_DTYPES,
                                               dtype_name, make_pair, recorded_values, to_float64)
 from msprobe_mlflow.api_check.metrics import ERROR, SKIP, Thresholds, compare_arrays
 from msprobe_mlflow.api_check.parser import (DTYPE_TYPE, FLOAT_DTYPES, ApiCall, Argument, ForwardEntry,
@@ -57,16 +58,31 @@ class _Observed:
         return cls(to_float64(value), dtype_name(value), shape)
 
 
-def prepare_mindspore() -> None:
-    """PyNative mode (each API runs on its own, as recorded) with blocking launches, so that a failing kernel
-    raises at its own call: without it an unregistered CPU kernel can make the next, valid, op fail too. Both
-    apply to the whole process, and MindSpore cannot turn blocking launches off again."""
+def prepare_worker_process() -> None:
+    """A worker process's MindSpore: PyNative mode (each API runs on its own, as recorded) with blocking launches,
+    so that a failing kernel raises at its own call: without it an unregistered CPU kernel can make the next,
+    valid, op fail too. Both apply to the whole process, and MindSpore cannot turn blocking launches off again:
+    hence a process of its own (``replay``)."""
     mindspore.set_context(mode=mindspore.PYNATIVE_MODE)
     mindspore.runtime.launch_blocking()
 
 
-def check_call(call: ApiCall, task: str, thresholds: Thresholds) -> ApiResult:
-    """The verdict for one API call; never raises for a problem of the call's own entries or frameworks."""
+@contextmanager
+def pynative_mode() -> Iterator[None]:
+    """PyNative mode for the block, the caller's mode (graph mode in a training script) restored after it."""
+    previous = mindspore.get_context("mode")
+    if previous != mindspore.PYNATIVE_MODE:
+        mindspore.set_context(mode=mindspore.PYNATIVE_MODE)
+    try:
+        yield
+    finally:
+        if previous != mindspore.PYNATIVE_MODE:
+            mindspore.set_context(mode=previous)
+
+
+def check_call(call: ApiCall, task: str, thresholds: Thresholds, cache: InputCache | None = None) -> ApiResult:
+    """The verdict for one API call; never raises for a problem of the call's own entries or frameworks. Inputs
+    come from ``cache`` when given, except for a call that may change them in place (``_in_place``)."""
     inputs = describe_inputs(call.forward) if call.forward is not None else {}
     stop = (ERROR, call.problem) if call.problem else (SKIP, call.skip_reason) if call.skip_reason else None
     if stop is not None:
@@ -75,10 +91,16 @@ def check_call(call: ApiCall, task: str, thresholds: Thresholds) -> ApiResult:
         if not sides:
             return ApiResult(call.name, stop[0], stop[1], inputs=inputs)
         return ApiResult.from_sides(call.name, sides.get("forward"), sides.get("backward"), inputs)
-    checker = _CallChecker(call, task, thresholds)
+    checker = _CallChecker(call, task, thresholds, None if _in_place(call) else cache)
     forward = checker.side("forward", checker.forward) if call.has_forward else None
     backward = checker.side("backward", checker.backward) if call.has_backward else None
     return ApiResult.from_sides(call.name, forward, backward, inputs)
+
+
+def _in_place(call: ApiCall) -> bool:
+    """An in-place API by both frameworks' convention (``add_``), or one called with ``inplace=True``."""
+    inplace = call.forward.kwargs.get("inplace") if call.forward is not None else None
+    return call.function.endswith("_") or (isinstance(inplace, ValueArg) and inplace.value is True)
 
 
 def _stopped_side(call: ApiCall, side: str, status: str, message: str) -> SideResult:
@@ -86,8 +108,8 @@ def _stopped_side(call: ApiCall, side: str, status: str, message: str) -> SideRe
 
 
 class _CallChecker:
-    def __init__(self, call: ApiCall, task: str, thresholds: Thresholds):
-        self.call, self.task, self.thresholds = call, task, thresholds
+    def __init__(self, call: ApiCall, task: str, thresholds: Thresholds, cache: InputCache | None):
+        self.call, self.task, self.thresholds, self.cache = call, task, thresholds, cache
 
     def side(self, side: str, compute: Callable[[], list[OutputResult]]) -> SideResult:
         try:
@@ -128,6 +150,8 @@ class _CallChecker:
         """The argument tree with each ``TensorArg`` replaced by a ``TensorPair`` holding its values."""
         if isinstance(argument, TensorArg):
             try:
+                if self.cache is not None:
+                    return self.cache.pair(argument, self.task, where)
                 return make_pair(argument, recorded_values(argument, self.task, where))
             except InputError as error:
                 raise _SideStopped(ERROR, str(error)) from None
@@ -276,6 +300,7 @@ class _CallChecker:
                                           f"{list(output.shape)}; expected a gradient of that shape")
             else:
                 grads.append(sensitivity.torch.to(output.dtype) if framework == "torch"
+                             else sensitivity.mindspore if sensitivity.mindspore.dtype == output.dtype
                              else sensitivity.mindspore.astype(output.dtype))
             roots.append(output)
         return roots, grads
@@ -290,7 +315,12 @@ class _CallChecker:
                             **mindspore_kwargs)
 
         def run():
-            tensors = [pair.mindspore for pair in differentiated]
+            # One tensor object passed twice (the input cache's, for two arguments recorded alike) is differentiated
+            # by MindSpore as one input, each getting the sum of both gradients: the repeats get copies.
+            tensors, seen = [], set()
+            for pair in differentiated:
+                tensors.append(pair.mindspore.copy() if id(pair.mindspore) in seen else pair.mindspore)
+                seen.add(id(pair.mindspore))
             _, grads = self.sensitivity_pairs(_flatten(forward(*tensors)), sensitivities, "mindspore")
             gradient_function = mindspore.ops.GradOperation(get_all=True, sens_param=True)(forward)
             return gradient_function(*tensors, grads[0] if len(grads) == 1 else tuple(grads))

@@ -48,11 +48,14 @@ class DumpFile(click.Path):
 @click.option("--max-abs-threshold", type=float, default=0.001, metavar="X",
               help="an output passes only if its MaxAbsErr is below X (default 0.001). "
                    "Example: --max-abs-threshold 0.01 for float16 dumps")
+@click.option("--workers", type=click.IntRange(min=1), default=1, metavar="N",
+              help="replay the calls in N processes (default 1), each taking the next call as soon as it is done; "
+                   "up to the number of cores. Example: --workers 4")
 @tracking_uri_option
 @click.option("--no-mlflow", is_flag=True, help="only write the CSVs; log nothing to MLflow")
 def api_check(api_info: str, output: str, experiment: str | None, parent_run_id: str | None, no_nested: bool,
-              api_filter: str | None, cosine_threshold: float, max_abs_threshold: float, tracking_uri: str | None,
-              no_mlflow: bool) -> int:
+              api_filter: str | None, cosine_threshold: float, max_abs_threshold: float, workers: int,
+              tracking_uri: str | None, no_mlflow: bool) -> int:
     """Runs every Mint / MintFunctional call recorded in an msprobe MindSpore dump (API_INFO_JSON: api_info.json
     or dump.json, task "statistics" or "tensor"; a relative dump_data_dir in it is taken relative to this file) in
     MindSpore (tested) and in torch (benchmark), forward and backward, and compares the outputs. Each API gets
@@ -73,7 +76,7 @@ def api_check(api_info: str, output: str, experiment: str | None, parent_run_id:
     report = check_api_accuracy(api_info, output_dir=output, experiment=experiment, parent_run_id=parent_run_id,
                                 nested=not no_nested, api_filter=api_filter, cosine_threshold=cosine_threshold,
                                 max_abs_threshold=max_abs_threshold, log_to_mlflow=not no_mlflow,
-                                tracking_uri=tracking_uri, on_progress=_progress_line())
+                                tracking_uri=tracking_uri, on_progress=_progress_line(), workers=workers)
     _print_errors(report.with_status(ERROR))
     counts = ", ".join(f"{report.count(status)} {status}" for status in STATUSES)
     click.echo(f"\n{len(report.results)} APIs: {counts}")

@@ -11,16 +11,24 @@ of each output (``forward/output/0/cosine``, ``.../max_abs_err``, ``.../max_rela
 ``/``), the tags ``status``, ``message``, ``forward_status``, ``backward_status``, ``api_name``, and its inputs as
 params (``input_args.0``), so that ``mlflow.search_runs(filter_string="tags.status = 'error'")`` lists the APIs
 that fail. Each nested run costs three requests (create with its tags, one ``log_batch``, terminate), whatever its
-number of values.
+number of values. The nested runs are logged from the calling process once the check is done (worker processes
+never talk to MLflow); a tracking server gets ``NESTED_RUNS_AT_ONCE`` of them at a time (each run's requests
+mostly wait on the network and the server's database), without MLflow's per-run link lines, a local store one
+after another (SQLite serialises its writers).
 """
 from __future__ import annotations
 
+import os
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Iterator
 
 import mlflow
 from mlflow import MlflowClient
 from mlflow.entities import Metric
+from mlflow.environment_variables import MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT
 from mlflow.utils.mlflow_tags import MLFLOW_PARENT_RUN_ID, MLFLOW_RUN_NAME
 from mlflow.utils.validation import MAX_TAG_VAL_LENGTH
 
@@ -37,6 +45,7 @@ TASK_TAG = f"{TAG_PREFIX}api_check.task"
 ERROR_APIS_TAG = "error_apis"
 METRIC_FIELDS = ("cosine", "max_abs_err", "max_relative_err")
 MAX_RUN_NAME_LENGTH = 500  # a run name beyond this is unreadable in the UI's run list
+NESTED_RUNS_AT_ONCE = 8
 
 
 def summary_metrics(report: ApiCheckReport) -> dict[str, float]:
@@ -102,9 +111,42 @@ def log_api_check(report: ApiCheckReport, target: CheckRunTarget, *, api_info: P
             if csv_path is not None:
                 client.log_artifact(run_id, str(csv_path), ARTIFACT_FOLDER)
         if nested:
-            for result in report.results:
-                _log_api_run(client, experiment_id, run_id, result)
+            _log_api_runs(client, experiment_id, run_id, report.results)
     return run_id
+
+
+def _log_api_runs(client: MlflowClient, experiment_id: str, parent_run_id: str, results: list[ApiResult]) -> None:
+    """One nested run per API: ``NESTED_RUNS_AT_ONCE`` at a time for a tracking server, else one by one. The first
+    failure stops the runs not yet started and is raised."""
+    if not client.tracking_uri.startswith(("http://", "https://")):
+        for result in results:
+            _log_api_run(client, experiment_id, parent_run_id, result)
+        return
+    pool = ThreadPoolExecutor(NESTED_RUNS_AT_ONCE, thread_name_prefix="msprobe-mlflow-api-runs")
+    try:
+        with _run_links_not_printed():
+            for future in [pool.submit(_log_api_run, client, experiment_id, parent_run_id, result)
+                           for result in results]:
+                future.result()
+    finally:
+        pool.shutdown(cancel_futures=True)
+
+
+@contextmanager
+def _run_links_not_printed() -> Iterator[None]:
+    """On a tracking server MLflow asks for each run once more as it ends, to print two lines with its link: for
+    thousands of nested runs, thousands of lines and a quarter of the requests. MLflow's own switch turns that
+    off while they are logged and is set back after (the check's run still prints its link)."""
+    name = MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT.name
+    previous = os.environ.get(name)
+    os.environ[name] = "true"
+    try:
+        yield
+    finally:
+        if previous is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = previous
 
 
 def _log_api_run(client: MlflowClient, experiment_id: str, parent_run_id: str, result: ApiResult) -> None:
