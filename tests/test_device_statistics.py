@@ -70,15 +70,15 @@ def test_results_of_several_devices_merge_back_into_parameter_order(level):
             np.testing.assert_array_equal(found, expected)
 
 
-@pytest.mark.parametrize("block", [8, 16, 24, 1 << 17])
 @pytest.mark.parametrize("level", ["L1", "L2"])
-def test_host_blocks_of_any_size_give_the_same_numbers(monkeypatch, block, level):
-    """Gradients split across blocks, and small ones sharing a block, give what one pass per gradient gives:
-    numpy by hand, per gradient, here."""
-    import msprobe_mlflow.pytorch.statistics as statistics_module
+def test_gradients_across_kernel_blocks_and_batched_small_ones_give_numpy_numbers(level):
+    """Gradients split across the kernel's blocks (sizes around ``BLOCK``), and small ones sharing one kernel
+    call, give what one numpy pass per gradient gives."""
+    from msprobe_mlflow.pytorch.fused import BLOCK, SMALL_ARRAY
 
-    monkeypatch.setattr(statistics_module, "HOST_BLOCK", block)
-    grads = awkward_gradients()[1:] + [torch.randn(101), torch.randn(3, 17)]
+    generator = torch.Generator().manual_seed(1)
+    sizes = [BLOCK - 1, BLOCK, BLOCK + 3, 2 * BLOCK + 9, SMALL_ARRAY - 1, SMALL_ARRAY + 1, 101, 51]
+    grads = awkward_gradients()[1:] + [torch.randn(n, generator=generator) for n in sizes] + [torch.randn(3, 17)]
     bounds = [np.float32(b) for b in (-1, 0, 1)]
     found, signs, _ = _host_statistics(grads, torch._foreach_norm(grads), LEVELS[level], bounds)
     rows, counts, packed = [], [], []
