@@ -28,11 +28,12 @@ def _segments_statistics(values, bits, ends, rows, bounds, magnitude, infinity_b
         end, row = ends[s], rows[s]
         largest, smallest = -(1 << 63), (1 << 63) - 1
         for low in range(start, end, BLOCK):
-            high = min(low + BLOCK, end)
+            # Loops over 0-based views, so that numba drops the negative-index check and the loops vectorise.
+            block, words = values[low:min(low + BLOCK, end)], bits[low:min(low + BLOCK, end)]
             zeros = 0
             nans = 0
-            for i in range(low, high):
-                word = bits[i]
+            for i in range(words.size):
+                word = words[i]
                 key = word ^ ((word >> 63) & magnitude)
                 largest = max(largest, key)
                 smallest = min(smallest, key)
@@ -45,22 +46,22 @@ def _segments_statistics(values, bits, ends, rows, bounds, magnitude, infinity_b
                 for b in range(bound_count):
                     bound = bounds[b]
                     below = 0
-                    for i in range(low, high):
-                        below += values[i] <= bound
+                    for i in range(block.size):
+                        below += block[i] <= bound
                     counts[row, b] += below
             if with_signs:
-                out = sign_offsets[s] + (low - start) // 8
-                whole = (high - low) // 8
+                out = signs[sign_offsets[s] + (low - start) // 8:]
+                whole = block.size // 8
                 for j in range(whole):
                     byte = 0
                     for k in range(8):
-                        byte |= np.uint8(values[low + 8 * j + k] > 0) << np.uint8(7 - k)
-                    signs[out + j] = byte
-                if (high - low) % 8:
+                        byte |= np.uint8(block[8 * j + k] > 0) << np.uint8(7 - k)
+                    out[j] = byte
+                if block.size % 8:
                     byte = 0
-                    for k in range((high - low) % 8):
-                        byte |= np.uint8(values[low + 8 * whole + k] > 0) << np.uint8(7 - k)
-                    signs[out + whole] = byte
+                    for k in range(block.size % 8):
+                        byte |= np.uint8(block[8 * whole + k] > 0) << np.uint8(7 - k)
+                    out[whole] = byte
         keys[row, 0], keys[row, 1] = largest, smallest
         start = end
 
