@@ -9,19 +9,19 @@ import torch
 
 from msprobe_mlflow.layout import StatisticsLayout
 from msprobe_mlflow.levels import LEVELS
-from msprobe_mlflow.pytorch.statistics import SMALL_TENSOR, _device_statistics, _host_statistics
+from msprobe_mlflow.pytorch.statistics import ROW, _device_statistics, _host_statistics
 
 
 def awkward_gradients() -> list[torch.Tensor]:
     generator = torch.Generator().manual_seed(0)
     return [
-        torch.randn(SMALL_TENSOR + 3, generator=generator),                      # large, odd length
+        torch.randn(ROW * 3 + 5, generator=generator),                      # several rows, the last one partly padding
         torch.tensor([0.0, -0.0, float("nan"), float("inf"), -float("inf"), -1.0, 0.5]),
         torch.zeros(0),                                                          # empty
         torch.tensor(-2.5),                                                      # scalar
         torch.randn(33, 7, generator=generator).to(torch.bfloat16),
         torch.randn(5, generator=generator, dtype=torch.float64),
-        torch.randn(SMALL_TENSOR, generator=generator).to(torch.float16),       # large, half
+        torch.randn(ROW * 2, generator=generator).to(torch.float16),       # several rows, half
         torch.randn(9, generator=generator),
     ]
 

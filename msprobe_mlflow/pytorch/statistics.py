@@ -9,12 +9,13 @@ already are on the host: the statistics are computed at once with numpy on zero-
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Callable
 
 import numpy as np
 import torch
 
-from msprobe_mlflow.layout import CUMULATIVE_COUNTS, EXTREMES, StatisticsLayout
+from msprobe_mlflow.layout import CUMULATIVE_COUNTS, EXTREMES, StatisticsLayout, packed_length
 from msprobe_mlflow.levels import Level
 from msprobe_mlflow.pytorch import fused
 from msprobe_mlflow.records import StepRecord, record_from_statistics
@@ -48,11 +49,15 @@ def _device_constant(values, dtype: torch.dtype, device: torch.device) -> torch.
     """A small constant on ``device``, copied once and cached: a per-step host-to-device copy would sync."""
     key = (tuple(values), dtype, str(device))
     if key not in _constants:
-        source = torch.tensor(values, dtype=dtype)
-        if device.type == "cuda":  # pageable host memory would make the copy synchronous
-            source = source.pin_memory()
-        _constants[key] = source.to(device, non_blocking=True)
+        _constants[key] = _copied_to(device, values, dtype)
     return _constants[key]
+
+
+def _copied_to(device: torch.device, values, dtype: torch.dtype) -> torch.Tensor:
+    source = torch.as_tensor(values, dtype=dtype)
+    if device.type == "cuda":  # pageable host memory would make the copy synchronous
+        source = source.pin_memory()
+    return source.to(device, non_blocking=True)
 
 
 def pack_bits(bits: torch.Tensor) -> torch.Tensor:
@@ -167,95 +172,108 @@ def release_snapshot(buffer: np.ndarray | None) -> None:
         _free_snapshots.append(buffer)
 
 
-SMALL_TENSOR = 1 << 16  # elements: below this, kernel launches cost more than the data; batch such tensors
-CHUNK = 1 << 24  # elements per batch, so float32 counts of a segment stay exact
+ROW = 512  # elements: the device buffer's rows; each gradient starts a row, so a row's statistics are one gradient's
+
+
+@dataclass
+class _RowBuffer:
+    """A flat buffer that holds one step's gradients of one dtype, each starting a row of ``ROW`` elements,
+    allocated once for a set of gradient sizes and reused every step (with the constants that describe it)."""
+
+    flat: torch.Tensor
+    targets: list[torch.Tensor]  # each gradient's place in ``flat``, in its shape
+    row_valid: torch.Tensor  # int32 per row: how many of its elements belong to a gradient (the rest is padding)
+    row_counts: torch.Tensor  # int64 per gradient: its rows (for segment_reduce)
+    empty: torch.Tensor  # bool per gradient
+    sign_starts: list[int]  # where each gradient's packed signs start in the rows' packed signs
+
+
+_row_buffers: dict[tuple, _RowBuffer] = {}
+
+
+def _row_buffer(grads: list[torch.Tensor]) -> _RowBuffer:
+    key = (grads[0].device, grads[0].dtype, tuple(tuple(g.shape) for g in grads))
+    if key not in _row_buffers:
+        if len(_row_buffers) >= 8:  # shapes that change every step (rare) must not pile up buffers
+            _row_buffers.clear()
+        numels = [g.numel() for g in grads]
+        rows = [-(-n // ROW) for n in numels]
+        starts = np.concatenate([[0], np.cumsum(rows)[:-1]]).astype(np.int64) * ROW
+        flat = torch.empty(sum(rows) * ROW, dtype=grads[0].dtype, device=grads[0].device)
+        valid = np.concatenate([np.minimum(ROW, n - ROW * np.arange(r)) for n, r in zip(numels, rows)] + [[]])
+        _row_buffers[key] = _RowBuffer(
+            flat=flat, targets=[flat[start:start + n].view(g.shape) for start, n, g in zip(starts, numels, grads)],
+            row_valid=_copied_to(flat.device, valid.astype(np.int32), torch.int32),
+            row_counts=_copied_to(flat.device, rows, torch.int64),
+            empty=_copied_to(flat.device, [n == 0 for n in numels], torch.bool),
+            sign_starts=[int(start) // 8 for start in starts])
+    return _row_buffers[key]
+
+
+def _row_statistics(flat: torch.Tensor, row_valid: torch.Tensor, bounds: tuple, with_counts: bool,
+                    with_signs: bool) -> tuple:
+    """Per row of ``flat`` (``ROW`` elements, the first ``row_valid`` of them a gradient's): max, min, and the
+    counts of ``x <= b`` per bound and of ``x == 0`` (float64), and the packed ``x > 0`` bits of the row. The
+    same few whole-buffer ops whatever the number of gradients."""
+    rows = flat.view(-1, ROW)
+    rows = rows if rows.dtype == torch.float64 else rows.float()  # bf16/fp16 compare in float32, exactly
+    valid = torch.arange(ROW, device=flat.device) < row_valid[:, None]
+    maxima = torch.where(valid, rows, -math.inf).amax(dim=1)
+    minima = torch.where(valid, rows, math.inf).amin(dim=1)
+    counts = None
+    if with_counts:
+        counts = torch.stack([(valid & (rows <= bound)).sum(dim=1, dtype=torch.float64) for bound in bounds]
+                             + [(valid & (rows == 0)).sum(dim=1, dtype=torch.float64)], dim=1)
+    bits = None
+    if with_signs:
+        weights = _device_constant(_BIT_WEIGHTS, torch.uint8, flat.device)
+        positive = (valid & (rows > 0)).view(rows.shape[0], ROW // 8, 8).to(torch.uint8)
+        bits = (positive * weights).sum(dim=2, dtype=torch.uint8).reshape(-1)
+    return maxima, minima, counts, bits
 
 
 def _device_statistics(grads, norms, level, bounds32) -> Callable[[], tuple]:
-    """Any other device: torch ops that stay on it, one asynchronous copy of each result to the host.
-
-    Large gradients are reduced one by one; small ones are batched, by dtype, into chunks of one padded flat
-    vector reduced with ``segment_reduce``, so a model of many small tensors costs a few kernels per chunk,
-    not several per tensor. Each block's results are merged back into parameter order on the writer thread.
-    """
+    """Any other device: the gradients of each dtype are copied into one reused buffer (one ``_foreach_copy_``),
+    reduced per row by :func:`_row_statistics`, then per gradient by ``segment_reduce`` over its rows; each
+    result is copied to the host asynchronously. The ops dispatched per step do not grow with the number of
+    gradients. The packed signs of each gradient are cut out of its rows' bits on the writer thread."""
     layout = StatisticsLayout(level, bounds32, [g.numel() for g in grads])
-    blocks = [[i] for i, g in enumerate(grads) if g.numel() >= SMALL_TENSOR]
-    blocks += _small_chunks(grads, [i for i, g in enumerate(grads) if g.numel() < SMALL_TENSOR])
-    statistics, signs = [], []
-    for indices in blocks:
+    groups: dict[torch.dtype, list[int]] = {}
+    for index, grad in enumerate(grads):
+        _comparable(grad)  # refuses integer gradients
+        groups.setdefault(grad.dtype, []).append(index)
+    pending = []
+    for indices in groups.values():
         members = [grads[i] for i in indices]
-        reduce = _large_gradient_statistics if members[0].numel() >= SMALL_TENSOR else _small_chunk_statistics
-        rows, bits = reduce(members, level, bounds32)  # rows: (max, min, [counts]) x parameters
-        norm = torch.stack([norms[i] for i in indices]).float().double()  # float32, as msprobe writes
-        extremes = torch.stack([rows[0], rows[1], norm], dim=1)
-        statistics.append(torch.cat(layout.in_order({EXTREMES: extremes, CUMULATIVE_COUNTS: rows[2:].T})))
-        signs.append(bits)
-    sizes = [t.numel() for t in statistics]
-    statistics_host = _to_host(torch.cat(statistics))
-    signs_host = _to_host(torch.cat(signs)) if level.has_directions else None
-    sign_sizes = [t.numel() for t in signs] if level.has_directions else None
-    float32_host = _to_host(torch.cat([g.reshape(-1).float() for g in grads])) if level.has_md5 else None
+        buffer = _row_buffer(members)
+        torch._foreach_copy_(buffer.targets, members)
+        maxima, minima, counts, bits = _row_statistics(buffer.flat, buffer.row_valid, tuple(map(float, bounds32)),
+                                                       level.has_buckets, level.has_directions)
+        nan = torch.full((), math.nan, dtype=torch.float64, device=buffer.flat.device)
+
+        def per_gradient(rows: torch.Tensor, reduction: str) -> torch.Tensor:
+            return torch.segment_reduce(rows, reduction, lengths=buffer.row_counts, axis=0, unsafe=True)
+
+        extremes = torch.stack([torch.where(buffer.empty, nan, per_gradient(maxima, "max").float().double()),
+                                torch.where(buffer.empty, nan, per_gradient(minima, "min").float().double()),
+                                torch.stack([norms[i] for i in indices]).float().double()], dim=1)
+        sections = {EXTREMES: extremes}
+        if counts is not None:
+            sections[CUMULATIVE_COUNTS] = per_gradient(counts, "sum")
+        statistics = _to_host(torch.cat(layout.subset(indices).in_order(sections)))
+        signs = _to_host(bits) if bits is not None else None
+        values = _to_host(torch.cat([g.reshape(-1).float() for g in members])) if level.has_md5 else None
+        pending.append((indices, buffer.sign_starts, statistics, signs, values))
 
     def collect() -> tuple:
-        block_statistics = np.split(statistics_host(), np.cumsum(sizes)[:-1])
-        block_signs = np.split(signs_host(), np.cumsum(sign_sizes)[:-1]) if signs_host else [None] * len(blocks)
-        parts = [(indices, (stats, bits, None)) for indices, stats, bits in zip(blocks, block_statistics, block_signs)]
-        merged_statistics, merged_signs, _ = layout.merge(parts)
-        return merged_statistics, merged_signs, float32_host() if float32_host else None
+        parts = []
+        for indices, sign_starts, statistics, signs, values in pending:
+            packed = None
+            if signs is not None:
+                row_bits = signs()
+                packed = np.concatenate([np.zeros(0, np.uint8)] + [
+                    row_bits[start:start + packed_length(grads[i].numel())] for i, start in zip(indices, sign_starts)])
+            parts.append((indices, (statistics(), packed, values() if values else None)))
+        return layout.merge(parts)
 
     return collect
-
-
-def _large_gradient_statistics(grads, level, bounds32):
-    """One large gradient: ``aminmax``, and at L2 a compare-and-count per bound, then its packed signs."""
-    (grad,) = grads
-    minimum, maximum = torch.aminmax(grad)
-    rows = [maximum.float().double(), minimum.float().double()]
-    if level.has_buckets:
-        comparable = _comparable(grad)
-        rows += [(comparable <= float(b)).sum().double() for b in bounds32] + [(comparable == 0).sum().double()]
-    bits = pack_bits(torch.cat(_padded((grad > 0).reshape(-1)))) if level.has_directions else None
-    return torch.stack(rows).reshape(-1, 1), bits
-
-
-def _small_chunks(grads, small: list[int]) -> list[list[int]]:
-    """Indices of the small gradients, grouped by the dtype they are compared in, in chunks under ``CHUNK``."""
-    chunks, current, size, dtype = [], [], 0, None
-    for i in sorted(small, key=lambda i: str(_comparison_dtype(grads[i]))):
-        numel = grads[i].numel() + 7
-        if current and (size + numel > CHUNK or _comparison_dtype(grads[i]) != dtype):
-            chunks.append(current)
-            current, size = [], 0
-        current.append(i)
-        size += numel
-        dtype = _comparison_dtype(grads[i])
-    return chunks + ([current] if current else [])
-
-
-def _comparison_dtype(grad: torch.Tensor) -> torch.dtype:
-    return torch.float64 if grad.dtype == torch.float64 else torch.float32
-
-
-def _small_chunk_statistics(grads, level, bounds32):
-    """Small gradients as one padded flat vector whose segments alternate parameter and padding (zeros to a
-    whole byte); reductions run over all segments and keep the parameters' ones."""
-    pieces, lengths = [], []
-    for grad in grads:
-        vector = _comparable(grad).reshape(-1)
-        padded = _padded(vector)
-        pieces += padded
-        lengths += [vector.numel(), sum(p.numel() for p in padded) - vector.numel()]
-    flat = torch.cat(pieces)
-    segment_lengths = _device_constant(lengths, torch.int64, flat.device)
-    empty = _device_constant([n == 0 for n in lengths[0::2]], torch.bool, flat.device)
-
-    def per_parameter(data: torch.Tensor, reduction: str) -> torch.Tensor:
-        return torch.segment_reduce(data, reduction, lengths=segment_lengths, unsafe=True)[0::2]
-
-    nan = torch.full((), math.nan, dtype=torch.float64, device=flat.device)
-    rows = [torch.where(empty, nan, per_parameter(flat, "max").float().double()),  # float32, as msprobe writes
-            torch.where(empty, nan, per_parameter(flat, "min").float().double())]
-    if level.has_buckets:
-        rows += [per_parameter((flat <= float(b)).float(), "sum").double() for b in bounds32]
-        rows.append(per_parameter((flat == 0).float(), "sum").double())
-    return torch.stack(rows), pack_bits(flat > 0) if level.has_directions else None
