@@ -92,3 +92,25 @@ def test_gradients_across_kernel_blocks_and_batched_small_ones_give_numpy_number
     expected = np.concatenate([np.array(rows, np.float64).reshape(-1), counts if level == "L2" else []])
     np.testing.assert_array_equal(found, expected)
     np.testing.assert_array_equal(signs, np.concatenate(packed))
+
+
+def dispatched_ops(grads: list[torch.Tensor], level: str) -> list[str]:
+    """The top-level torch ops that queuing one step on the device path dispatches, as the profiler records them."""
+    from torch.profiler import ProfilerActivity, profile
+
+    norms = torch._foreach_norm(grads)
+    bounds = [np.float32(b) for b in (-1, 0, 1)]
+    _device_statistics(grads, norms, LEVELS[level], bounds)()  # the buffer and constants are made once
+    with profile(activities=[ProfilerActivity.CPU]) as profiler:
+        _device_statistics(grads, norms, LEVELS[level], bounds)
+    return sorted(event.name for event in profiler.events() if event.cpu_parent is None)
+
+
+@pytest.mark.parametrize("level", ["L0", "L1", "L2"])
+def test_the_ops_dispatched_per_step_do_not_grow_with_the_number_of_gradients(level):
+    def model(tensors: int) -> list[torch.Tensor]:  # weights and biases, as nn.Linear(64, 64) layers have
+        return [torch.randn(64, 64) if i % 2 == 0 else torch.randn(64) for i in range(tensors)]
+
+    few, many = dispatched_ops(model(32), level), dispatched_ops(model(512), level)
+    assert many == few
+    assert len(few) < 64  # a few per statistic, not one per gradient

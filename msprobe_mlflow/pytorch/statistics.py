@@ -185,7 +185,7 @@ class _RowBuffer:
     row_valid: torch.Tensor  # int32 per row: how many of its elements belong to a gradient (the rest is padding)
     row_counts: torch.Tensor  # int64 per gradient: its rows (for segment_reduce)
     empty: torch.Tensor  # bool per gradient
-    sign_starts: list[int]  # where each gradient's packed signs start in the rows' packed signs
+    starts: list[int]  # where each gradient starts in ``flat``
 
 
 _row_buffers: dict[tuple, _RowBuffer] = {}
@@ -206,7 +206,7 @@ def _row_buffer(grads: list[torch.Tensor]) -> _RowBuffer:
             row_valid=_copied_to(flat.device, valid.astype(np.int32), torch.int32),
             row_counts=_copied_to(flat.device, rows, torch.int64),
             empty=_copied_to(flat.device, [n == 0 for n in numels], torch.bool),
-            sign_starts=[int(start) // 8 for start in starts])
+            starts=[int(start) for start in starts])
     return _row_buffers[key]
 
 
@@ -236,7 +236,7 @@ def _device_statistics(grads, norms, level, bounds32) -> Callable[[], tuple]:
     """Any other device: the gradients of each dtype are copied into one reused buffer (one ``_foreach_copy_``),
     reduced per row by :func:`_row_statistics`, then per gradient by ``segment_reduce`` over its rows; each
     result is copied to the host asynchronously. The ops dispatched per step do not grow with the number of
-    gradients. The packed signs of each gradient are cut out of its rows' bits on the writer thread."""
+    gradients. Each gradient's packed signs (and L0 values) are cut out of its rows on the writer thread."""
     layout = StatisticsLayout(level, bounds32, [g.numel() for g in grads])
     groups: dict[torch.dtype, list[int]] = {}
     for index, grad in enumerate(grads):
@@ -262,18 +262,22 @@ def _device_statistics(grads, norms, level, bounds32) -> Callable[[], tuple]:
             sections[CUMULATIVE_COUNTS] = per_gradient(counts, "sum")
         statistics = _to_host(torch.cat(layout.subset(indices).in_order(sections)))
         signs = _to_host(bits) if bits is not None else None
-        values = _to_host(torch.cat([g.reshape(-1).float() for g in members])) if level.has_md5 else None
-        pending.append((indices, buffer.sign_starts, statistics, signs, values))
+        values = None
+        if level.has_md5:  # a copy on the CPU, where the host view would be of the buffer the next step refills
+            values = _to_host(buffer.flat.to(torch.float32, copy=buffer.flat.device.type == "cpu"))
+        pending.append((indices, buffer.starts, statistics, signs, values))
+
+    def cut(flat: np.ndarray, indices: list[int], starts: list[int], length: Callable[[int], int]) -> np.ndarray:
+        """Each gradient's piece of a buffer laid out in rows, concatenated (padding left out)."""
+        pieces = [flat[start:start + length(grads[i].numel())] for i, start in zip(indices, starts)]
+        return np.concatenate([np.zeros(0, flat.dtype), *pieces])
 
     def collect() -> tuple:
         parts = []
-        for indices, sign_starts, statistics, signs, values in pending:
-            packed = None
-            if signs is not None:
-                row_bits = signs()
-                packed = np.concatenate([np.zeros(0, np.uint8)] + [
-                    row_bits[start:start + packed_length(grads[i].numel())] for i, start in zip(indices, sign_starts)])
-            parts.append((indices, (statistics(), packed, values() if values else None)))
+        for indices, starts, statistics, signs, values in pending:
+            packed = cut(signs(), indices, [s // 8 for s in starts], packed_length) if signs else None
+            flat = cut(values(), indices, starts, int) if values else None
+            parts.append((indices, (statistics(), packed, flat)))
         return layout.merge(parts)
 
     return collect
