@@ -9,6 +9,7 @@ already are on the host: the statistics are computed at once with numpy on zero-
 from __future__ import annotations
 
 import math
+import warnings
 from dataclasses import dataclass
 from typing import Callable
 
@@ -232,6 +233,27 @@ def _row_statistics(flat: torch.Tensor, row_valid: torch.Tensor, bounds: tuple, 
     return maxima, minima, counts, bits
 
 
+COMPILED_DEVICES = {"cuda"}  # device types where torch.compile fuses _row_statistics into a read or two of the buffer
+_compiled: dict[str, Callable] = {}
+
+
+def _fused_row_statistics(flat: torch.Tensor, *args) -> tuple:
+    """:func:`_row_statistics`, compiled (once per device type; the first probed step pays the compilation) where
+    ``COMPILED_DEVICES`` says; eager elsewhere, and from the first compilation failure on, with a warning."""
+    device = flat.device.type
+    if device not in COMPILED_DEVICES:
+        return _row_statistics(flat, *args)
+    try:
+        if device not in _compiled:
+            _compiled[device] = torch.compile(_row_statistics, dynamic=True)
+        return _compiled[device](flat, *args)
+    except Exception as e:  # a missing compiler or an unsupported device must not cost the statistics
+        COMPILED_DEVICES.discard(device)
+        warnings.warn(f"msprobe-mlflow: torch.compile of the {device} statistics failed ({e!r}); "
+                      f"using eager torch ops, several reads of each gradient per step")
+        return _row_statistics(flat, *args)
+
+
 def _device_statistics(grads, norms, level, bounds32) -> Callable[[], tuple]:
     """Any other device: the gradients of each dtype are copied into one reused buffer (one ``_foreach_copy_``),
     reduced per row by :func:`_row_statistics`, then per gradient by ``segment_reduce`` over its rows; each
@@ -247,8 +269,9 @@ def _device_statistics(grads, norms, level, bounds32) -> Callable[[], tuple]:
         members = [grads[i] for i in indices]
         buffer = _row_buffer(members)
         torch._foreach_copy_(buffer.targets, members)
-        maxima, minima, counts, bits = _row_statistics(buffer.flat, buffer.row_valid, tuple(map(float, bounds32)),
-                                                       level.has_buckets, level.has_directions)
+        maxima, minima, counts, bits = _fused_row_statistics(buffer.flat, buffer.row_valid,
+                                                             tuple(map(float, bounds32)), level.has_buckets,
+                                                             level.has_directions)
         nan = torch.full((), math.nan, dtype=torch.float64, device=buffer.flat.device)
 
         def per_gradient(rows: torch.Tensor, reduction: str) -> torch.Tensor:
