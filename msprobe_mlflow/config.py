@@ -12,6 +12,7 @@ import os
 import struct
 from dataclasses import dataclass, field, fields
 
+from msprobe_mlflow.layout import CHECKSUMS
 from msprobe_mlflow.levels import LEVELS
 
 DIRECTION_FORMATS = ("packed", "npy")
@@ -60,7 +61,9 @@ class GradProbeConfig:
     ``level``: ``L0`` (MD5, max, min, norm, shape), ``L1`` (max, min, norm, shape + directions) or ``L2`` (L1 +
     bucket fractions over ``bounds`` and the ``=0`` fraction). Empty ``rank``/``step``/``param_list`` mean all.
     ``direction_format``: ``packed`` (1 bit per element, one archive per rank and step) or ``npy`` (msprobe's
-    boolean ``.npy`` per parameter).
+    boolean ``.npy`` per parameter). ``checksum``: what L0's ``MD5`` column holds, ``md5`` (msprobe's, hashed on
+    the host) or ``mix64`` (a checksum computed where the gradients are, written ``mix64:<16 hex digits>``: equal
+    gradients give equal values, at device speed; see the README).
     """
 
     dump_path: str
@@ -70,6 +73,7 @@ class GradProbeConfig:
     rank: tuple[int, ...] = ()
     step: tuple[int, ...] = ()
     direction_format: str = "packed"
+    checksum: str = "md5"
     source: str = field(default="GradProbeConfig", compare=False, repr=False)
 
     def __post_init__(self):
@@ -80,6 +84,8 @@ class GradProbeConfig:
             _reject(src, "grad_probe.grad_level", self.level, f"one of {', '.join(LEVELS)} (exact case)")
         if self.direction_format not in DIRECTION_FORMATS:
             _reject(src, "direction_format", self.direction_format, f"one of {', '.join(DIRECTION_FORMATS)}")
+        if self.checksum not in CHECKSUMS:
+            _reject(src, "checksum", self.checksum, f"one of {', '.join(CHECKSUMS)}")
         if not isinstance(self.param_list, (list, tuple)) or not all(isinstance(p, str) for p in self.param_list):
             _reject(src, "grad_probe.param_list", self.param_list, "a list of exact parameter names (empty = all)")
         object.__setattr__(self, "dump_path", str(self.dump_path))
@@ -104,7 +110,7 @@ class GradProbeConfig:
         return GradProbeConfig(**values)
 
     def to_msprobe_dict(self) -> dict:
-        """The config as msprobe's ``config.json`` would hold it (plus our ``direction_format``)."""
+        """The config as msprobe's ``config.json`` would hold it (plus our ``direction_format`` and ``checksum``)."""
         return {
             "task": "grad_probe",
             "dump_path": self.dump_path,
@@ -113,6 +119,7 @@ class GradProbeConfig:
             "grad_probe": {"grad_level": self.level, "param_list": list(self.param_list),
                            "bounds": list(self.bounds)},
             "direction_format": self.direction_format,
+            "checksum": self.checksum,
         }
 
     @classmethod
@@ -143,6 +150,7 @@ class GradProbeConfig:
             "rank": data.get("rank", []),
             "step": data.get("step", []),
             "direction_format": data.get("direction_format", "packed"),
+            "checksum": data.get("checksum", "md5"),
         }
         values.update(overrides)
         return cls(**values, source=source)

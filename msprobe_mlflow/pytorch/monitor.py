@@ -93,7 +93,7 @@ class GradientMonitor(SessionMonitor):
             names.append(name)
             grads.append(grad.detach())
         pending = launch_step_statistics(names, grads, rank=rank, step=step, level=self.config.level,
-                                         bounds=self.config.bounds)
+                                         bounds=self.config.bounds, checksum=self.config.checksum)
         self._session.submit(pending)
 
     def _remove_hook(self) -> None:

@@ -8,6 +8,7 @@ already are on the host: the statistics are computed at once with numpy on zero-
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 import warnings
 from dataclasses import dataclass
@@ -16,8 +17,8 @@ from typing import Callable
 import numpy as np
 import torch
 
-from msprobe_mlflow.layout import CUMULATIVE_COUNTS, EXTREMES, StatisticsLayout, packed_length
-from msprobe_mlflow.levels import Level
+from msprobe_mlflow.layout import CHECKSUM, CHECKSUMS, CUMULATIVE_COUNTS, EXTREMES, StatisticsLayout, packed_length
+from msprobe_mlflow.levels import LEVELS, Level
 from msprobe_mlflow.pytorch import fused
 from msprobe_mlflow.records import StepRecord, record_from_statistics
 
@@ -86,7 +87,7 @@ def _padded(vector: torch.Tensor) -> list[torch.Tensor]:
 
 
 def launch_step_statistics(names: list[str], grads: list[torch.Tensor], *, rank: int, step: int, level: str,
-                           bounds: tuple) -> Callable[[], StepRecord]:
+                           bounds: tuple, directions: bool = True, checksum: str = "md5") -> Callable[[], StepRecord]:
     """Computes (CPU) or queues (other devices) the statistics of ``grads``; returns the pending step.
 
     The flat result is laid out as :class:`msprobe_mlflow.layout.StatisticsLayout` says: ``max, min, norm`` per
@@ -94,14 +95,20 @@ def launch_step_statistics(names: list[str], grads: list[torch.Tensor], *, rank:
     counts of ``x <= b`` for each float32 bound and of ``x == 0``. bf16/fp16 are compared in float32, so the
     float32 bounds are not rounded to the gradient's dtype; float64 stays float64, as msprobe compares it.
     Gradients on several devices (CPU offload) are handled per device and merged back into parameter order on the
-    writer thread.
+    writer thread. ``directions=False`` skips the sign bits this step (the record then has none). ``checksum``
+    (L0): ``md5``, or ``mix64``, computed where the gradients are (:func:`_row_checksums`) instead of copying
+    them to the host for MD5; it takes the device path on the CPU too.
     """
-    layout = StatisticsLayout(level, bounds, [g.numel() for g in grads])
+    if checksum not in CHECKSUMS:
+        raise ValueError(f"checksum = {checksum!r} is not accepted; expected one of {', '.join(CHECKSUMS)}")
+    recorded = LEVELS[level] if directions else dataclasses.replace(LEVELS[level], has_directions=False)
+    device_checksum = checksum == "mix64" and recorded.has_md5
+    layout = StatisticsLayout(recorded, bounds, [g.numel() for g in grads], device_checksum)
     bounds32 = [np.float32(b) for b in bounds]
     by_device: dict[torch.device, list[int]] = {}
     for index, grad in enumerate(grads):
         by_device.setdefault(grad.device, []).append(index)
-    pending = [(indices, _launch_group([grads[i] for i in indices], layout.level, bounds32))
+    pending = [(indices, _launch_group([grads[i] for i in indices], layout.level, bounds32, device_checksum))
                for indices in by_device.values()]
 
     def resolve() -> StepRecord:
@@ -112,7 +119,9 @@ def launch_step_statistics(names: list[str], grads: list[torch.Tensor], *, rank:
             statistics, signs, float32_values = layout.merge(parts)
         record = record_from_statistics(rank=rank, step=step, level=level, bounds=bounds, names=names,
                                         shapes=[g.shape for g in grads], statistics=statistics, signs=signs,
-                                        float32_values=float32_values)
+                                        float32_values=float32_values, checksum=device_checksum)
+        if not directions:
+            record.directions = None
         for _, (_, _, snapshot) in parts:  # hashed: the host snapshots can serve the next steps
             release_snapshot(snapshot)
         return record
@@ -120,13 +129,13 @@ def launch_step_statistics(names: list[str], grads: list[torch.Tensor], *, rank:
     return resolve
 
 
-def _launch_group(grads: list[torch.Tensor], level: Level, bounds32) -> Callable[[], tuple]:
+def _launch_group(grads: list[torch.Tensor], level: Level, bounds32, checksum: bool = False) -> Callable[[], tuple]:
     """Statistics of gradients that share a device: computed now on the CPU, queued on an accelerator."""
     norms = torch._foreach_norm(grads)
-    if grads[0].device.type == "cpu":
+    if grads[0].device.type == "cpu" and not checksum:
         computed = _host_statistics(grads, norms, level, bounds32)
         return lambda: computed
-    return _device_statistics(grads, norms, level, bounds32)
+    return _device_statistics(grads, norms, level, bounds32, checksum)
 
 
 def _comparable(grad: torch.Tensor) -> torch.Tensor:
@@ -185,6 +194,8 @@ class _RowBuffer:
     targets: list[torch.Tensor]  # each gradient's place in ``flat``, in its shape
     row_valid: torch.Tensor  # int32 per row: how many of its elements belong to a gradient (the rest is padding)
     row_counts: torch.Tensor  # int64 per gradient: its rows (for segment_reduce)
+    row_owner: torch.Tensor  # int64 per row: its gradient (for index_add_)
+    row_first_index: torch.Tensor  # int64 per row: the index in its gradient of the row's first element
     empty: torch.Tensor  # bool per gradient
     starts: list[int]  # where each gradient starts in ``flat``
 
@@ -206,16 +217,40 @@ def _row_buffer(grads: list[torch.Tensor]) -> _RowBuffer:
             flat=flat, targets=[flat[start:start + n].view(g.shape) for start, n, g in zip(starts, numels, grads)],
             row_valid=_copied_to(flat.device, valid.astype(np.int32), torch.int32),
             row_counts=_copied_to(flat.device, rows, torch.int64),
+            row_owner=_copied_to(flat.device, np.repeat(np.arange(len(rows)), rows), torch.int64),
+            row_first_index=_copied_to(flat.device, np.concatenate([np.arange(r) * ROW for r in rows] + [[]]),
+                                       torch.int64),
             empty=_copied_to(flat.device, [n == 0 for n in numels], torch.bool),
             starts=[int(start) for start in starts])
     return _row_buffers[key]
 
 
-def _row_statistics(flat: torch.Tensor, row_valid: torch.Tensor, bounds: tuple, with_counts: bool,
-                    with_signs: bool) -> tuple:
+_SPLITMIX64 = [c - (1 << 64) for c in (0x9E3779B97F4A7C15, 0xBF58476D1CE4E5B9, 0x94D049BB133111EB)]  # as int64
+
+
+def _logical_shift_right(words: torch.Tensor, bits: int) -> torch.Tensor:
+    return (words >> bits) & ((1 << (64 - bits)) - 1)  # torch shifts int64 arithmetically
+
+
+def _row_checksums(flat: torch.Tensor, valid: torch.Tensor, row_first_index: torch.Tensor) -> torch.Tensor:
+    """Per row, the sum modulo 2**64 of ``splitmix64(w + (i + 1) * 0x9E3779B97F4A7C15)`` over its elements, ``w``
+    the unsigned bits of the element's float32 value and ``i`` its index in the gradient (C order): summed per
+    gradient, the ``mix64`` checksum. Integer sums are exact in any order, so every device gives the same
+    number; a changed element or two swapped ones change it (unless by a 2**-64 chance). Not cryptographic."""
+    words = flat.view(-1, ROW).float().view(torch.int32).to(torch.int64) & 0xFFFFFFFF
+    index = row_first_index[:, None] + torch.arange(1, ROW + 1, device=flat.device)
+    mixed = words + index * _SPLITMIX64[0]
+    mixed = (mixed ^ _logical_shift_right(mixed, 30)) * _SPLITMIX64[1]
+    mixed = (mixed ^ _logical_shift_right(mixed, 27)) * _SPLITMIX64[2]
+    mixed = mixed ^ _logical_shift_right(mixed, 31)
+    return torch.where(valid, mixed, 0).sum(dim=1)
+
+
+def _row_statistics(flat: torch.Tensor, row_valid: torch.Tensor, row_first_index: torch.Tensor, bounds: tuple,
+                    with_counts: bool, with_signs: bool, with_checksum: bool) -> tuple:
     """Per row of ``flat`` (``ROW`` elements, the first ``row_valid`` of them a gradient's): max, min, and the
-    counts of ``x <= b`` per bound and of ``x == 0`` (float64), and the packed ``x > 0`` bits of the row. The
-    same few whole-buffer ops whatever the number of gradients."""
+    counts of ``x <= b`` per bound and of ``x == 0`` (float64), the packed ``x > 0`` bits of the row, and its
+    :func:`_row_checksums`. The same few whole-buffer ops whatever the number of gradients."""
     rows = flat.view(-1, ROW)
     rows = rows if rows.dtype == torch.float64 else rows.float()  # bf16/fp16 compare in float32, exactly
     valid = torch.arange(ROW, device=flat.device) < row_valid[:, None]
@@ -230,7 +265,8 @@ def _row_statistics(flat: torch.Tensor, row_valid: torch.Tensor, bounds: tuple, 
         weights = _device_constant(_BIT_WEIGHTS, torch.uint8, flat.device)
         positive = (valid & (rows > 0)).view(rows.shape[0], ROW // 8, 8).to(torch.uint8)
         bits = (positive * weights).sum(dim=2, dtype=torch.uint8).reshape(-1)
-    return maxima, minima, counts, bits
+    checksums = _row_checksums(flat, valid, row_first_index) if with_checksum else None
+    return maxima, minima, counts, bits, checksums
 
 
 COMPILED_DEVICES = {"cuda"}  # device types where torch.compile fuses _row_statistics into a read or two of the buffer
@@ -254,12 +290,12 @@ def _fused_row_statistics(flat: torch.Tensor, *args) -> tuple:
         return _row_statistics(flat, *args)
 
 
-def _device_statistics(grads, norms, level, bounds32) -> Callable[[], tuple]:
+def _device_statistics(grads, norms, level, bounds32, checksum: bool = False) -> Callable[[], tuple]:
     """Any other device: the gradients of each dtype are copied into one reused buffer (one ``_foreach_copy_``),
     reduced per row by :func:`_row_statistics`, then per gradient by ``segment_reduce`` over its rows; each
     result is copied to the host asynchronously. The ops dispatched per step do not grow with the number of
     gradients. Each gradient's packed signs (and L0 values) are cut out of its rows on the writer thread."""
-    layout = StatisticsLayout(level, bounds32, [g.numel() for g in grads])
+    layout = StatisticsLayout(level, bounds32, [g.numel() for g in grads], checksum)
     groups: dict[torch.dtype, list[int]] = {}
     for index, grad in enumerate(grads):
         _comparable(grad)  # refuses integer gradients
@@ -269,9 +305,9 @@ def _device_statistics(grads, norms, level, bounds32) -> Callable[[], tuple]:
         members = [grads[i] for i in indices]
         buffer = _row_buffer(members)
         torch._foreach_copy_(buffer.targets, members)
-        maxima, minima, counts, bits = _fused_row_statistics(buffer.flat, buffer.row_valid,
-                                                             tuple(map(float, bounds32)), level.has_buckets,
-                                                             level.has_directions)
+        maxima, minima, counts, bits, checksums = _fused_row_statistics(
+            buffer.flat, buffer.row_valid, buffer.row_first_index, tuple(map(float, bounds32)), level.has_buckets,
+            level.has_directions, checksum)
         nan = torch.full((), math.nan, dtype=torch.float64, device=buffer.flat.device)
 
         def per_gradient(rows: torch.Tensor, reduction: str) -> torch.Tensor:
@@ -283,10 +319,14 @@ def _device_statistics(grads, norms, level, bounds32) -> Callable[[], tuple]:
         sections = {EXTREMES: extremes}
         if counts is not None:
             sections[CUMULATIVE_COUNTS] = per_gradient(counts, "sum")
+        if checksums is not None:  # as two exact float64 halves
+            sums = torch.zeros(len(indices), dtype=torch.int64, device=checksums.device)
+            sums.index_add_(0, buffer.row_owner, checksums)
+            sections[CHECKSUM] = torch.stack([(sums >> 32) & 0xFFFFFFFF, sums & 0xFFFFFFFF], dim=1).double()
         statistics = _to_host(torch.cat(layout.subset(indices).in_order(sections)))
         signs = _to_host(bits) if bits is not None else None
         values = None
-        if level.has_md5:  # a copy on the CPU, where the host view would be of the buffer the next step refills
+        if level.has_md5 and not checksum:  # copied on the CPU: a host view would see the next step refill it
             values = _to_host(buffer.flat.to(torch.float32, copy=buffer.flat.device.type == "cpu"))
         pending.append((indices, buffer.starts, statistics, signs, values))
 
