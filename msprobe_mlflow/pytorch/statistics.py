@@ -246,16 +246,25 @@ def _row_checksums(flat: torch.Tensor, valid: torch.Tensor, row_first_index: tor
     return torch.where(valid, mixed, 0).sum(dim=1)
 
 
+def _order_keys(words: torch.Tensor) -> torch.Tensor:
+    """Integers that order as the float32/float64 whose bits are ``words`` (int32/int64) do, -0.0 just below +0.0
+    (as the CPU kernel's keys: max and min then agree with it on signed zeros); the function is its own inverse."""
+    return words ^ ((words >> (words.element_size() * 8 - 1)) & torch.iinfo(words.dtype).max)
+
+
 def _row_statistics(flat: torch.Tensor, row_valid: torch.Tensor, row_first_index: torch.Tensor, bounds: tuple,
                     with_counts: bool, with_signs: bool, with_checksum: bool) -> tuple:
-    """Per row of ``flat`` (``ROW`` elements, the first ``row_valid`` of them a gradient's): max, min, and the
-    counts of ``x <= b`` per bound and of ``x == 0`` (float64), the packed ``x > 0`` bits of the row, and its
+    """Per row of ``flat`` (``ROW`` elements, the first ``row_valid`` of them a gradient's): max and min (as
+    :func:`_order_keys`), whether it holds a NaN, the counts of ``x <= b`` per bound and of ``x == 0`` (float64), the packed ``x > 0`` bits of the row, and its
     :func:`_row_checksums`. The same few whole-buffer ops whatever the number of gradients."""
     rows = flat.view(-1, ROW)
     rows = rows if rows.dtype == torch.float64 else rows.float()  # bf16/fp16 compare in float32, exactly
     valid = torch.arange(ROW, device=flat.device) < row_valid[:, None]
-    maxima = torch.where(valid, rows, -math.inf).amax(dim=1)
-    minima = torch.where(valid, rows, math.inf).amin(dim=1)
+    keys = _order_keys(rows.view(torch.int32 if rows.dtype == torch.float32 else torch.int64))
+    limits = torch.iinfo(keys.dtype)
+    maxima = torch.where(valid, keys, limits.min).amax(dim=1)
+    minima = torch.where(valid, keys, limits.max).amin(dim=1)
+    has_nan = (valid & rows.isnan()).any(dim=1)
     counts = None
     if with_counts:
         counts = torch.stack([(valid & (rows <= bound)).sum(dim=1, dtype=torch.float64) for bound in bounds]
@@ -266,7 +275,7 @@ def _row_statistics(flat: torch.Tensor, row_valid: torch.Tensor, row_first_index
         positive = (valid & (rows > 0)).view(rows.shape[0], ROW // 8, 8).to(torch.uint8)
         bits = (positive * weights).sum(dim=2, dtype=torch.uint8).reshape(-1)
     checksums = _row_checksums(flat, valid, row_first_index) if with_checksum else None
-    return maxima, minima, counts, bits, checksums
+    return maxima, minima, has_nan, counts, bits, checksums
 
 
 COMPILED_DEVICES = {"cuda"}  # device types where torch.compile fuses _row_statistics into a read or two of the buffer
@@ -305,7 +314,7 @@ def _device_statistics(grads, norms, level, bounds32, checksum: bool = False) ->
         members = [grads[i] for i in indices]
         buffer = _row_buffer(members)
         torch._foreach_copy_(buffer.targets, members)
-        maxima, minima, counts, bits, checksums = _fused_row_statistics(
+        maxima, minima, has_nan, counts, bits, checksums = _fused_row_statistics(
             buffer.flat, buffer.row_valid, buffer.row_first_index, tuple(map(float, bounds32)), level.has_buckets,
             level.has_directions, checksum)
         nan = torch.full((), math.nan, dtype=torch.float64, device=buffer.flat.device)
@@ -313,8 +322,15 @@ def _device_statistics(grads, norms, level, bounds32, checksum: bool = False) ->
         def per_gradient(rows: torch.Tensor, reduction: str) -> torch.Tensor:
             return torch.segment_reduce(rows, reduction, lengths=buffer.row_counts, axis=0, unsafe=True)
 
-        extremes = torch.stack([torch.where(buffer.empty, nan, per_gradient(maxima, "max").float().double()),
-                                torch.where(buffer.empty, nan, per_gradient(minima, "min").float().double()),
+        undefined = buffer.empty | (per_gradient(has_nan.double(), "max") > 0)  # NaN propagates, as in np.max
+
+        def extreme(row_keys: torch.Tensor, reduction: str) -> torch.Tensor:
+            keys = torch.zeros(len(indices), dtype=row_keys.dtype, device=nan.device).scatter_reduce_(
+                0, buffer.row_owner, row_keys, reduction, include_self=False)
+            values = _order_keys(keys).view(torch.float32 if keys.dtype == torch.int32 else torch.float64)
+            return torch.where(undefined, nan, values.float().double())  # float32, as msprobe writes
+
+        extremes = torch.stack([extreme(maxima, "amax"), extreme(minima, "amin"),
                                 torch.stack([norms[i] for i in indices]).float().double()], dim=1)
         sections = {EXTREMES: extremes}
         if counts is not None:
