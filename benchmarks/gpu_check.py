@@ -70,8 +70,9 @@ def correctness(device: str) -> dict:
     with tempfile.TemporaryDirectory() as scratch:
         for variant in VARIANTS:
             level = variant.replace(" ", "-")
-            cpu = read_csv(probe_once("cpu", grads, variant, Path(scratch) / f"cpu{level}") / "rank0/grad_summary_0.csv")
-            dev = read_csv(probe_once(device, grads, variant, Path(scratch) / f"dev{level}") / "rank0/grad_summary_0.csv")
+            csv = "rank0/grad_summary_0.csv"
+            cpu = read_csv(probe_once("cpu", grads, variant, Path(scratch) / f"cpu{level}") / csv)
+            dev = read_csv(probe_once(device, grads, variant, Path(scratch) / f"dev{level}") / csv)
             header = cpu[0]
             differing = sorted({header[j] for a, b in zip(cpu[1:], dev[1:]) for j, (x, y) in enumerate(zip(a, b))
                                 if x != y})
@@ -186,7 +187,8 @@ def main() -> None:
     torch.manual_seed(0)
     width, big_width, big_layers = (64, 128, 2) if args.quick else (2048, 8192, 16)
     results = {"device": torch.cuda.get_device_name() if device == "cuda" else platform.processor(),
-               "torch": torch.__version__, "correctness": correctness(device), "sync": sync_free(device) if device == "cuda" else "not checked (no CUDA)"}
+               "torch": torch.__version__, "correctness": correctness(device),
+               "sync": sync_free(device) if device == "cuda" else "not checked (no CUDA)"}
     models = [
         ("16 x Linear(2048, 2048) fp32, batch 8",
          torch.nn.Sequential(*[torch.nn.Linear(width, width) for _ in range(16)]).to(device),
@@ -210,7 +212,8 @@ def main() -> None:
              f"Sync-free training thread (torch.cuda.set_sync_debug_mode('error') during optimizer.step()): "
              f"{results['sync']}", "",
              "Device path vs CPU path, same gradients: " + "; ".join(
-                 f"{lvl}: differing columns {r['differing_columns'] or 'none'}, norm gap {r['max_relative_norm_gap']:.1e}, "
+                 f"{lvl}: differing columns {r['differing_columns'] or 'none'}, "
+                 f"norm gap {r['max_relative_norm_gap']:.1e}, "
                  f"same directions {r['same_directions']}" for lvl, r in results["correctness"].items()), "",
              "| model | params | floor ms | none ms | " + " | ".join(f"{v} ratio" for v in VARIANTS)
              + " | " + "/".join(VARIANTS) + " hook (floor passes) | first probed step ms |",
@@ -218,7 +221,8 @@ def main() -> None:
     for row in results["timing"]:
         lines.append(f"| {row['model']} | {row['parameters']:,} | {row['floor_ms']:.2f} | {row['none_ms']:.2f} | "
                      + " | ".join(f"{row[v]['ratio']:.2f}x" for v in VARIANTS) + " | "
-                     + " / ".join(f"{row[v]['hook_ms']:.1f} ms ({row[v]['hook_in_floor_passes']:.1f})" for v in VARIANTS)
+                     + " / ".join(f"{row[v]['hook_ms']:.1f} ms ({row[v]['hook_in_floor_passes']:.1f})"
+                                  for v in VARIANTS)
                      + " | " + " / ".join(f"{row[v]['first_hook_ms']:.0f}" for v in VARIANTS) + " |")
     (out / "gpu.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))

@@ -73,7 +73,8 @@ def overhead_targets_table(one_thread: dict, default_threads: dict | None) -> li
         return judged, (f"{row['iteration_ratio']:.2f}x (rounds {low:.2f}-{high:.2f}; with drain "
                         f"{row['with_drain_ratio']:.2f}x; CPU {row['cpu_ratio']:.2f}x)")
 
-    lines = ["| where | level | msprobe 1.0.3 (this run) | target | ours (this run) | met |", "|---|---|---|---|---|---|"]
+    lines = ["| where | level | msprobe 1.0.3 (this run) | target | ours (this run) | met |",
+             "|---|---|---|---|---|---|"]
     runs = [("CPU, torch with its default threads", default_threads, {"L1": 1.10, "L2": 1.25}),
             ("CPU, torch on 1 thread", one_thread, {"L1": 1.05, "L2": 1.15})]
     for where, monitor, targets in runs:

@@ -1,10 +1,12 @@
 """Gradient statistics, computed where the gradients are.
 
-On an accelerator, nothing here reads a value on the host: every per-parameter number lands in one float64
-result tensor (float32 statistics and integer counts are exact in float64), the sign bits in one packed uint8
-tensor, and both are copied to the host with ``non_blocking`` into pinned memory behind a CUDA event. The
+On an accelerator, nothing here reads a value on the host: each dtype's gradients are copied into one reused row
+buffer, reduced by whole-buffer ops (compiled into fused kernels on CUDA), every per-parameter number lands in one
+float64 result tensor (float32 statistics and integer counts are exact in float64), the sign bits in one packed
+uint8 tensor, and both are copied to the host with ``non_blocking`` into pinned memory behind a CUDA event. The
 training thread never waits for the device; the writer thread waits for the event. On the CPU, the gradients
-already are on the host: the statistics are computed at once with numpy on zero-copy views.
+already are on the host: the statistics are computed at once by the numba kernel of
+:mod:`msprobe_mlflow.pytorch.fused`, on zero-copy views.
 """
 from __future__ import annotations
 
@@ -138,9 +140,13 @@ def _launch_group(grads: list[torch.Tensor], level: Level, bounds32, checksum: b
     return _device_statistics(grads, norms, level, bounds32, checksum)
 
 
-def _comparable(grad: torch.Tensor) -> torch.Tensor:
+def _refuse_non_floating(grad: torch.Tensor) -> None:
     if not grad.is_floating_point():
         raise TypeError(f"gradient dtype {grad.dtype} has no max/min/sign statistics; expected a real floating type")
+
+
+def _comparable(grad: torch.Tensor) -> torch.Tensor:
+    _refuse_non_floating(grad)
     return grad if grad.dtype in (torch.float32, torch.float64) else grad.float()
 
 
@@ -194,7 +200,7 @@ class _RowBuffer:
     targets: list[torch.Tensor]  # each gradient's place in ``flat``, in its shape
     row_valid: torch.Tensor  # int32 per row: how many of its elements belong to a gradient (the rest is padding)
     row_counts: torch.Tensor  # int64 per gradient: its rows (for segment_reduce)
-    row_owner: torch.Tensor  # int64 per row: its gradient (for index_add_)
+    row_owner: torch.Tensor  # int64 per row: its gradient (for scatter_reduce_ and index_add_)
     row_first_index: torch.Tensor  # int64 per row: the index in its gradient of the row's first element
     empty: torch.Tensor  # bool per gradient
     starts: list[int]  # where each gradient starts in ``flat``
@@ -255,8 +261,9 @@ def _order_keys(words: torch.Tensor) -> torch.Tensor:
 def _row_statistics(flat: torch.Tensor, row_valid: torch.Tensor, row_first_index: torch.Tensor, bounds: tuple,
                     with_counts: bool, with_signs: bool, with_checksum: bool) -> tuple:
     """Per row of ``flat`` (``ROW`` elements, the first ``row_valid`` of them a gradient's): max and min (as
-    :func:`_order_keys`), whether it holds a NaN, the counts of ``x <= b`` per bound and of ``x == 0`` (float64), the packed ``x > 0`` bits of the row, and its
-    :func:`_row_checksums`. The same few whole-buffer ops whatever the number of gradients."""
+    :func:`_order_keys`), whether it holds a NaN, the counts of ``x <= b`` per bound and of ``x == 0`` (float64),
+    the packed ``x > 0`` bits, and :func:`_row_checksums`. The same few whole-buffer ops whatever the number of
+    gradients."""
     rows = flat.view(-1, ROW)
     rows = rows if rows.dtype == torch.float64 else rows.float()  # bf16/fp16 compare in float32, exactly
     valid = torch.arange(ROW, device=flat.device) < row_valid[:, None]
@@ -301,13 +308,14 @@ def _fused_row_statistics(flat: torch.Tensor, *args) -> tuple:
 
 def _device_statistics(grads, norms, level, bounds32, checksum: bool = False) -> Callable[[], tuple]:
     """Any other device: the gradients of each dtype are copied into one reused buffer (one ``_foreach_copy_``),
-    reduced per row by :func:`_row_statistics`, then per gradient by ``segment_reduce`` over its rows; each
+    reduced per row by :func:`_row_statistics`, then per gradient over its rows (``segment_reduce``,
+    ``scatter_reduce_``); each
     result is copied to the host asynchronously. The ops dispatched per step do not grow with the number of
     gradients. Each gradient's packed signs (and L0 values) are cut out of its rows on the writer thread."""
     layout = StatisticsLayout(level, bounds32, [g.numel() for g in grads], checksum)
     groups: dict[torch.dtype, list[int]] = {}
     for index, grad in enumerate(grads):
-        _comparable(grad)  # refuses integer gradients
+        _refuse_non_floating(grad)
         groups.setdefault(grad.dtype, []).append(index)
     pending = []
     for indices in groups.values():
