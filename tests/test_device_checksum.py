@@ -80,3 +80,12 @@ def test_a_monitor_with_the_device_checksum_writes_it_in_the_md5_column(tmp_path
     header, rows = read_rows(tmp_path / "rank0" / "grad_summary_0.csv")
     assert header[:2] == ["param_name", "MD5"]
     assert {name: row[1] for name, row in rows.items()} == expected
+
+
+def test_the_mindspore_monitor_refuses_the_device_checksum_it_does_not_compute(tmp_path):
+    pytest.importorskip("mindspore")
+    from msprobe_mlflow.mindspore import GradientMonitor as MindSporeGradientMonitor
+
+    config = GradProbeConfig(dump_path=str(tmp_path), level="L0", checksum="mix64")
+    with pytest.raises(ValueError, match="checksum = 'mix64' is not accepted by the MindSpore monitor; expected md5"):
+        MindSporeGradientMonitor(config, log_to_mlflow=False)

@@ -46,6 +46,9 @@ class GradientMonitor(SessionMonitor):
         ``first_threshold``, ``drop_threshold``, ``anomaly_flags``, ``spike_threshold``, ``spike_window`` (see
         :class:`SessionMonitor`)."""
         super().__init__(config, **options)
+        if self.config.checksum != "md5":  # the device checksum exists on the PyTorch path only
+            raise ValueError(f"{self.config.source}: checksum = {self.config.checksum!r} is not accepted by the "
+                             f"MindSpore monitor; expected md5 (mix64 is computed by the PyTorch monitor only)")
         self._optimizer: nn.Cell | None = None
         self._probe: GradientProbe | None = None
         self._names: list[str] = []
