@@ -3,7 +3,7 @@
 numpy needs one call, and so one pass of compute, per statistic (max, min, each bound's count, the zero count,
 the sign bits); here one kernel walks each gradient in cache-sized blocks and, while a block sits in the cache,
 runs a handful of simple loops over it that the compiler vectorises: max and min as integers (see
-:func:`_order_key`), NaN and zero counts, one count per bound, the packed sign bits. The kernel releases the GIL.
+:func:`_order_key_to_values`), NaN and zero counts, one count per bound, the packed sign bits. The kernel releases the GIL.
 """
 from __future__ import annotations
 
@@ -16,7 +16,6 @@ _INFINITY_BITS = {np.dtype(np.float32): np.int32(0x7F800000), np.dtype(np.float6
 SMALL_ARRAY = 1 << 14  # elements: smaller arrays share one kernel call, so a model of many pays one call's cost
 
 
-@njit(nogil=True, cache=True)
 def _segments_statistics(values, bits, ends, rows, bounds, magnitude, infinity_bits, with_counts, with_signs,
                          keys, counts, signs, sign_offsets):
     """For segment ``s = values[ends[s-1]:ends[s]]``, writes into row ``rows[s]``: ``keys`` (max and min order
@@ -64,6 +63,12 @@ def _segments_statistics(values, bits, ends, rows, bounds, magnitude, infinity_b
                     out[whole] = byte
         keys[row, 0], keys[row, 1] = largest, smallest
         start = end
+
+
+try:  # compiled at the first call (seconds), then loaded from numba's cache folder by later processes
+    _segments_statistics = njit(nogil=True, cache=True)(_segments_statistics)
+except RuntimeError:  # no writable cache folder: compile in each process
+    _segments_statistics = njit(nogil=True)(_segments_statistics)
 
 
 def _order_key_to_values(keys: np.ndarray, dtype: np.dtype) -> np.ndarray:
