@@ -3,7 +3,7 @@
 numpy needs one call, and so one pass of compute, per statistic (max, min, each bound's count, the zero count,
 the sign bits); here one kernel walks each gradient in cache-sized blocks and, while a block sits in the cache,
 runs a handful of simple loops over it that the compiler vectorises: max and min as integers (see
-:func:`_order_key_to_values`), NaN and zero counts, one count per bound, the packed sign bits. The kernel releases the GIL.
+:func:`_order_key_to_values`), NaN and zero counts, one count per bound, the packed sign bits. It releases the GIL.
 """
 from __future__ import annotations
 
