@@ -104,6 +104,15 @@ def overhead_targets_table(one_thread: dict, default_threads: dict | None) -> li
     return lines
 
 
+def busy_machine_warning(other_cpus: float, cpus: int) -> list[str]:
+    """A run taken while other processes held more than a quarter of the CPUs judges nothing: say so up front."""
+    if other_cpus <= cpus / 4:
+        return []
+    return [f"**Measured on a busy machine: other processes used {other_cpus:.1f} of {cpus} CPUs. The ratios below "
+            f"swing with that load (see each row's range over rounds), so the 'met' column is not a verdict: rerun "
+            f"`benchmarks/run` on a quiet machine.**", ""]
+
+
 def demoted(markdown: str) -> str:
     """A standalone report's headings one level down, to sit under this file's title."""
     return "\n".join("#" + line if line.startswith("#") else line for line in markdown.splitlines()) + "\n"
@@ -127,6 +136,7 @@ def main() -> None:
         f"work: other processes used {model['load']['other_processes_cpus']:.1f} CPUs on average while it was "
         f"measured). Reproduce: `benchmarks/run`.",
         "",
+        *busy_machine_warning(model["load"]["other_processes_cpus"], monitor["machine"]["cpus"]),
         *targets_table(monitor, compare),
         "",
         "Issue 13's targets (overhead a probe can be left on with), on the same model, with torch's default threads "
