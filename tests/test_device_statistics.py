@@ -1,6 +1,6 @@
-"""The accelerator path (batched small tensors, one-by-one large ones) gives the host path's exact numbers.
+"""The accelerator path (one reused row buffer per dtype) gives the host path's exact numbers.
 
-It runs here on CPU tensors: the same torch ops a CUDA device runs, without the device."""
+It runs here on CPU tensors: the torch ops a CUDA device runs (compiled there, eager here), without the device."""
 from __future__ import annotations
 
 import numpy as np
@@ -15,13 +15,13 @@ from msprobe_mlflow.pytorch.statistics import ROW, _device_statistics, _host_sta
 def awkward_gradients() -> list[torch.Tensor]:
     generator = torch.Generator().manual_seed(0)
     return [
-        torch.randn(ROW * 3 + 5, generator=generator),                      # several rows, the last one partly padding
+        torch.randn(ROW * 3 + 5, generator=generator),                           # rows, the last partly padding
         torch.tensor([0.0, -0.0, float("nan"), float("inf"), -float("inf"), -1.0, 0.5]),
         torch.zeros(0),                                                          # empty
         torch.tensor(-2.5),                                                      # scalar
         torch.randn(33, 7, generator=generator).to(torch.bfloat16),
         torch.randn(5, generator=generator, dtype=torch.float64),
-        torch.randn(ROW * 2, generator=generator).to(torch.float16),       # several rows, half
+        torch.randn(ROW * 2, generator=generator).to(torch.float16),            # several rows, half
         torch.randn(9, generator=generator),
     ]
 
