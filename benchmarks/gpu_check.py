@@ -3,6 +3,9 @@ thread, and iteration-time ratios against no monitor. Run on a GPU machine; writ
 
     PYTHONPATH=. python benchmarks/gpu_check.py --out benchmarks/results [--device cuda]
 
+It measures 16 x Linear(2048) fp32 (67M), 256 x Linear(64) fp32 (512 tensors) and 16 x Linear(8192) bf16 (1.07B
+parameters; ``--skip-big`` leaves it out), at L0 (MD5 and the ``mix64`` device checksum), L1 and L2.
+
 Needs torch and numpy only (MLflow logging is off here: the GPU machine has no tracking store).
 """
 from __future__ import annotations
@@ -24,6 +27,12 @@ from msprobe_mlflow.dump import read_csv
 from msprobe_mlflow.pytorch import GradientMonitor
 
 LEVELS = ("L0", "L1", "L2")
+VARIANTS = ("L0", "L0 mix64", "L1", "L2")  # "L0 mix64": L0 with the device checksum in the MD5 column
+
+
+def config(folder: str, variant: str, **options) -> GradProbeConfig:
+    level, *checksum = variant.split()
+    return GradProbeConfig(dump_path=folder, level=level, checksum=checksum[0] if checksum else "md5", **options)
 
 
 def synchronize() -> None:
@@ -31,7 +40,7 @@ def synchronize() -> None:
         torch.cuda.synchronize()
 
 
-def probe_once(device: str, grads: dict[str, torch.Tensor], level: str, folder: Path) -> Path:
+def probe_once(device: str, grads: dict[str, torch.Tensor], variant: str, folder: Path) -> Path:
     """One optimizer step of a model whose gradients are set by hand; returns the dump folder."""
     model = torch.nn.Module()
     for i, (name, grad) in enumerate(grads.items()):
@@ -39,8 +48,7 @@ def probe_once(device: str, grads: dict[str, torch.Tensor], level: str, folder: 
     for parameter, grad in zip(model.parameters(), grads.values()):
         parameter.grad = grad.to(device)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.0)
-    with GradientMonitor(GradProbeConfig(dump_path=str(folder), level=level, bounds=(-1, -0.25, 0, 0.5)),
-                         log_to_mlflow=False) as monitor:
+    with GradientMonitor(config(str(folder), variant, bounds=(-1, -0.25, 0, 0.5)), log_to_mlflow=False) as monitor:
         monitor.monitor(model, optimizer)
         optimizer.step()
     return folder
@@ -56,12 +64,15 @@ def correctness(device: str) -> dict:
         "f16": torch.randn(7, 9, generator=generator).to(torch.float16),
         "special": special, "scalar": torch.tensor(-2.5), "empty": torch.zeros(0),
         "f64": torch.randn(5, generator=generator, dtype=torch.float64),
+        "rows": torch.randn(3000, generator=generator),  # several of the device buffer's rows
     }
     report = {}
     with tempfile.TemporaryDirectory() as scratch:
-        for level in LEVELS:
-            cpu = read_csv(probe_once("cpu", grads, level, Path(scratch) / f"cpu{level}") / "rank0/grad_summary_0.csv")
-            dev = read_csv(probe_once(device, grads, level, Path(scratch) / f"dev{level}") / "rank0/grad_summary_0.csv")
+        for variant in VARIANTS:
+            level = variant.replace(" ", "-")
+            csv = "rank0/grad_summary_0.csv"
+            cpu = read_csv(probe_once("cpu", grads, variant, Path(scratch) / f"cpu{level}") / csv)
+            dev = read_csv(probe_once(device, grads, variant, Path(scratch) / f"dev{level}") / csv)
             header = cpu[0]
             differing = sorted({header[j] for a, b in zip(cpu[1:], dev[1:]) for j, (x, y) in enumerate(zip(a, b))
                                 if x != y})
@@ -69,11 +80,11 @@ def correctness(device: str) -> dict:
                             / max(abs(float(a[header.index("norm")])), 1e-30)
                             for a, b in zip(cpu[1:], dev[1:]) if a[0] != "special"), default=0.0)
             same_directions = None
-            if level != "L0":
+            if not level.startswith("L0"):
                 cpu_dirs = read_packed(Path(scratch) / f"cpu{level}/rank0/step0/directions.npz")
                 dev_dirs = read_packed(Path(scratch) / f"dev{level}/rank0/step0/directions.npz")
                 same_directions = all(np.array_equal(cpu_dirs[k][1], dev_dirs[k][1]) for k in cpu_dirs)
-            report[level] = {"rows": len(cpu) - 1, "same_header": cpu[0] == dev[0], "differing_columns": differing,
+            report[variant] = {"rows": len(cpu) - 1, "same_header": cpu[0] == dev[0], "differing_columns": differing,
                              "max_relative_norm_gap": norm_gap, "same_directions": same_directions}
     return report
 
@@ -83,9 +94,9 @@ def sync_free(device: str) -> dict:
     result = {}
     model = torch.nn.Sequential(*[torch.nn.Linear(256, 256) for _ in range(8)]).to(device)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
-    for level in LEVELS:
+    for variant in VARIANTS:
         with tempfile.TemporaryDirectory() as scratch:
-            monitor = GradientMonitor(GradProbeConfig(dump_path=scratch, level=level), log_to_mlflow=False)
+            monitor = GradientMonitor(config(scratch, variant), log_to_mlflow=False)
             monitor.monitor(model, optimizer)
             model(torch.randn(4, 256, device=device)).sum().backward()
             synchronize()
@@ -93,9 +104,9 @@ def sync_free(device: str) -> dict:
             try:
                 optimizer.step()  # a sync inside the probe is caught by the monitor: read its log too
                 monitor.flush()
-                result[level] = f"probe failed: {monitor.errors or 'see log'}" if monitor._failed_steps else "no sync"
+                result[variant] = f"probe failed: {monitor.errors or 'see log'}" if monitor.errors else "no sync"
             except RuntimeError as e:
-                result[level] = f"synced: {e}"
+                result[variant] = f"synced: {e}"
             finally:
                 torch.cuda.set_sync_debug_mode("default")
                 monitor.stop()
@@ -103,8 +114,9 @@ def sync_free(device: str) -> dict:
 
 
 def timing(device: str, name: str, model: torch.nn.Module, batch: torch.Tensor, rounds: int, iterations: int) -> dict:
-    """Interleaved rounds of none/L0/L1/L2: median iteration time (synchronised), median training-thread time
-    inside the monitor's hook, and the floor (one ``_foreach_norm`` pass over all gradients)."""
+    """Interleaved rounds of none and each variant: median iteration time (synchronised), median training-thread
+    time inside the monitor's hook, the first probed step's (torch.compile of the statistics kernel, once per
+    process), and the floor (one ``_foreach_norm`` pass over all gradients)."""
     optimizer = torch.optim.SGD(model.parameters(), lr=1e-4, momentum=0.9)
 
     def iteration() -> None:
@@ -122,15 +134,14 @@ def timing(device: str, name: str, model: torch.nn.Module, batch: torch.Tensor, 
         torch._foreach_norm(grads)
         synchronize()
         floor.append(time.perf_counter() - start)
-    times = {v: [] for v in ("none", *LEVELS)}
-    hook_times = {v: [] for v in LEVELS}
+    times = {v: [] for v in ("none", *VARIANTS)}
+    hook_times = {v: [] for v in VARIANTS}
     for _ in range(rounds):
         for variant in times:
             monitor = scratch = None
             if variant != "none":
                 scratch = tempfile.TemporaryDirectory()
-                monitor = GradientMonitor(GradProbeConfig(dump_path=scratch.name, level=variant),
-                                          log_to_mlflow=False).monitor(model, optimizer)
+                monitor = GradientMonitor(config(scratch.name, variant), log_to_mlflow=False).monitor(model, optimizer)
                 original = monitor._on_optimizer_step
 
                 def timed(*args, _original=original, _variant=variant):
@@ -154,11 +165,12 @@ def timing(device: str, name: str, model: torch.nn.Module, batch: torch.Tensor, 
     rows = {"model": name, "parameters": sum(p.numel() for p in model.parameters()),
             "tensors": len(grads), "dtype": str(grads[0].dtype), "floor_ms": floor_s * 1e3,
             "none_ms": base * 1e3}
-    for level in LEVELS:
-        iteration_s = statistics.median(times[level])
-        hook_s = statistics.median(hook_times[level])
-        rows[level] = {"iteration_ms": iteration_s * 1e3, "ratio": iteration_s / base,
-                       "hook_ms": hook_s * 1e3, "hook_in_floor_passes": hook_s / floor_s}
+    for variant in VARIANTS:
+        iteration_s = statistics.median(times[variant])
+        steady = [s for i, s in enumerate(hook_times[variant]) if i % (iterations + 1)]  # not the warm-ups
+        hook_s = statistics.median(steady)
+        rows[variant] = {"iteration_ms": iteration_s * 1e3, "ratio": iteration_s / base, "hook_ms": hook_s * 1e3,
+                         "hook_in_floor_passes": hook_s / floor_s, "first_hook_ms": hook_times[variant][0] * 1e3}
     return rows
 
 
@@ -175,7 +187,8 @@ def main() -> None:
     torch.manual_seed(0)
     width, big_width, big_layers = (64, 128, 2) if args.quick else (2048, 8192, 16)
     results = {"device": torch.cuda.get_device_name() if device == "cuda" else platform.processor(),
-               "torch": torch.__version__, "correctness": correctness(device), "sync": sync_free(device) if device == "cuda" else "not checked (no CUDA)"}
+               "torch": torch.__version__, "correctness": correctness(device),
+               "sync": sync_free(device) if device == "cuda" else "not checked (no CUDA)"}
     models = [
         ("16 x Linear(2048, 2048) fp32, batch 8",
          torch.nn.Sequential(*[torch.nn.Linear(width, width) for _ in range(16)]).to(device),
@@ -199,15 +212,18 @@ def main() -> None:
              f"Sync-free training thread (torch.cuda.set_sync_debug_mode('error') during optimizer.step()): "
              f"{results['sync']}", "",
              "Device path vs CPU path, same gradients: " + "; ".join(
-                 f"{lvl}: differing columns {r['differing_columns'] or 'none'}, norm gap {r['max_relative_norm_gap']:.1e}, "
+                 f"{lvl}: differing columns {r['differing_columns'] or 'none'}, "
+                 f"norm gap {r['max_relative_norm_gap']:.1e}, "
                  f"same directions {r['same_directions']}" for lvl, r in results["correctness"].items()), "",
-             "| model | params | floor ms | none ms | L0 ratio | L1 ratio | L2 ratio | L0/L1/L2 hook (floor passes) |",
-             "|---|---:|---:|---:|---:|---:|---:|---|"]
+             "| model | params | floor ms | none ms | " + " | ".join(f"{v} ratio" for v in VARIANTS)
+             + " | " + "/".join(VARIANTS) + " hook (floor passes) | first probed step ms |",
+             "|---|---:|---:|---:|" + "---:|" * len(VARIANTS) + "---|---|"]
     for row in results["timing"]:
         lines.append(f"| {row['model']} | {row['parameters']:,} | {row['floor_ms']:.2f} | {row['none_ms']:.2f} | "
-                     + " | ".join(f"{row[l]['ratio']:.2f}x" for l in LEVELS) + " | "
-                     + " / ".join(f"{row[l]['hook_ms']:.1f} ms ({row[l]['hook_in_floor_passes']:.1f})" for l in LEVELS)
-                     + " |")
+                     + " | ".join(f"{row[v]['ratio']:.2f}x" for v in VARIANTS) + " | "
+                     + " / ".join(f"{row[v]['hook_ms']:.1f} ms ({row[v]['hook_in_floor_passes']:.1f})"
+                                  for v in VARIANTS)
+                     + " | " + " / ".join(f"{row[v]['first_hook_ms']:.0f}" for v in VARIANTS) + " |")
     (out / "gpu.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 

@@ -267,6 +267,27 @@ def floor_seconds(workload: Workload, repeats: int = 5) -> list[float]:
     return seconds
 
 
+def device_ops_per_step(workload: Workload) -> dict[str, int]:
+    """The torch ops that queuing one probed step through the accelerator path dispatches, per level: that path
+    run here on the CPU gradients, its top-level ops counted with the torch profiler (each launches kernels on a
+    device). Equal for models of 32 and 512 tensors when the count does not grow with the number of tensors."""
+    from torch.profiler import ProfilerActivity, profile as torch_profile
+
+    from msprobe_mlflow.levels import LEVELS as LEVEL_TABLE
+    from msprobe_mlflow.pytorch.statistics import _device_statistics
+
+    gradients = workload.gradients
+    norms = torch._foreach_norm(gradients)
+    bounds = [np.float32(b) for b in BOUNDS]
+    counts = {}
+    for level in LEVELS:
+        _device_statistics(gradients, norms, LEVEL_TABLE[level], bounds)()  # its buffer is made once, then reused
+        with torch_profile(activities=[ProfilerActivity.CPU]) as profiler:
+            _device_statistics(gradients, norms, LEVEL_TABLE[level], bounds)
+        counts[level] = sum(1 for event in profiler.events() if event.cpu_parent is None)
+    return counts
+
+
 def md5_seconds(workload: Workload, repeats: int = 3) -> float:
     """Hashing every gradient's float32 bytes with MD5 (what L0 adds): the least time that work takes, so a
     training thread that spends less than this in the monitor does not hash there."""
@@ -356,6 +377,7 @@ def benchmark_workload(build: Callable[[], Workload], rounds: int, iterations: i
             floors += floor_seconds(workload)
     summary = summarise(workload, turns, floors, load.summary)
     summary["md5_s"] = md5_seconds(workload)
+    summary["device_ops_per_step"] = device_ops_per_step(workload)
     return summary
 
 
@@ -438,8 +460,10 @@ def markdown(result: dict) -> str:
     same = "; ".join(f"{level}: CSV {'identical' if v['csv'] else 'DIFFERENT'}"
                      + (f", directions {'identical' if v['directions'] else 'DIFFERENT'}" if "directions" in v else "")
                      for level, v in result["same_output_as_msprobe"].items())
+    threads = f"{machine['torch_threads']} torch thread(s)" + (" (torch's default)" if machine.get(
+        "torch_threads_default") else "")
     lines = [
-        "## Monitor overhead (CPU)",
+        f"## Monitor overhead (CPU, {threads})",
         "",
         f"{machine['cpus']} CPUs ({machine['processor']}), torch {machine['torch']}, numpy {machine['numpy']}, "
         f"mlflow {machine['mlflow']}, msprobe 1.0.3, Python {machine['python']}; msprobe-mlflow at "
@@ -473,7 +497,9 @@ def markdown(result: dict) -> str:
             f"Machine load while measuring ({load['wall_s']:.0f} s): other processes used "
             f"{load['other_processes_cpus']:.1f} of {machine['cpus']} CPUs on average (1-min load average "
             f"{load['load_average_1min_start']:.1f} -> "
-            f"{load['load_average_1min_end']:.1f}).",
+            f"{load['load_average_1min_end']:.1f}). Accelerator path, torch ops dispatched per probed step "
+            f"(counted with the torch profiler on these CPU gradients): "
+            + ", ".join(f"{level} {count}" for level, count in model["device_ops_per_step"].items()) + ".",
             "",
             "| variant | iteration ms | x none (rounds' range) | with drain x none | CPU x none | in monitor ms "
             "| floor passes | peak RSS +MiB | written / step | dir. B / element |",
@@ -534,11 +560,13 @@ def main() -> int:
     parser.add_argument("--iterations", type=int, default=3, help="timed iterations per turn (default 3)")
     parser.add_argument("--quick", action="store_true", help="tiny models: checks the harness in seconds")
     parser.add_argument("--out", type=Path, default=RESULTS,
-                        help=f"where monitor.json and monitor.md go (default {RESULTS})")
+                        help=f"where the results go (default {RESULTS})")
     parser.add_argument("--torch-threads", type=int, default=1,
                         help="torch.set_num_threads; 0 keeps torch's default (default 1: on a small machine shared "
                              "with other work, torch's OpenMP threads stall whenever another process holds a CPU, "
                              "and iteration times then swing tenfold between runs)")
+    parser.add_argument("--stem", default="monitor",
+                        help="the results' file names: STEM.json and STEM.md (default monitor)")
     parser.add_argument("--profile", choices=LEVELS, metavar="LEVEL",
                         help="only train the 67M model under our monitor at LEVEL (12 iterations), to profile it: "
                              "py-spy record --threads -o profile.svg -- .venv/bin/python monitor_benchmark.py "
@@ -558,6 +586,7 @@ def main() -> int:
         result = {
             "machine": {"cpus": os.cpu_count(), "processor": platform.processor() or platform.machine(),
                         "torch": torch.__version__, "torch_threads": torch.get_num_threads(),
+                        "torch_threads_default": not args.torch_threads,
                         "numpy": np.__version__, "mlflow": mlflow.__version__, "python": platform.python_version(),
                         "platform": platform.platform(), "msprobe_mlflow": code_version()},
             "settings": {"rounds": args.rounds, "iterations": args.iterations, "bounds": BOUNDS, "quick": args.quick},
@@ -569,9 +598,9 @@ def main() -> int:
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "monitor.json").write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
+    (args.out / f"{args.stem}.json").write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
     report = markdown(result)
-    (args.out / "monitor.md").write_text(report, encoding="utf-8")
+    (args.out / f"{args.stem}.md").write_text(report, encoding="utf-8")
     print(report)
     same = all(all(v.values()) for v in result["same_output_as_msprobe"].values())
     return 0 if same else 1

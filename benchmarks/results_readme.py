@@ -63,6 +63,56 @@ def targets_table(monitor: dict, compare: dict) -> list[str]:
     return lines
 
 
+def overhead_targets_table(one_thread: dict, default_threads: dict | None) -> list[str]:
+    """Issue 13's targets on the 67M-parameter model, ours and msprobe 1.0.3 measured in the same run; a ratio is
+    judged on the larger of iteration and with drain (a long run settles at the rate its writer keeps up with)."""
+    def ratios(monitor: dict, name: str) -> tuple[float, str]:
+        row = monitor["models"][0]["variants"][name]
+        low, high = row["iteration_ratio_range_over_rounds"]
+        judged = max(row["iteration_ratio"], row["with_drain_ratio"])
+        return judged, (f"{row['iteration_ratio']:.2f}x (rounds {low:.2f}-{high:.2f}; with drain "
+                        f"{row['with_drain_ratio']:.2f}x; CPU {row['cpu_ratio']:.2f}x)")
+
+    lines = ["| where | level | msprobe 1.0.3 (this run) | target | ours (this run) | met |",
+             "|---|---|---|---|---|---|"]
+    runs = [("CPU, torch with its default threads", default_threads, {"L1": 1.10, "L2": 1.25}),
+            ("CPU, torch on 1 thread", one_thread, {"L1": 1.05, "L2": 1.15})]
+    for where, monitor, targets in runs:
+        for level, target in targets.items():
+            if monitor is None:
+                lines.append(f"| {where} | {level} | not measured | <= {target}x | not measured | no result |")
+                continue
+            theirs = monitor["models"][0]["variants"][f"msprobe 1.0.3 {level}"]["iteration_ratio"]
+            judged, text = ratios(monitor, f"ours {level}")
+            lines.append(f"| {where} | {level} | {theirs:.2f}x | <= {target}x | {text} | {verdict(judged, target)} |")
+    for where, monitor in (("CPU, total CPU time of all threads, 1 torch thread", one_thread),
+                           ("CPU, total CPU time of all threads, torch's default threads", default_threads)):
+        if monitor is not None:
+            rows = monitor["models"][0]["variants"]
+            ours = rows["ours L2"]["cpu_ratio"]
+            lines.append(f"| {where} | L2 | {rows['msprobe 1.0.3 L2']['cpu_ratio']:.2f}x | <= 1.25x | {ours:.2f}x | "
+                         f"{verdict(ours, 1.25)} |")
+    operations = [model["device_ops_per_step"] for model in one_thread["models"] if "device_ops_per_step" in model]
+    if len(operations) == 2:
+        tensors = [model["tensors"] for model in one_thread["models"]]
+        counts = "; ".join(f"{level}: {operations[0][level]} / {operations[1][level]}" for level in operations[0])
+        lines.append(f"| accelerator path (run on the CPU), torch ops dispatched per probed step, {tensors[0]} / "
+                     f"{tensors[1]} tensors | all | n/a | not growing with the tensors | {counts} | "
+                     f"{'yes' if operations[0] == operations[1] else 'no'} |")
+    lines.append("| H200, 67M fp32 / 1B bf16 | L2, L0 | see the GPU section | <= 1.25x; <= 1.10x / <= 1.5x | not "
+                 "measured since issue 13 (no GPU lent): `benchmarks/gpu_check.py` | no result |")
+    return lines
+
+
+def busy_machine_warning(other_cpus: float, cpus: int) -> list[str]:
+    """A run taken while other processes held more than a quarter of the CPUs judges nothing: say so up front."""
+    if other_cpus <= cpus / 4:
+        return []
+    return [f"**Measured on a busy machine: other processes used {other_cpus:.1f} of {cpus} CPUs. The ratios below "
+            f"swing with that load (see each row's range over rounds), so the 'met' column is not a verdict: rerun "
+            f"`benchmarks/run` on a quiet machine.**", ""]
+
+
 def demoted(markdown: str) -> str:
     """A standalone report's headings one level down, to sit under this file's title."""
     return "\n".join("#" + line if line.startswith("#") else line for line in markdown.splitlines()) + "\n"
@@ -74,6 +124,9 @@ def main() -> None:
                         f"gpu.md; README.md goes there (default {RESULTS})")
     results = parser.parse_args().results
     monitor = json.loads((results / "monitor.json").read_text(encoding="utf-8"))
+    default_threads_file = results / "monitor-default-threads.json"
+    default_threads = json.loads(default_threads_file.read_text(encoding="utf-8")) \
+        if default_threads_file.exists() else None
     compare = json.loads((results / "compare.json").read_text(encoding="utf-8"))
     model = monitor["models"][0]
     parts = [
@@ -83,9 +136,16 @@ def main() -> None:
         f"work: other processes used {model['load']['other_processes_cpus']:.1f} CPUs on average while it was "
         f"measured). Reproduce: `benchmarks/run`.",
         "",
+        *busy_machine_warning(model["load"]["other_processes_cpus"], monitor["machine"]["cpus"]),
         *targets_table(monitor, compare),
         "",
+        "Issue 13's targets (overhead a probe can be left on with), on the same model, with torch's default threads "
+        "and with one:",
+        "",
+        *overhead_targets_table(monitor, default_threads),
+        "",
         monitor_benchmark.markdown(monitor),
+        *([monitor_benchmark.markdown(default_threads)] if default_threads else []),
         demoted(compare_benchmark.markdown(compare, COMPARATOR_REFERENCE)),
         demoted((results / "gpu.md").read_text(encoding="utf-8")),
         *(demoted((results / name).read_text(encoding="utf-8")) for name in ("live.md", "anomalies.md")

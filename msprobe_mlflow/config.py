@@ -12,6 +12,7 @@ import os
 import struct
 from dataclasses import dataclass, field, fields
 
+from msprobe_mlflow.layout import CHECKSUMS
 from msprobe_mlflow.levels import LEVELS
 
 DIRECTION_FORMATS = ("packed", "npy")
@@ -65,7 +66,9 @@ class GradProbeConfig:
     ``bounds`` None (or absent from ``config.json``): msprobe's default of the framework, ``[-1, 0, 1]`` until a
     monitor applies its own (:meth:`for_framework`); ``bounds_are_default`` says which.
     ``direction_format``: ``packed`` (1 bit per element, one archive per rank and step) or ``npy`` (msprobe's
-    boolean ``.npy`` per parameter).
+    boolean ``.npy`` per parameter). ``checksum``: what L0's ``MD5`` column holds, ``md5`` (msprobe's, hashed on
+    the host) or ``mix64`` (a checksum computed where the gradients are, written ``mix64:<16 hex digits>``: equal
+    gradients give equal values, at device speed; see the README).
     """
 
     dump_path: str
@@ -75,6 +78,7 @@ class GradProbeConfig:
     rank: tuple[int, ...] = ()
     step: tuple[int, ...] = ()
     direction_format: str = "packed"
+    checksum: str = "md5"
     source: str = field(default="GradProbeConfig", compare=False, repr=False)
     bounds_are_default: bool = field(default=False, init=False, compare=False, repr=False)
 
@@ -86,6 +90,8 @@ class GradProbeConfig:
             _reject(src, "grad_probe.grad_level", self.level, f"one of {', '.join(LEVELS)} (exact case)")
         if self.direction_format not in DIRECTION_FORMATS:
             _reject(src, "direction_format", self.direction_format, f"one of {', '.join(DIRECTION_FORMATS)}")
+        if self.checksum not in CHECKSUMS:
+            _reject(src, "checksum", self.checksum, f"one of {', '.join(CHECKSUMS)}")
         if not isinstance(self.param_list, (list, tuple)) or not all(isinstance(p, str) for p in self.param_list):
             _reject(src, "grad_probe.param_list", self.param_list, "a list of exact parameter names (empty = all)")
         object.__setattr__(self, "dump_path", str(self.dump_path))
@@ -120,7 +126,7 @@ class GradProbeConfig:
         return self.replace(bounds=FRAMEWORK_DEFAULT_BOUNDS[framework])
 
     def to_msprobe_dict(self) -> dict:
-        """The config as msprobe's ``config.json`` would hold it (plus our ``direction_format``)."""
+        """The config as msprobe's ``config.json`` would hold it (plus our ``direction_format`` and ``checksum``)."""
         return {
             "task": "grad_probe",
             "dump_path": self.dump_path,
@@ -129,6 +135,7 @@ class GradProbeConfig:
             "grad_probe": {"grad_level": self.level, "param_list": list(self.param_list),
                            "bounds": list(self.bounds)},
             "direction_format": self.direction_format,
+            "checksum": self.checksum,
         }
 
     @classmethod
@@ -159,6 +166,7 @@ class GradProbeConfig:
             "rank": data.get("rank", []),
             "step": data.get("step", []),
             "direction_format": data.get("direction_format", "packed"),
+            "checksum": data.get("checksum", "md5"),
         }
         values.update(overrides)
         return cls(**values, source=source)

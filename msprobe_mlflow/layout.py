@@ -10,6 +10,8 @@ order:
 - ``cumulative_counts`` (levels with buckets: L2): the number of elements ``x <= b`` for each float32 bound ``b``,
   then the number ``x == 0`` (``-0.0`` included). Buckets are differences of those counts, so NaN and +inf land in
   the last bucket.
+- ``checksum`` (only with ``checksum=True``, at L0): the device checksum of the float32 values (see
+  :data:`CHECKSUM_PREFIX`), as its high and low 32 bits.
 
 Beside it: the packed signs (levels with directions: ``grad > 0`` in ``np.packbits`` order, each parameter padded
 to a whole byte, ``packed_length(numel)`` bytes, concatenated in model order) and the float32 values (levels with
@@ -33,6 +35,9 @@ from msprobe_mlflow.levels import LEVELS, Level
 
 EXTREMES = "extremes"
 CUMULATIVE_COUNTS = "cumulative_counts"
+CHECKSUM = "checksum"
+CHECKSUMS = ("md5", "mix64")  # what L0's MD5 column holds: msprobe's MD5 (on the host), or the device checksum
+CHECKSUM_PREFIX = "mix64:"  # how the MD5 column tells a device checksum (16 hex digits follow) from an MD5
 
 
 def consecutive_slices(lengths: Iterable[int]) -> list[slice]:
@@ -65,11 +70,12 @@ class Section:
 @dataclass(frozen=True)
 class StatisticsLayout:
     """The layout of one step's results for parameters of ``numels`` elements at ``level`` (a :class:`Level` or its
-    name) with bucket ``bounds``; see the module docstring."""
+    name) with bucket ``bounds``, with the device ``checksum`` section or not; see the module docstring."""
 
     level: Level
     bounds: tuple
     numels: tuple[int, ...]
+    checksum: bool = False
 
     def __post_init__(self):
         if isinstance(self.level, str):
@@ -88,6 +94,8 @@ class StatisticsLayout:
         sections = [Section(EXTREMES, 3)]
         if self.level.has_buckets:
             sections.append(Section(CUMULATIVE_COUNTS, len(self.bounds) + 1))
+        if self.checksum:
+            sections.append(Section(CHECKSUM, 2))
         return tuple(sections)
 
     @property
@@ -122,7 +130,7 @@ class StatisticsLayout:
 
     def subset(self, indices: Iterable[int]) -> "StatisticsLayout":
         """The layout of some of the parameters (those on one device, say), in the order of ``indices``."""
-        return StatisticsLayout(self.level, self.bounds, [self.numels[i] for i in indices])
+        return StatisticsLayout(self.level, self.bounds, [self.numels[i] for i in indices], self.checksum)
 
     def merge(self, parts: list[tuple[list[int], tuple]]) -> tuple:
         """Results computed apart for groups of parameters, ``(indices, (statistics, signs, float32_values))``

@@ -11,8 +11,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from msprobe_mlflow.layout import (CUMULATIVE_COUNTS, EXTREMES, StatisticsLayout, consecutive_slices,
-                                   packed_slices)
+from msprobe_mlflow.layout import (CHECKSUM, CHECKSUM_PREFIX, CUMULATIVE_COUNTS, EXTREMES, StatisticsLayout,
+                                   consecutive_slices, packed_slices)
 from msprobe_mlflow.levels import LEVELS
 
 
@@ -23,7 +23,8 @@ class StepRecord:
     ``values[i] = (max, min, norm)`` as float32, computed in the gradient's own dtype (bf16 values stay
     bf16-rounded); max and min are NaN for an empty parameter. ``bucket_counts[i, j]`` counts elements in bucket
     ``j`` of the float32 ``bounds`` (right-closed; NaN and +inf in the last bucket) and ``zero_counts[i]`` the
-    elements equal to 0 (L2 only). ``md5[i]`` is the hex MD5 of the float32 C-order bytes (L0 only).
+    elements equal to 0 (L2 only). ``md5[i]`` is the hex MD5 of the float32 C-order bytes (L0 only), or with the
+    device checksum option ``mix64:`` and its 16 hex digits.
     ``directions`` holds ``grad > 0`` bit-packed (``np.packbits`` order) per parameter, each padded to a byte,
     concatenated in model order (L1 and L2 only).
     """
@@ -71,15 +72,16 @@ def md5_per_parameter(flat_float32: np.ndarray, numels: list[int]) -> list[str]:
 
 def record_from_statistics(*, rank: int, step: int, level: str, bounds, names: list[str],
                            shapes: list[tuple[int, ...]], statistics: np.ndarray, signs: np.ndarray | None = None,
-                           float32_values: np.ndarray | None = None) -> StepRecord:
+                           float32_values: np.ndarray | None = None, checksum: bool = False) -> StepRecord:
     """The :class:`StepRecord` of the flat vector a monitor computes on the device, whatever the framework.
 
     ``statistics`` is laid out as :class:`msprobe_mlflow.layout.StatisticsLayout` says: ``max, min, norm`` per
     parameter, then at L2 the cumulative counts, whose differences are the buckets (so NaN and +inf land in the last
-    one). ``signs`` are the packed directions (L1/L2), ``float32_values`` the flattened gradients (L0 MD5).
+    one). ``signs`` are the packed directions (L1/L2), ``float32_values`` the flattened gradients (L0 MD5); with
+    ``checksum``, the vector's checksum section (L0) fills the MD5 column instead.
     """
     shapes = [tuple(s) for s in shapes]
-    layout = StatisticsLayout(level, bounds, [math.prod(shape) for shape in shapes])
+    layout = StatisticsLayout(level, bounds, [math.prod(shape) for shape in shapes], checksum)
     sections = layout.split(np.asarray(statistics, dtype=np.float64))
     record = StepRecord(rank=rank, step=step, level=level, bounds=tuple(bounds), names=list(names), shapes=shapes,
                         values=sections[EXTREMES].astype(np.float32))
@@ -90,7 +92,9 @@ def record_from_statistics(*, rank: int, step: int, level: str, bounds, names: l
         record.zero_counts = cumulative[:, -1]
     if layout.level.has_directions:
         record.directions = np.zeros(0, np.uint8) if signs is None else np.asarray(signs, dtype=np.uint8)
-    if layout.level.has_md5:
+    if checksum:
+        record.md5 = [f"{CHECKSUM_PREFIX}{int(high):08x}{int(low):08x}" for high, low in sections[CHECKSUM]]
+    elif layout.level.has_md5:
         values = np.zeros(0, np.float32) if float32_values is None else float32_values
         record.md5 = md5_per_parameter(values, layout.numels)
     return record

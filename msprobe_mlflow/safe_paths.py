@@ -1,11 +1,13 @@
 """Turning untrusted names (parameter names, dump file names, ``data_name`` fields) into paths safely."""
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import re
 import secrets
 from pathlib import Path
+from typing import BinaryIO, Iterator
 
 MAX_FILE_NAME_BYTES = 255
 _UNSAFE_CHARACTERS = re.compile(r"[\x00-\x1f\x7f/\\]")
@@ -56,19 +58,27 @@ def refuse_symlink(path: Path) -> Path:
     return path
 
 
-def atomic_write_bytes(path: Path, data: bytes) -> None:
-    """Write through a temporary file and rename, so a crash never leaves a half-written file under ``path``.
+@contextlib.contextmanager
+def atomic_writer(path: Path) -> Iterator[BinaryIO]:
+    """A file to write ``path`` through: a temporary file renamed to ``path`` when the block ends without an
+    error, so a crash never leaves a half-written file under ``path``; a failed write removes the temporary file.
 
     The file gets the permissions ``open()`` would give (0666 less the umask), not a temporary file's 0600, so a
-    dump stays readable by whoever could read one written by msprobe. A failed write removes its temporary file.
+    dump stays readable by whoever could read one written by msprobe.
     """
     path.parent.mkdir(parents=True, exist_ok=True)
     partial = path.parent / f".partial-{secrets.token_hex(8)}"
     descriptor = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
     try:
         with os.fdopen(descriptor, "wb") as f:
-            f.write(data)
+            yield f
         os.replace(partial, path)
     except BaseException:
         partial.unlink(missing_ok=True)
         raise
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    """``data`` written to ``path`` through :func:`atomic_writer`."""
+    with atomic_writer(path) as f:
+        f.write(data)

@@ -1,6 +1,6 @@
-"""The accelerator path (batched small tensors, one-by-one large ones) gives the host path's exact numbers.
+"""The accelerator path (one reused row buffer per dtype) gives the host path's exact numbers.
 
-It runs here on CPU tensors: the same torch ops a CUDA device runs, without the device."""
+It runs here on CPU tensors: the torch ops a CUDA device runs (compiled there, eager here), without the device."""
 from __future__ import annotations
 
 import numpy as np
@@ -9,19 +9,19 @@ import torch
 
 from msprobe_mlflow.layout import StatisticsLayout
 from msprobe_mlflow.levels import LEVELS
-from msprobe_mlflow.pytorch.statistics import SMALL_TENSOR, _device_statistics, _host_statistics
+from msprobe_mlflow.pytorch.statistics import ROW, _device_statistics, _host_statistics
 
 
 def awkward_gradients() -> list[torch.Tensor]:
     generator = torch.Generator().manual_seed(0)
     return [
-        torch.randn(SMALL_TENSOR + 3, generator=generator),                      # large, odd length
+        torch.randn(ROW * 3 + 5, generator=generator),                           # rows, the last partly padding
         torch.tensor([0.0, -0.0, float("nan"), float("inf"), -float("inf"), -1.0, 0.5]),
         torch.zeros(0),                                                          # empty
         torch.tensor(-2.5),                                                      # scalar
         torch.randn(33, 7, generator=generator).to(torch.bfloat16),
         torch.randn(5, generator=generator, dtype=torch.float64),
-        torch.randn(SMALL_TENSOR, generator=generator).to(torch.float16),       # large, half
+        torch.randn(ROW * 2, generator=generator).to(torch.float16),            # several rows, half
         torch.randn(9, generator=generator),
     ]
 
@@ -70,15 +70,15 @@ def test_results_of_several_devices_merge_back_into_parameter_order(level):
             np.testing.assert_array_equal(found, expected)
 
 
-@pytest.mark.parametrize("block", [8, 16, 24, 1 << 17])
 @pytest.mark.parametrize("level", ["L1", "L2"])
-def test_host_blocks_of_any_size_give_the_same_numbers(monkeypatch, block, level):
-    """Gradients split across blocks, and small ones sharing a block, give what one pass per gradient gives:
-    numpy by hand, per gradient, here."""
-    import msprobe_mlflow.pytorch.statistics as statistics_module
+def test_gradients_across_kernel_blocks_and_batched_small_ones_give_numpy_numbers(level):
+    """Gradients split across the kernel's blocks (sizes around ``BLOCK``), and small ones sharing one kernel
+    call, give what one numpy pass per gradient gives."""
+    from msprobe_mlflow.pytorch.fused import BLOCK, SMALL_ARRAY
 
-    monkeypatch.setattr(statistics_module, "HOST_BLOCK", block)
-    grads = awkward_gradients()[1:] + [torch.randn(101), torch.randn(3, 17)]
+    generator = torch.Generator().manual_seed(1)
+    sizes = [BLOCK - 1, BLOCK, BLOCK + 3, 2 * BLOCK + 9, SMALL_ARRAY - 1, SMALL_ARRAY + 1, 101, 51]
+    grads = awkward_gradients()[1:] + [torch.randn(n, generator=generator) for n in sizes] + [torch.randn(3, 17)]
     bounds = [np.float32(b) for b in (-1, 0, 1)]
     found, signs, _ = _host_statistics(grads, torch._foreach_norm(grads), LEVELS[level], bounds)
     rows, counts, packed = [], [], []
@@ -92,3 +92,37 @@ def test_host_blocks_of_any_size_give_the_same_numbers(monkeypatch, block, level
     expected = np.concatenate([np.array(rows, np.float64).reshape(-1), counts if level == "L2" else []])
     np.testing.assert_array_equal(found, expected)
     np.testing.assert_array_equal(signs, np.concatenate(packed))
+
+
+def dispatched_ops(grads: list[torch.Tensor], level: str) -> list[str]:
+    """The top-level torch ops that queuing one step on the device path dispatches, as the profiler records them."""
+    from torch.profiler import ProfilerActivity, profile
+
+    norms = torch._foreach_norm(grads)
+    bounds = [np.float32(b) for b in (-1, 0, 1)]
+    _device_statistics(grads, norms, LEVELS[level], bounds)()  # the buffer and constants are made once
+    with profile(activities=[ProfilerActivity.CPU]) as profiler:
+        _device_statistics(grads, norms, LEVELS[level], bounds)
+    return sorted(event.name for event in profiler.events() if event.cpu_parent is None)
+
+
+@pytest.mark.parametrize("level", ["L0", "L1", "L2"])
+def test_the_ops_dispatched_per_step_do_not_grow_with_the_number_of_gradients(level):
+    def model(tensors: int) -> list[torch.Tensor]:  # weights and biases, as nn.Linear(64, 64) layers have
+        return [torch.randn(64, 64) if i % 2 == 0 else torch.randn(64) for i in range(tensors)]
+
+    few, many = dispatched_ops(model(32), level), dispatched_ops(model(512), level)
+    assert many == few
+    assert len(many) < 512 // 4  # a few per statistic, not one per gradient
+
+
+@pytest.mark.parametrize("values, maximum, minimum", [([-0.0, 0.0, -1.0], "0.0", "-1.0"),
+                                                      ([0.0, -0.0, 1.0], "1.0", "-0.0"),
+                                                      ([-0.0, -0.0], "-0.0", "-0.0")])
+def test_signed_zeros_order_below_and_above_each_other_on_both_paths(values, maximum, minimum):
+    """Of +0.0 and -0.0, max is +0.0 and min -0.0, whatever their order (torch.max and np.max depend on it)."""
+    grads = [torch.tensor(values)]
+    norms, bounds = torch._foreach_norm(grads), [np.float32(0)]
+    for statistics in (_host_statistics(grads, norms, LEVELS["L1"], bounds)[0],
+                       _device_statistics(grads, norms, LEVELS["L1"], bounds)()[0]):
+        assert [repr(float(v)) for v in statistics[:2]] == [maximum, minimum]

@@ -127,3 +127,17 @@ def test_launching_a_step_returns_while_the_gpu_is_still_busy(level):
     resolved = time.perf_counter() - started
     assert launched < 0.25 < resolved, (launched, resolved)
     assert record.names == ["a", "b"]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_step_without_directions_has_the_same_statistics_and_no_sign_bits(device):
+    grads = [torch.from_numpy(GRADIENTS["weight"]).to(device), torch.from_numpy(GRADIENTS["big"]).to(device)]
+
+    def launched(directions: bool):
+        return launch_step_statistics(["w", "big"], grads, rank=0, step=0, level="L2", bounds=BOUNDS,
+                                      directions=directions)()
+
+    full, light = launched(True), launched(False)
+    assert light.directions is None and full.directions.size == 2 + 126
+    np.testing.assert_array_equal(light.values, full.values)
+    np.testing.assert_array_equal(light.bucket_counts, full.bucket_counts)

@@ -51,6 +51,9 @@ class GradientMonitor(SessionMonitor):
         :class:`SessionMonitor`)."""
         super().__init__(config, **options)
         self.config = self.config.for_framework("mindspore")
+        if self.config.checksum != "md5":  # the device checksum exists on the PyTorch path only
+            raise ValueError(f"{self.config.source}: checksum = {self.config.checksum!r} is not accepted by the "
+                             f"MindSpore monitor; expected md5 (mix64 is computed by the PyTorch monitor only)")
         self._optimizer: nn.Cell | None = None
         self._probe: GradientProbe | None = None
         self._names: list[str] = []

@@ -20,6 +20,14 @@ def _pinned_empty(tensor: torch.Tensor) -> torch.Tensor:
         return torch.empty(tensor.shape, dtype=tensor.dtype)
 
 
+def pinned(tensor: torch.Tensor) -> torch.Tensor:
+    """``tensor`` (on the host) in page-locked memory where the backend has it, for a non-blocking copy to a device."""
+    try:
+        return tensor.pin_memory()
+    except RuntimeError:
+        return tensor
+
+
 def start_host_copy(tensor: torch.Tensor) -> Callable[[], np.ndarray]:
     """Starts copying ``tensor`` to the host; the returned callable waits for the copy (call it off the training
     thread) and returns the values as numpy. A CPU tensor is returned as is (a zero-copy view)."""

@@ -151,7 +151,8 @@ class GradientMonitor(SessionMonitor):
             raise TypeError(f"gradients of {', '.join(unsupported)} have no max/min/sign statistics; expected "
                             f"real floating dtypes (leave such parameters out with grad_probe.param_list)")
         launch = launch_sharded_statistics if sharded else launch_step_statistics
-        pending = launch(names, grads, rank=rank, step=step, level=self.config.level, bounds=self.config.bounds)
+        pending = launch(names, grads, rank=rank, step=step, level=self.config.level, bounds=self.config.bounds,
+                         checksum=self.config.checksum)
         if writes:
             self._probed_steps += 1
             self._session.submit(pending)

@@ -81,13 +81,14 @@ def _sharding(grad: torch.Tensor, name: str) -> _Sharding:
 
 
 def launch_sharded_statistics(names: list[str], grads: list[torch.Tensor], *, rank: int, step: int, level: str,
-                              bounds: tuple) -> Callable[[], StepRecord]:
+                              bounds: tuple, checksum: str = "md5") -> Callable[[], StepRecord]:
     """Like :func:`~msprobe_mlflow.pytorch.statistics.launch_step_statistics`, for gradients of which some are
     DTensors: the record holds each full gradient's statistics. A collective: every rank of each gradient's
     process group must call it, with the same parameters in the same order."""
     if LEVELS[level].has_md5:
         full = [g.full_tensor() if isinstance(g, _dtensor_type()) else g for g in grads]
-        return launch_step_statistics(names, full, rank=rank, step=step, level=level, bounds=bounds)
+        return launch_step_statistics(names, full, rank=rank, step=step, level=level, bounds=bounds,
+                                      checksum=checksum)
     shardings = [_sharding(g, n) for g, n in zip(grads, names)]
     locals_ = [g.to_local() if isinstance(g, _dtensor_type()) else g for g in grads]
     groups: dict[object, list[int]] = {}

@@ -1,23 +1,28 @@
 """Gradient statistics, computed where the gradients are.
 
-On an accelerator, nothing here reads a value on the host: every per-parameter number lands in one float64
-result tensor (float32 statistics and integer counts are exact in float64), the sign bits in one packed uint8
-tensor, and both are copied to the host with ``non_blocking`` into pinned memory behind a device event (any
+On an accelerator, nothing here reads a value on the host: each dtype's gradients are copied into one reused row
+buffer, reduced by whole-buffer ops (compiled into fused kernels on CUDA), every per-parameter number lands in one
+float64 result tensor (float32 statistics and integer counts are exact in float64), the sign bits in one packed
+uint8 tensor, and both are copied to the host with ``non_blocking`` into pinned memory behind a device event (any
 accelerator: ``host_copy.py``). The training thread never waits for the device; the writer thread waits for the
-event. On the CPU, the gradients already are on the host: the statistics are computed at once with numpy on
-zero-copy views.
+event. On the CPU, the gradients already are on the host: the statistics are computed at once by the numba kernel
+of :mod:`msprobe_mlflow.pytorch.fused`, on zero-copy views.
 """
 from __future__ import annotations
 
+import dataclasses
 import math
+import warnings
+from dataclasses import dataclass
 from typing import Callable
 
 import numpy as np
 import torch
 
-from msprobe_mlflow.layout import CUMULATIVE_COUNTS, EXTREMES, StatisticsLayout
-from msprobe_mlflow.levels import Level
-from msprobe_mlflow.pytorch.host_copy import start_host_copy as _to_host  # any accelerator, no sync
+from msprobe_mlflow.layout import CHECKSUM, CHECKSUMS, CUMULATIVE_COUNTS, EXTREMES, StatisticsLayout, packed_length
+from msprobe_mlflow.levels import LEVELS, Level
+from msprobe_mlflow.pytorch import fused
+from msprobe_mlflow.pytorch.host_copy import pinned, start_host_copy as _to_host  # any accelerator, no sync
 from msprobe_mlflow.records import StepRecord, record_from_statistics
 
 _BIT_WEIGHTS = (128, 64, 32, 16, 8, 4, 2, 1)  # np.packbits order: first element in the high bit
@@ -30,11 +35,15 @@ def _device_constant(values, dtype: torch.dtype, device: torch.device) -> torch.
     """A small constant on ``device``, copied once and cached: a per-step host-to-device copy would sync."""
     key = (tuple(values), dtype, str(device))
     if key not in _constants:
-        source = torch.tensor(values, dtype=dtype)
-        if device.type == "cuda":  # pageable host memory would make the copy synchronous
-            source = source.pin_memory()
-        _constants[key] = source.to(device, non_blocking=True)
+        _constants[key] = _copied_to(device, values, dtype)
     return _constants[key]
+
+
+def _copied_to(device: torch.device, values, dtype: torch.dtype) -> torch.Tensor:
+    source = torch.as_tensor(values, dtype=dtype)
+    if device.type != "cpu":  # pageable host memory would make the copy synchronous
+        source = pinned(source)
+    return source.to(device, non_blocking=True)
 
 
 def pack_bits(bits: torch.Tensor) -> torch.Tensor:
@@ -62,7 +71,7 @@ def _padded(vector: torch.Tensor) -> list[torch.Tensor]:
 
 
 def launch_step_statistics(names: list[str], grads: list[torch.Tensor], *, rank: int, step: int, level: str,
-                           bounds: tuple) -> Callable[[], StepRecord]:
+                           bounds: tuple, directions: bool = True, checksum: str = "md5") -> Callable[[], StepRecord]:
     """Computes (CPU) or queues (other devices) the statistics of ``grads``; returns the pending step.
 
     The flat result is laid out as :class:`msprobe_mlflow.layout.StatisticsLayout` says: ``max, min, norm`` per
@@ -70,14 +79,20 @@ def launch_step_statistics(names: list[str], grads: list[torch.Tensor], *, rank:
     counts of ``x <= b`` for each float32 bound and of ``x == 0``. bf16/fp16 are compared in float32, so the
     float32 bounds are not rounded to the gradient's dtype; float64 stays float64, as msprobe compares it.
     Gradients on several devices (CPU offload) are handled per device and merged back into parameter order on the
-    writer thread.
+    writer thread. ``directions=False`` skips the sign bits this step (the record then has none). ``checksum``
+    (L0): ``md5``, or ``mix64``, computed where the gradients are (:func:`_row_checksums`) instead of copying
+    them to the host for MD5; it takes the device path on the CPU too.
     """
-    layout = StatisticsLayout(level, bounds, [g.numel() for g in grads])
+    if checksum not in CHECKSUMS:
+        raise ValueError(f"checksum = {checksum!r} is not accepted; expected one of {', '.join(CHECKSUMS)}")
+    recorded = LEVELS[level] if directions else dataclasses.replace(LEVELS[level], has_directions=False)
+    device_checksum = checksum == "mix64" and recorded.has_md5
+    layout = StatisticsLayout(recorded, bounds, [g.numel() for g in grads], device_checksum)
     bounds32 = [np.float32(b) for b in bounds]
     by_device: dict[torch.device, list[int]] = {}
     for index, grad in enumerate(grads):
         by_device.setdefault(grad.device, []).append(index)
-    pending = [(indices, _launch_group([grads[i] for i in indices], layout.level, bounds32))
+    pending = [(indices, _launch_group([grads[i] for i in indices], layout.level, bounds32, device_checksum))
                for indices in by_device.values()]
 
     def resolve() -> StepRecord:
@@ -88,7 +103,9 @@ def launch_step_statistics(names: list[str], grads: list[torch.Tensor], *, rank:
             statistics, signs, float32_values = layout.merge(parts)
         record = record_from_statistics(rank=rank, step=step, level=level, bounds=bounds, names=names,
                                         shapes=[g.shape for g in grads], statistics=statistics, signs=signs,
-                                        float32_values=float32_values)
+                                        float32_values=float32_values, checksum=device_checksum)
+        if not directions:
+            record.directions = None
         for _, (_, _, snapshot) in parts:  # hashed: the host snapshots can serve the next steps
             release_snapshot(snapshot)
         return record
@@ -96,63 +113,35 @@ def launch_step_statistics(names: list[str], grads: list[torch.Tensor], *, rank:
     return resolve
 
 
-def _launch_group(grads: list[torch.Tensor], level: Level, bounds32) -> Callable[[], tuple]:
+def _launch_group(grads: list[torch.Tensor], level: Level, bounds32, checksum: bool = False) -> Callable[[], tuple]:
     """Statistics of gradients that share a device: computed now on the CPU, queued on an accelerator."""
     norms = torch._foreach_norm(grads)
-    if grads[0].device.type == "cpu":
+    if grads[0].device.type == "cpu" and not checksum:
         computed = _host_statistics(grads, norms, level, bounds32)
         return lambda: computed
-    return _device_statistics(grads, norms, level, bounds32)
+    return _device_statistics(grads, norms, level, bounds32, checksum)
+
+
+def _refuse_non_floating(grad: torch.Tensor) -> None:
+    if not grad.is_floating_point():
+        raise TypeError(f"gradient dtype {grad.dtype} has no max/min/sign statistics; expected a real floating type")
 
 
 def _comparable(grad: torch.Tensor) -> torch.Tensor:
-    if not grad.is_floating_point():
-        raise TypeError(f"gradient dtype {grad.dtype} has no max/min/sign statistics; expected a real floating type")
+    _refuse_non_floating(grad)
     return grad if grad.dtype in (torch.float32, torch.float64) else grad.float()
 
 
-HOST_BLOCK = 1 << 17  # elements (512 KB of float32): all passes over a block run from the CPU cache
-
-
 def _host_statistics(grads, norms, level, bounds32):
-    """The CPU path, in numpy on zero-copy views, block by block.
-
-    The gradients are walked as one virtual vector (each followed by zeros up to a whole byte, as the packed
-    directions are laid out) in blocks of ``HOST_BLOCK`` elements: max, min, the L2 counts and the sign bits of
-    a block are all computed while it sits in the cache, so memory is read about once instead of once per
-    statistic (about 2.4x faster here on a 16M-element gradient), and small gradients share a block, reduced
-    with ``reduceat``, instead of paying numpy's per-call cost each.
-    """
+    """The CPU path: :mod:`msprobe_mlflow.pytorch.fused` reads each gradient once (zero-copy numpy views; bf16
+    and fp16 are compared in float32), computing max, min, the L2 counts and the sign bits together."""
     arrays = [_comparable(g).detach().numpy().reshape(-1) for g in grads]
     layout = StatisticsLayout(level, bounds32, [a.size for a in arrays])
-    maxima, minima = np.full(len(arrays), -np.inf), np.full(len(arrays), np.inf)
-    counts = np.zeros((len(arrays), len(bounds32) + 1), np.int64)
     signs = np.empty(layout.signs_length, np.uint8) if level.has_directions else None
-    for block, pieces, sign_offset in _host_blocks(arrays):
-        owners = [owner for owner, _, _ in pieces]
-        if len(pieces) == 1:  # a slice of a large gradient: plain reductions (reduceat on bools is slow)
-            (_, start, length), = pieces
-            values = block[start:start + length]
-            with np.errstate(invalid="ignore"):
-                maxima[owners] = np.maximum(maxima[owners], values.max())
-                minima[owners] = np.minimum(minima[owners], values.min())
-            if level.has_buckets:
-                counts[owners] += [np.count_nonzero(values <= bound) for bound in bounds32] \
-                    + [np.count_nonzero(values == 0)]
-        else:  # small gradients: reduceat over (piece, gap) segments; a trailing zero ends the last gap
-            edges = [edge for _, start, length in pieces for edge in (start, start + length)]
-            extended = np.append(block, block.dtype.type(0))
-            with np.errstate(invalid="ignore"):  # NaN propagates, as msprobe's max/min do
-                np.maximum.at(maxima, owners, np.maximum.reduceat(extended, edges)[0::2])
-                np.minimum.at(minima, owners, np.minimum.reduceat(extended, edges)[0::2])
-            if level.has_buckets:
-                for column, mask in enumerate([extended <= bound for bound in bounds32] + [extended == 0]):
-                    np.add.at(counts[:, column], owners, np.add.reduceat(mask, edges, dtype=np.int64)[0::2])
-        if signs is not None:
-            bits = np.packbits(block > 0)
-            signs[sign_offset:sign_offset + bits.size] = bits
-    empty = np.array([a.size == 0 for a in arrays], bool)
-    maxima[empty] = minima[empty] = np.nan
+    maxima, minima, counts = fused.statistics(arrays, bounds32, with_counts=level.has_buckets,
+                                              with_signs=level.has_directions,
+                                              sign_offsets=[piece.start for piece in layout.sign_slices()],
+                                              signs=signs)
     norm_values = torch.stack(norms).float().numpy() if norms else np.zeros(0, np.float32)
     head = np.column_stack([maxima.astype(np.float32), minima.astype(np.float32), norm_values]).astype(np.float64)
     statistics = np.concatenate(layout.in_order({EXTREMES: head, CUMULATIVE_COUNTS: counts}))
@@ -181,126 +170,183 @@ def release_snapshot(buffer: np.ndarray | None) -> None:
         _free_snapshots.append(buffer)
 
 
-def _host_blocks(arrays):
-    """Yields ``(block, pieces, sign_offset)``: a block of the padded virtual vector, the ``(parameter, start,
-    length)`` of each gradient piece in it, and where its packed bits go. Pieces of one gradient start at
-    multiples of 8 elements, so each block packs into whole bytes."""
-    pending, size, sign_offset = [], 0, 0
-    for owner, array in enumerate(arrays):
-        for low in range(0, array.size, HOST_BLOCK):
-            piece = array[low:low + HOST_BLOCK]
-            padding = -(low + piece.size) % 8 if low + piece.size == array.size else 0
-            pending.append((owner, piece, padding))
-            size += piece.size + padding
-            if size >= HOST_BLOCK:
-                yield (*_joined(pending), sign_offset)
-                pending, sign_offset, size = [], sign_offset + size // 8, 0
-    if pending:
-        yield (*_joined(pending), sign_offset)
+ROW = 512  # elements: the device buffer's rows; each gradient starts a row, so a row's statistics are one gradient's
 
 
-def _joined(pending) -> tuple[np.ndarray, list[tuple[int, int, int]]]:
-    """One piece without padding stays a zero-copy view; several are copied into one small block."""
-    (owner, piece, padding), *others = pending
-    if not others and not padding:
-        return piece, [(owner, 0, piece.size)]
-    parts, pieces, position = [], [], 0
-    for owner, piece, padding in pending:
-        pieces.append((owner, position, piece.size))
-        parts += [piece, np.zeros(padding, piece.dtype)]
-        position += piece.size + padding
-    return np.concatenate(parts), pieces
+@dataclass
+class _RowBuffer:
+    """A flat buffer that holds one step's gradients of one dtype, each starting a row of ``ROW`` elements,
+    allocated once for a set of gradient sizes and reused every step (with the constants that describe it)."""
+
+    flat: torch.Tensor
+    targets: list[torch.Tensor]  # each gradient's place in ``flat``, in its shape
+    row_valid: torch.Tensor  # int32 per row: how many of its elements belong to a gradient (the rest is padding)
+    row_counts: torch.Tensor  # int64 per gradient: its rows (for segment_reduce)
+    row_owner: torch.Tensor  # int64 per row: its gradient (for scatter_reduce_ and index_add_)
+    row_first_index: torch.Tensor  # int64 per row: the index in its gradient of the row's first element
+    empty: torch.Tensor  # bool per gradient
+    starts: list[int]  # where each gradient starts in ``flat``
 
 
-SMALL_TENSOR = 1 << 16  # elements: below this, kernel launches cost more than the data; batch such tensors
-CHUNK = 1 << 24  # elements per batch, so float32 counts of a segment stay exact
+_row_buffers: dict[tuple, _RowBuffer] = {}
 
 
-def _device_statistics(grads, norms, level, bounds32) -> Callable[[], tuple]:
-    """Any other device: torch ops that stay on it, one asynchronous copy of each result to the host.
+def _row_buffer(grads: list[torch.Tensor]) -> _RowBuffer:
+    key = (grads[0].device, grads[0].dtype, tuple(tuple(g.shape) for g in grads))
+    if key not in _row_buffers:
+        if len(_row_buffers) >= 8:  # shapes that change every step (rare) must not pile up buffers
+            _row_buffers.clear()
+        numels = [g.numel() for g in grads]
+        rows = [-(-n // ROW) for n in numels]
+        starts = np.concatenate([[0], np.cumsum(rows)[:-1]]).astype(np.int64) * ROW
+        flat = torch.empty(sum(rows) * ROW, dtype=grads[0].dtype, device=grads[0].device)
+        valid = np.concatenate([np.minimum(ROW, n - ROW * np.arange(r)) for n, r in zip(numels, rows)] + [[]])
+        _row_buffers[key] = _RowBuffer(
+            flat=flat, targets=[flat[start:start + n].view(g.shape) for start, n, g in zip(starts, numels, grads)],
+            row_valid=_copied_to(flat.device, valid.astype(np.int32), torch.int32),
+            row_counts=_copied_to(flat.device, rows, torch.int64),
+            row_owner=_copied_to(flat.device, np.repeat(np.arange(len(rows)), rows), torch.int64),
+            row_first_index=_copied_to(flat.device, np.concatenate([np.arange(r) * ROW for r in rows] + [[]]),
+                                       torch.int64),
+            empty=_copied_to(flat.device, [n == 0 for n in numels], torch.bool),
+            starts=[int(start) for start in starts])
+    return _row_buffers[key]
 
-    Large gradients are reduced one by one; small ones are batched, by dtype, into chunks of one padded flat
-    vector reduced with ``segment_reduce``, so a model of many small tensors costs a few kernels per chunk,
-    not several per tensor. Each block's results are merged back into parameter order on the writer thread.
-    """
-    layout = StatisticsLayout(level, bounds32, [g.numel() for g in grads])
-    blocks = [[i] for i, g in enumerate(grads) if g.numel() >= SMALL_TENSOR]
-    blocks += _small_chunks(grads, [i for i, g in enumerate(grads) if g.numel() < SMALL_TENSOR])
-    statistics, signs = [], []
-    for indices in blocks:
+
+_SPLITMIX64 = [c - (1 << 64) for c in (0x9E3779B97F4A7C15, 0xBF58476D1CE4E5B9, 0x94D049BB133111EB)]  # as int64
+
+
+def _logical_shift_right(words: torch.Tensor, bits: int) -> torch.Tensor:
+    return (words >> bits) & ((1 << (64 - bits)) - 1)  # torch shifts int64 arithmetically
+
+
+def _row_checksums(flat: torch.Tensor, valid: torch.Tensor, row_first_index: torch.Tensor) -> torch.Tensor:
+    """Per row, the sum modulo 2**64 of ``splitmix64(w + (i + 1) * 0x9E3779B97F4A7C15)`` over its elements, ``w``
+    the unsigned bits of the element's float32 value and ``i`` its index in the gradient (C order): summed per
+    gradient, the ``mix64`` checksum. Integer sums are exact in any order, so every device gives the same
+    number; a changed element or two swapped ones change it (unless by a 2**-64 chance). Not cryptographic."""
+    words = flat.view(-1, ROW).float().view(torch.int32).to(torch.int64) & 0xFFFFFFFF
+    index = row_first_index[:, None] + torch.arange(1, ROW + 1, device=flat.device)
+    mixed = words + index * _SPLITMIX64[0]
+    mixed = (mixed ^ _logical_shift_right(mixed, 30)) * _SPLITMIX64[1]
+    mixed = (mixed ^ _logical_shift_right(mixed, 27)) * _SPLITMIX64[2]
+    mixed = mixed ^ _logical_shift_right(mixed, 31)
+    return torch.where(valid, mixed, 0).sum(dim=1)
+
+
+def _order_keys(words: torch.Tensor) -> torch.Tensor:
+    """Integers that order as the float32/float64 whose bits are ``words`` (int32/int64) do, -0.0 just below +0.0
+    (as the CPU kernel's keys: max and min then agree with it on signed zeros); the function is its own inverse."""
+    return words ^ ((words >> (words.element_size() * 8 - 1)) & torch.iinfo(words.dtype).max)
+
+
+def _row_statistics(flat: torch.Tensor, row_valid: torch.Tensor, row_first_index: torch.Tensor, bounds: tuple,
+                    with_counts: bool, with_signs: bool, with_checksum: bool) -> tuple:
+    """Per row of ``flat`` (``ROW`` elements, the first ``row_valid`` of them a gradient's): max and min (as
+    :func:`_order_keys`), whether it holds a NaN, the counts of ``x <= b`` per bound and of ``x == 0`` (float64),
+    the packed ``x > 0`` bits, and :func:`_row_checksums`. The same few whole-buffer ops whatever the number of
+    gradients."""
+    rows = flat.view(-1, ROW)
+    rows = rows if rows.dtype == torch.float64 else rows.float()  # bf16/fp16 compare in float32, exactly
+    valid = torch.arange(ROW, device=flat.device) < row_valid[:, None]
+    keys = _order_keys(rows.view(torch.int32 if rows.dtype == torch.float32 else torch.int64))
+    limits = torch.iinfo(keys.dtype)
+    maxima = torch.where(valid, keys, limits.min).amax(dim=1)
+    minima = torch.where(valid, keys, limits.max).amin(dim=1)
+    has_nan = (valid & rows.isnan()).any(dim=1)
+    counts = None
+    if with_counts:
+        counts = torch.stack([(valid & (rows <= bound)).sum(dim=1, dtype=torch.float64) for bound in bounds]
+                             + [(valid & (rows == 0)).sum(dim=1, dtype=torch.float64)], dim=1)
+    bits = None
+    if with_signs:
+        weights = _device_constant(_BIT_WEIGHTS, torch.uint8, flat.device)
+        positive = (valid & (rows > 0)).view(rows.shape[0], ROW // 8, 8).to(torch.uint8)
+        bits = (positive * weights).sum(dim=2, dtype=torch.uint8).reshape(-1)
+    checksums = _row_checksums(flat, valid, row_first_index) if with_checksum else None
+    return maxima, minima, has_nan, counts, bits, checksums
+
+
+COMPILED_DEVICES = {"cuda"}  # device types where torch.compile fuses _row_statistics into a read or two of the buffer
+_compiled: dict[str, Callable] = {}
+
+
+def _fused_row_statistics(flat: torch.Tensor, *args) -> tuple:
+    """:func:`_row_statistics`, compiled (once per device type; the first probed step pays the compilation) where
+    ``COMPILED_DEVICES`` says; eager elsewhere, and from the first compilation failure on, with a warning."""
+    device = flat.device.type
+    if device not in COMPILED_DEVICES:
+        return _row_statistics(flat, *args)
+    try:
+        if device not in _compiled:
+            _compiled[device] = torch.compile(_row_statistics, dynamic=True)
+        return _compiled[device](flat, *args)
+    except Exception as e:  # a missing compiler or an unsupported device must not cost the statistics
+        COMPILED_DEVICES.discard(device)
+        warnings.warn(f"msprobe-mlflow: torch.compile of the {device} statistics failed ({e!r}); "
+                      f"using eager torch ops, several reads of each gradient per step")
+        return _row_statistics(flat, *args)
+
+
+def _device_statistics(grads, norms, level, bounds32, checksum: bool = False) -> Callable[[], tuple]:
+    """Any other device: the gradients of each dtype are copied into one reused buffer (one ``_foreach_copy_``),
+    reduced per row by :func:`_row_statistics`, then per gradient over its rows (``segment_reduce``,
+    ``scatter_reduce_``); each
+    result is copied to the host asynchronously. The ops dispatched per step do not grow with the number of
+    gradients. Each gradient's packed signs (and L0 values) are cut out of its rows on the writer thread."""
+    layout = StatisticsLayout(level, bounds32, [g.numel() for g in grads], checksum)
+    groups: dict[torch.dtype, list[int]] = {}
+    for index, grad in enumerate(grads):
+        _refuse_non_floating(grad)
+        groups.setdefault(grad.dtype, []).append(index)
+    pending = []
+    for indices in groups.values():
         members = [grads[i] for i in indices]
-        reduce = _large_gradient_statistics if members[0].numel() >= SMALL_TENSOR else _small_chunk_statistics
-        rows, bits = reduce(members, level, bounds32)  # rows: (max, min, [counts]) x parameters
-        norm = torch.stack([norms[i] for i in indices]).float().double()  # float32, as msprobe writes
-        extremes = torch.stack([rows[0], rows[1], norm], dim=1)
-        statistics.append(torch.cat(layout.in_order({EXTREMES: extremes, CUMULATIVE_COUNTS: rows[2:].T})))
-        signs.append(bits)
-    sizes = [t.numel() for t in statistics]
-    statistics_host = _to_host(torch.cat(statistics))
-    signs_host = _to_host(torch.cat(signs)) if level.has_directions else None
-    sign_sizes = [t.numel() for t in signs] if level.has_directions else None
-    float32_host = _to_host(torch.cat([g.reshape(-1).float() for g in grads])) if level.has_md5 else None
+        buffer = _row_buffer(members)
+        torch._foreach_copy_(buffer.targets, members)
+        maxima, minima, has_nan, counts, bits, checksums = _fused_row_statistics(
+            buffer.flat, buffer.row_valid, buffer.row_first_index, tuple(map(float, bounds32)), level.has_buckets,
+            level.has_directions, checksum)
+        nan = torch.full((), math.nan, dtype=torch.float64, device=buffer.flat.device)
+
+        def per_gradient(rows: torch.Tensor, reduction: str) -> torch.Tensor:
+            return torch.segment_reduce(rows, reduction, lengths=buffer.row_counts, axis=0, unsafe=True)
+
+        undefined = buffer.empty | (per_gradient(has_nan.double(), "max") > 0)  # NaN propagates, as in np.max
+
+        def extreme(row_keys: torch.Tensor, reduction: str) -> torch.Tensor:
+            keys = torch.zeros(len(indices), dtype=row_keys.dtype, device=nan.device).scatter_reduce_(
+                0, buffer.row_owner, row_keys, reduction, include_self=False)
+            values = _order_keys(keys).view(torch.float32 if keys.dtype == torch.int32 else torch.float64)
+            return torch.where(undefined, nan, values.float().double())  # float32, as msprobe writes
+
+        extremes = torch.stack([extreme(maxima, "amax"), extreme(minima, "amin"),
+                                torch.stack([norms[i] for i in indices]).float().double()], dim=1)
+        sections = {EXTREMES: extremes}
+        if counts is not None:
+            sections[CUMULATIVE_COUNTS] = per_gradient(counts, "sum")
+        if checksums is not None:  # as two exact float64 halves
+            sums = torch.zeros(len(indices), dtype=torch.int64, device=checksums.device)
+            sums.index_add_(0, buffer.row_owner, checksums)
+            sections[CHECKSUM] = torch.stack([(sums >> 32) & 0xFFFFFFFF, sums & 0xFFFFFFFF], dim=1).double()
+        statistics = _to_host(torch.cat(layout.subset(indices).in_order(sections)))
+        signs = _to_host(bits) if bits is not None else None
+        values = None
+        if level.has_md5 and not checksum:  # copied on the CPU: a host view would see the next step refill it
+            values = _to_host(buffer.flat.to(torch.float32, copy=buffer.flat.device.type == "cpu"))
+        pending.append((indices, buffer.starts, statistics, signs, values))
+
+    def cut(flat: np.ndarray, indices: list[int], starts: list[int], length: Callable[[int], int]) -> np.ndarray:
+        """Each gradient's piece of a buffer laid out in rows, concatenated (padding left out)."""
+        pieces = [flat[start:start + length(grads[i].numel())] for i, start in zip(indices, starts)]
+        return np.concatenate([np.zeros(0, flat.dtype), *pieces])
 
     def collect() -> tuple:
-        block_statistics = np.split(statistics_host(), np.cumsum(sizes)[:-1])
-        block_signs = np.split(signs_host(), np.cumsum(sign_sizes)[:-1]) if signs_host else [None] * len(blocks)
-        parts = [(indices, (stats, bits, None)) for indices, stats, bits in zip(blocks, block_statistics, block_signs)]
-        merged_statistics, merged_signs, _ = layout.merge(parts)
-        return merged_statistics, merged_signs, float32_host() if float32_host else None
+        parts = []
+        for indices, starts, statistics, signs, values in pending:
+            packed = cut(signs(), indices, [s // 8 for s in starts], packed_length) if signs else None
+            flat = cut(values(), indices, starts, int) if values else None
+            parts.append((indices, (statistics(), packed, flat)))
+        return layout.merge(parts)
 
     return collect
-
-
-def _large_gradient_statistics(grads, level, bounds32):
-    """One large gradient: ``aminmax``, and at L2 a compare-and-count per bound, then its packed signs."""
-    (grad,) = grads
-    minimum, maximum = torch.aminmax(grad)
-    rows = [maximum.float().double(), minimum.float().double()]
-    if level.has_buckets:
-        comparable = _comparable(grad)
-        rows += [(comparable <= float(b)).sum().double() for b in bounds32] + [(comparable == 0).sum().double()]
-    bits = pack_bits(torch.cat(_padded((grad > 0).reshape(-1)))) if level.has_directions else None
-    return torch.stack(rows).reshape(-1, 1), bits
-
-
-def _small_chunks(grads, small: list[int]) -> list[list[int]]:
-    """Indices of the small gradients, grouped by the dtype they are compared in, in chunks under ``CHUNK``."""
-    chunks, current, size, dtype = [], [], 0, None
-    for i in sorted(small, key=lambda i: str(_comparison_dtype(grads[i]))):
-        numel = grads[i].numel() + 7
-        if current and (size + numel > CHUNK or _comparison_dtype(grads[i]) != dtype):
-            chunks.append(current)
-            current, size = [], 0
-        current.append(i)
-        size += numel
-        dtype = _comparison_dtype(grads[i])
-    return chunks + ([current] if current else [])
-
-
-def _comparison_dtype(grad: torch.Tensor) -> torch.dtype:
-    return torch.float64 if grad.dtype == torch.float64 else torch.float32
-
-
-def _small_chunk_statistics(grads, level, bounds32):
-    """Small gradients as one padded flat vector whose segments alternate parameter and padding (zeros to a
-    whole byte); reductions run over all segments and keep the parameters' ones."""
-    pieces, lengths = [], []
-    for grad in grads:
-        vector = _comparable(grad).reshape(-1)
-        padded = _padded(vector)
-        pieces += padded
-        lengths += [vector.numel(), sum(p.numel() for p in padded) - vector.numel()]
-    flat = torch.cat(pieces)
-    segment_lengths = _device_constant(lengths, torch.int64, flat.device)
-    empty = _device_constant([n == 0 for n in lengths[0::2]], torch.bool, flat.device)
-
-    def per_parameter(data: torch.Tensor, reduction: str) -> torch.Tensor:
-        return torch.segment_reduce(data, reduction, lengths=segment_lengths, unsafe=True)[0::2]
-
-    nan = torch.full((), math.nan, dtype=torch.float64, device=flat.device)
-    rows = [torch.where(empty, nan, per_parameter(flat, "max").float().double()),  # float32, as msprobe writes
-            torch.where(empty, nan, per_parameter(flat, "min").float().double())]
-    if level.has_buckets:
-        rows += [per_parameter((flat <= float(b)).float(), "sum").double() for b in bounds32]
-        rows.append(per_parameter((flat == 0).float(), "sum").double())
-    return torch.stack(rows), pack_bits(flat > 0) if level.has_directions else None
