@@ -8,6 +8,7 @@ already are on the host: the statistics are computed at once with numpy on zero-
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Callable
 
@@ -15,7 +16,7 @@ import numpy as np
 import torch
 
 from msprobe_mlflow.layout import CUMULATIVE_COUNTS, EXTREMES, StatisticsLayout
-from msprobe_mlflow.levels import Level
+from msprobe_mlflow.levels import LEVELS, Level
 from msprobe_mlflow.records import StepRecord, record_from_statistics
 
 _BIT_WEIGHTS = (128, 64, 32, 16, 8, 4, 2, 1)  # np.packbits order: first element in the high bit
@@ -79,7 +80,7 @@ def _padded(vector: torch.Tensor) -> list[torch.Tensor]:
 
 
 def launch_step_statistics(names: list[str], grads: list[torch.Tensor], *, rank: int, step: int, level: str,
-                           bounds: tuple) -> Callable[[], StepRecord]:
+                           bounds: tuple, directions: bool = True) -> Callable[[], StepRecord]:
     """Computes (CPU) or queues (other devices) the statistics of ``grads``; returns the pending step.
 
     The flat result is laid out as :class:`msprobe_mlflow.layout.StatisticsLayout` says: ``max, min, norm`` per
@@ -87,9 +88,11 @@ def launch_step_statistics(names: list[str], grads: list[torch.Tensor], *, rank:
     counts of ``x <= b`` for each float32 bound and of ``x == 0``. bf16/fp16 are compared in float32, so the
     float32 bounds are not rounded to the gradient's dtype; float64 stays float64, as msprobe compares it.
     Gradients on several devices (CPU offload) are handled per device and merged back into parameter order on the
-    writer thread.
+    writer thread. ``directions=False`` (the always-on tier's statistics-only steps) computes and copies no sign
+    bits, at any level: the record then carries none.
     """
-    layout = StatisticsLayout(level, bounds, [g.numel() for g in grads])
+    recorded = LEVELS[level] if directions else dataclasses.replace(LEVELS[level], has_directions=False)
+    layout = StatisticsLayout(recorded, bounds, [g.numel() for g in grads])
     bounds32 = [np.float32(b) for b in bounds]
     by_device: dict[torch.device, list[int]] = {}
     for index, grad in enumerate(grads):
@@ -105,7 +108,7 @@ def launch_step_statistics(names: list[str], grads: list[torch.Tensor], *, rank:
             statistics, signs, float32_values = layout.merge(parts)
         record = record_from_statistics(rank=rank, step=step, level=level, bounds=bounds, names=names,
                                         shapes=[g.shape for g in grads], statistics=statistics, signs=signs,
-                                        float32_values=float32_values)
+                                        float32_values=float32_values, directions=directions)
         for _, (_, _, snapshot) in parts:  # hashed: the host snapshots can serve the next steps
             release_snapshot(snapshot)
         return record
