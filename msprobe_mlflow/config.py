@@ -16,7 +16,10 @@ from msprobe_mlflow.levels import LEVELS
 
 DIRECTION_FORMATS = ("packed", "npy")
 DEFAULT_BOUNDS = (-1, 0, 1)
-GRAD_PROBE_KEYS = ("grad_level", "param_list", "bounds")
+MSPROBE_GRAD_PROBE_KEYS = ("grad_level", "param_list", "bounds")
+# Ours, the always-on tier (msprobe_mlflow.directions_schedule): key -> default, the default being msprobe's behaviour.
+TIER_DEFAULTS = {"directions_every_n_steps": 1, "directions_on_anomaly": False, "directions_steps_after_anomaly": 10}
+GRAD_PROBE_KEYS = MSPROBE_GRAD_PROBE_KEYS + tuple(TIER_DEFAULTS)
 
 
 def _reject(source: str, key: str, value, accepted: str):
@@ -53,6 +56,27 @@ def _bounds(source: str, value) -> tuple[float, ...]:
     return tuple(value)
 
 
+def _check_tier(source: str, level: str, every_n_steps, on_anomaly, steps_after_anomaly) -> None:
+    """The always-on tier's keys: each alone, then together (a combination that records no direction at all, or
+    tier options at a level that records none, is refused rather than silently ignored)."""
+    if isinstance(every_n_steps, bool) or not isinstance(every_n_steps, int) or every_n_steps < 0:
+        _reject(source, "grad_probe.directions_every_n_steps", every_n_steps,
+                "an integer >= 0 (1: every step, as msprobe; N: steps 0, N, 2N...; 0: only after an anomaly)")
+    if not isinstance(on_anomaly, bool):
+        _reject(source, "grad_probe.directions_on_anomaly", on_anomaly, "true or false")
+    if isinstance(steps_after_anomaly, bool) or not isinstance(steps_after_anomaly, int) or steps_after_anomaly < 1:
+        _reject(source, "grad_probe.directions_steps_after_anomaly", steps_after_anomaly,
+                "an integer >= 1 (the steps given directions after a non-finite gradient or a norm spike)")
+    if not LEVELS[level].has_directions and (every_n_steps != 1 or on_anomaly):
+        raise ValueError(f"{source}: grad_probe.directions_every_n_steps = {every_n_steps!r}, directions_on_anomaly "
+                         f"= {on_anomaly!r} choose when gradient directions are recorded, but grad_level {level!r} "
+                         f"records none; use grad_level L1 or L2, or leave these keys out")
+    if every_n_steps == 0 and not on_anomaly:
+        raise ValueError(f"{source}: grad_probe.directions_every_n_steps = 0 records directions only after an "
+                         f"anomaly, but directions_on_anomaly is false: no step would have directions; set "
+                         f"directions_on_anomaly to true, or directions_every_n_steps to N >= 1")
+
+
 @dataclass(frozen=True)
 class GradProbeConfig:
     """What to probe and where to write it.
@@ -61,6 +85,11 @@ class GradProbeConfig:
     bucket fractions over ``bounds`` and the ``=0`` fraction). Empty ``rank``/``step``/``param_list`` mean all.
     ``direction_format``: ``packed`` (1 bit per element, one archive per rank and step) or ``npy`` (msprobe's
     boolean ``.npy`` per parameter).
+
+    The always-on tier (ours; the defaults are msprobe's behaviour, directions at every step): statistics at every
+    probed step, directions only at steps ``0, N, 2N...`` (``directions_every_n_steps`` = N; 0: none on schedule)
+    and, with ``directions_on_anomaly``, at the ``directions_steps_after_anomaly`` steps that follow a non-finite
+    gradient or a gradient-norm spike (see :mod:`msprobe_mlflow.directions_schedule`).
     """
 
     dump_path: str
@@ -70,6 +99,9 @@ class GradProbeConfig:
     rank: tuple[int, ...] = ()
     step: tuple[int, ...] = ()
     direction_format: str = "packed"
+    directions_every_n_steps: int = TIER_DEFAULTS["directions_every_n_steps"]
+    directions_on_anomaly: bool = TIER_DEFAULTS["directions_on_anomaly"]
+    directions_steps_after_anomaly: int = TIER_DEFAULTS["directions_steps_after_anomaly"]
     source: str = field(default="GradProbeConfig", compare=False, repr=False)
 
     def __post_init__(self):
@@ -87,10 +119,16 @@ class GradProbeConfig:
         object.__setattr__(self, "bounds", _bounds(src, self.bounds))
         object.__setattr__(self, "rank", _int_list(src, "rank", self.rank))
         object.__setattr__(self, "step", _int_list(src, "step", self.step))
+        _check_tier(src, self.level, *self.tier_options(defaults=True).values())
 
     @property
     def has_directions(self) -> bool:
         return LEVELS[self.level].has_directions
+
+    def tier_options(self, defaults: bool = False) -> dict:
+        """The always-on tier's keys and values (those that differ from msprobe's behaviour, unless ``defaults``)."""
+        return {key: getattr(self, key) for key, default in TIER_DEFAULTS.items()
+                if defaults or getattr(self, key) != default}
 
     def wants_step(self, step: int) -> bool:
         return not self.step or step in self.step
@@ -104,14 +142,15 @@ class GradProbeConfig:
         return GradProbeConfig(**values)
 
     def to_msprobe_dict(self) -> dict:
-        """The config as msprobe's ``config.json`` would hold it (plus our ``direction_format``)."""
+        """The config as msprobe's ``config.json`` would hold it (plus our ``direction_format``, and the always-on
+        tier's keys when they are not msprobe's behaviour)."""
         return {
             "task": "grad_probe",
             "dump_path": self.dump_path,
             "rank": list(self.rank),
             "step": list(self.step),
             "grad_probe": {"grad_level": self.level, "param_list": list(self.param_list),
-                           "bounds": list(self.bounds)},
+                           "bounds": list(self.bounds), **self.tier_options()},
             "direction_format": self.direction_format,
         }
 
@@ -143,6 +182,7 @@ class GradProbeConfig:
             "rank": data.get("rank", []),
             "step": data.get("step", []),
             "direction_format": data.get("direction_format", "packed"),
+            **{key: section[key] for key in TIER_DEFAULTS if key in section},
         }
         values.update(overrides)
         return cls(**values, source=source)

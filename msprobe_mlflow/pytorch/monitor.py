@@ -31,8 +31,9 @@ class GradientMonitor(SessionMonitor):
     def __init__(self, config: GradProbeConfig | str | os.PathLike | dict, **options):
         """``options``: ``run_id``, ``tracking_uri``, ``log_every_n_steps``, ``param_metrics``, ``log_to_mlflow``,
         ``silent``, ``metrics_file``, ``sinks``; the live verdicts' ``baseline``, ``on_suspicious``,
-        ``first_threshold``, ``drop_threshold``, ``anomaly_flags``, ``spike_threshold``, ``spike_window`` (see
-        :class:`SessionMonitor`)."""
+        ``first_threshold``, ``drop_threshold``, ``anomaly_flags``, ``spike_threshold``, ``spike_window``; the
+        always-on tier's ``directions_every_n_steps``, ``directions_on_anomaly``, ``directions_steps_after_anomaly``
+        (see :class:`SessionMonitor`)."""
         super().__init__(config, **options)
         self._parameters: list[tuple[str, torch.nn.Parameter]] = []
         self._optimizer: torch.optim.Optimizer | None = None
@@ -93,7 +94,7 @@ class GradientMonitor(SessionMonitor):
             names.append(name)
             grads.append(grad.detach())
         pending = launch_step_statistics(names, grads, rank=rank, step=step, level=self.config.level,
-                                         bounds=self.config.bounds)
+                                         bounds=self.config.bounds, directions=self.directions_schedule.wants(step))
         self._session.submit(pending)
 
     def _remove_hook(self) -> None:
