@@ -47,12 +47,17 @@ class DirectionsSchedule:
         """Directions at every step (msprobe's behaviour): nothing to schedule, nothing to trigger."""
         return self.every_n_steps == 1
 
-    def wants(self, step: int) -> bool:
-        """Whether optimizer step ``step``, about to be probed, records directions. Reads no device value."""
+    def armed_until(self, next_step: int) -> int:
+        """The last step of the armed window (-1: none yet); a trigger fired since the last call starts a window of
+        ``steps_after_trigger`` steps at ``next_step``, the next step to be probed."""
         if self.triggers != self._seen_triggers:
             self._seen_triggers = self.triggers
-            self._armed_until = step + self.steps_after_trigger - 1
-        return (self.every_n_steps > 0 and step % self.every_n_steps == 0) or step <= self._armed_until
+            self._armed_until = next_step + self.steps_after_trigger - 1
+        return self._armed_until
+
+    def wants(self, step: int) -> bool:
+        """Whether optimizer step ``step``, about to be probed, records directions. Reads no device value."""
+        return (self.every_n_steps > 0 and step % self.every_n_steps == 0) or step <= self.armed_until(step)
 
     def trigger(self) -> None:
         """Arms directions for the ``steps_after_trigger`` steps from the next one probed."""
