@@ -16,10 +16,9 @@ from msprobe_mlflow.levels import LEVELS
 
 DIRECTION_FORMATS = ("packed", "npy")
 DEFAULT_BOUNDS = (-1, 0, 1)
-MSPROBE_GRAD_PROBE_KEYS = ("grad_level", "param_list", "bounds")
 # Ours, the always-on tier (msprobe_mlflow.directions_schedule): key -> default, the default being msprobe's behaviour.
 TIER_DEFAULTS = {"directions_every_n_steps": 1, "directions_on_anomaly": False, "directions_steps_after_anomaly": 10}
-GRAD_PROBE_KEYS = MSPROBE_GRAD_PROBE_KEYS + tuple(TIER_DEFAULTS)
+GRAD_PROBE_KEYS = ("grad_level", "param_list", "bounds", *TIER_DEFAULTS)
 
 
 def _reject(source: str, key: str, value, accepted: str):

@@ -91,9 +91,8 @@ def record_from_statistics(*, rank: int, step: int, level: str, bounds, names: l
         numels = np.array(layout.numels, dtype=np.int64)[:, None]
         record.bucket_counts = np.diff(cumulative[:, :-1], axis=1, prepend=0, append=numels)
         record.zero_counts = cumulative[:, -1]
-    if layout.level.has_directions and not directions:
-        record.skipped_directions = True
-    elif layout.level.has_directions:
+    record.skipped_directions = layout.level.has_directions and not directions
+    if layout.level.has_directions and directions:
         record.directions = np.zeros(0, np.uint8) if signs is None else np.asarray(signs, dtype=np.uint8)
     if layout.level.has_md5:
         values = np.zeros(0, np.float32) if float32_values is None else float32_values
