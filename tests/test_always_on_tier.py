@@ -24,6 +24,7 @@ from msprobe_mlflow.layout import StatisticsLayout
 from msprobe_mlflow.levels import LEVELS
 from msprobe_mlflow.pytorch import GradientMonitor
 from msprobe_mlflow.pytorch.statistics import _device_statistics, launch_step_statistics
+from msprobe_mlflow.sinks.baseline import BaselineOptions, verdict_line
 from msprobe_mlflow.tracking.upload import upload_dump
 
 STEPS = 8
@@ -291,3 +292,10 @@ def test_a_full_run_against_a_tier_baseline_reports_the_steps_the_baseline_has_n
     assert monitor.errors == []
     assert verdict["compared_steps"] == [0, 4]
     assert verdict["steps_not_compared"] == {"not in the baseline": [1, 2, 3, 5, 6, 7]}
+
+
+def test_the_run_description_counts_the_steps_without_directions_apart_from_those_not_compared():
+    line = verdict_line(BaselineOptions("0123abcd"), None, compared=3, not_compared=1, without_directions=5)
+    assert line == ("msprobe-mlflow live verdict: no suspicious step in 3 compared step(s) against baseline 0123abcd "
+                    "(first < 0.97, drop > 0.03); 1 step(s) not compared; 5 step(s) probed without directions "
+                    "(always-on tier)")
