@@ -96,3 +96,27 @@ def test_a_nan_gradient_arms_directions_for_the_next_steps_once(tmp_path):
     assert monitor.errors == []
     assert summary_steps(rank_dir(tmp_path, 0)) == list(range(9))
     assert direction_steps(tmp_path) == [3, 4]
+
+
+def test_in_graph_mode_a_norm_spike_arms_the_compiled_probe(tmp_path):
+    """A ``TrainOneStepCell`` at learning rate 0 on one batch (the same gradients every step); at step 6 the targets
+    are 1000 times larger, so the gradient norms spike; flush and collect after each step, so the probe is armed
+    before the next one."""
+    ms.set_context(mode=ms.GRAPH_MODE)
+    ms.set_seed(0)
+    net = MLP()
+    optimizer = nn.SGD(net.trainable_params(), learning_rate=0.0)
+    monitor = GradientMonitor(GradProbeConfig(dump_path=str(tmp_path), level="L1"), log_to_mlflow=False, silent=True,
+                              directions_every_n_steps=0, directions_on_anomaly=True,
+                              directions_steps_after_anomaly=2, spike_window=4).monitor(optimizer)
+    train_one_step = nn.TrainOneStepCell(nn.WithLossCell(net, nn.MSELoss()), optimizer)
+    x = np.random.default_rng(1).standard_normal((8, 4)).astype(np.float32)
+    for step in range(10):
+        train_one_step(Tensor(x), Tensor(np.sin(x[:, :2]) * (1000.0 if step == 6 else 1.0)))
+        monitor.collect()
+        monitor.flush()
+        monitor.collect()
+    monitor.stop()
+    assert monitor.errors == []
+    assert summary_steps(rank_dir(tmp_path, 0)) == list(range(10))
+    assert direction_steps(tmp_path) == [7, 8]

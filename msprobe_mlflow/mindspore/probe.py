@@ -146,7 +146,8 @@ class GradientProbe(nn.Cell):
         return statistics, signs, values
 
     def arm(self, until: int) -> None:
-        """Signs at every step up to ``until`` (the always-on tier's trigger window), from the next step run."""
+        """Signs at every step up to ``until`` (the always-on tier's trigger window), from the next step run.
+        ``assign``, not ``set_data``: the probe's compiled graph did not see a value given by ``set_data`` here."""
         ops.assign(self.armed_until, ms.Tensor(np.array(min(until, _LAST_STEP), dtype=np.int32)))
 
     def deactivate(self) -> None:
