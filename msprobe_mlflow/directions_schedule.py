@@ -13,10 +13,12 @@ would need its statistics on the host, a synchronisation with the device at ever
 found on the writer thread, from the statistics it receives anyway, and the training thread only reads a counter
 (no lock, no device access) when it launches the next step. The K steps start with the first step launched after
 the trigger is found: on the CPU usually the step right after it; when the writer runs behind, a few later. The
-alternative, computing the sign bits on the device every step and copying them only when wanted, also records the
-trigger step itself, but keeps most of the cost the tier removes: on the CPU, packing the signs is 20-50 % of the
-probe's time on the training thread (16 x Linear(2048, 2048), ``benchmarks/tier_benchmark.py``), and it would hold
-a packed copy of every gradient on the device until the writer thread decides.
+alternative, computing the sign bits every step and copying them only when wanted, would also record the trigger
+step itself, but keeps much of the cost the tier removes: on the CPU the sign pass is a quarter to a half of the
+statistics' time on the training thread (``launch_step_statistics`` at L1 on 16 float32 gradients of 2048 x 2048:
+64-97 ms with signs, 48-55 ms without, on a shared 2-CPU machine; ``benchmarks/tier_benchmark.py`` measures the
+monitor's time in training), and on a device it would hold a packed copy of every gradient until the writer thread
+decides.
 """
 from __future__ import annotations
 
