@@ -115,7 +115,7 @@ def test_the_schedule_records_directions_at_multiples_of_n():
 def test_a_trigger_arms_the_k_steps_from_the_next_one_launched():
     schedule = DirectionsSchedule(every_n_steps=0, steps_after_trigger=2)
     assert [schedule.wants(step) for step in range(4)] == [False] * 4
-    schedule.trigger()  # found on the writer thread while step 4 is being launched
+    schedule.trigger()  # found on the writer thread before step 4 is launched
     assert [step for step in range(4, 12) if schedule.wants(step)] == [4, 5]
     schedule.trigger()
     schedule.trigger()  # two triggers before the next launch arm one window
