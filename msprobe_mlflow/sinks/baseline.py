@@ -304,9 +304,11 @@ class BaselineSink:
 
     # --- writer thread -----------------------------------------------------------------------------------------
     def handle(self, record: StepRecord) -> None:
-        held = not record.skipped_directions and self._held.acquire(blocking=False)
-        if not held and not record.skipped_directions:  # the comparison is behind: it reads the directions back
-            record = dataclasses.replace(record, directions=None)
+        held = False
+        if not record.skipped_directions:  # a step without directions holds nothing in memory
+            held = self._held.acquire(blocking=False)
+            if not held:  # the comparison is behind: it reads this step's directions back from the local dump
+                record = dataclasses.replace(record, directions=None)
         try:
             self._worker.submit(lambda: record, block=False)
         except queue.Full:
