@@ -20,7 +20,9 @@ DEFAULT_BOUNDS = (-1, 0, 1)  # msprobe's PyTorch default
 # msprobe's MindSpore default (``grad_probe/global_context.py``): 13 distribution columns
 MINDSPORE_DEFAULT_BOUNDS = (-10, -1, -0.1, -0.01, -0.001, 0, 0.001, 0.01, 0.1, 1, 10)
 FRAMEWORK_DEFAULT_BOUNDS = {"pytorch": DEFAULT_BOUNDS, "mindspore": MINDSPORE_DEFAULT_BOUNDS}
-GRAD_PROBE_KEYS = ("grad_level", "param_list", "bounds")
+# Ours, the always-on tier (msprobe_mlflow.directions_schedule): key -> default, the default being msprobe's behaviour.
+TIER_DEFAULTS = {"directions_every_n_steps": 1, "directions_on_anomaly": False, "directions_steps_after_anomaly": 10}
+GRAD_PROBE_KEYS = ("grad_level", "param_list", "bounds", *TIER_DEFAULTS)
 
 
 def _reject(source: str, key: str, value, accepted: str):
@@ -57,6 +59,27 @@ def _bounds(source: str, value) -> tuple[float, ...]:
     return tuple(value)
 
 
+def _check_tier(source: str, level: str, every_n_steps, on_anomaly, steps_after_anomaly) -> None:
+    """The always-on tier's keys: each alone, then together (a combination that records no direction at all, or
+    tier options at a level that records none, is refused rather than silently ignored)."""
+    if isinstance(every_n_steps, bool) or not isinstance(every_n_steps, int) or every_n_steps < 0:
+        _reject(source, "grad_probe.directions_every_n_steps", every_n_steps,
+                "an integer >= 0 (1: every step, as msprobe; N: steps 0, N, 2N...; 0: only after an anomaly)")
+    if not isinstance(on_anomaly, bool):
+        _reject(source, "grad_probe.directions_on_anomaly", on_anomaly, "true or false")
+    if isinstance(steps_after_anomaly, bool) or not isinstance(steps_after_anomaly, int) or steps_after_anomaly < 1:
+        _reject(source, "grad_probe.directions_steps_after_anomaly", steps_after_anomaly,
+                "an integer >= 1 (the steps given directions after a non-finite gradient or a norm spike)")
+    if not LEVELS[level].has_directions and (every_n_steps != 1 or on_anomaly):
+        raise ValueError(f"{source}: grad_probe.directions_every_n_steps = {every_n_steps!r}, directions_on_anomaly "
+                         f"= {on_anomaly!r} choose when gradient directions are recorded, but grad_level {level!r} "
+                         f"records none; use grad_level L1 or L2, or leave these keys out")
+    if every_n_steps == 0 and not on_anomaly:
+        raise ValueError(f"{source}: grad_probe.directions_every_n_steps = 0 records directions only after an "
+                         f"anomaly, but directions_on_anomaly is false: no step would have directions; set "
+                         f"directions_on_anomaly to true, or directions_every_n_steps to N >= 1")
+
+
 @dataclass(frozen=True)
 class GradProbeConfig:
     """What to probe and where to write it.
@@ -69,6 +92,11 @@ class GradProbeConfig:
     boolean ``.npy`` per parameter). ``checksum``: what L0's ``MD5`` column holds, ``md5`` (msprobe's, hashed on
     the host) or ``mix64`` (a checksum computed where the gradients are, written ``mix64:<16 hex digits>``: equal
     gradients give equal values, at device speed; see the README).
+
+    The always-on tier (ours; the defaults are msprobe's behaviour, directions at every step): statistics at every
+    probed step, directions only at steps ``0, N, 2N...`` (``directions_every_n_steps`` = N; 0: none on schedule)
+    and, with ``directions_on_anomaly``, at the ``directions_steps_after_anomaly`` steps that follow a non-finite
+    gradient or a gradient-norm spike (see :mod:`msprobe_mlflow.directions_schedule`).
     """
 
     dump_path: str
@@ -79,6 +107,9 @@ class GradProbeConfig:
     step: tuple[int, ...] = ()
     direction_format: str = "packed"
     checksum: str = "md5"
+    directions_every_n_steps: int = TIER_DEFAULTS["directions_every_n_steps"]
+    directions_on_anomaly: bool = TIER_DEFAULTS["directions_on_anomaly"]
+    directions_steps_after_anomaly: int = TIER_DEFAULTS["directions_steps_after_anomaly"]
     source: str = field(default="GradProbeConfig", compare=False, repr=False)
     bounds_are_default: bool = field(default=False, init=False, compare=False, repr=False)
 
@@ -100,10 +131,16 @@ class GradProbeConfig:
         object.__setattr__(self, "bounds", DEFAULT_BOUNDS if self.bounds is None else _bounds(src, self.bounds))
         object.__setattr__(self, "rank", _int_list(src, "rank", self.rank))
         object.__setattr__(self, "step", _int_list(src, "step", self.step))
+        _check_tier(src, self.level, *self.tier_options(defaults=True).values())
 
     @property
     def has_directions(self) -> bool:
         return LEVELS[self.level].has_directions
+
+    def tier_options(self, defaults: bool = False) -> dict:
+        """The always-on tier's keys and values (those that differ from msprobe's behaviour, unless ``defaults``)."""
+        return {key: getattr(self, key) for key, default in TIER_DEFAULTS.items()
+                if defaults or getattr(self, key) != default}
 
     def wants_step(self, step: int) -> bool:
         return not self.step or step in self.step
@@ -126,14 +163,15 @@ class GradProbeConfig:
         return self.replace(bounds=FRAMEWORK_DEFAULT_BOUNDS[framework])
 
     def to_msprobe_dict(self) -> dict:
-        """The config as msprobe's ``config.json`` would hold it (plus our ``direction_format`` and ``checksum``)."""
+        """The config as msprobe's ``config.json`` would hold it (plus our ``direction_format`` and ``checksum``, and
+        the always-on tier's keys when they are not msprobe's behaviour)."""
         return {
             "task": "grad_probe",
             "dump_path": self.dump_path,
             "rank": list(self.rank),
             "step": list(self.step),
             "grad_probe": {"grad_level": self.level, "param_list": list(self.param_list),
-                           "bounds": list(self.bounds)},
+                           "bounds": list(self.bounds), **self.tier_options()},
             "direction_format": self.direction_format,
             "checksum": self.checksum,
         }
@@ -167,6 +205,7 @@ class GradProbeConfig:
             "step": data.get("step", []),
             "direction_format": data.get("direction_format", "packed"),
             "checksum": data.get("checksum", "md5"),
+            **{key: section[key] for key in TIER_DEFAULTS if key in section},
         }
         values.update(overrides)
         return cls(**values, source=source)

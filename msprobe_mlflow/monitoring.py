@@ -7,6 +7,7 @@ from typing import Callable
 
 from msprobe_mlflow.compare.verdict import DEFAULT_DROP_THRESHOLD, DEFAULT_FIRST_THRESHOLD, check_thresholds
 from msprobe_mlflow.config import GradProbeConfig, load_config
+from msprobe_mlflow.directions_schedule import DirectionsSchedule, directions_sinks
 from msprobe_mlflow.notices import Notices
 from msprobe_mlflow.session import ProbeSession, RankPolicy
 from msprobe_mlflow.sinks import StepSink, choose_sinks
@@ -30,6 +31,10 @@ class SessionMonitor:
     as the step lands, and ``on_suspicious(verdict)`` is called once when the comparator's rule
     (``first_threshold``, ``drop_threshold``) first trips. ``anomaly_flags`` (on by default) flags non-finite
     gradients and gradient-norm spikes (``spike_threshold``, ``spike_window``: see ``SpikeRule``).
+
+    The always-on tier (:mod:`msprobe_mlflow.directions_schedule`): ``directions_every_n_steps``,
+    ``directions_on_anomaly`` and ``directions_steps_after_anomaly``, when given, override the config's
+    ``grad_probe`` keys of the same names; statistics stay at every probed step, directions only where chosen.
     """
 
     def __init__(self, config: GradProbeConfig | str | os.PathLike | dict, *, run_id: str | None = None,
@@ -38,16 +43,24 @@ class SessionMonitor:
                  sinks: list[StepSink] = (), baseline: str | os.PathLike | None = None,
                  on_suspicious: SuspiciousCallback | None = None, first_threshold: float = DEFAULT_FIRST_THRESHOLD,
                  drop_threshold: float = DEFAULT_DROP_THRESHOLD, anomaly_flags: bool = True,
-                 spike_threshold: float = SpikeRule.threshold, spike_window: int = SpikeRule.window):
+                 spike_threshold: float = SpikeRule.threshold, spike_window: int = SpikeRule.window,
+                 directions_every_n_steps: int | None = None, directions_on_anomaly: bool | None = None,
+                 directions_steps_after_anomaly: int | None = None):
         self.config = load_config(config)
+        tier = dict(directions_every_n_steps=directions_every_n_steps, directions_on_anomaly=directions_on_anomaly,
+                    directions_steps_after_anomaly=directions_steps_after_anomaly)
+        if any(value is not None for value in tier.values()):
+            self.config = self.config.replace(**{k: v for k, v in tier.items() if v is not None},
+                                              source="monitor options")
+        self.directions_schedule = DirectionsSchedule.of(self.config)
         self.tracking = TrackingOptions(run_id, tracking_uri, log_every_n_steps, param_metrics) \
             if log_to_mlflow else None
         self.baseline = live_baseline(self.config, baseline, on_suspicious, first_threshold, drop_threshold,
                                       tracking_uri)
         if not isinstance(anomaly_flags, bool):
             raise ValueError(f"anomaly_flags = {anomaly_flags!r} is not accepted; expected True or False")
-        spike_rule = SpikeRule(spike_threshold, spike_window)
-        self.spike_rule = spike_rule if anomaly_flags else None
+        self.trigger_rule = SpikeRule(spike_threshold, spike_window)
+        self.spike_rule = self.trigger_rule if anomaly_flags else None
         self.notices = Notices(silent)
         self.metrics_file = metrics_file
         self.step = 0
@@ -58,9 +71,11 @@ class SessionMonitor:
                       share_run_id: Callable[[str | None], str | None] = lambda run_id: run_id) -> ProbeSession:
         """The session first (a bad dump_path fails before anything is sent), then its sinks."""
         session = ProbeSession(self.config, framework=framework, ranks=ranks, notices=self.notices)
-        session.add_sinks(choose_sinks(self.config, ranks, framework=framework, tracking=self.tracking,
-                                       share_run_id=share_run_id, metrics_file=self.metrics_file,
-                                       notices=self.notices, baseline=self.baseline, spike_rule=self.spike_rule)
+        trigger = directions_sinks(self.directions_schedule, self.trigger_rule, ranks.rank, self.notices)
+        session.add_sinks(trigger + choose_sinks(self.config, ranks, framework=framework, tracking=self.tracking,
+                                                 share_run_id=share_run_id, metrics_file=self.metrics_file,
+                                                 notices=self.notices, baseline=self.baseline,
+                                                 spike_rule=self.spike_rule)
                           + self._extra_sinks)
         return session
 

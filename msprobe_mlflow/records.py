@@ -26,7 +26,8 @@ class StepRecord:
     elements equal to 0 (L2 only). ``md5[i]`` is the hex MD5 of the float32 C-order bytes (L0 only), or with the
     device checksum option ``mix64:`` and its 16 hex digits.
     ``directions`` holds ``grad > 0`` bit-packed (``np.packbits`` order) per parameter, each padded to a byte,
-    concatenated in model order (L1 and L2 only).
+    concatenated in model order (L1 and L2 only). ``skipped_directions``: the level records directions but this
+    step has none (a statistics-only step of the always-on tier, ``msprobe_mlflow.directions_schedule``).
     """
 
     rank: int
@@ -40,6 +41,7 @@ class StepRecord:
     zero_counts: np.ndarray | None = None
     md5: list[str] | None = None
     directions: np.ndarray | None = None
+    skipped_directions: bool = False
 
     @property
     def numels(self) -> list[int]:
@@ -72,13 +74,15 @@ def md5_per_parameter(flat_float32: np.ndarray, numels: list[int]) -> list[str]:
 
 def record_from_statistics(*, rank: int, step: int, level: str, bounds, names: list[str],
                            shapes: list[tuple[int, ...]], statistics: np.ndarray, signs: np.ndarray | None = None,
-                           float32_values: np.ndarray | None = None, checksum: bool = False) -> StepRecord:
+                           float32_values: np.ndarray | None = None, checksum: bool = False,
+                           directions: bool = True) -> StepRecord:
     """The :class:`StepRecord` of the flat vector a monitor computes on the device, whatever the framework.
 
     ``statistics`` is laid out as :class:`msprobe_mlflow.layout.StatisticsLayout` says: ``max, min, norm`` per
     parameter, then at L2 the cumulative counts, whose differences are the buckets (so NaN and +inf land in the last
     one). ``signs`` are the packed directions (L1/L2), ``float32_values`` the flattened gradients (L0 MD5); with
     ``checksum``, the vector's checksum section (L0) fills the MD5 column instead.
+    ``directions=False``: a step whose directions were not computed (``signs`` is ignored).
     """
     shapes = [tuple(s) for s in shapes]
     layout = StatisticsLayout(level, bounds, [math.prod(shape) for shape in shapes], checksum)
@@ -90,7 +94,8 @@ def record_from_statistics(*, rank: int, step: int, level: str, bounds, names: l
         numels = np.array(layout.numels, dtype=np.int64)[:, None]
         record.bucket_counts = np.diff(cumulative[:, :-1], axis=1, prepend=0, append=numels)
         record.zero_counts = cumulative[:, -1]
-    if layout.level.has_directions:
+    record.skipped_directions = layout.level.has_directions and not directions
+    if layout.level.has_directions and directions:
         record.directions = np.zeros(0, np.uint8) if signs is None else np.asarray(signs, dtype=np.uint8)
     if checksum:
         record.md5 = [f"{CHECKSUM_PREFIX}{int(high):08x}{int(low):08x}" for high, low in sections[CHECKSUM]]

@@ -56,6 +56,8 @@ class RankComparison:
     # (name in A, name in B) of parameters matched only once wrapper prefixes (``module.``, ``_orig_mod.``) were
     # removed: dumps written before names were unwrapped.
     unwrapped_matches: list[tuple[str, str]] = field(default_factory=list)
+    steps_only_in_a: list[int] = field(default_factory=list)  # directions in one dump only (say, the always-on tier)
+    steps_only_in_b: list[int] = field(default_factory=list)
 
     def similarities(self, name: str) -> list[float | None]:
         """msprobe's values: agreeing / numel, 0.0 for an empty parameter, ``None`` where not compared."""
@@ -105,7 +107,8 @@ class DumpComparison:
             "verdict": self.verdict.to_dict(),
             "ranks": [{"rank": r.rank, "steps": r.steps, "summary": r.summary, "parameters": len(r.parameters),
                        "only_in_a": r.only_in_a, "only_in_b": r.only_in_b,
-                       "unwrapped_matches": [list(pair) for pair in r.unwrapped_matches]} for r in self.ranks],
+                       "unwrapped_matches": [list(pair) for pair in r.unwrapped_matches],
+                       "steps_only_in_a": r.steps_only_in_a, "steps_only_in_b": r.steps_only_in_b} for r in self.ranks],
         }
 
     def to_dataframe(self):
@@ -134,18 +137,26 @@ class DumpComparison:
                              f"removed (e.g. A {a!r} = B {b!r})")
             for side, names in (("A", rank.only_in_a), ("B", rank.only_in_b)):
                 if names:
-                    shown = ", ".join(names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
-                    lines.append(f"  only in {side} (not compared): {shown}")
+                    lines.append(f"  only in {side} (not compared): {_first_few(names)}")
+            for side, steps in (("A", rank.steps_only_in_a), ("B", rank.steps_only_in_b)):
+                if steps:
+                    lines.append(f"  steps with directions in {side} only (not compared): {_first_few(steps)}")
         return "\n".join(lines)
 
 
+def _first_few(items: list) -> str:
+    return ", ".join(map(str, items[:5])) + (f" and {len(items) - 5} more" if len(items) > 5 else "")
+
+
 def direction_steps(dump: Path, rank: int, label: str) -> list[int]:
-    """The ``step{S}`` folders of a rank; refuses an L0 dump (summary CSVs, no directions) with a clear message."""
+    """The ``step{S}`` folders of a rank; refuses a dump with summary CSVs but no directions with a clear message."""
     steps = indexed_children(rank_dir(dump, rank), "step")
     if not steps and summary_steps(rank_dir(dump, rank)):
         raise CompareInputError(
             f"{label} {rank_dir(dump, rank)}: grad_summary_*.csv but no step<N> folders: this is a grad_level L0 "
-            f"dump, which records no gradient directions; compare needs grad_level L1 or L2 in both runs")
+            f"dump, which records no gradient directions (or an always-on tier dump none of whose steps recorded "
+            f"them: grad_probe.directions_every_n_steps = 0 and no anomaly); compare needs grad_level L1 or L2 in "
+            f"both runs")
     return steps
 
 
@@ -200,7 +211,8 @@ def _compare_rank(dump_a: Path, dump_b: Path, rank: int, pool: ThreadPoolExecuto
     steps_b = direction_steps(dump_b, rank, "dump B")
     steps = sorted(set(steps_a) & set(steps_b))
     if not steps:
-        raise CompareInputError(f"rank{rank}: no step folder in both dumps (A has steps {steps_a}, B has {steps_b})")
+        raise CompareInputError(f"rank{rank}: no step folder in both dumps (A has steps {steps_a}, B has {steps_b}); "
+                                f"only steps with directions in both are compared")
     order: list[str] = []
     counts: dict[str, list[Counts]] = {}
     only_a: dict[str, None] = {}
@@ -237,7 +249,7 @@ def _compare_rank(dump_a: Path, dump_b: Path, rank: int, pool: ThreadPoolExecuto
     compared_a, compared_b = set(counts), {b for _, b in unwrapped} | set(counts)
     return RankComparison(rank, steps, order, counts, summary_counts,
                           [n for n in only_a if n not in compared_a], [n for n in only_b if n not in compared_b],
-                          list(unwrapped))
+                          list(unwrapped), sorted(set(steps_a) - set(steps)), sorted(set(steps_b) - set(steps)))
 
 
 def _check_output_folder(output_dir: Path, ranks: list[int]) -> None:

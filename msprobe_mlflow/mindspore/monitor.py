@@ -63,6 +63,7 @@ class GradientMonitor(SessionMonitor):
         self._first_step = 0
         self._idle_collections = 0
         self._exit_hook_registered = False
+        self._armed_until = -1
 
     def monitor(self, optimizer: nn.Cell) -> "GradientMonitor":
         """Starts probing the gradients ``optimizer`` receives, from its next step on.
@@ -95,7 +96,7 @@ class GradientMonitor(SessionMonitor):
         self._shapes = [tuple(p.shape) for _, p in selected]
         wanted, shapes = [self.config.wants_param(p.name) for p in parameters], [tuple(p.shape) for p in parameters]
         settings = dict(level=self.config.level, bounds=self.config.bounds, steps=self.config.step,
-                        rank_wanted=ranks.probes)
+                        rank_wanted=ranks.probes, directions_every=self.config.directions_every_n_steps)
         stopped_probe = getattr(optimizer, "msprobe_mlflow_probe", None)
         if stopped_probe is not None and stopped_probe.settings == probe_settings(wanted, shapes, **settings):
             probe = stopped_probe  # graphs compiled with it (a Model trained again) feed this monitor too
@@ -114,6 +115,7 @@ class GradientMonitor(SessionMonitor):
                 return self
         self._probe = probe
         self._optimizer = optimizer
+        self._armed_until = -1  # the new probe is armed at its first collection
         self._last_probed_step = self.step - 1
         self._first_step, self._idle_collections = self.step, 0
         _monitored_optimizers[id(optimizer)] = self
@@ -135,11 +137,15 @@ class GradientMonitor(SessionMonitor):
         try:
             steps_run, probed_step = probe.read_progress()
             if probed_step > self._last_probed_step:
-                statistics, signs, values = probe.read()
+                statistics, signs, values = probe.read(probed_step)
                 self._session.submit(functools.partial(
                     record_from_statistics, rank=self._session.ranks.rank, step=probed_step, level=self.config.level,
                     bounds=self.config.bounds, names=self._names, shapes=self._shapes, statistics=statistics,
-                    signs=signs, float32_values=values))
+                    signs=signs, float32_values=values, directions=signs is not None))
+            armed_until = self.directions_schedule.armed_until(steps_run)
+            if armed_until != self._armed_until:  # a trigger the writer thread found: the probe's next steps
+                probe.arm(armed_until)
+                self._armed_until = armed_until
             self._count_lost_steps(steps_run, probed_step)
             self._warn_if_never_run(steps_run)
             self._last_probed_step = max(self._last_probed_step, probed_step)

@@ -39,13 +39,18 @@ class GradientProbe(nn.Cell):
     holds its number and the buffers its statistics, sized and laid out by ``layout``: ``statistics`` (float64),
     ``signs`` (packed directions, L1/L2), ``float32_values`` (L0, for MD5). The construct is compiled (``@jit``)
     even in PyNative, so both modes run the same kernels.
+
+    The always-on tier: with ``directions_every`` N other than 1, the signs are computed only at steps that are
+    multiples of N (none when 0) or up to ``armed_until`` (set from the host by :meth:`arm`), and ``signs_step``
+    says which step they belong to; the decision is made in the graph, so it costs no synchronisation.
     """
 
     def __init__(self, selected: list[bool], shapes: list[tuple[int, ...]], *, level: str, bounds,
-                 steps: tuple[int, ...], rank_wanted: bool, first_step: int = 0, notices: Notices | None = None):
+                 steps: tuple[int, ...], rank_wanted: bool, first_step: int = 0, notices: Notices | None = None,
+                 directions_every: int = 1):
         super().__init__(auto_prefix=False)
         self.settings = probe_settings(selected, shapes, level=level, bounds=bounds, steps=steps,
-                                       rank_wanted=rank_wanted)
+                                       rank_wanted=rank_wanted, directions_every=directions_every)
         tag = f"msprobe_mlflow_{next(_probe_numbers)}"
         numels = [math.prod(shape) for shape, wanted in zip(shapes, selected) if wanted]
         self.layout = StatisticsLayout(level, bounds, numels)
@@ -74,6 +79,11 @@ class GradientProbe(nn.Cell):
         self.probed_step = Parameter(ms.Tensor(np.array(-1, dtype=np.int32)), name=f"{tag}.probed_step",
                                      requires_grad=False)
         self.active = Parameter(ms.Tensor(True), name=f"{tag}.active", requires_grad=False)
+        self.directions_every = directions_every
+        self.armed_until = Parameter(ms.Tensor(np.array(-1, dtype=np.int32)), name=f"{tag}.armed_until",
+                                     requires_grad=False)
+        self.signs_step = Parameter(ms.Tensor(np.array(-1, dtype=np.int32)), name=f"{tag}.signs_step",
+                                    requires_grad=False)
         self.notices = notices or Notices()
 
     @ms.jit
@@ -84,21 +94,28 @@ class GradientProbe(nn.Cell):
             if self.has_step_filter:
                 wanted = mint.logical_and(wanted, mint.any(mint.eq(self.wanted_steps, step)))
             if wanted:
-                self._write(gradients)
+                self._write(gradients, step)
                 ops.assign(self.probed_step, step)
         ops.assign_add(self.steps_run, ms.Tensor(1, ms.int32))
         return step
 
-    def _write(self, gradients):
+    def _write(self, gradients, step):
         if self.has_parameters:
             ops.assign(self.statistics, gradient_statistics(gradients, self.selected, self.has_buckets,
                                                             self.bounds32))
             if self.has_values:
                 if self.has_md5:
                     ops.assign(self.float32_values, float32_values(gradients, self.selected))
-                if self.has_directions:
+                if self.has_directions and self._signs_wanted(step):
                     ops.assign(self.signs, pack_signs(gradients, self.selected))
+                    ops.assign(self.signs_step, step)
         return True
+
+    def _signs_wanted(self, step):
+        if self.directions_every == 1:
+            return True
+        scheduled = step % self.directions_every == 0 if self.directions_every else step < 0
+        return mint.logical_or(scheduled, step <= self.armed_until)
 
     def __call__(self, gradients):
         """Runs only when called eagerly (graphs inline ``construct``): a failing probe must not fail the step."""
@@ -119,13 +136,21 @@ class GradientProbe(nn.Cell):
         """``(steps_run, probed_step)`` as the last finished step left them."""
         return int(self.steps_run.asnumpy()), int(self.probed_step.asnumpy())
 
-    def read(self) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None]:
-        """Copies of the buffers (the next step overwrites them): statistics, signs (L1/L2), float32 values (L0)."""
+    def read(self, step: int) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None]:
+        """Copies of the buffers (the next step overwrites them) after probed step ``step``: statistics, signs
+        (L1/L2, when computed at that step), float32 values (L0)."""
         layout = self.layout
         statistics = propagate_nan(np.array(self.statistics.asnumpy()[:layout.statistics_length]), layout)
-        signs = np.array(self.signs.asnumpy()[:layout.signs_length]) if self.has_directions else None
+        signs = None
+        if self.has_directions and (self.directions_every == 1 or int(self.signs_step.asnumpy()) == step):
+            signs = np.array(self.signs.asnumpy()[:layout.signs_length])
         values = np.array(self.float32_values.asnumpy()[:layout.values_length]) if self.has_md5 else None
         return statistics, signs, values
+
+    def arm(self, until: int) -> None:
+        """Signs at every step up to ``until`` (the always-on tier's trigger window), from the next step run.
+        ``assign``, not ``set_data``: the probe's compiled graph did not see a value given by ``set_data`` here."""
+        ops.assign(self.armed_until, ms.Tensor(np.array(min(until, _LAST_STEP), dtype=np.int32)))
 
     def deactivate(self) -> None:
         """Graphs compiled with the probe keep calling it; inactive, it only counts steps."""
@@ -142,11 +167,11 @@ class GradientProbe(nn.Cell):
         self.notices = notices
 
 
-def probe_settings(selected, shapes, *, level: str, bounds, steps, rank_wanted: bool) -> tuple:
+def probe_settings(selected, shapes, *, level: str, bounds, steps, rank_wanted: bool, directions_every: int = 1) -> tuple:
     """What a compiled graph keeps of a probe as constants: a stopped probe with equal settings can be restarted
     instead of making a new one, which graphs compiled before would never call."""
     return (tuple(bool(s) for s in selected), tuple(tuple(shape) for shape in shapes), level, float32_bounds(bounds),
-            tuple(steps), bool(rank_wanted))
+            tuple(steps), bool(rank_wanted), directions_every)
 
 
 @ms.jit

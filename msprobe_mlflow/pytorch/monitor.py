@@ -42,8 +42,9 @@ class GradientMonitor(SessionMonitor):
     def __init__(self, config: GradProbeConfig | str | os.PathLike | dict, **options):
         """``options``: ``run_id``, ``tracking_uri``, ``log_every_n_steps``, ``param_metrics``, ``log_to_mlflow``,
         ``silent``, ``metrics_file``, ``sinks``; the live verdicts' ``baseline``, ``on_suspicious``,
-        ``first_threshold``, ``drop_threshold``, ``anomaly_flags``, ``spike_threshold``, ``spike_window`` (see
-        :class:`SessionMonitor`)."""
+        ``first_threshold``, ``drop_threshold``, ``anomaly_flags``, ``spike_threshold``, ``spike_window``; the
+        always-on tier's ``directions_every_n_steps``, ``directions_on_anomaly``, ``directions_steps_after_anomaly``
+        (see :class:`SessionMonitor`)."""
         super().__init__(config, **options)
         self._parameters: list[tuple[str, torch.nn.Parameter]] = []
         self._optimizer: torch.optim.Optimizer | None = None
@@ -152,7 +153,7 @@ class GradientMonitor(SessionMonitor):
                             f"real floating dtypes (leave such parameters out with grad_probe.param_list)")
         launch = launch_sharded_statistics if sharded else launch_step_statistics
         pending = launch(names, grads, rank=rank, step=step, level=self.config.level, bounds=self.config.bounds,
-                         checksum=self.config.checksum)
+                         checksum=self.config.checksum, directions=self.directions_schedule.wants(step))
         if writes:
             self._probed_steps += 1
             self._session.submit(pending)

@@ -81,14 +81,15 @@ def _sharding(grad: torch.Tensor, name: str) -> _Sharding:
 
 
 def launch_sharded_statistics(names: list[str], grads: list[torch.Tensor], *, rank: int, step: int, level: str,
-                              bounds: tuple, checksum: str = "md5") -> Callable[[], StepRecord]:
+                              bounds: tuple, checksum: str = "md5", directions: bool = True
+                              ) -> Callable[[], StepRecord]:
     """Like :func:`~msprobe_mlflow.pytorch.statistics.launch_step_statistics`, for gradients of which some are
     DTensors: the record holds each full gradient's statistics. A collective: every rank of each gradient's
     process group must call it, with the same parameters in the same order."""
     if LEVELS[level].has_md5:
         full = [g.full_tensor() if isinstance(g, _dtensor_type()) else g for g in grads]
         return launch_step_statistics(names, full, rank=rank, step=step, level=level, bounds=bounds,
-                                      checksum=checksum)
+                                      checksum=checksum, directions=directions)
     shardings = [_sharding(g, n) for g, n in zip(grads, names)]
     locals_ = [g.to_local() if isinstance(g, _dtensor_type()) else g for g in grads]
     groups: dict[object, list[int]] = {}
@@ -104,7 +105,7 @@ def launch_sharded_statistics(names: list[str], grads: list[torch.Tensor], *, ra
         if group is not None:
             dist.all_reduce(extremes[rows], op=dist.ReduceOp.MAX, group=group)
             dist.all_reduce(sums[rows], op=dist.ReduceOp.SUM, group=group)
-        if LEVELS[level].has_directions:
+        if LEVELS[level].has_directions and directions:
             gathered.append(_gather_signs([(locals_[i], grads[i].shape, shardings[i]) for i in members]))
     statistics = _full_statistics(extremes, sums, [grads[i] for i in order], level, bounds32)
     statistics_host = start_host_copy(statistics)
@@ -119,7 +120,8 @@ def launch_sharded_statistics(names: list[str], grads: list[torch.Tensor], *, ra
         ordered_signs = np.concatenate([np.zeros(0, np.uint8), *(signs[i] for i in order)]) if signs else None
         statistics, packed, _ = layout.merge([(order, (statistics_host(), ordered_signs, None))])
         return record_from_statistics(rank=rank, step=step, level=level, bounds=bounds, names=names,
-                                      shapes=[g.shape for g in grads], statistics=statistics, signs=packed)
+                                      shapes=[g.shape for g in grads], statistics=statistics, signs=packed,
+                                      directions=directions)
 
     return resolve
 

@@ -103,9 +103,8 @@ def launch_step_statistics(names: list[str], grads: list[torch.Tensor], *, rank:
             statistics, signs, float32_values = layout.merge(parts)
         record = record_from_statistics(rank=rank, step=step, level=level, bounds=bounds, names=names,
                                         shapes=[g.shape for g in grads], statistics=statistics, signs=signs,
-                                        float32_values=float32_values, checksum=device_checksum)
-        if not directions:
-            record.directions = None
+                                        float32_values=float32_values, checksum=device_checksum,
+                                        directions=directions)
         for _, (_, _, snapshot) in parts:  # hashed: the host snapshots can serve the next steps
             release_snapshot(snapshot)
         return record

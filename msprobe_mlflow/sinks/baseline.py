@@ -19,7 +19,10 @@ What lands where (the local dump first, ``{dump}/rank{R}/findings/``; MLflow thr
   with the :class:`~msprobe_mlflow.compare.verdict.RankVerdict`, all from the comparison thread as soon as the step
   is judged (not held back by MLflow's batching);
 - at the end, ``verdict.json`` again, and when nothing tripped ``live_verdict = consistent`` (every probed step
-  compared) or ``incomplete`` (some were not: the baseline lacks them, or became unreachable).
+  compared) or ``incomplete`` (some were not: the baseline lacks them, or became unreachable). Steps this run
+  probed without directions (the always-on tier, ``msprobe_mlflow.directions_schedule``) are not compared, by
+  design: ``verdict.json`` lists them under ``steps_without_directions`` and they do not make the verdict
+  incomplete.
 
 Steps, ranks and parameters the baseline lacks are reported (one warning per kind, the rest in the log and in
 ``verdict.json``), never raised: training goes on. So is a baseline that cannot be read: unknown, at level L0, or
@@ -254,7 +257,8 @@ def compare_step(record: StepRecord, folder: Path, dump_path: str) -> StepCompar
                           sorted(set(stored) - set(names)), shape_differs)
 
 
-def verdict_line(options: BaselineOptions, verdict: RankVerdict | None, compared: int, not_compared: int) -> str:
+def verdict_line(options: BaselineOptions, verdict: RankVerdict | None, compared: int, not_compared: int,
+                 without_directions: int = 0) -> str:
     """The live verdict in one line, for the run's description."""
     against = f"against baseline {options.baseline}"
     if verdict is not None:
@@ -264,7 +268,9 @@ def verdict_line(options: BaselineOptions, verdict: RankVerdict | None, compared
                 f"(rank {verdict.rank}; fell most: {fell or 'the summary'}{f' and {more} more' if more > 0 else ''})")
     line = (f"msprobe-mlflow live verdict: no suspicious step in {compared} compared step(s) {against} "
             f"(first < {options.first_threshold}, drop > {options.drop_threshold})")
-    return line + (f"; {not_compared} step(s) not compared" if not_compared else "")
+    line += f"; {not_compared} step(s) not compared" if not_compared else ""
+    return line + (f"; {without_directions} step(s) probed without directions (always-on tier)"
+                   if without_directions else "")
 
 
 class BaselineSink:
@@ -282,6 +288,7 @@ class BaselineSink:
         self.judge = StepByStepJudge(rank, options.first_threshold, options.drop_threshold)
         self.compared: list[int] = []
         self.not_compared: dict[str, list[int]] = {}  # reason -> steps
+        self.without_directions: list[int] = []  # steps this run probed without directions (the always-on tier)
         self.missing_parameters: dict[str, list[str]] = {}  # "not in baseline" / "only in baseline" / ... -> names
         self._warned: set[str] = set()
         self._held = threading.BoundedSemaphore(HELD_STEPS)
@@ -297,9 +304,11 @@ class BaselineSink:
 
     # --- writer thread -----------------------------------------------------------------------------------------
     def handle(self, record: StepRecord) -> None:
-        held = self._held.acquire(blocking=False)
-        if not held:  # the comparison is behind: it reads this step's directions back from the local dump
-            record = dataclasses.replace(record, directions=None)
+        held = False
+        if not record.skipped_directions:  # a step without directions holds nothing in memory
+            held = self._held.acquire(blocking=False)
+            if not held:  # the comparison is behind: it reads this step's directions back from the local dump
+                record = dataclasses.replace(record, directions=None)
         try:
             self._worker.submit(lambda: record, block=False)
         except queue.Full:
@@ -312,6 +321,9 @@ class BaselineSink:
 
     # --- comparison thread -------------------------------------------------------------------------------------
     def _compare(self, record: StepRecord) -> None:
+        if record.skipped_directions:  # the always-on tier chose statistics only: by design, not a gap
+            self.without_directions.append(record.step)
+            return
         if record.directions is not None:
             self._held.release()
         try:
@@ -395,13 +407,14 @@ class BaselineSink:
 
     def _line(self) -> str:
         return verdict_line(self.options, self.judge.verdict, len(self.compared),
-                            sum(len(steps) for steps in self.not_compared.values()))
+                            sum(len(steps) for steps in self.not_compared.values()), len(self.without_directions))
 
     def _write_verdict(self) -> Path:
         """``verdict.json``: the comparator's verdict of this rank, and what was and was not compared."""
         path = findings_dir(self.dump_path, self.rank) / VERDICT_FILE_NAME
         report = {"baseline": self.options.baseline, "rank": self.rank, "verdict": self._verdict().to_dict(),
                   "compared_steps": self.compared, "steps_not_compared": self.not_compared,
+                  "steps_without_directions": self.without_directions,
                   "parameters_not_compared": self.missing_parameters}
         atomic_write_bytes(path, json.dumps(report, indent=1).encode())
         return path

@@ -115,7 +115,8 @@ def autolog(config: GradProbeConfig | str | os.PathLike | dict | None = None, *,
             on_suspicious: SuspiciousCallback | None = None, first_threshold: float = DEFAULT_FIRST_THRESHOLD,
             drop_threshold: float = DEFAULT_DROP_THRESHOLD, anomaly_flags: bool = True,
             spike_threshold: float = SpikeRule.threshold, spike_window: int = SpikeRule.window,
-            disable: bool = False, silent: bool = False) -> None:
+            directions_every_n_steps: int | None = None, directions_on_anomaly: bool | None = None,
+            directions_steps_after_anomaly: int | None = None, disable: bool = False, silent: bool = False) -> None:
     """Probes the gradients of every PyTorch model trained inside ``mlflow.start_run()`` into that run, and of
     every MindSpore ``Model.train`` (``msprobe_mlflow.mindspore.autolog``).
 
@@ -132,6 +133,10 @@ def autolog(config: GradProbeConfig | str | os.PathLike | dict | None = None, *,
             comparator's rule (``first_threshold``, ``drop_threshold``) first trips.
         anomaly_flags: flag non-finite gradients and gradient-norm spikes (``spike_threshold``, ``spike_window``:
             see ``msprobe_mlflow.sinks.anomalies.SpikeRule``); on by default.
+        directions_every_n_steps, directions_on_anomaly, directions_steps_after_anomaly: the always-on tier
+            (``msprobe_mlflow.directions_schedule``): statistics at every step, gradient directions only at steps
+            0, N, 2N... and for the given number of steps after a non-finite gradient or a norm spike; None: the
+            config's ``grad_probe`` keys (default: directions at every step).
         disable: remove the hook and the patches; monitors already running are stopped (flushed).
         silent: no warnings from msprobe-mlflow; problems go to the ``msprobe_mlflow`` logger only.
     """
@@ -143,7 +148,8 @@ def autolog(config: GradProbeConfig | str | os.PathLike | dict | None = None, *,
         log_every_n_steps=log_every_n_steps, param_metrics=param_metrics or (), metrics_file=metrics_file,
         baseline=baseline, on_suspicious=on_suspicious, first_threshold=first_threshold,
         drop_threshold=drop_threshold, anomaly_flags=anomaly_flags, spike_threshold=spike_threshold,
-        spike_window=spike_window)
+        spike_window=spike_window, directions_every_n_steps=directions_every_n_steps,
+        directions_on_anomaly=directions_on_anomaly, directions_steps_after_anomaly=directions_steps_after_anomaly)
     _integration(config, level=level, bounds=bounds, dump_path=dump_path, monitor_options=monitor_options,
                  disable=disable, silent=silent)
     # MindSpore: Model.train gets a GradProbeCallback, from when mindspore.train is imported

@@ -99,7 +99,8 @@ def list_run_dump(client: MlflowClient, run: Run, directions: bool = True) -> Ru
         step_folders = {parse_step_folder(_name(e.path)) for e in entries if e.is_dir} - {None}
         if directions and summaries and not step_folders:
             raise RunDumpError(f"run {run_id}: {folder.path}/ holds grad_summary_*.csv but no step<N>/ folders: "
-                               f"an L0 dump records no gradient directions; compare needs grad_level L1 or L2")
+                               f"an L0 dump records no gradient directions (nor does an always-on tier run none "
+                               f"of whose steps recorded them); compare needs grad_level L1 or L2")
         listing.summaries[rank] = sorted(summaries)
         listing.steps[rank] = sorted(summaries & step_folders)
     if not listing.steps:

@@ -214,7 +214,8 @@ class MlflowSink:
                       for key, value in (
                 ("level", self.config.level), ("bounds", config["grad_probe"]["bounds"]),
                 ("param_list", config["grad_probe"]["param_list"]), ("rank", config["rank"]),
-                ("step", config["step"]), ("direction_format", self.config.direction_format))]
+                ("step", config["step"]), ("direction_format", self.config.direction_format),
+                *self.config.tier_options().items())]
         log_batched(self.client, self.run_id, params=params, tags=tags)
         if self.ranks.owns_run:
             with tempfile.TemporaryDirectory() as scratch:
