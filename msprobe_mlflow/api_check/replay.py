@@ -7,7 +7,7 @@ only when launch blocking is on already (the mode is then switched for the check
 MindSpore does not run at all (the tensor task) and one worker is asked for; otherwise in ``workers`` child
 processes, which also keeps torch and MindSpore out of the caller's process.
 
-Balance: the parent hands each worker one call at a time, the next as soon as it returns a result, biggest
+Balance: the parent hands each worker its calls as it goes, ``CALLS_IN_FLIGHT`` ahead of its results, biggest
 calls first (by their tensors' elements). Each worker's share thus follows the measured time of the calls it
 ran, where msprobe's multi-device mode deals the APIs round-robin up front and the slowest share sets the pace. A
 worker that dies (killed, out of memory, a crash in a kernel) costs only the call it was running: that call gets
@@ -145,7 +145,13 @@ class _Worker:
                                         pass_fds=[child_end.fileno()], env=environment, stdin=subprocess.DEVNULL)
         child_end.close()
         self.connection.send((task, thresholds))
-        self.ready, self.current = False, None  # current: the index of the call it is running
+        self.ready = False
+        self.in_flight: list[int] = []  # indices of the calls sent, in order: the first is the one it is running
+
+
+# Calls sent to a worker ahead of its results: the next is waiting when one ends, so a worker never idles while the
+# parent (on a busy machine, last to be scheduled) records a result.
+CALLS_IN_FLIGHT = 2
 
 
 class _WorkerPool:
@@ -158,7 +164,7 @@ class _WorkerPool:
 
     def run(self) -> list[ApiResult]:
         try:
-            while self.workers and (self.pending or any(worker.current is not None for worker in self.workers)):
+            while self.workers and (self.pending or any(worker.in_flight for worker in self.workers)):
                 ready = wait([worker.connection for worker in self.workers])
                 for worker in list(self.workers):
                     if worker.connection in ready:
@@ -181,22 +187,24 @@ class _WorkerPool:
                 if message[0] == "ready":
                     worker.ready = True
                 elif message[0] == "result":
-                    worker.current = None
+                    worker.in_flight.remove(message[1])
                     self._record(message[1], message[2])
                 else:
                     ended, self.start_failure = True, message[1]
         except (EOFError, OSError):  # the worker has ended: its end of the pipe is closed
             ended = True
         if not ended:
-            if worker.ready and worker.current is None and self.pending:
-                worker.current = self.pending.pop()
-                worker.connection.send((worker.current, self.calls[worker.current]))
+            while worker.ready and len(worker.in_flight) < CALLS_IN_FLIGHT and self.pending:
+                worker.in_flight.append(self.pending.pop())
+                worker.connection.send((worker.in_flight[-1], self.calls[worker.in_flight[-1]]))
             return
         self._stop(worker)
         self.workers.remove(worker)
-        if worker.current is not None:
-            self._record(worker.current, _lost(self.calls[worker.current], "the worker process running this call "
-                                               f"ended ({_how_it_ended(worker.process)}) before it finished"))
+        if worker.in_flight:
+            running, *queued = worker.in_flight
+            self._record(running, _lost(self.calls[running], "the worker process running this call "
+                                        f"ended ({_how_it_ended(worker.process)}) before it finished"))
+            self.pending += reversed(queued)  # not started: popped next, by another worker
             if self.pending:  # it got as far as a call: a new one takes over
                 self.workers.append(_Worker(self.task, self.thresholds))
         elif not worker.ready and self.start_failure is None:
