@@ -21,7 +21,9 @@ class SessionMonitor:
 
     MLflow: into ``run_id``, else the active run (else ``MLFLOW_RUN_ID``); with none, the local dump only;
     ``log_to_mlflow=False`` turns it off. ``metrics_file=True`` also appends each step's summary metrics to
-    ``{dump_path}/rank{R}/metrics.jsonl``. ``sinks``: more outputs (objects with ``handle(record)``, ``flush()``,
+    ``{dump_path}/rank{R}/metrics.jsonl``. ``aggregate_metrics``: rank 0 sends every rank's summary metrics in its
+    own requests, gathered by one small collective per step (None, the default: from 64 ranks; see
+    ``msprobe_mlflow.tracking.aggregate``). ``sinks``: more outputs (objects with ``handle(record)``, ``flush()``,
     ``close()``), fed on the writer thread after the local dump. ``silent``: problems go to the
     ``msprobe_mlflow`` logger only, no warnings.
 
@@ -38,9 +40,10 @@ class SessionMonitor:
                  sinks: list[StepSink] = (), baseline: str | os.PathLike | None = None,
                  on_suspicious: SuspiciousCallback | None = None, first_threshold: float = DEFAULT_FIRST_THRESHOLD,
                  drop_threshold: float = DEFAULT_DROP_THRESHOLD, anomaly_flags: bool = True,
-                 spike_threshold: float = SpikeRule.threshold, spike_window: int = SpikeRule.window):
+                 spike_threshold: float = SpikeRule.threshold, spike_window: int = SpikeRule.window,
+                 aggregate_metrics: bool | None = None):
         self.config = load_config(config)
-        self.tracking = TrackingOptions(run_id, tracking_uri, log_every_n_steps, param_metrics) \
+        self.tracking = TrackingOptions(run_id, tracking_uri, log_every_n_steps, param_metrics, aggregate_metrics) \
             if log_to_mlflow else None
         self.baseline = live_baseline(self.config, baseline, on_suspicious, first_threshold, drop_threshold,
                                       tracking_uri)
@@ -55,12 +58,15 @@ class SessionMonitor:
         self._session: ProbeSession | None = None
 
     def _open_session(self, framework: str, ranks: RankPolicy,
-                      share_run_id: Callable[[str | None], str | None] = lambda run_id: run_id) -> ProbeSession:
-        """The session first (a bad dump_path fails before anything is sent), then its sinks."""
+                      share_run_id: Callable[[str | None], str | None] = lambda run_id: run_id,
+                      summary_gather=None) -> ProbeSession:
+        """The session first (a bad dump_path fails before anything is sent), then its sinks (``share_run_id`` and
+        ``summary_gather``: the framework's collectives, see :func:`choose_sinks`)."""
         session = ProbeSession(self.config, framework=framework, ranks=ranks, notices=self.notices)
         session.add_sinks(choose_sinks(self.config, ranks, framework=framework, tracking=self.tracking,
                                        share_run_id=share_run_id, metrics_file=self.metrics_file,
-                                       notices=self.notices, baseline=self.baseline, spike_rule=self.spike_rule)
+                                       notices=self.notices, baseline=self.baseline, spike_rule=self.spike_rule,
+                                       summary_gather=summary_gather)
                           + self._extra_sinks)
         return session
 

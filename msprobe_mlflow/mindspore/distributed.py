@@ -23,3 +23,18 @@ def world_size() -> int:
     from mindspore.communication import get_group_size
 
     return get_group_size()
+
+
+def summary_all_gather():
+    """The all-gather of rank-0 aggregated metrics (``tracking.aggregate``), on the world group (MindSpore's CPU
+    backend creates no sub-groups); called on the writer thread, where a rank's writer waits for the others'."""
+    import numpy as np
+    from mindspore import Tensor, ops
+
+    all_gather = ops.AllGather()
+    size = world_size()
+
+    def gather(vector: np.ndarray) -> np.ndarray:
+        return all_gather(Tensor(np.asarray(vector, dtype=np.float64))).asnumpy().reshape(size, -1)
+
+    return gather

@@ -19,7 +19,7 @@ import weakref
 from mindspore import nn
 
 from msprobe_mlflow.config import GradProbeConfig
-from msprobe_mlflow.mindspore.distributed import current_rank, world_size
+from msprobe_mlflow.mindspore.distributed import current_rank, summary_all_gather, world_size
 from msprobe_mlflow.mindspore.probe import GradientProbe, install_probe, installed_probe, remove_probe
 from msprobe_mlflow.monitoring import SessionMonitor
 from msprobe_mlflow.records import record_from_statistics
@@ -78,7 +78,8 @@ class GradientMonitor(SessionMonitor):
                               "build the training cell or jit function again")
         self._detach()
         if self._session is None or self._session.closed:  # first: a bad dump_path fails before the optimizer changes
-            self._session = self._open_session("mindspore", RankPolicy.of(self.config, current_rank(), world_size()))
+            self._session = self._open_session("mindspore", RankPolicy.of(self.config, current_rank(), world_size()),
+                                               summary_gather=summary_all_gather)
         ranks = self._session.ranks
         parameters = list(optimizer.parameters)
         selected = [(i, p) for i, p in enumerate(parameters) if self.config.wants_param(p.name)]

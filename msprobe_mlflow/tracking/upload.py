@@ -38,6 +38,16 @@ class UploadReport:
     steps_completed: dict[int, list[int]] = field(default_factory=dict)  # rank -> steps whose files were sent
 
 
+def rank_status_tag(rank: int) -> str:
+    """``running``, ``finished`` or ``incomplete`` (some steps are in the local dump only)."""
+    return f"{TAG_PREFIX}rank{rank}.status"
+
+
+def unsent_steps_tag(rank: int) -> str:
+    """The steps of an ``incomplete`` rank that are in the local dump only (``0-9,12``)."""
+    return f"{TAG_PREFIX}rank{rank}.unsent_steps"
+
+
 def metric_entities(metrics: dict[str, float], step: int, timestamp_ms: int) -> list[Metric]:
     return [Metric(key, value, timestamp_ms, step) for key, value in metrics.items()]
 
@@ -142,7 +152,15 @@ def _upload_steps(client: MlflowClient, run_id: str, dump_path: Path, wanted_ste
             line.advance(item=f"step {step}")
         line.close()
         report.steps_completed[rank] = missing
+        _mark_complete(client, run_id, rank)
     return report
+
+
+def _mark_complete(client: MlflowClient, run_id: str, rank: int) -> None:
+    """A rank the live sink left ``incomplete`` is ``finished`` once its whole dump is sent."""
+    if client.get_run(run_id).data.tags.get(rank_status_tag(rank)) == "incomplete":
+        client.set_tag(run_id, rank_status_tag(rank), "finished")
+        client.delete_tag(run_id, unsent_steps_tag(rank))
 
 
 def _upload_config(client: MlflowClient, run_id: str, saved: dict) -> None:
