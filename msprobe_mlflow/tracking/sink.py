@@ -17,6 +17,10 @@ backlog in time does not hold the job's exit. What is left stays in the local du
 ``msprobe_mlflow.rank{R}.unsent_steps`` names those steps (``0-9,12``) beside the status ``incomplete``, and
 ``msprobe-mlflow upload`` sends them later (and marks the rank finished).
 
+``archive_every_n_steps`` K > 1: a rank's files go up as one ``steps_{ranges}.zip`` per K sent steps (the last
+one at ``stop()``), which the readers of a run expand (``dump.extract_steps_archive``); their metrics still go up
+each round.
+
 Rank-0 aggregation (:mod:`msprobe_mlflow.tracking.aggregate`, given a ``gather`` collective): every rank's summary
 metrics go up in rank 0's requests; each rank still sends its files and per-parameter metrics.
 
@@ -43,7 +47,7 @@ from mlflow.tracking import MlflowClient
 
 from msprobe_mlflow import __version__
 from msprobe_mlflow.config import GradProbeConfig
-from msprobe_mlflow.dump import findings_dir
+from msprobe_mlflow.dump import findings_dir, relative_rank_dir, step_ranges, write_steps_archive
 from msprobe_mlflow.metrics import record_metrics
 from msprobe_mlflow.notices import Notices
 from msprobe_mlflow.records import StepRecord
@@ -52,8 +56,8 @@ from msprobe_mlflow.tracking import ARTIFACT_ROOT, TAG_PREFIX
 from msprobe_mlflow.tracking.aggregate import RankZeroMetrics, SummaryGather, aggregation_wanted
 from msprobe_mlflow.tracking.options import TrackingOptions
 from msprobe_mlflow.tracking.runs import log_batched, now_ms, param, tag
-from msprobe_mlflow.tracking.upload import (metric_entities, rank_status_tag, unsent_steps_tag, upload_dump,
-                                            upload_step_files)
+from msprobe_mlflow.tracking.upload import (metric_entities, packed_directions_file, rank_status_tag,
+                                            unsent_steps_tag, upload_dump, upload_step_files)
 
 RANK_WAIT_SECONDS = float(os.environ.get("MSPROBE_MLFLOW_RANK_WAIT_SECONDS", "120"))
 START_CHECK_SECONDS = float(os.environ.get("MSPROBE_MLFLOW_START_CHECK_SECONDS", "10"))
@@ -84,17 +88,6 @@ class Annotation:
     metrics: dict[str, float]
     tags: dict[str, str]
     files: tuple[Path, ...]
-
-
-def step_ranges(steps) -> str:
-    """``0-3,7,9-10`` for steps 0, 1, 2, 3, 7, 9, 10: short enough for a tag even for thousands of steps."""
-    ranges: list[list[int]] = []
-    for step in sorted(steps):
-        if ranges and step == ranges[-1][1] + 1:
-            ranges[-1][1] = step
-        else:
-            ranges.append([step, step])
-    return ",".join(f"{a}" if a == b else f"{a}-{b}" for a, b in ranges)
 
 
 def open_mlflow_sink(config: GradProbeConfig, ranks: RankPolicy, options: TrackingOptions, *, framework: str,
@@ -133,6 +126,7 @@ class MlflowSink:
         self.unsent_gathered: list[Metric] = []  # rank 0: other ranks' summary metrics whose round failed
         self.unsent_annotations: list[Annotation] = []
         self._drain_deadline: float | None = None
+        self._unarchived: list[int] = []  # steps whose metrics were sent and whose files wait for their archive
         self._failure: str | None = None
         self._refused: str | None = None  # set when the server refused the credentials: nothing more is sent
         self._refusal_told = False
@@ -218,9 +212,12 @@ class MlflowSink:
                     self.unsent_steps.update(numbers)
                     self.unsent_gathered += [m for item in steps for m in item.gathered]
                     self.unsent_annotations += annotations
+            if _CLOSE in items and self._unarchived and not (self._failure or self._out_of_time()):
+                self._attempt("send the last archive of step files", self._send_archive)
             for _ in items:
                 self._queue.task_done()
             if _CLOSE in items:
+                self.unsent_steps.update(self._unarchived)
                 return
 
     def _attempt(self, what: str, action) -> bool:
@@ -285,12 +282,28 @@ class MlflowSink:
         metrics += [m for a in annotations for m in metric_entities(a.metrics, a.step, timestamp)]
         tags = {key: value for a in annotations for key, value in a.tags.items()}  # the latest value of a key wins
         log_batched(self.client, self.run_id, metrics=metrics, tags=[tag(key, value) for key, value in tags.items()])
-        for item in steps:
+        if self.options.archive_every_n_steps > 1:
+            self._unarchived += [item.step for item in steps]
+            if len(self._unarchived) >= self.options.archive_every_n_steps:
+                self._send_archive()
+        for item in steps if self.options.archive_every_n_steps == 1 else ():
             if self._out_of_time():
                 raise TimeoutError(f"stop() drained for MSPROBE_MLFLOW_DRAIN_SECONDS = {DRAIN_SECONDS:g} s")
             upload_step_files(self.client, self.run_id, self.config.dump_path, self.rank, item.step)
         for path in dict.fromkeys(path for a in annotations for path in a.files):
             self.client.log_artifact(self.run_id, str(path), self._artifact_folder(path))
+
+    def _send_archive(self) -> None:
+        """One archive of the steps waiting for it; on failure they are unsent (the caller's round counts its own)."""
+        steps, self._unarchived = self._unarchived, []
+        try:
+            with tempfile.TemporaryDirectory() as scratch:
+                archive = write_steps_archive(self.config.dump_path, self.rank, steps, Path(scratch),
+                                              packed_directions_file)
+                self.client.log_artifact(self.run_id, str(archive), f"{ARTIFACT_ROOT}/{relative_rank_dir(self.rank)}")
+        except Exception:
+            self.unsent_steps.update(steps)
+            raise
 
     def _artifact_folder(self, path: Path) -> str:
         """The ``grad_probe/`` folder mirroring the dump folder that holds ``path``."""
