@@ -17,6 +17,7 @@ Per configuration it reports what the issue asks for:
   those the ranks wrote, at the end of ``stop()`` and after ``msprobe-mlflow upload`` sends what ``stop()`` left
   (the *lost* columns, which must be 0);
 - *stop() drain*: from the last step to the last sink closed (bounded by ``MSPROBE_MLFLOW_DRAIN_SECONDS``);
+  *upload after*: ``upload_dump`` of each rank (8 at a time, as nodes would), sending what ``stop()`` left;
 - *training-side cost*: the time a rank's writer spends per step (local dump + ``handle``; the training thread
   itself only hands the step over), median and 99th percentile, and how far the drivers fell behind the step
   rate (*lag*: the simulation's own CPU limit on this machine, not the server's).
@@ -55,6 +56,7 @@ SHAPES = [(64, 32), (64,), (10, 64), (10,)]
 NAMES = ["fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias"]
 VALUES_PER_STEP = 5  # grad/rank{R}/{total_norm,max,min,nonfinite_params,params} at L1
 RESULTS = ROOT / "benchmarks" / "results"
+START_DELAY = 1.0  # seconds from the drivers' barrier to step 0
 
 
 def summary_values(rank: int, step: int) -> np.ndarray:
@@ -104,7 +106,7 @@ class DriverJob:
     dump_path: str
     steps: int
     step_rate: float
-    start_at: float  # time.time() of step 0, the same for every driver
+    ready: object  # a Barrier of every driver and the parent: stepping starts START_DELAY after it
     aggregated: bool
     archive_every: int
     drain_seconds: float
@@ -154,9 +156,11 @@ def drive(job: DriverJob) -> dict:
 
     with ThreadPoolExecutor(32) as pool:
         sinks = list(pool.map(open_sink, job.ranks))
+    job.ready.wait()
+    start_at = time.time() + START_DELAY
     costs, lag = [], 0.0
     for step in range(job.steps):
-        wait = job.start_at + step / job.step_rate - time.time()
+        wait = start_at + step / job.step_rate - time.time()
         if wait > 0:
             time.sleep(wait)
         lag = max(lag, -wait)
@@ -212,17 +216,21 @@ def measure(server, database_uri: str, artifacts: Path, *, workers: int, ranks: 
     dump = Path(tempfile.mkdtemp(prefix="msprobe-load-dump-"))
     try:
         slices = [list(range(ranks))[i::processes] for i in range(min(processes, ranks))]
-        start_at = time.time() + 15 + ranks / 40  # room for every driver to import and open its sinks
-        jobs = [DriverJob(part, ranks, run_id, server.uri, str(dump), steps, step_rate, start_at,
-                          mode.startswith("aggregated"), archive_every, drain_seconds) for part in slices]
-        with multiprocessing.get_context("spawn").Pool(len(jobs)) as pool:
-            pending = pool.map_async(drive, jobs)
-            time.sleep(max(0.0, start_at + steps / step_rate - time.time()))
+        context = multiprocessing.get_context("spawn")
+        with context.Manager() as manager, context.Pool(len(slices)) as pool:
+            ready = manager.Barrier(len(slices) + 1)
+            pending = pool.map_async(drive, [DriverJob(part, ranks, run_id, server.uri, str(dump), steps, step_rate,
+                                                       ready, mode.startswith("aggregated"), archive_every,
+                                                       drain_seconds) for part in slices])
+            ready.wait()  # every sink is open
+            time.sleep(START_DELAY + steps / step_rate)
             held_while_stepping = held_on_server(database_uri, artifacts, run_id, experiment_id)["values"]
             results = pending.get()
         at_stop = held_on_server(database_uri, artifacts, run_id, experiment_id)
         upload_started = time.monotonic()
-        upload_dump(dump, run_id, tracking_uri=server.uri)
+        with ThreadPoolExecutor(8) as pool:  # as each node would: its own ranks
+            list(pool.map(lambda rank: upload_dump(dump, run_id, tracking_uri=server.uri, ranks=[rank]),
+                          range(ranks)))
         upload_seconds = time.monotonic() - upload_started
         after_upload = held_on_server(database_uri, artifacts, run_id, experiment_id)
     finally:
