@@ -26,8 +26,9 @@ def world_size() -> int:
 
 
 def summary_all_gather():
-    """The all-gather of rank-0 aggregated metrics (``tracking.aggregate``), on the world group (MindSpore's CPU
-    backend creates no sub-groups); called on the writer thread, where a rank's writer waits for the others'."""
+    """The all-gather of rank-0 aggregated metrics (``tracking.aggregate``), on the world group, called on the
+    writer thread. The float64 values travel as their bytes (int32 pairs): the CPU backend's AllGather rounds
+    float64 to float32."""
     import numpy as np
     from mindspore import Tensor, ops
 
@@ -35,6 +36,7 @@ def summary_all_gather():
     size = world_size()
 
     def gather(vector: np.ndarray) -> np.ndarray:
-        return all_gather(Tensor(np.asarray(vector, dtype=np.float64))).asnumpy().reshape(size, -1)
+        words = np.ascontiguousarray(vector, dtype=np.float64).view(np.int32)
+        return np.ascontiguousarray(all_gather(Tensor(words)).asnumpy()).view(np.float64).reshape(size, -1)
 
     return gather
