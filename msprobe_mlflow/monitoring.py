@@ -23,7 +23,8 @@ class SessionMonitor:
     ``log_to_mlflow=False`` turns it off. ``metrics_file=True`` also appends each step's summary metrics to
     ``{dump_path}/rank{R}/metrics.jsonl``. ``aggregate_metrics``: rank 0 sends every rank's summary metrics in its
     own requests, gathered by one small collective per step (None, the default: from 64 ranks; see
-    ``msprobe_mlflow.tracking.aggregate``). ``sinks``: more outputs (objects with ``handle(record)``, ``flush()``,
+    ``msprobe_mlflow.tracking.aggregate``). ``archive_every_n_steps``: each rank's files go up as one archive per
+    this many sent steps (1, the default: two files per step). ``sinks``: more outputs (objects with ``handle(record)``, ``flush()``,
     ``close()``), fed on the writer thread after the local dump. ``silent``: problems go to the
     ``msprobe_mlflow`` logger only, no warnings.
 
@@ -41,9 +42,10 @@ class SessionMonitor:
                  on_suspicious: SuspiciousCallback | None = None, first_threshold: float = DEFAULT_FIRST_THRESHOLD,
                  drop_threshold: float = DEFAULT_DROP_THRESHOLD, anomaly_flags: bool = True,
                  spike_threshold: float = SpikeRule.threshold, spike_window: int = SpikeRule.window,
-                 aggregate_metrics: bool | None = None):
+                 aggregate_metrics: bool | None = None, archive_every_n_steps: int = 1):
         self.config = load_config(config)
-        self.tracking = TrackingOptions(run_id, tracking_uri, log_every_n_steps, param_metrics, aggregate_metrics) \
+        self.tracking = TrackingOptions(run_id, tracking_uri, log_every_n_steps, param_metrics, aggregate_metrics,
+                                        archive_every_n_steps) \
             if log_to_mlflow else None
         self.baseline = live_baseline(self.config, baseline, on_suspicious, first_threshold, drop_threshold,
                                       tracking_uri)

@@ -282,10 +282,11 @@ class MlflowSink:
         metrics += [m for a in annotations for m in metric_entities(a.metrics, a.step, timestamp)]
         tags = {key: value for a in annotations for key, value in a.tags.items()}  # the latest value of a key wins
         log_batched(self.client, self.run_id, metrics=metrics, tags=[tag(key, value) for key, value in tags.items()])
-        if self.options.archive_every_n_steps > 1:
+        every = self.options.archive_every_n_steps
+        if every > 1:
             self._unarchived += [item.step for item in steps]
-            if len(self._unarchived) >= self.options.archive_every_n_steps:
-                self._send_archive()
+            while len(self._unarchived) >= every:
+                self._send_archive(every)
         for item in steps if self.options.archive_every_n_steps == 1 else ():
             if self._out_of_time():
                 raise TimeoutError(f"stop() drained for MSPROBE_MLFLOW_DRAIN_SECONDS = {DRAIN_SECONDS:g} s")
@@ -293,9 +294,10 @@ class MlflowSink:
         for path in dict.fromkeys(path for a in annotations for path in a.files):
             self.client.log_artifact(self.run_id, str(path), self._artifact_folder(path))
 
-    def _send_archive(self) -> None:
-        """One archive of the steps waiting for it; on failure they are unsent (the caller's round counts its own)."""
-        steps, self._unarchived = self._unarchived, []
+    def _send_archive(self, count: int | None = None) -> None:
+        """One archive of the first ``count`` (default: all) steps waiting for it; on failure they are unsent."""
+        count = count or len(self._unarchived)
+        steps, self._unarchived = self._unarchived[:count], self._unarchived[count:]
         try:
             with tempfile.TemporaryDirectory() as scratch:
                 archive = write_steps_archive(self.config.dump_path, self.rank, steps, Path(scratch),
