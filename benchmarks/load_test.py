@@ -17,7 +17,8 @@ Per configuration it reports what the issue asks for:
   those the ranks wrote, at the end of ``stop()`` and after ``msprobe-mlflow upload`` sends what ``stop()`` left
   (the *lost* columns, which must be 0);
 - *stop() drain*: from the last step to the last sink closed (bounded by ``MSPROBE_MLFLOW_DRAIN_SECONDS``);
-  *upload after*: ``upload_dump`` of each rank (8 at a time, as nodes would), sending what ``stop()`` left;
+  *upload after*: ``upload_dump`` of each rank the run does not mark ``finished`` (8 at a time, as their nodes
+  would), sending what ``stop()`` left;
 - *training-side cost*: the time a rank's writer spends per step (local dump + ``handle``; the training thread
   itself only hands the step over), median and 99th percentile, and how far the drivers fell behind the step
   rate (*lag*: the simulation's own CPU limit on this machine, not the server's).
@@ -187,9 +188,13 @@ def held_on_server(database_uri: str, artifacts: Path, run_id: str, experiment_i
                                     "%s AND key LIKE 'grad/rank%%') AS held", (run_id,)).fetchone()[0]
         unsent_tags = connection.execute("SELECT count(*) FROM tags WHERE run_uuid = %s AND key LIKE "
                                          "'msprobe_mlflow.rank%%.unsent_steps'", (run_id,)).fetchone()[0]
+        finished = {key for (key,) in connection.execute(
+            "SELECT key FROM tags WHERE run_uuid = %s AND key LIKE 'msprobe_mlflow.rank%%.status' AND value = "
+            "'finished'", (run_id,))}
     folder = artifacts / experiment_id / run_id / "artifacts" / "grad_probe"
     files = [p for p in folder.rglob("*") if p.is_file() and p.parent != folder] if folder.is_dir() else []
-    return {"values": values, "unsent_tags": unsent_tags, "files": files, "bytes": sum(p.stat().st_size for p in files)}
+    return {"values": values, "unsent_tags": unsent_tags, "files": files, "bytes": sum(p.stat().st_size for p in files),
+            "finished": finished}
 
 
 def files_held(files: list[Path]) -> int:
@@ -228,9 +233,9 @@ def measure(server, database_uri: str, artifacts: Path, *, workers: int, ranks: 
             results = pending.get()
         at_stop = held_on_server(database_uri, artifacts, run_id, experiment_id)
         upload_started = time.monotonic()
-        with ThreadPoolExecutor(8) as pool:  # as each node would: its own ranks
-            list(pool.map(lambda rank: upload_dump(dump, run_id, tracking_uri=server.uri, ranks=[rank]),
-                          range(ranks)))
+        incomplete = [rank for rank in range(ranks) if f"msprobe_mlflow.rank{rank}.status" not in at_stop["finished"]]
+        with ThreadPoolExecutor(8) as pool:  # as the nodes whose ranks the run names would
+            list(pool.map(lambda rank: upload_dump(dump, run_id, tracking_uri=server.uri, ranks=[rank]), incomplete))
         upload_seconds = time.monotonic() - upload_started
         after_upload = held_on_server(database_uri, artifacts, run_id, experiment_id)
     finally:
@@ -251,7 +256,7 @@ def measure(server, database_uri: str, artifacts: Path, *, workers: int, ranks: 
         "artifact_bytes_per_rank_step": after_upload["bytes"] / rank_steps,
         "sent_values": sent_values, "held_values_at_stop": at_stop["values"],
         "sent_files": sent_files, "held_files_at_stop": files_held(at_stop["files"]),
-        "ranks_naming_unsent_steps_at_stop": at_stop["unsent_tags"],
+        "ranks_naming_unsent_steps_at_stop": at_stop["unsent_tags"], "ranks_uploaded_after": len(incomplete),
         "held_values_after_upload": after_upload["values"], "held_files_after_upload": files_held(after_upload["files"]),
         "lost_values": sent_values - after_upload["values"],
         "lost_files": sent_files - files_held(after_upload["files"]),
@@ -268,6 +273,7 @@ def measure(server, database_uri: str, artifacts: Path, *, workers: int, ranks: 
 COLUMNS = [("workers", "W", "{}"), ("ranks", "N", "{}"), ("mode", "mode", "{}"),
            ("offered_values_per_s", "values/s offered", "{:.0f}"), ("values_accepted_per_s", "values/s accepted", "{:.0f}"),
            ("latency_p50_ms", "p50 ms", "{:.0f}"), ("latency_p99_ms", "p99 ms", "{:.0f}"),
+           ("requests_per_s", "requests/s served", "{:.0f}"),
            ("tracking_requests_per_rank_step", "tracking req/rank-step", "{:.2f}"),
            ("artifact_requests_per_rank_step", "artifact req/rank-step", "{:.2f}"),
            ("artifact_bytes_per_rank_step", "artifact bytes/rank-step", "{:.0f}"),
@@ -278,6 +284,37 @@ COLUMNS = [("workers", "W", "{}"), ("ranks", "N", "{}"), ("mode", "mode", "{}"),
            ("stop_drain_s", "stop() drain s", "{:.1f}"), ("upload_after_s", "upload after s", "{:.1f}"),
            ("writer_cost_p50_ms", "writer ms/step p50", "{:.2f}"), ("writer_cost_p99_ms", "p99", "{:.2f}"),
            ("driver_lag_s", "driver lag s", "{:.1f}")]
+
+
+def held_in_time(row: dict) -> bool:
+    """The service kept up: everything was on the server when ``stop()`` returned, and at least 90% of the values
+    offered during the stepping had arrived by its end."""
+    return (row["held_values_at_stop"] == row["sent_values"] and row["held_files_at_stop"] == row["sent_files"]
+            and row["values_accepted_per_s"] >= 0.9 * row["offered_values_per_s"])
+
+
+def closing_note(rows: list[dict]) -> list[str]:
+    """Per server size and mode: the largest N that held in time, and how the next one missed."""
+    lines = ["## What it shows", ""]
+    for workers, mode in dict.fromkeys((row["workers"], row["mode"]) for row in rows):
+        tried = sorted((row for row in rows if (row["workers"], row["mode"]) == (workers, mode)),
+                       key=lambda row: row["ranks"])
+        held = [row["ranks"] for row in tried if held_in_time(row)]
+        missed = next((row for row in tried if not held_in_time(row)), None)
+        text = f"- {workers} worker(s), {mode}: held in time up to {max(held) if held else 'no'} ranks"
+        if missed:
+            text += (f"; at {missed['ranks']} ranks {missed['values_accepted_per_s']:.0f} of "
+                     f"{missed['offered_values_per_s']:.0f} values/s arrived while stepping, stop() left "
+                     f"{missed['sent_values'] - missed['held_values_at_stop']} values and "
+                     f"{missed['sent_files'] - missed['held_files_at_stop']} files to the later upload "
+                     f"({missed['ranks_naming_unsent_steps_at_stop']} ranks tagged them), request p99 "
+                     f"{missed['latency_p99_ms'] / 1000:.1f} s")
+        lost = sum(row["lost_values"] + row["lost_files"] for row in tried)
+        lines.append(text + f"; lost after the upload: {lost}.")
+    tried_ranks = sorted({row["ranks"] for row in rows})
+    lines += ["", f"Ranks tried: {tried_ranks}. *Held in time*: every value and file on the server when `stop()` "
+              f"returned, and at least 90% of the offered values arrived while stepping."]
+    return lines
 
 
 def markdown(rows: list[dict], setup: dict) -> str:
@@ -292,8 +329,9 @@ def markdown(rows: list[dict], setup: dict) -> str:
              "| " + " | ".join(label for _, label, _ in COLUMNS) + " |",
              "|" + "---|" * len(COLUMNS)]
     for row in rows:
+        row = {**row, "requests_per_s": row["requests"] / (row["stepping_s"] + row["stop_drain_s"])}
         lines.append("| " + " | ".join(form.format(row[key]) for key, _, form in COLUMNS) + " |")
-    return "\n".join(lines) + "\n"
+    return "\n".join([*lines, "", *closing_note(rows)]) + "\n"
 
 
 def main() -> None:
@@ -308,7 +346,9 @@ def main() -> None:
     parser.add_argument("--drain-seconds", type=float, default=60.0, help="MSPROBE_MLFLOW_DRAIN_SECONDS")
     parser.add_argument("--archive-every", type=int, default=10, help="steps per archive in aggregated+archive")
     parser.add_argument("--output", default=str(RESULTS / "load_test"), help="writes OUTPUT.json and OUTPUT.md")
+    parser.add_argument("--append", action="store_true", help="keep the rows OUTPUT.json holds, add these")
     args = parser.parse_args()
+    output = Path(args.output)
 
     import mlflow
     from mlflow_server import MlflowServer
@@ -316,7 +356,7 @@ def main() -> None:
 
     cluster = PostgresCluster().start()
     work = Path(tempfile.mkdtemp(prefix="msprobe-load-"))
-    rows = []
+    rows = json.loads(output.with_suffix(".json").read_text())["rows"] if args.append else []
     try:
         for workers in args.workers:
             database_uri = cluster.create_database(f"load{workers}")
@@ -336,11 +376,10 @@ def main() -> None:
     finally:
         cluster.remove()
         shutil.rmtree(work, ignore_errors=True)
-    setup = {"command": "benchmarks/load_test.py " + " ".join(sys.argv[1:]), "machine": platform.platform(),
+    setup = {"command": "benchmarks/run-load-test", "machine": platform.platform(),
              "cpus": os.cpu_count(), "mlflow": mlflow.__version__, "postgres": cluster.bin_dir.parent.name,
              "steps": args.steps, "step_rate": args.step_rate, "processes": args.processes,
              "drain_seconds": args.drain_seconds}
-    output = Path(args.output)
     output.parent.mkdir(parents=True, exist_ok=True)
     output.with_suffix(".json").write_text(json.dumps({"setup": setup, "rows": rows}, indent=2))
     output.with_suffix(".md").write_text(markdown(rows, setup))
