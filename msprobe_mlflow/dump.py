@@ -40,6 +40,7 @@ FINDINGS_FOLDER = "findings"
 SUMMARY_PREFIX, SUMMARY_SUFFIX = "grad_summary_", ".csv"
 ARCHIVE_PREFIX, ARCHIVE_SUFFIX = "steps_", ".zip"
 MAX_ARCHIVE_MEMBER_BYTES = 4 << 30  # a member larger than this (uncompressed) is refused, not extracted
+MAX_ARCHIVE_STEPS = 100_000  # a name announcing more steps is no archive of ours
 
 
 def relative_rank_dir(rank: int) -> str:
@@ -91,14 +92,18 @@ def relative_archive_path(rank: int, steps: list[int]) -> str:
 
 
 def parse_archive_name(name: str) -> list[int] | None:
-    """``[0, 1, 2, 12]`` for ``steps_0-2_12.zip``; None for any other name."""
+    """``[0, 1, 2, 12]`` for ``steps_0-2_12.zip``; None for any other name (and for ranges of more than
+    ``MAX_ARCHIVE_STEPS`` steps)."""
     match = re.match(rf"^{ARCHIVE_PREFIX}(\d+(?:-\d+)?(?:_\d+(?:-\d+)?)*){re.escape(ARCHIVE_SUFFIX)}$", name)
     if not match:
         return None
-    steps = []
+    steps: list[int] = []
     for part in match.group(1).split("_"):
         first, _, last = part.partition("-")
-        steps += range(int(first), int(last or first) + 1)
+        announced = range(int(first), int(last or first) + 1)
+        if len(steps) + len(announced) > MAX_ARCHIVE_STEPS:
+            return None
+        steps += announced
     return steps
 
 

@@ -12,6 +12,7 @@ from msprobe_mlflow.session import ProbeSession, RankPolicy
 from msprobe_mlflow.sinks import StepSink, choose_sinks
 from msprobe_mlflow.sinks.anomalies import SpikeRule
 from msprobe_mlflow.sinks.baseline import BaselineOptions, SuspiciousCallback
+from msprobe_mlflow.tracking.aggregate import SummaryGather
 from msprobe_mlflow.tracking.options import TrackingOptions
 
 
@@ -61,7 +62,7 @@ class SessionMonitor:
 
     def _open_session(self, framework: str, ranks: RankPolicy,
                       share_run_id: Callable[[str | None], str | None] = lambda run_id: run_id,
-                      summary_gather=None) -> ProbeSession:
+                      summary_gather: Callable[[], SummaryGather] | None = None) -> ProbeSession:
         """The session first (a bad dump_path fails before anything is sent), then its sinks (``share_run_id`` and
         ``summary_gather``: the framework's collectives, see :func:`choose_sinks`)."""
         session = ProbeSession(self.config, framework=framework, ranks=ranks, notices=self.notices)

@@ -31,7 +31,7 @@ def test_step_ranges_name_an_archive_and_read_back():
     assert relative_archive_path(3, [0, 1, 2, 12]) == "rank3/steps_0-2_12.zip"
     assert parse_archive_name("steps_0-2_12.zip") == [0, 1, 2, 12]
     assert parse_archive_name("steps_5.zip") == [5]
-    for other in ("steps_.zip", "steps_1-2.csv", "grad_summary_1.csv", "steps_1,2.zip"):
+    for other in ("steps_.zip", "steps_1-2.csv", "grad_summary_1.csv", "steps_1,2.zip", "steps_0-100000.zip"):
         assert parse_archive_name(other) is None
 
 

@@ -20,6 +20,7 @@ from msprobe_mlflow.records import StepRecord
 from msprobe_mlflow.session import RankPolicy
 
 if TYPE_CHECKING:
+    from msprobe_mlflow.tracking.aggregate import SummaryGather
     from msprobe_mlflow.sinks.anomalies import SpikeRule
     from msprobe_mlflow.sinks.baseline import BaselineOptions
 
@@ -45,7 +46,8 @@ class RunNotes(Protocol):
 def choose_sinks(config: GradProbeConfig, ranks: RankPolicy, *, framework: str, tracking=None,
                  share_run_id: Callable[[str | None], str | None] = lambda run_id: run_id,
                  metrics_file: bool = False, notices=None, baseline: "BaselineOptions | None" = None,
-                 spike_rule: "SpikeRule | None" = None, summary_gather=None) -> list[StepSink]:
+                 spike_rule: "SpikeRule | None" = None,
+                 summary_gather: "Callable[[], SummaryGather] | None" = None) -> list[StepSink]:
     """The sinks of a monitor: the live verdict against ``baseline``, the anomaly flags (``spike_rule``), MLflow
     when ``tracking`` options are given and a run is found (``share_run_id`` is a collective under distributed
     training: every rank calls this; so is ``summary_gather``, the framework's all-gather for rank-0 aggregated

@@ -287,10 +287,11 @@ class MlflowSink:
             self._unarchived += [item.step for item in steps]
             while len(self._unarchived) >= every:
                 self._send_archive(every)
-        for item in steps if self.options.archive_every_n_steps == 1 else ():
-            if self._out_of_time():
-                raise TimeoutError(f"stop() drained for MSPROBE_MLFLOW_DRAIN_SECONDS = {DRAIN_SECONDS:g} s")
-            upload_step_files(self.client, self.run_id, self.config.dump_path, self.rank, item.step)
+        else:
+            for item in steps:
+                if self._out_of_time():
+                    raise TimeoutError(f"stop() drained for MSPROBE_MLFLOW_DRAIN_SECONDS = {DRAIN_SECONDS:g} s")
+                upload_step_files(self.client, self.run_id, self.config.dump_path, self.rank, item.step)
         for path in dict.fromkeys(path for a in annotations for path in a.files):
             self.client.log_artifact(self.run_id, str(path), self._artifact_folder(path))
 

@@ -19,10 +19,9 @@ from mlflow.tracking import MlflowClient
 
 from msprobe_mlflow import __version__
 from msprobe_mlflow.directions import PACKED_FILE_NAME, open_step_directions, read_step_directions, write_packed
-from msprobe_mlflow.dump import (RANK_PREFIX, dump_folder, indexed_children, parse_archive_name, parse_summary_name,
-                                 rank_dir,
-                                 read_dump_config, read_summary, relative_rank_dir, relative_step_dir, step_dir,
-                                 summary_csv_path, summary_steps)
+from msprobe_mlflow.dump import (RANK_PREFIX, dump_folder, indexed_children, parse_archive_name,
+                                 parse_summary_name, rank_dir, read_dump_config, read_summary, relative_rank_dir,
+                                 relative_step_dir, step_dir, summary_csv_path, summary_steps)
 from msprobe_mlflow.levels import level_of_header
 from msprobe_mlflow.tracking import ARTIFACT_ROOT, TAG_PREFIX
 from msprobe_mlflow.tracking.experiments import experiment_id_for
