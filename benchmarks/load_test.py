@@ -257,7 +257,8 @@ def measure(server, database_uri: str, artifacts: Path, *, workers: int, ranks: 
         "sent_values": sent_values, "held_values_at_stop": at_stop["values"],
         "sent_files": sent_files, "held_files_at_stop": files_held(at_stop["files"]),
         "ranks_naming_unsent_steps_at_stop": at_stop["unsent_tags"], "ranks_uploaded_after": len(incomplete),
-        "held_values_after_upload": after_upload["values"], "held_files_after_upload": files_held(after_upload["files"]),
+        "held_values_after_upload": after_upload["values"],
+        "held_files_after_upload": files_held(after_upload["files"]),
         "lost_values": sent_values - after_upload["values"],
         "lost_files": sent_files - files_held(after_upload["files"]),
         "ranks_naming_unsent_steps_after_upload": after_upload["unsent_tags"],
@@ -271,7 +272,8 @@ def measure(server, database_uri: str, artifacts: Path, *, workers: int, ranks: 
 
 
 COLUMNS = [("workers", "W", "{}"), ("ranks", "N", "{}"), ("mode", "mode", "{}"),
-           ("offered_values_per_s", "values/s offered", "{:.0f}"), ("values_accepted_per_s", "values/s accepted", "{:.0f}"),
+           ("offered_values_per_s", "values/s offered", "{:.0f}"),
+           ("values_accepted_per_s", "values/s accepted", "{:.0f}"),
            ("latency_p50_ms", "p50 ms", "{:.0f}"), ("latency_p99_ms", "p99 ms", "{:.0f}"),
            ("requests_per_s", "requests/s served", "{:.0f}"),
            ("tracking_requests_per_rank_step", "tracking req/rank-step", "{:.2f}"),

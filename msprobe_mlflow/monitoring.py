@@ -25,8 +25,8 @@ class SessionMonitor:
     ``{dump_path}/rank{R}/metrics.jsonl``. ``aggregate_metrics``: rank 0 sends every rank's summary metrics in its
     own requests, gathered by one small collective per step (None, the default: from 64 ranks; see
     ``msprobe_mlflow.tracking.aggregate``). ``archive_every_n_steps``: each rank's files go up as one archive per
-    this many sent steps (1, the default: two files per step). ``sinks``: more outputs (objects with ``handle(record)``, ``flush()``,
-    ``close()``), fed on the writer thread after the local dump. ``silent``: problems go to the
+    this many sent steps (1, the default: two files per step). ``sinks``: more outputs (objects with
+    ``handle(record)``, ``flush()``, ``close()``), fed on the writer thread after the local dump. ``silent``: problems go to the
     ``msprobe_mlflow`` logger only, no warnings.
 
     Live verdicts (``msprobe_mlflow.sinks.baseline``, ``msprobe_mlflow.sinks.anomalies``): ``baseline`` (a dump
