@@ -26,8 +26,8 @@ class SessionMonitor:
     own requests, gathered by one small collective per step (None, the default: from 64 ranks; see
     ``msprobe_mlflow.tracking.aggregate``). ``archive_every_n_steps``: each rank's files go up as one archive per
     this many sent steps (1, the default: two files per step). ``sinks``: more outputs (objects with
-    ``handle(record)``, ``flush()``, ``close()``), fed on the writer thread after the local dump. ``silent``: problems go to the
-    ``msprobe_mlflow`` logger only, no warnings.
+    ``handle(record)``, ``flush()``, ``close()``), fed on the writer thread after the local dump. ``silent``:
+    problems go to the ``msprobe_mlflow`` logger only, no warnings.
 
     Live verdicts (``msprobe_mlflow.sinks.baseline``, ``msprobe_mlflow.sinks.anomalies``): ``baseline`` (a dump
     folder or an MLflow run ID, looked up in ``tracking_uri``) compares each step's directions with the baseline's
