@@ -27,7 +27,7 @@ def test_rank_0_sends_the_summary_metrics_of_a_mindspore_rank_that_cannot_reach_
     msrun = shutil.which("msrun", path=bin_dir)
     assert msrun, f"msrun is not in {bin_dir}"
     env = {**os.environ, "PATH": f"{bin_dir}:{os.environ.get('PATH', '')}", "MLFLOW_RUN_ID": run_id,
-           "MSPROBE_MLFLOW_RANK_WAIT_SECONDS": "5", "MSPROBE_MLFLOW_START_CHECK_SECONDS": "1",
+           "MSPROBE_MLFLOW_RANK_WAIT_SECONDS": "1", "MSPROBE_MLFLOW_START_CHECK_SECONDS": "1",
            "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0", "MLFLOW_HTTP_REQUEST_TIMEOUT": "2"}
     command = [msrun, "--worker_num=2", "--local_worker_num=2", f"--master_port={free_port()}",
                f"--log_dir={logs}", "--join=True", str(WORKER), "--dump", str(dump), "--tracking-uri", uri]

@@ -29,7 +29,7 @@ def test_rank_0_sends_the_summary_metrics_of_a_rank_that_cannot_reach_the_server
     dump = tmp_path / "dump"
     command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
                "--master-port", str(free_port()), str(WORKER), "--dump", str(dump), "--tracking-uri", uri]
-    env = {**os.environ, "MSPROBE_MLFLOW_RANK_WAIT_SECONDS": "5", "MSPROBE_MLFLOW_START_CHECK_SECONDS": "1",
+    env = {**os.environ, "MSPROBE_MLFLOW_RANK_WAIT_SECONDS": "1", "MSPROBE_MLFLOW_START_CHECK_SECONDS": "1",
            "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0", "MLFLOW_HTTP_REQUEST_TIMEOUT": "2"}
     done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
