@@ -19,9 +19,10 @@ Per configuration it reports what the issue asks for:
 - *stop() drain*: from the last step to the last sink closed (bounded by ``MSPROBE_MLFLOW_DRAIN_SECONDS``);
   *upload after*: ``upload_dump`` of each rank the run does not mark ``finished`` (8 at a time, as their nodes
   would), sending what ``stop()`` left;
-- *training-side cost*: the time a rank's writer spends per step (local dump + ``handle``; the training thread
-  itself only hands the step over), median and 99th percentile, and how far the drivers fell behind the step
-  rate (*lag*: the simulation's own CPU limit on this machine, not the server's).
+- *training-side cost*: the time a rank's writer spends per step (building the synthetic record, writing the local
+  dump, ``handle``, which under aggregation includes the simulated all-gather; the training thread itself only
+  hands the step over), median and 99th percentile, and how far the drivers fell behind the step rate (*lag*: the
+  simulation's own CPU limit on this machine, not the server's).
 
 Modes: ``per-rank`` (every rank sends its own metrics, today's default below 64 ranks), ``aggregated`` (rank-0
 aggregation: every rank's summary metrics go up in rank 0's requests; the all-gather is simulated in-process,
