@@ -1,6 +1,7 @@
 """One rank of a 2-rank DDP job (gloo, CPU) with rank-0 aggregated metrics; started by torchrun from
 tests/test_scale_torch.py. Rank 0 logs into the run at ``--tracking-uri``; rank 1 is pointed at a port where no
-server listens, so its metrics can only reach the run through rank 0's requests."""
+server listens, so its metrics can only reach the run through rank 0's requests. ``--rank1-steps S ...`` makes rank 1
+probe only those steps (rank 0 probes every step), so the all-gathers stop pairing up."""
 from __future__ import annotations
 
 import argparse
@@ -20,6 +21,7 @@ def main() -> None:
     parser.add_argument("--dump", required=True)
     parser.add_argument("--tracking-uri", required=True)
     parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--rank1-steps", type=int, nargs="*", default=[])
     args = parser.parse_args()
     dist.init_process_group("gloo")
     rank = dist.get_rank()
@@ -31,7 +33,8 @@ def main() -> None:
     if rank == 0:
         mlflow.set_tracking_uri(uri)
         print("RUN_ID", mlflow.start_run(run_name="aggregated").info.run_id, flush=True)
-    monitor = GradientMonitor(GradProbeConfig(dump_path=args.dump, level="L1"), tracking_uri=uri,
+    steps = args.rank1_steps if rank == 1 else []
+    monitor = GradientMonitor(GradProbeConfig(dump_path=args.dump, level="L1", step=steps), tracking_uri=uri,
                               aggregate_metrics=True).monitor(model, optimizer)
     generator = torch.Generator().manual_seed(100 + rank)
     for _ in range(args.steps):
