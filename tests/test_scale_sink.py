@@ -14,6 +14,7 @@ from mlflow.tracking import MlflowClient
 
 from msprobe_mlflow.config import GradProbeConfig
 from msprobe_mlflow.directions import read_step_directions
+from msprobe_mlflow.metrics import record_metrics
 from msprobe_mlflow.dump import (extract_steps_archive, parse_archive_name, read_statistics_table,
                                  relative_archive_path, step_dir, step_ranges, summary_csv_path, write_step)
 from msprobe_mlflow.pytorch import GradientMonitor
@@ -35,9 +36,9 @@ def test_step_ranges_name_an_archive_and_read_back():
         assert parse_archive_name(other) is None
 
 
-def record(step: int) -> StepRecord:
-    rng = np.random.default_rng(step)
-    return StepRecord(rank=0, step=step, level="L1", bounds=(-1, 0, 1), names=["w", "b"], shapes=[(3, 5), (5,)],
+def record(step: int, rank: int = 0) -> StepRecord:
+    rng = np.random.default_rng(step + 100 * rank)
+    return StepRecord(rank=rank, step=step, level="L1", bounds=(-1, 0, 1), names=["w", "b"], shapes=[(3, 5), (5,)],
                       values=rng.standard_normal((2, 3)).astype(np.float32),
                       directions=np.concatenate([np.packbits(rng.random(15) > 0.5), np.packbits(rng.random(5) > 0.5)]))
 
@@ -122,6 +123,38 @@ def test_a_stop_out_of_drain_time_names_the_unsent_steps_and_upload_completes_th
     tags = client.get_run(run_id).data.tags
     assert tags["msprobe_mlflow.rank0.status"] == "finished" and "msprobe_mlflow.rank0.unsent_steps" not in tags
     assert [m.step for m in client.get_metric_history(run_id, "grad/rank0/total_norm")] == [0, 1, 2, 3]
+
+
+def test_other_ranks_values_rank_0_could_not_send_are_named_and_upload_completes_them(tmp_experiment, tmp_path,
+                                                                                     monkeypatch):
+    monkeypatch.setattr(sink_module, "DRAIN_SECONDS", 0.0)
+    monkeypatch.setattr(sink_module, "SEND_INTERVAL_SECONDS", 600.0)
+    monkeypatch.setattr(sink_module, "RANK_WAIT_SECONDS", 0.0)  # rank 1 has no sink here to report itself
+    dump = tmp_path / "dump"
+    for step in range(3):
+        write_step(dump, record(step, rank=1))  # rank 1's own dump, the source of truth for its values
+
+    def gather(vector):  # the all-gather as rank 0 sees it: rank 1's summary of the same step beside its own
+        theirs = record_metrics(record(int(vector[0]), rank=1))
+        return np.stack([vector, [vector[0], *(theirs[k] for k in sorted(theirs))]])
+
+    run_id = MlflowClient().create_run(tmp_experiment).info.run_id
+    config = GradProbeConfig(dump_path=str(dump), level="L1")
+    sink = sink_module.MlflowSink(run_id, config, TrackingOptions(run_id), RankPolicy(0, 2), framework="pytorch",
+                                  gather=gather)
+    for step in range(3):
+        write_step(dump, record(step))
+        sink.handle(record(step))
+        if step == 0:
+            sink.flush()
+    sink.close()
+    client = MlflowClient()
+    assert client.get_run(run_id).data.tags["msprobe_mlflow.unsent_summary_ranks"] == "1"
+    assert [m.step for m in client.get_metric_history(run_id, "grad/rank1/total_norm")] == [0]
+    upload_dump(dump, run_id, ranks=[1])
+    history = client.get_metric_history(run_id, "grad/rank1/total_norm")
+    assert [(m.step, m.value) for m in history] == [
+        (s, record_metrics(record(s, rank=1))["grad/rank1/total_norm"]) for s in range(3)]
 
 
 def metrics_of(rank: int, total_norm: float, maximum: float) -> dict[str, float]:

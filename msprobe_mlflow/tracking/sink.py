@@ -22,7 +22,9 @@ one at ``stop()``), which the readers of a run expand (``dump.extract_steps_arch
 each round.
 
 Rank-0 aggregation (:mod:`msprobe_mlflow.tracking.aggregate`, given a ``gather`` collective): every rank's summary
-metrics go up in rank 0's requests; each rank still sends its files and per-parameter metrics.
+metrics go up in rank 0's requests; each rank still sends its files and per-parameter metrics. Other ranks' values
+whose round failed go again in rank 0's next round; those still unsent at ``stop()`` are in their ranks' local
+dumps, and the run's tag ``msprobe_mlflow.unsent_summary_ranks`` (``3-7,12``) names the ranks to ``upload``.
 
 Credentials are checked when the sink starts: the first request (the run's tags) is awaited for up to
 ``MSPROBE_MLFLOW_START_CHECK_SECONDS`` (10 s), and a 401/403 answer gives one warning at ``monitor()`` naming the
@@ -56,8 +58,8 @@ from msprobe_mlflow.tracking import ARTIFACT_ROOT, TAG_PREFIX
 from msprobe_mlflow.tracking.aggregate import RankZeroMetrics, SummaryGather, aggregation_wanted
 from msprobe_mlflow.tracking.options import TrackingOptions
 from msprobe_mlflow.tracking.runs import log_batched, now_ms, param, tag
-from msprobe_mlflow.tracking.upload import (metric_entities, packed_directions_file, rank_status_tag,
-                                            unsent_steps_tag, upload_dump, upload_step_files)
+from msprobe_mlflow.tracking.upload import (UNSENT_SUMMARY_RANKS_TAG, metric_entities, packed_directions_file,
+                                            rank_status_tag, unsent_steps_tag, upload_dump, upload_step_files)
 
 RANK_WAIT_SECONDS = float(os.environ.get("MSPROBE_MLFLOW_RANK_WAIT_SECONDS", "120"))
 START_CHECK_SECONDS = float(os.environ.get("MSPROBE_MLFLOW_START_CHECK_SECONDS", "10"))
@@ -124,6 +126,7 @@ class MlflowSink:
         self.aggregation = RankZeroMetrics(gather, self.rank) if gather is not None else None
         self.unsent_steps: set[int] = set()
         self.unsent_gathered: list[Metric] = []  # rank 0: other ranks' summary metrics whose round failed
+        self._gathered_lock = threading.Lock()  # unsent_gathered grows on the writer thread too (a full queue)
         self.unsent_annotations: list[Annotation] = []
         self._drain_deadline: float | None = None
         self._unarchived: list[int] = []  # steps whose metrics were sent and whose files wait for their archive
@@ -157,7 +160,7 @@ class MlflowSink:
                 self._queue.put_nowait(item)
             except queue.Full:
                 self.unsent_steps.add(record.step)
-                self.unsent_gathered += item.gathered
+                self._keep_unsent_gathered(item.gathered)
         if failure is not None:
             raise RuntimeError(f"rank {self.rank}: the rank-0 aggregation of summary metrics failed at step "
                                f"{record.step}; from now on each rank sends its own metrics") from failure
@@ -207,10 +210,11 @@ class MlflowSink:
             if steps or annotations:
                 numbers = [item.step for item in steps]
                 what = f"log steps {numbers[0]}..{numbers[-1]}" if steps else "log the live findings"
+                retry = self._take_unsent_gathered()
                 if (self._closing.is_set() and (self._failure or self._out_of_time())  # no waiting at exit
-                        or not self._attempt(what, lambda: self._send(steps, annotations))):
+                        or not self._attempt(what, lambda: self._send(steps, annotations, retry))):
                     self.unsent_steps.update(numbers)
-                    self.unsent_gathered += [m for item in steps for m in item.gathered]
+                    self._keep_unsent_gathered(retry + [m for item in steps for m in item.gathered])
                     self.unsent_annotations += annotations
             if _CLOSE in items and self._unarchived and not (self._failure or self._out_of_time()):
                 self._attempt("send the last archive of step files", self._send_archive)
@@ -276,9 +280,19 @@ class MlflowSink:
     def _out_of_time(self) -> bool:
         return self._drain_deadline is not None and time.monotonic() > self._drain_deadline
 
-    def _send(self, steps: list[QueuedStep], annotations: list[Annotation] = ()) -> None:
+    def _take_unsent_gathered(self) -> list[Metric]:
+        with self._gathered_lock:
+            taken, self.unsent_gathered = self.unsent_gathered, []
+        return taken
+
+    def _keep_unsent_gathered(self, metrics: list[Metric]) -> None:
+        with self._gathered_lock:
+            self.unsent_gathered += metrics
+
+    def _send(self, steps: list[QueuedStep], annotations: list[Annotation] = (), retry: list[Metric] = ()) -> None:
+        """One round: the steps' metrics (and ``retry``, other ranks' values of failed rounds), then their files."""
         timestamp = now_ms()
-        metrics = [m for item in steps for m in (*item.metrics, *item.gathered)]
+        metrics = [*retry, *(m for item in steps for m in (*item.metrics, *item.gathered))]
         metrics += [m for a in annotations for m in metric_entities(a.metrics, a.step, timestamp)]
         tags = {key: value for a in annotations for key, value in a.tags.items()}  # the latest value of a key wins
         log_batched(self.client, self.run_id, metrics=metrics, tags=[tag(key, value) for key, value in tags.items()])
@@ -334,14 +348,18 @@ class MlflowSink:
                     self.config.dump_path, self.run_id, tracking_uri=self.options.tracking_uri, ranks=[self.rank],
                     steps=steps, param_patterns=self.options.param_metrics)):
                 self.unsent_steps.clear()
-        if self.unsent_gathered:
-            gathered, self.unsent_gathered = self.unsent_gathered, []
-            if not self._attempt("send the other ranks' summary metrics", lambda: log_batched(
-                    self.client, self.run_id, metrics=gathered)):
-                self.unsent_gathered = gathered
-                self.notices.warn(f"rank 0: {len(gathered)} summary metric value(s) of other ranks are not in MLflow "
-                                  f"run {self.run_id}; they are in those ranks' local dumps: complete it with "
-                                  f"msprobe-mlflow upload {self.config.dump_path} --run-id {self.run_id} on each node")
+        gathered = self._take_unsent_gathered()
+        if gathered and (self._out_of_time() or not self._attempt(
+                "send the other ranks' summary metrics", lambda: log_batched(self.client, self.run_id,
+                                                                           metrics=gathered))):
+            self.unsent_gathered = gathered
+            ranks = step_ranges({int(m.key.split("/")[1][len("rank"):]) for m in gathered})
+            self._attempt("name the ranks whose summary metrics are unsent", lambda: self.client.set_tag(
+                self.run_id, UNSENT_SUMMARY_RANKS_TAG, ranks))
+            self.notices.warn(f"rank 0: {len(gathered)} summary metric value(s) of ranks {ranks} are not in MLflow "
+                              f"run {self.run_id} (tag {UNSENT_SUMMARY_RANKS_TAG}); they are in those ranks' local "
+                              f"dumps: complete it with msprobe-mlflow upload {self.config.dump_path} --run-id "
+                              f"{self.run_id} on their nodes")
         if self.unsent_steps:
             self._attempt("name the unsent steps", lambda: self.client.set_tag(
                 self.run_id, unsent_steps_tag(self.rank), step_ranges(self.unsent_steps)))

@@ -38,6 +38,9 @@ class UploadReport:
     steps_completed: dict[int, list[int]] = field(default_factory=dict)  # rank -> steps whose files were sent
 
 
+UNSENT_SUMMARY_RANKS_TAG = f"{TAG_PREFIX}unsent_summary_ranks"  # ranks whose values rank 0 could not send
+
+
 def rank_status_tag(rank: int) -> str:
     """``running``, ``finished`` or ``incomplete`` (some steps are in the local dump only)."""
     return f"{TAG_PREFIX}rank{rank}.status"
