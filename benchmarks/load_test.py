@@ -17,8 +17,8 @@ Per configuration it reports what the issue asks for:
   those the ranks wrote, at the end of ``stop()`` and after ``msprobe-mlflow upload`` sends what ``stop()`` left
   (the *lost* columns, which must be 0);
 - *stop() drain*: from the last step to the last sink closed (bounded by ``MSPROBE_MLFLOW_DRAIN_SECONDS``);
-  *upload after*: ``upload_dump`` of each rank the run does not mark ``finished`` (8 at a time, as their nodes
-  would), sending what ``stop()`` left;
+  *upload after*: ``upload_dump`` of each rank the run does not mark ``finished`` or names in
+  ``msprobe_mlflow.unsent_summary_ranks`` (8 at a time, as their nodes would), sending what ``stop()`` left;
 - *training-side cost*: the time a rank's writer spends per step (building the synthetic record, writing the local
   dump, ``handle``, which under aggregation includes the simulated all-gather; the training thread itself only
   hands the step over), median and 99th percentile, and how far the drivers fell behind the step rate (*lag*: the
@@ -192,10 +192,21 @@ def held_on_server(database_uri: str, artifacts: Path, run_id: str, experiment_i
         finished = {key for (key,) in connection.execute(
             "SELECT key FROM tags WHERE run_uuid = %s AND key LIKE 'msprobe_mlflow.rank%%.status' AND value = "
             "'finished'", (run_id,))}
+        named = connection.execute("SELECT value FROM tags WHERE run_uuid = %s AND key = "
+                                   "'msprobe_mlflow.unsent_summary_ranks'", (run_id,)).fetchone()
     folder = artifacts / experiment_id / run_id / "artifacts" / "grad_probe"
     files = [p for p in folder.rglob("*") if p.is_file() and p.parent != folder] if folder.is_dir() else []
     return {"values": values, "unsent_tags": unsent_tags, "files": files, "bytes": sum(p.stat().st_size for p in files),
-            "finished": finished}
+            "finished": finished, "unsent_summary_ranks": ranges_of(named[0]) if named else set()}
+
+
+def ranges_of(text: str) -> set[int]:
+    """The ranks of ``3-5,9``."""
+    ranks = set()
+    for part in text.split(","):
+        first, _, last = part.partition("-")
+        ranks.update(range(int(first), int(last or first) + 1))
+    return ranks
 
 
 def files_held(files: list[Path]) -> int:
@@ -234,7 +245,8 @@ def measure(server, database_uri: str, artifacts: Path, *, workers: int, ranks: 
             results = pending.get()
         at_stop = held_on_server(database_uri, artifacts, run_id, experiment_id)
         upload_started = time.monotonic()
-        incomplete = [rank for rank in range(ranks) if f"msprobe_mlflow.rank{rank}.status" not in at_stop["finished"]]
+        incomplete = [rank for rank in range(ranks) if f"msprobe_mlflow.rank{rank}.status" not in at_stop["finished"]
+                      or rank in at_stop["unsent_summary_ranks"]]
         with ThreadPoolExecutor(8) as pool:  # as the nodes whose ranks the run names would
             list(pool.map(lambda rank: upload_dump(dump, run_id, tracking_uri=server.uri, ranks=[rank]), incomplete))
         upload_seconds = time.monotonic() - upload_started
@@ -360,6 +372,8 @@ def main() -> None:
     cluster = PostgresCluster().start()
     work = Path(tempfile.mkdtemp(prefix="msprobe-load-"))
     rows = json.loads(output.with_suffix(".json").read_text())["rows"] if args.append else []
+    measured = {(w, n, m) for w in args.workers for n in args.ranks for m in args.modes}
+    rows = [row for row in rows if (row["workers"], row["ranks"], row["mode"]) not in measured]  # measured again
     try:
         for workers in args.workers:
             database_uri = cluster.create_database(f"load{workers}")
