@@ -19,8 +19,8 @@ from typing import Callable
 
 import numpy as np
 
-# From the load test (benchmarks/results/load_test.md): at 64 ranks a step's per-rank metric requests already take
-# a large share of one server worker's capacity, while the collective costs a few floats per rank.
+# From the load test (benchmarks/results/load_test.md): at 64 ranks, one server worker no longer kept up with every
+# rank sending its own metrics, while the collective costs a few floats per rank.
 AGGREGATE_FROM_RANKS = 64
 # How long a rank waits in the all-gather for a rank that missed a step before aggregation is given up.
 GATHER_TIMEOUT_SECONDS = float(os.environ.get("MSPROBE_MLFLOW_GATHER_TIMEOUT_SECONDS", "300"))
