@@ -372,8 +372,11 @@ def main() -> None:
     parser.add_argument("--archive-every", type=int, default=10, help="steps per archive in aggregated+archive")
     parser.add_argument("--output", default=str(RESULTS / "load_test"), help="writes OUTPUT.json and OUTPUT.md")
     parser.add_argument("--append", action="store_true", help="keep the rows OUTPUT.json holds, add these")
+    parser.add_argument("--markdown-only", action="store_true", help="only write OUTPUT.md again from OUTPUT.json")
     args = parser.parse_args()
     output = Path(args.output)
+    if args.markdown_only:
+        return rewrite_markdown(output)
 
     import mlflow
     from mlflow_server import MlflowServer
