@@ -3,7 +3,7 @@
 The service is what docker/ deploys: ``mlflow server --workers W`` backed by PostgreSQL (a cluster of its own, from
 the OS packages, as the topology tests start it) with its artifact proxy (``--serve-artifacts``). Each simulated
 rank is a real :class:`~msprobe_mlflow.tracking.sink.MlflowSink` with its own sender thread and client, fed at a
-fixed step rate with synthetic L1 step records (4 parameters, 6,154 elements: two files per step, the CSV and the
+fixed step rate with synthetic L1 step records (4 parameters, 2,762 elements: two files per step, the CSV and the
 packed directions), each written to the local dump first as the monitor does. Ranks live in ``--processes`` driver
 processes, one driver thread each, that write the dump and call ``handle`` for their ranks at every tick.
 
@@ -24,10 +24,12 @@ Per configuration it reports what the issue asks for:
   hands the step over), median and 99th percentile, and how far the drivers fell behind the step rate (*lag*: the
   simulation's own CPU limit on this machine, not the server's).
 
-Modes: ``per-rank`` (every rank sends its own metrics, today's default below 64 ranks), ``aggregated`` (rank-0
-aggregation: every rank's summary metrics go up in rank 0's requests; the all-gather is simulated in-process,
-rank 0 rebuilding each rank's vector from the same synthetic generator, as the real collective is tested with
-torchrun and msrun in tests/test_scale_*.py) and ``--archive-every K`` (each rank's files as one archive per K steps).
+Modes: ``per-rank`` (every rank sends its own metrics and files, the default below 64 ranks), ``aggregated``
+(rank-0 aggregation: every rank's summary metrics go up in rank 0's requests; the all-gather is simulated
+in-process, rank 0 rebuilding each rank's vector from the same synthetic generator, as the real collective is
+tested with torchrun and msrun in tests/test_scale_*.py) and ``aggregated+archive`` (also each rank's files as one
+archive per ``--archive-every`` steps). msprobe 1.0.3 sends nothing to a tracking service, so there is no side to
+compare with here.
 
     PYTHONPATH=. .venv/bin/python benchmarks/load_test.py --ranks 8 64 256 1024 --workers 1 2 --steps 5
     benchmarks/run-load-test            # the full table into benchmarks/results/load_test.{md,json}
@@ -41,7 +43,6 @@ import multiprocessing
 import os
 import platform
 import shutil
-import statistics
 import sys
 import tempfile
 import time
