@@ -8,6 +8,10 @@
 {dump_path}/msprobe_mlflow_config.json         ours: the framework and config that wrote the dump
 ```
 
+In a run, ``grad_probe/rank{R}/steps_{ranges}.zip`` (``archive_every_n_steps``; ``steps_0-9_12.zip`` holds steps 0
+to 9 and 12) stands for those steps' ``grad_summary_{S}.csv`` and ``step{S}/directions.npz``, under these names:
+one request per archive instead of two per step. Readers of a run expand it into this layout.
+
 A run's ``grad_probe/`` artifacts mirror this tree, so the names and their parsers below serve both: the
 ``relative_*`` functions give POSIX paths relative to the dump's root, the ``parse_*`` functions read a name back
 (None when it is not one of ours).
@@ -20,6 +24,7 @@ import json
 import math
 import os
 import re
+import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -27,12 +32,15 @@ from msprobe_mlflow.config import GradProbeConfig
 from msprobe_mlflow.directions import PACKED_FILE_NAME, write_npy, write_packed
 from msprobe_mlflow.levels import MD5_COLUMN, csv_header
 from msprobe_mlflow.records import StepRecord
-from msprobe_mlflow.safe_paths import atomic_write_bytes, refuse_symlink
+from msprobe_mlflow.safe_paths import atomic_write_bytes, confined_path, refuse_symlink
 
 DUMP_CONFIG_FILE_NAME = "msprobe_mlflow_config.json"
 RANK_PREFIX, STEP_PREFIX = "rank", "step"
 FINDINGS_FOLDER = "findings"
 SUMMARY_PREFIX, SUMMARY_SUFFIX = "grad_summary_", ".csv"
+ARCHIVE_PREFIX, ARCHIVE_SUFFIX = "steps_", ".zip"
+MAX_ARCHIVE_MEMBER_BYTES = 4 << 30  # a member larger than this (uncompressed) is refused, not extracted
+MAX_ARCHIVE_STEPS = 100_000  # a name announcing more steps is no archive of ours
 
 
 def relative_rank_dir(rank: int) -> str:
@@ -65,6 +73,38 @@ def parse_step_folder(name: str) -> int | None:
 def parse_summary_name(name: str) -> int | None:
     """``12`` for ``grad_summary_12.csv``; None for any other name."""
     return _parse_index(name, SUMMARY_PREFIX, SUMMARY_SUFFIX)
+
+
+def step_ranges(steps, separator: str = ",") -> str:
+    """``0-3,7,9-10`` for steps 0, 1, 2, 3, 7, 9, 10: short, even for thousands of steps."""
+    ranges: list[list[int]] = []
+    for step in sorted(steps):
+        if ranges and step == ranges[-1][1] + 1:
+            ranges[-1][1] = step
+        else:
+            ranges.append([step, step])
+    return separator.join(f"{a}" if a == b else f"{a}-{b}" for a, b in ranges)
+
+
+def relative_archive_path(rank: int, steps: list[int]) -> str:
+    """``rank3/steps_0-9_12.zip`` for steps 0..9 and 12 of rank 3."""
+    return f"{relative_rank_dir(rank)}/{ARCHIVE_PREFIX}{step_ranges(steps, '_')}{ARCHIVE_SUFFIX}"
+
+
+def parse_archive_name(name: str) -> list[int] | None:
+    """``[0, 1, 2, 12]`` for ``steps_0-2_12.zip``; None for any other name (and for ranges of more than
+    ``MAX_ARCHIVE_STEPS`` steps)."""
+    match = re.match(rf"^{ARCHIVE_PREFIX}(\d+(?:-\d+)?(?:_\d+(?:-\d+)?)*){re.escape(ARCHIVE_SUFFIX)}$", name)
+    if not match:
+        return None
+    steps: list[int] = []
+    for part in match.group(1).split("_"):
+        first, _, last = part.partition("-")
+        announced = range(int(first), int(last or first) + 1)
+        if len(steps) + len(announced) > MAX_ARCHIVE_STEPS:
+            return None
+        steps += announced
+    return steps
 
 
 def rank_dir(dump_path: str | os.PathLike, rank: int) -> Path:
@@ -118,6 +158,53 @@ def write_step(dump_path: str | os.PathLike, record: StepRecord, direction_forma
     csv_path = summary_csv_path(dump_path, record.rank, record.step)
     write_csv(csv_path, [csv_header(record.level, record.bounds), *record.csv_rows()])
     return [csv_path, *written]
+
+
+def write_steps_archive(dump_path: str | os.PathLike, rank: int, steps: list[int], folder: Path,
+                        packed_directions) -> Path:
+    """Writes ``folder/steps_{ranges}.zip`` holding each step's CSV and packed directions under their dump names
+    (``grad_summary_{S}.csv``, ``step{S}/directions.npz``). ``packed_directions(step_folder, scratch)`` gives the
+    step's packed file (an msprobe ``.npy`` folder is packed on the way)."""
+    path = folder / relative_archive_path(rank, steps).rsplit("/", 1)[-1]
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as archive:
+        for step in steps:
+            directions = step_dir(dump_path, rank, step)
+            if directions.is_dir():
+                archive.write(packed_directions(directions, folder), f"{STEP_PREFIX}{step}/{PACKED_FILE_NAME}")
+            archive.write(refuse_symlink(summary_csv_path(dump_path, rank, step)),
+                          f"{SUMMARY_PREFIX}{step}{SUMMARY_SUFFIX}")
+    return path
+
+
+def extract_steps_archive(path: Path, rank_folder: Path) -> list[int]:
+    """Expands an archive of :func:`write_steps_archive` into ``rank_folder``; returns its steps. Only the names
+    its file name announces are accepted (``grad_summary_{S}.csv``, ``step{S}/directions.npz``), each at most
+    ``MAX_ARCHIVE_MEMBER_BYTES``; anything else is refused with the member named, before a file is written."""
+    steps = parse_archive_name(path.name)
+    if steps is None:
+        raise ValueError(f"{path}: not a steps archive name (expected steps_<ranges>.zip, e.g. steps_0-9_12.zip)")
+    allowed = {f"{SUMMARY_PREFIX}{s}{SUMMARY_SUFFIX}" for s in steps} | {
+        f"{STEP_PREFIX}{s}/{PACKED_FILE_NAME}" for s in steps}
+    try:
+        with zipfile.ZipFile(refuse_symlink(path)) as archive:
+            members = archive.infolist()
+            for member in members:
+                if member.filename not in allowed:
+                    raise ValueError(f"{path}: member {member.filename!r} is not one of the step files its name "
+                                     f"announces (grad_summary_<S>.csv, step<S>/{PACKED_FILE_NAME})")
+                if member.file_size > MAX_ARCHIVE_MEMBER_BYTES:
+                    raise ValueError(f"{path}: member {member.filename!r} is {member.file_size} bytes uncompressed; "
+                                     f"at most {MAX_ARCHIVE_MEMBER_BYTES} are accepted")
+            for member in members:
+                with archive.open(member) as source:
+                    data = source.read(MAX_ARCHIVE_MEMBER_BYTES + 1)
+                if len(data) > MAX_ARCHIVE_MEMBER_BYTES:  # the listed size lied
+                    raise ValueError(f"{path}: member {member.filename!r} holds more than the "
+                                     f"{MAX_ARCHIVE_MEMBER_BYTES} bytes accepted")
+                atomic_write_bytes(confined_path(rank_folder, member.filename, f"{path}: member"), data)
+    except zipfile.BadZipFile as e:
+        raise ValueError(f"{path}: not a readable zip archive ({e})") from None
+    return steps
 
 
 def indexed_children(folder: str | os.PathLike, prefix: str) -> list[int]:

@@ -13,6 +13,7 @@ from msprobe_mlflow.session import ProbeSession, RankPolicy
 from msprobe_mlflow.sinks import StepSink, choose_sinks
 from msprobe_mlflow.sinks.anomalies import SpikeRule
 from msprobe_mlflow.sinks.baseline import BaselineOptions, SuspiciousCallback
+from msprobe_mlflow.tracking.aggregate import SummaryGather
 from msprobe_mlflow.tracking.options import TrackingOptions
 
 
@@ -22,9 +23,12 @@ class SessionMonitor:
 
     MLflow: into ``run_id``, else the active run (else ``MLFLOW_RUN_ID``); with none, the local dump only;
     ``log_to_mlflow=False`` turns it off. ``metrics_file=True`` also appends each step's summary metrics to
-    ``{dump_path}/rank{R}/metrics.jsonl``. ``sinks``: more outputs (objects with ``handle(record)``, ``flush()``,
-    ``close()``), fed on the writer thread after the local dump. ``silent``: problems go to the
-    ``msprobe_mlflow`` logger only, no warnings.
+    ``{dump_path}/rank{R}/metrics.jsonl``. ``aggregate_metrics``: rank 0 sends every rank's summary metrics in its
+    own requests, gathered by one small collective per step (None, the default: from 64 ranks; see
+    ``msprobe_mlflow.tracking.aggregate``). ``archive_every_n_steps``: each rank's files go up as one archive per
+    this many sent steps (1, the default: two files per step). ``sinks``: more outputs (objects with
+    ``handle(record)``, ``flush()``, ``close()``), fed on the writer thread after the local dump. ``silent``:
+    problems go to the ``msprobe_mlflow`` logger only, no warnings.
 
     Live verdicts (``msprobe_mlflow.sinks.baseline``, ``msprobe_mlflow.sinks.anomalies``): ``baseline`` (a dump
     folder or an MLflow run ID, looked up in ``tracking_uri``) compares each step's directions with the baseline's
@@ -45,7 +49,8 @@ class SessionMonitor:
                  drop_threshold: float = DEFAULT_DROP_THRESHOLD, anomaly_flags: bool = True,
                  spike_threshold: float = SpikeRule.threshold, spike_window: int = SpikeRule.window,
                  directions_every_n_steps: int | None = None, directions_on_anomaly: bool | None = None,
-                 directions_steps_after_anomaly: int | None = None):
+                 directions_steps_after_anomaly: int | None = None, aggregate_metrics: bool | None = None,
+                 archive_every_n_steps: int = 1):
         self.config = load_config(config)
         tier = dict(directions_every_n_steps=directions_every_n_steps, directions_on_anomaly=directions_on_anomaly,
                     directions_steps_after_anomaly=directions_steps_after_anomaly)
@@ -53,7 +58,8 @@ class SessionMonitor:
             self.config = self.config.replace(**{k: v for k, v in tier.items() if v is not None},
                                               source="monitor options")
         self.directions_schedule = DirectionsSchedule.of(self.config)
-        self.tracking = TrackingOptions(run_id, tracking_uri, log_every_n_steps, param_metrics) \
+        self.tracking = TrackingOptions(run_id, tracking_uri, log_every_n_steps, param_metrics, aggregate_metrics,
+                                        archive_every_n_steps) \
             if log_to_mlflow else None
         self.baseline = live_baseline(self.config, baseline, on_suspicious, first_threshold, drop_threshold,
                                       tracking_uri)
@@ -68,14 +74,16 @@ class SessionMonitor:
         self._session: ProbeSession | None = None
 
     def _open_session(self, framework: str, ranks: RankPolicy,
-                      share_run_id: Callable[[str | None], str | None] = lambda run_id: run_id) -> ProbeSession:
-        """The session first (a bad dump_path fails before anything is sent), then its sinks."""
+                      share_run_id: Callable[[str | None], str | None] = lambda run_id: run_id,
+                      summary_gather: Callable[[], SummaryGather] | None = None) -> ProbeSession:
+        """The session first (a bad dump_path fails before anything is sent), then its sinks (``share_run_id`` and
+        ``summary_gather``: the framework's collectives, see :func:`choose_sinks`)."""
         session = ProbeSession(self.config, framework=framework, ranks=ranks, notices=self.notices)
         trigger = directions_sinks(self.directions_schedule, self.trigger_rule, ranks.rank, self.notices)
         session.add_sinks(trigger + choose_sinks(self.config, ranks, framework=framework, tracking=self.tracking,
                                                  share_run_id=share_run_id, metrics_file=self.metrics_file,
                                                  notices=self.notices, baseline=self.baseline,
-                                                 spike_rule=self.spike_rule)
+                                                 spike_rule=self.spike_rule, summary_gather=summary_gather)
                           + self._extra_sinks)
         return session
 

@@ -54,3 +54,19 @@ def shared_run_id(local_run_id: str | None) -> str | None:
     if current_rank() == 0:
         return local_run_id
     return bytes(received[1:1 + received[0]].astype(np.uint8)).decode() or None
+
+
+def summary_all_gather():
+    """The all-gather of rank-0 aggregated metrics (``tracking.aggregate``), on the world group, called on the
+    writer thread. The float64 values travel as their bytes (int32 pairs): the CPU backend's AllGather rounds
+    float64 to float32."""
+    from mindspore import Tensor, ops
+
+    all_gather = ops.AllGather()
+    size = world_size()
+
+    def gather(vector: np.ndarray) -> np.ndarray:
+        words = np.ascontiguousarray(vector, dtype=np.float64).view(np.int32)
+        return np.ascontiguousarray(all_gather(Tensor(words)).asnumpy()).view(np.float64).reshape(size, -1)
+
+    return gather

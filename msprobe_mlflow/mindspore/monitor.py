@@ -20,7 +20,7 @@ import weakref
 from mindspore import nn
 
 from msprobe_mlflow.config import GradProbeConfig
-from msprobe_mlflow.mindspore.distributed import current_rank, shared_run_id, world_size
+from msprobe_mlflow.mindspore.distributed import current_rank, shared_run_id, summary_all_gather, world_size
 from msprobe_mlflow.mindspore.probe import (GradientProbe, install_probe, installed_probe, probe_settings,
                                            remove_probe)
 from msprobe_mlflow.monitoring import SessionMonitor
@@ -85,7 +85,7 @@ class GradientMonitor(SessionMonitor):
         self._detach()
         if self._session is None or self._session.closed:  # first: a bad dump_path fails before the optimizer changes
             self._session = self._open_session("mindspore", RankPolicy.of(self.config, current_rank(), world_size()),
-                                               shared_run_id)
+                                               shared_run_id, summary_all_gather)
         ranks = self._session.ranks
         parameters = list(optimizer.parameters)
         selected = [(i, p) for i, p in enumerate(parameters) if self.config.wants_param(p.name)]

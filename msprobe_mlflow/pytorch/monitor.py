@@ -20,7 +20,7 @@ from torch.optim.optimizer import register_optimizer_step_pre_hook
 from msprobe_mlflow.config import GradProbeConfig
 from msprobe_mlflow.monitoring import SessionMonitor
 from msprobe_mlflow.parameter_names import eager_named_parameters
-from msprobe_mlflow.pytorch.distributed import current_rank, shared_run_id, world_size
+from msprobe_mlflow.pytorch.distributed import current_rank, shared_run_id, summary_all_gather, world_size
 from msprobe_mlflow.pytorch.sharded import has_sharded, launch_sharded_statistics
 from msprobe_mlflow.pytorch.statistics import launch_step_statistics
 from msprobe_mlflow.session import RankPolicy
@@ -67,7 +67,7 @@ class GradientMonitor(SessionMonitor):
         self._remove_hook()
         if self._session is None or self._session.closed:  # first: a bad dump_path fails before any hook exists
             self._session = self._open_session("pytorch", RankPolicy.of(self.config, current_rank(), world_size()),
-                                               shared_run_id)
+                                               shared_run_id, summary_all_gather)
         named = eager_named_parameters(model)
         self._parameters = [(n, p) for n, p in named if self.config.wants_param(n)]
         missing = set(self.config.param_list) - {n for n, _ in named}

@@ -20,6 +20,7 @@ from msprobe_mlflow.records import StepRecord
 from msprobe_mlflow.session import RankPolicy
 
 if TYPE_CHECKING:
+    from msprobe_mlflow.tracking.aggregate import SummaryGather
     from msprobe_mlflow.sinks.anomalies import SpikeRule
     from msprobe_mlflow.sinks.baseline import BaselineOptions
 
@@ -45,17 +46,19 @@ class RunNotes(Protocol):
 def choose_sinks(config: GradProbeConfig, ranks: RankPolicy, *, framework: str, tracking=None,
                  share_run_id: Callable[[str | None], str | None] = lambda run_id: run_id,
                  metrics_file: bool = False, notices=None, baseline: "BaselineOptions | None" = None,
-                 spike_rule: "SpikeRule | None" = None) -> list[StepSink]:
+                 spike_rule: "SpikeRule | None" = None,
+                 summary_gather: "Callable[[], SummaryGather] | None" = None) -> list[StepSink]:
     """The sinks of a monitor: the live verdict against ``baseline``, the anomaly flags (``spike_rule``), MLflow
     when ``tracking`` options are given and a run is found (``share_run_id`` is a collective under distributed
-    training: every rank calls this), the JSON-lines metrics file if asked."""
+    training: every rank calls this; so is ``summary_gather``, the framework's all-gather for rank-0 aggregated
+    metrics, see ``tracking.aggregate``), the JSON-lines metrics file if asked."""
     sinks: list[StepSink] = []
     run_sinks = []
     if tracking is not None:
         from msprobe_mlflow.tracking.sink import open_mlflow_sink
 
         run_sinks = open_mlflow_sink(config, ranks, tracking, framework=framework, share_run_id=share_run_id,
-                                     notices=notices)
+                                     notices=notices, summary_gather=summary_gather)
     run: RunNotes | None = run_sinks[0] if run_sinks else None
     if baseline is not None and ranks.probes:
         from msprobe_mlflow.sinks.baseline import BaselineSink

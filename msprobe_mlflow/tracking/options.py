@@ -9,18 +9,25 @@ from dataclasses import dataclass
 class TrackingOptions:
     """How a monitor logs to MLflow. ``run_id`` None: the active run, else ``MLFLOW_RUN_ID``, else none (the
     local dump only). ``log_every_n_steps`` thins what is sent live; ``upload`` can still send every step.
-    ``param_metrics``: parameter names or glob patterns that also get per-parameter metrics."""
+    ``param_metrics``: parameter names or glob patterns that also get per-parameter metrics.
+    ``aggregate_metrics``: rank 0 sends every rank's summary metrics (``tracking.aggregate``); None: from 64 ranks.
+    ``archive_every_n_steps``: each rank's files go up as one archive per this many sent steps (1: a file each)."""
 
     run_id: str | None = None
     tracking_uri: str | None = None
     log_every_n_steps: int = 1
     param_metrics: tuple[str, ...] = ()
+    aggregate_metrics: bool | None = None
+    archive_every_n_steps: int = 1
 
     def __post_init__(self):
-        if isinstance(self.log_every_n_steps, bool) or not isinstance(self.log_every_n_steps, int) \
-                or self.log_every_n_steps < 1:
-            raise ValueError(f"log_every_n_steps = {self.log_every_n_steps!r} is not accepted; expected an "
-                             f"integer >= 1")
+        for name in ("log_every_n_steps", "archive_every_n_steps"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} = {value!r} is not accepted; expected an integer >= 1")
+        if self.aggregate_metrics is not None and not isinstance(self.aggregate_metrics, bool):
+            raise ValueError(f"aggregate_metrics = {self.aggregate_metrics!r} is not accepted; expected True, False "
+                             f"or None (on from 64 ranks)")
         if isinstance(self.param_metrics, str):
             object.__setattr__(self, "param_metrics", (self.param_metrics,))
         object.__setattr__(self, "param_metrics", tuple(self.param_metrics or ()))

@@ -5,7 +5,8 @@ SQLite/file store), the dump is read where it lies. Otherwise only the files ask
 compared, or only the summary CSVs) are downloaded, in parallel, into a cache keyed by run ID
 (``~/.cache/msprobe-mlflow/runs/<run_id>/``); a file already cached with the listed size is not fetched again. Each
 destination is confined to the cache folder (``safe_paths.confined_path``) and written by rename, so an
-interrupted download leaves no half file.
+interrupted download leaves no half file. Steps a run holds as ``steps_{ranges}.zip`` archives
+(``archive_every_n_steps``) are always fetched into the cache and expanded there into the same layout.
 """
 from __future__ import annotations
 
@@ -22,8 +23,9 @@ from mlflow.entities import Run
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
-from msprobe_mlflow.dump import (parse_rank_folder, parse_step_folder, parse_summary_name, read_statistics_table,
-                                 relative_step_dir, relative_summary_path, step_dir)
+from msprobe_mlflow.dump import (extract_steps_archive, parse_archive_name, parse_rank_folder, parse_step_folder,
+                                 parse_summary_name, read_statistics_table, relative_step_dir,
+                                 relative_summary_path, step_dir)
 from msprobe_mlflow.levels import LEVELS
 from msprobe_mlflow.progress import ProgressLine
 from msprobe_mlflow.safe_paths import confined_path
@@ -51,6 +53,7 @@ class RunDumpListing:
     steps: dict[int, list[int]] = field(default_factory=dict)
     summaries: dict[int, list[int]] = field(default_factory=dict)
     file_sizes: dict[str, int | None] = field(default_factory=dict)  # artifact path of each summary CSV -> bytes
+    archived: dict[tuple[int, int], str] = field(default_factory=dict)  # (rank, step) -> the archive holding it
 
     @property
     def run_id(self) -> str:
@@ -59,7 +62,13 @@ class RunDumpListing:
     def summary_files(self, steps: dict[int, list[int]]) -> list[tuple[str, int | None]]:
         """Artifact path and listed size of the summary CSV of each rank and step in ``steps``."""
         paths = [f"{ARTIFACT_ROOT}/{relative_summary_path(rank, step)}"
-                 for rank, rank_steps in steps.items() for step in rank_steps]
+                 for rank, rank_steps in steps.items() for step in rank_steps if (rank, step) not in self.archived]
+        return [(path, self.file_sizes.get(path)) for path in paths]
+
+    def archives(self, steps: dict[int, list[int]]) -> list[tuple[str, int | None]]:
+        """Artifact path and listed size of the archives holding any of ``steps``."""
+        paths = dict.fromkeys(self.archived[(rank, step)] for rank, rank_steps in steps.items()
+                              for step in rank_steps if (rank, step) in self.archived)
         return [(path, self.file_sizes.get(path)) for path in paths]
 
 
@@ -97,6 +106,11 @@ def list_run_dump(client: MlflowClient, run: Run, directions: bool = True) -> Ru
         summaries = {parse_summary_name(_name(e.path)) for e in entries if not e.is_dir} - {None}
         listing.file_sizes.update({e.path: e.file_size for e in entries if not e.is_dir})
         step_folders = {parse_step_folder(_name(e.path)) for e in entries if e.is_dir} - {None}
+        for entry in entries:  # an archive holds its steps' CSVs and directions (none at L0: refused above)
+            archived = [] if entry.is_dir else parse_archive_name(_name(entry.path)) or []
+            listing.archived.update({(rank, step): entry.path for step in archived})
+            summaries.update(archived)
+            step_folders.update(archived)
         if directions and summaries and not step_folders:
             raise RunDumpError(f"run {run_id}: {folder.path}/ holds grad_summary_*.csv but no step<N>/ folders: "
                                f"an L0 dump records no gradient directions (nor does an always-on tier run none "
@@ -135,8 +149,10 @@ def _run_cache(client: MlflowClient, run_id: str, cache_dir: str | os.PathLike |
 
 
 def _fetch(client: MlflowClient, run_id: str, run_root: Path, wanted: list[tuple[str, int | None]],
-           progress: bool | None) -> Path:
-    """Downloads into ``run_root`` each ``(artifact path, size)`` not already there with that size."""
+           progress: bool | None, archives: list[tuple[str, int | None]] = ()) -> Path:
+    """Downloads into ``run_root`` each ``(artifact path, size)`` not already there with that size, and each of
+    ``archives``, expanded beside it into its steps' files."""
+    wanted = [*wanted, *archives]
     run_root.mkdir(parents=True, exist_ok=True)
     missing = []
     for artifact_path, size in wanted:
@@ -153,6 +169,9 @@ def _fetch(client: MlflowClient, run_id: str, run_root: Path, wanted: list[tuple
         finally:
             line.close()
             shutil.rmtree(scratch, ignore_errors=True)
+    for artifact_path, _ in archives:
+        archive = confined_path(run_root, artifact_path, f"run {run_id}: artifact path")
+        extract_steps_archive(archive, archive.parent)
     return run_root / ARTIFACT_ROOT
 
 
@@ -161,7 +180,7 @@ def fetch_run_dump(client: MlflowClient, listing: RunDumpListing, steps: dict[in
     """A local dump folder holding at least ``steps[rank]`` of every rank in ``steps`` (read in place when the
     artifact store is local, else downloaded into ``{cache_dir}/{run_id}/grad_probe``)."""
     in_place = local_artifact_dump(listing.run)
-    if in_place is not None:
+    if in_place is not None and not listing.archives(steps):
         return in_place
     run_id = listing.run_id
     run_root = _run_cache(client, run_id, cache_dir)
@@ -170,7 +189,7 @@ def fetch_run_dump(client: MlflowClient, listing: RunDumpListing, steps: dict[in
     with ThreadPoolExecutor(DOWNLOAD_WORKERS, thread_name_prefix="msprobe-list") as pool:
         wanted = [(e.path, e.file_size) for entries in pool.map(lambda f: client.list_artifacts(run_id, f), folders)
                   for e in entries if not e.is_dir]
-    return _fetch(client, run_id, run_root, wanted + listing.summary_files(steps), progress)
+    return _fetch(client, run_id, run_root, wanted + listing.summary_files(steps), progress, listing.archives(steps))
 
 
 def read_statistics(source: str | os.PathLike, tracking_uri: str | None = None,
@@ -187,9 +206,9 @@ def read_statistics(source: str | os.PathLike, tracking_uri: str | None = None,
     client = MlflowClient(tracking_uri)
     listing = list_run_dump(client, get_run(client, str(source), f"source = {str(source)!r}"), directions=False)
     folder = local_artifact_dump(listing.run)
-    if folder is None:
+    if folder is None or listing.archives(listing.summaries):
         folder = _fetch(client, listing.run_id, _run_cache(client, listing.run_id, cache_dir),
-                        listing.summary_files(listing.summaries), progress)
+                        listing.summary_files(listing.summaries), progress, listing.archives(listing.summaries))
     return read_statistics_table(folder)
 
 
@@ -211,5 +230,6 @@ class RunBaseline:
         return self.listing.steps[rank]
 
     def step_folder(self, rank: int, step: int) -> Path:
-        root = self.in_place or fetch_run_dump(self.client, self.listing, {rank: [step]}, self.cache_dir)
+        in_place = self.in_place if (rank, step) not in self.listing.archived else None
+        root = in_place or fetch_run_dump(self.client, self.listing, {rank: [step]}, self.cache_dir)
         return step_dir(root, rank, step)

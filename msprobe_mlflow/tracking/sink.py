@@ -12,6 +12,20 @@ metrics, tags and files of the dump, queued and sent in the worker's next round 
 client and one rate limit per run; findings whose round failed are retried once at ``close()`` and otherwise stay
 in the local dump.
 
+``stop()`` drains for at most ``MSPROBE_MLFLOW_DRAIN_SECONDS`` (300 s): a server that cannot take a large job's
+backlog in time does not hold the job's exit. What is left stays in the local dump, the run's tag
+``msprobe_mlflow.rank{R}.unsent_steps`` names those steps (``0-9,12``) beside the status ``incomplete``, and
+``msprobe-mlflow upload`` sends them later (and marks the rank finished).
+
+``archive_every_n_steps`` K > 1: a rank's files go up as one ``steps_{ranges}.zip`` per K sent steps (the last
+one at ``stop()``), which the readers of a run expand (``dump.extract_steps_archive``); their metrics still go up
+each round.
+
+Rank-0 aggregation (:mod:`msprobe_mlflow.tracking.aggregate`, given a ``gather`` collective): every rank's summary
+metrics go up in rank 0's requests; each rank still sends its files and per-parameter metrics. Other ranks' values
+whose round failed go again in rank 0's next round; those still unsent at ``stop()`` are in their ranks' local
+dumps, and the run's tag ``msprobe_mlflow.unsent_summary_ranks`` (``3-7,12``) names the ranks to ``upload``.
+
 Credentials are checked when the sink starts: the first request (the run's tags) is awaited for up to
 ``MSPROBE_MLFLOW_START_CHECK_SECONDS`` (10 s), and a 401/403 answer gives one warning at ``monitor()`` naming the
 tracking URI and ``MLFLOW_TRACKING_USERNAME``/``MLFLOW_TRACKING_PASSWORD``; the sink then sends nothing more and
@@ -29,28 +43,42 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from mlflow.entities import Metric
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
 from msprobe_mlflow import __version__
 from msprobe_mlflow.config import GradProbeConfig
-from msprobe_mlflow.dump import findings_dir
+from msprobe_mlflow.dump import findings_dir, relative_rank_dir, step_ranges, write_steps_archive
 from msprobe_mlflow.metrics import record_metrics
 from msprobe_mlflow.notices import Notices
 from msprobe_mlflow.records import StepRecord
 from msprobe_mlflow.session import RankPolicy
 from msprobe_mlflow.tracking import ARTIFACT_ROOT, TAG_PREFIX, earliest_findings
+from msprobe_mlflow.tracking.aggregate import RankZeroMetrics, SummaryGather, aggregation_wanted
 from msprobe_mlflow.tracking.options import TrackingOptions
 from msprobe_mlflow.tracking.runs import log_batched, now_ms, param, tag
-from msprobe_mlflow.tracking.upload import metric_entities, upload_dump, upload_step_files
+from msprobe_mlflow.tracking.upload import (UNSENT_SUMMARY_RANKS_TAG, metric_entities, packed_directions_file,
+                                            rank_status_tag, unsent_steps_tag, upload_dump, upload_step_files)
 
 RANK_WAIT_SECONDS = float(os.environ.get("MSPROBE_MLFLOW_RANK_WAIT_SECONDS", "120"))
 START_CHECK_SECONDS = float(os.environ.get("MSPROBE_MLFLOW_START_CHECK_SECONDS", "10"))
+DRAIN_SECONDS = float(os.environ.get("MSPROBE_MLFLOW_DRAIN_SECONDS", "300"))
 # Each round of requests costs the tracking store a commit (10-15 ms of CPU with SQLite): with fast steps, one
 # round per step costs more than the step itself (benchmarks/), so steps are gathered for up to a second.
 SEND_INTERVAL_SECONDS = 1.0
 REFUSED_CREDENTIALS = ("UNAUTHENTICATED", "PERMISSION_DENIED")  # MLflow's error codes for HTTP 401 and 403
 _CLOSE, _FLUSH = object(), object()
+
+
+@dataclass(frozen=True)
+class QueuedStep:
+    """One step of this rank (its files follow its ``metrics``) and, on rank 0 under aggregation, the other ranks'
+    summary metrics that came with it (``gathered``)."""
+
+    step: int
+    metrics: list[Metric]
+    gathered: list[Metric]
 
 
 @dataclass(frozen=True)
@@ -64,26 +92,29 @@ class Annotation:
     files: tuple[Path, ...]
 
 
-def rank_status_tag(rank: int) -> str:
-    return f"{TAG_PREFIX}rank{rank}.status"
-
-
 def open_mlflow_sink(config: GradProbeConfig, ranks: RankPolicy, options: TrackingOptions, *, framework: str,
-                     share_run_id: Callable[[str | None], str | None], notices: Notices | None = None
-                     ) -> list["MlflowSink"]:
+                     share_run_id: Callable[[str | None], str | None], notices: Notices | None = None,
+                     summary_gather: Callable[[], SummaryGather] | None = None) -> list["MlflowSink"]:
     """The MLflow sink of this rank, in a list (empty when no run is found, or this rank does not log).
-    ``share_run_id`` turns this process's run ID into rank 0's: a collective, so every rank calls this."""
+    ``share_run_id`` turns this process's run ID into rank 0's: a collective, so every rank calls this.
+    ``summary_gather`` makes the framework's all-gather (a collective too); it is called when aggregation is on:
+    ``options.aggregate_metrics``, and every rank probes (a rank filter leaves ranks out of the collective)."""
     run_id = share_run_id(options.local_run_id())
     if not run_id or not ranks.probes:
         return []
-    return [MlflowSink(run_id, config, options, ranks, framework=framework, notices=notices)]
+    gather = None
+    if summary_gather is not None and not ranks.wanted and aggregation_wanted(options.aggregate_metrics,
+                                                                              ranks.world_size):
+        gather = summary_gather()
+    return [MlflowSink(run_id, config, options, ranks, framework=framework, notices=notices, gather=gather)]
 
 
 class MlflowSink:
     """Logs one rank's steps into one run (see the module docstring for the policy)."""
 
     def __init__(self, run_id: str, config: GradProbeConfig, options: TrackingOptions, ranks: RankPolicy, *,
-                 framework: str, notices: Notices | None = None, max_pending: int = 10_000):
+                 framework: str, notices: Notices | None = None, max_pending: int = 10_000,
+                 gather: SummaryGather | None = None):
         self.run_id = run_id
         self.config = config
         self.options = options
@@ -92,8 +123,13 @@ class MlflowSink:
         self.framework = framework
         self.notices = notices or Notices()
         self.client = MlflowClient(options.tracking_uri)
+        self.aggregation = RankZeroMetrics(gather, self.rank) if gather is not None else None
         self.unsent_steps: set[int] = set()
+        self.unsent_gathered: list[Metric] = []  # rank 0: other ranks' summary metrics whose round failed
+        self._gathered_lock = threading.Lock()  # unsent_gathered grows on the writer thread too (a full queue)
         self.unsent_annotations: list[Annotation] = []
+        self._drain_deadline: float | None = None
+        self._unarchived: list[int] = []  # steps whose metrics were sent and whose files wait for their archive
         self._failure: str | None = None
         self._refused: str | None = None  # set when the server refused the credentials: nothing more is sent
         self._refusal_told = False
@@ -108,12 +144,26 @@ class MlflowSink:
         self._tell_refusal()
 
     def handle(self, record: StepRecord) -> None:
-        if self._refused or record.step % self.options.log_every_n_steps:
+        if record.step % self.options.log_every_n_steps:
             return
-        try:
-            self._queue.put_nowait((record.step, record_metrics(record, self.options.param_metrics)))
-        except queue.Full:
-            self.unsent_steps.add(record.step)
+        metrics, others, failure = record_metrics(record, self.options.param_metrics), {}, None
+        if self.aggregation is not None:  # before the refusal check: every rank must take part in the collective
+            try:
+                metrics, others = self.aggregation.exchange(record.step, metrics)
+            except Exception as e:  # every rank sees it (an all-gather): each sends its own metrics from now on
+                self.aggregation, failure = None, e
+        if not self._refused:
+            timestamp = now_ms()
+            item = QueuedStep(record.step, metric_entities(metrics, record.step, timestamp),
+                              [m for step, values in others.items() for m in metric_entities(values, step, timestamp)])
+            try:
+                self._queue.put_nowait(item)
+            except queue.Full:
+                self.unsent_steps.add(record.step)
+                self._keep_unsent_gathered(item.gathered)
+        if failure is not None:
+            raise RuntimeError(f"rank {self.rank}: the rank-0 aggregation of summary metrics failed at step "
+                               f"{record.step}; from now on each rank sends its own metrics") from failure
 
     def annotate(self, *, step: int = 0, metrics: dict[str, float] | None = None, tags: dict[str, str] | None = None,
                  files=()) -> None:
@@ -155,18 +205,23 @@ class MlflowSink:
                     items.append(self._queue.get_nowait())
                 except queue.Empty:
                     break
-            steps = [item for item in items if isinstance(item, tuple)]
+            steps = [item for item in items if isinstance(item, QueuedStep)]
             annotations = [item for item in items if isinstance(item, Annotation)]
             if steps or annotations:
-                numbers = [step for step, _ in steps]
+                numbers = [item.step for item in steps]
                 what = f"log steps {numbers[0]}..{numbers[-1]}" if steps else "log the live findings"
-                if (self._closing.is_set() and self._failure  # no waiting on a dead server at exit: close() retries
-                        or not self._attempt(what, lambda: self._send(steps, annotations))):
+                retry = self._take_unsent_gathered()
+                if (self._closing.is_set() and (self._failure or self._out_of_time())  # no waiting at exit
+                        or not self._attempt(what, lambda: self._send(steps, annotations, retry))):
                     self.unsent_steps.update(numbers)
+                    self._keep_unsent_gathered(retry + [m for item in steps for m in item.gathered])
                     self.unsent_annotations += annotations
+            if _CLOSE in items and self._unarchived and not (self._failure or self._out_of_time()):
+                self._attempt("send the last archive of step files", self._send_archive)
             for _ in items:
                 self._queue.task_done()
             if _CLOSE in items:
+                self.unsent_steps.update(self._unarchived)
                 return
 
     def _attempt(self, what: str, action) -> bool:
@@ -223,16 +278,50 @@ class MlflowSink:
                 path.write_text(json.dumps(config, indent=2), encoding="utf-8")
                 self.client.log_artifact(self.run_id, str(path), ARTIFACT_ROOT)
 
-    def _send(self, steps: list[tuple[int, dict[str, float]]], annotations: list[Annotation] = ()) -> None:
+    def _out_of_time(self) -> bool:
+        return self._drain_deadline is not None and time.monotonic() > self._drain_deadline
+
+    def _take_unsent_gathered(self) -> list[Metric]:
+        with self._gathered_lock:
+            taken, self.unsent_gathered = self.unsent_gathered, []
+        return taken
+
+    def _keep_unsent_gathered(self, metrics: list[Metric]) -> None:
+        with self._gathered_lock:
+            self.unsent_gathered += metrics
+
+    def _send(self, steps: list[QueuedStep], annotations: list[Annotation] = (), retry: list[Metric] = ()) -> None:
+        """One round: the steps' metrics (and ``retry``, other ranks' values of failed rounds), then their files."""
         timestamp = now_ms()
-        metrics = [m for step, metrics in steps for m in metric_entities(metrics, step, timestamp)]
+        metrics = [*retry, *(m for item in steps for m in (*item.metrics, *item.gathered))]
         metrics += [m for a in annotations for m in metric_entities(a.metrics, a.step, timestamp)]
         tags = {key: value for a in annotations for key, value in a.tags.items()}  # the latest value of a key wins
         log_batched(self.client, self.run_id, metrics=metrics, tags=[tag(key, value) for key, value in tags.items()])
-        for step, _ in steps:
-            upload_step_files(self.client, self.run_id, self.config.dump_path, self.rank, step)
+        every = self.options.archive_every_n_steps
+        if every > 1:
+            self._unarchived += [item.step for item in steps]
+            while len(self._unarchived) >= every:
+                self._send_archive(every)
+        else:
+            for item in steps:
+                if self._out_of_time():
+                    raise TimeoutError(f"stop() drained for MSPROBE_MLFLOW_DRAIN_SECONDS = {DRAIN_SECONDS:g} s")
+                upload_step_files(self.client, self.run_id, self.config.dump_path, self.rank, item.step)
         for path in dict.fromkeys(path for a in annotations for path in a.files):
             self.client.log_artifact(self.run_id, str(path), self._artifact_folder(path))
+
+    def _send_archive(self, count: int | None = None) -> None:
+        """One archive of the first ``count`` (default: all) steps waiting for it; on failure they are unsent."""
+        count = count or len(self._unarchived)
+        steps, self._unarchived = self._unarchived[:count], self._unarchived[count:]
+        try:
+            with tempfile.TemporaryDirectory() as scratch:
+                archive = write_steps_archive(self.config.dump_path, self.rank, steps, Path(scratch),
+                                              packed_directions_file)
+                self.client.log_artifact(self.run_id, str(archive), f"{ARTIFACT_ROOT}/{relative_rank_dir(self.rank)}")
+        except Exception:
+            self.unsent_steps.update(steps)
+            raise
 
     def _artifact_folder(self, path: Path) -> str:
         """The ``grad_probe/`` folder mirroring the dump folder that holds ``path``."""
@@ -245,6 +334,7 @@ class MlflowSink:
         (``MSPROBE_MLFLOW_RANK_WAIT_SECONDS``) for the other ranks, tags the run with any that never finished, and
         sets the run's first-finding tags to the earliest rank's."""
         if self._thread.is_alive():
+            self._drain_deadline = time.monotonic() + DRAIN_SECONDS
             self._closing.set()
             self._queue.put(_CLOSE)
             self._wake.set()
@@ -254,16 +344,30 @@ class MlflowSink:
         if self._refused:
             self._tell_refusal()
             return
-        if self.unsent_steps:
+        if self.unsent_steps and not self._out_of_time():
             steps = set(self.unsent_steps)
             if self._attempt("send the unsent steps", lambda: upload_dump(
                     self.config.dump_path, self.run_id, tracking_uri=self.options.tracking_uri, ranks=[self.rank],
                     steps=steps, param_patterns=self.options.param_metrics)):
                 self.unsent_steps.clear()
+        gathered = self._take_unsent_gathered()
+        if gathered and (self._out_of_time() or not self._attempt(
+                "send the other ranks' summary metrics", lambda: log_batched(self.client, self.run_id,
+                                                                           metrics=gathered))):
+            self.unsent_gathered = gathered
+            ranks = step_ranges({int(m.key.split("/")[1][len("rank"):]) for m in gathered})
+            self._attempt("name the ranks whose summary metrics are unsent", lambda: self.client.set_tag(
+                self.run_id, UNSENT_SUMMARY_RANKS_TAG, ranks))
+            self.notices.warn(f"rank 0: {len(gathered)} summary metric value(s) of ranks {ranks} are not in MLflow "
+                              f"run {self.run_id} (tag {UNSENT_SUMMARY_RANKS_TAG}); they are in those ranks' local "
+                              f"dumps: complete it with msprobe-mlflow upload {self.config.dump_path} --run-id "
+                              f"{self.run_id} on their nodes")
         if self.unsent_steps:
+            self._attempt("name the unsent steps", lambda: self.client.set_tag(
+                self.run_id, unsent_steps_tag(self.rank), step_ranges(self.unsent_steps)))
             self.notices.warn(f"rank {self.rank}: {len(self.unsent_steps)} step(s) are in the local dump but not "
-                              f"in MLflow run {self.run_id}; complete it with: msprobe-mlflow upload "
-                              f"{self.config.dump_path} --run-id {self.run_id}")
+                              f"in MLflow run {self.run_id} (tag {unsent_steps_tag(self.rank)}); complete it with: "
+                              f"msprobe-mlflow upload {self.config.dump_path} --run-id {self.run_id}")
         if self.unsent_annotations:
             annotations, self.unsent_annotations = self.unsent_annotations, []
             if not self._attempt("send the live findings", lambda: self._send([], annotations)):

@@ -20,9 +20,9 @@ from mlflow.tracking import MlflowClient
 
 from msprobe_mlflow import __version__
 from msprobe_mlflow.directions import PACKED_FILE_NAME, open_step_directions, read_step_directions, write_packed
-from msprobe_mlflow.dump import (RANK_PREFIX, dump_folder, findings_dir, indexed_children, parse_summary_name, rank_dir,
-                                 read_dump_config, read_summary, relative_rank_dir, relative_step_dir, step_dir,
-                                 summary_csv_path, summary_steps)
+from msprobe_mlflow.dump import (RANK_PREFIX, dump_folder, findings_dir, indexed_children, parse_archive_name,
+                                 parse_summary_name, rank_dir, read_dump_config, read_summary, relative_rank_dir,
+                                 relative_step_dir, step_dir, summary_csv_path, summary_steps)
 from msprobe_mlflow.levels import level_of_header
 from msprobe_mlflow.tracking import ARTIFACT_ROOT, TAG_PREFIX
 from msprobe_mlflow.tracking.experiments import experiment_id_for
@@ -39,6 +39,19 @@ class UploadReport:
     steps_completed: dict[int, list[int]] = field(default_factory=dict)  # rank -> steps whose files were sent
 
 
+UNSENT_SUMMARY_RANKS_TAG = f"{TAG_PREFIX}unsent_summary_ranks"  # ranks whose values rank 0 could not send
+
+
+def rank_status_tag(rank: int) -> str:
+    """``running``, ``finished`` or ``incomplete`` (some steps are in the local dump only)."""
+    return f"{TAG_PREFIX}rank{rank}.status"
+
+
+def unsent_steps_tag(rank: int) -> str:
+    """The steps of an ``incomplete`` rank that are in the local dump only (``0-9,12``)."""
+    return f"{TAG_PREFIX}rank{rank}.unsent_steps"
+
+
 def metric_entities(metrics: dict[str, float], step: int, timestamp_ms: int) -> list[Metric]:
     return [Metric(key, value, timestamp_ms, step) for key, value in metrics.items()]
 
@@ -49,35 +62,41 @@ def metrics_for_step(dump_path: str | os.PathLike, rank: int, step: int, timesta
     return metric_entities(step_metrics(table, rank, param_patterns), step, timestamp_ms)
 
 
+def packed_directions_file(folder: Path, scratch: Path) -> Path:
+    """The step folder's packed directions file; an msprobe boolean ``.npy`` folder is packed into ``scratch``."""
+    packed = folder / PACKED_FILE_NAME
+    if packed.exists():
+        return packed
+    directions = read_step_directions(folder)
+    converted = Path(tempfile.mkdtemp(dir=scratch)) / PACKED_FILE_NAME
+    names = list(directions)
+    write_packed(converted, names, [directions[n][0] for n in names],
+                 np.concatenate([np.zeros(0, np.uint8)] + [directions[n][1] for n in names]))
+    return converted
+
+
 def upload_step_files(client: MlflowClient, run_id: str, dump_path: str | os.PathLike, rank: int, step: int) -> int:
     """Sends one step's directions (packed) then its CSV; returns the number of files sent."""
     sent = 0
     folder = step_dir(dump_path, rank, step)
     destination = f"{ARTIFACT_ROOT}/{relative_rank_dir(rank)}"
-    step_destination = f"{ARTIFACT_ROOT}/{relative_step_dir(rank, step)}"
     if folder.is_dir():
-        packed = folder / PACKED_FILE_NAME
-        if packed.exists():
-            client.log_artifact(run_id, str(packed), step_destination)
-        else:  # msprobe's boolean .npy per parameter: pack on the way
-            directions = read_step_directions(folder)
-            with tempfile.TemporaryDirectory() as scratch:
-                converted = Path(scratch) / PACKED_FILE_NAME
-                names = list(directions)
-                write_packed(converted, names, [directions[n][0] for n in names],
-                             np.concatenate([np.zeros(0, np.uint8)] + [directions[n][1] for n in names]))
-                client.log_artifact(run_id, str(converted), step_destination)
+        with tempfile.TemporaryDirectory() as scratch:
+            client.log_artifact(run_id, str(packed_directions_file(folder, Path(scratch))),
+                                f"{ARTIFACT_ROOT}/{relative_step_dir(rank, step)}")
         sent += 1
     client.log_artifact(run_id, str(summary_csv_path(dump_path, rank, step)), destination)
     return sent + 1
 
 
 def _steps_with_csv_artifact(client: MlflowClient, run_id: str, rank: int) -> set[int]:
+    """The steps whose CSV the run holds, as a file or in a steps archive."""
     steps = set()
     for info in client.list_artifacts(run_id, f"{ARTIFACT_ROOT}/{relative_rank_dir(rank)}"):
-        step = parse_summary_name(info.path.rsplit("/", 1)[-1])
-        if not info.is_dir and step is not None:
-            steps.add(step)
+        name = info.path.rsplit("/", 1)[-1]
+        if not info.is_dir:
+            step = parse_summary_name(name)
+            steps.update([step] if step is not None else parse_archive_name(name) or [])
     return steps
 
 
@@ -143,9 +162,17 @@ def _upload_steps(client: MlflowClient, run_id: str, dump_path: Path, wanted_ste
             line.advance(item=f"step {step}")
         line.close()
         report.steps_completed[rank] = missing
+        _mark_complete(client, run_id, rank)
     for rank in wanted_steps:
         report.files_uploaded += _upload_findings(client, run_id, dump_path, rank)
     return report
+
+
+def _mark_complete(client: MlflowClient, run_id: str, rank: int) -> None:
+    """A rank the live sink left ``incomplete`` is ``finished`` once its whole dump is sent."""
+    if client.get_run(run_id).data.tags.get(rank_status_tag(rank)) == "incomplete":
+        client.set_tag(run_id, rank_status_tag(rank), "finished")
+        client.delete_tag(run_id, unsent_steps_tag(rank))
 
 
 def _upload_findings(client: MlflowClient, run_id: str, dump_path: Path, rank: int) -> int:

@@ -1,0 +1,72 @@
+"""Rank-0 aggregated metrics: one small collective per step instead of one metrics request per rank.
+
+Every rank turns its step's summary metrics (``grad/rank{R}/total_norm``, ``max``, ``min``, ... : the fixed keys of
+:func:`msprobe_mlflow.metrics.step_metrics`, a few floats) into a vector ``[step, value, ...]``; the framework's
+all-gather (passed in as a callable, like ``share_run_id``) hands every rank every vector, and only rank 0 sends
+them, under the same per-rank keys, in its one ``log_batch`` per round. Metric requests per step then stop
+growing with the number of ranks (one ``log_batch`` holds 1,000 values: about 200 ranks at L1). Files and
+per-parameter metrics (``param_metrics``) are still sent by each rank.
+
+An all-gather rather than a gather, so that a failure is seen by every rank alike: when one rank misses a step (its
+probe failed) the others time out in the collective (the framework's timeout), every rank counts the failure, and
+from then on each rank sends its own metrics again; nothing is lost, the run only costs more requests. Each vector
+carries its step, so rank 0 files every rank's values under that rank's own step.
+"""
+from __future__ import annotations
+
+import os
+from typing import Callable
+
+import numpy as np
+
+# From the load test (benchmarks/results/load_test.md): at 64 ranks, one server worker no longer kept up with every
+# rank sending its own metrics, while the collective costs a few floats per rank.
+AGGREGATE_FROM_RANKS = 64
+# How long a rank waits in the all-gather for a rank that missed a step before aggregation is given up.
+GATHER_TIMEOUT_SECONDS = float(os.environ.get("MSPROBE_MLFLOW_GATHER_TIMEOUT_SECONDS", "300"))
+
+SummaryGather = Callable[[np.ndarray], np.ndarray]
+"""A collective every rank calls with its 1-D float64 vector (equal lengths); returns the ``(world_size, length)``
+matrix of every rank's vector, in rank order."""
+
+
+def aggregation_wanted(option: bool | None, world_size: int) -> bool:
+    """``option`` True/False forces it; None (the default) turns it on from ``AGGREGATE_FROM_RANKS`` ranks."""
+    return world_size >= AGGREGATE_FROM_RANKS if option is None else option and world_size > 1
+
+
+def _suffix(key: str, rank: int) -> str:
+    return key[len(f"grad/rank{rank}/"):]
+
+
+def is_summary_key(key: str, rank: int) -> bool:
+    """A fixed per-rank key (gathered), not a per-parameter one (``grad/rank{R}/param/...``, sent by the rank)."""
+    return key.startswith(f"grad/rank{rank}/") and not _suffix(key, rank).startswith("param/")
+
+
+class RankZeroMetrics:
+    """The exchange of one rank's summary metrics; the suffixes (``total_norm``, ...) are sorted, so every rank
+    running the same config lays its vector out alike."""
+
+    def __init__(self, gather: SummaryGather, rank: int):
+        self.gather = gather
+        self.rank = rank
+
+    def exchange(self, step: int, metrics: dict[str, float]) -> tuple[dict[str, float], dict[int, dict[str, float]]]:
+        """Gathers the summary metrics of every rank (a collective: every rank calls it once per sent step).
+
+        Returns what this rank sends at ``step``: all of its metrics on rank 0, its per-parameter ones elsewhere;
+        and on rank 0 the other ranks' summary metrics by their step, ``{step: {key: value}}`` (empty elsewhere)."""
+        suffixes = sorted(_suffix(k, self.rank) for k in metrics if is_summary_key(k, self.rank))
+        vector = np.array([step, *(metrics[f"grad/rank{self.rank}/{s}"] for s in suffixes)], dtype=np.float64)
+        matrix = np.asarray(self.gather(vector), dtype=np.float64)
+        if self.rank != 0:
+            return {k: v for k, v in metrics.items() if not is_summary_key(k, self.rank)}, {}
+        if matrix.ndim != 2 or matrix.shape[1] != len(vector):
+            raise ValueError(f"the gathered summary vectors have shape {matrix.shape}; expected (world_size, "
+                             f"{len(vector)}): do all ranks run the same grad_probe config?")
+        others: dict[int, dict[str, float]] = {}
+        for rank, row in enumerate(matrix[1:], start=1):
+            values = others.setdefault(int(row[0]), {})
+            values.update({f"grad/rank{rank}/{s}": float(v) for s, v in zip(suffixes, row[1:])})
+        return metrics, others

@@ -1,0 +1,67 @@
+"""Rank-0 aggregated metrics under torch.distributed: a 2-process gloo job (torchrun) whose rank 1 cannot reach
+the tracking server, so every rank-1 value in the run came through rank 0's requests and the gloo all-gather."""
+from __future__ import annotations
+
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from mlflow.tracking import MlflowClient
+
+from mlflow_server import free_port
+from msprobe_mlflow.dump import read_summary, summary_csv_path
+
+WORKER = Path(__file__).with_name("scale_worker_torch.py")
+
+
+def expected_summary(dump: Path, rank: int, step: int) -> dict[str, float]:
+    """The summary metrics of one step, from the rank's local CSV with plain Python."""
+    table = read_summary(summary_csv_path(dump, rank, step))
+    norms = table.numbers("norm")
+    return {"total_norm": math.sqrt(sum(n * n for n in norms)), "max": max(table.numbers("max")),
+            "min": min(table.numbers("min")), "nonfinite_params": 0.0, "params": float(len(norms))}
+
+
+def torchrun(tmp_path: Path, *worker_args: str) -> tuple[subprocess.CompletedProcess, str]:
+    """Runs the worker on 2 ranks; returns the finished job and the run ID rank 0 printed."""
+    command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
+               "--master-port", str(free_port()), str(WORKER), "--dump", str(tmp_path / "dump"), "--tracking-uri",
+               f"sqlite:///{tmp_path / 'mlflow.db'}", *worker_args]
+    env = {**os.environ, "MSPROBE_MLFLOW_RANK_WAIT_SECONDS": "1", "MSPROBE_MLFLOW_START_CHECK_SECONDS": "1",
+           "MSPROBE_MLFLOW_GATHER_TIMEOUT_SECONDS": "5", "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0",
+           "MLFLOW_HTTP_REQUEST_TIMEOUT": "2"}
+    done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done, next(line.split()[1] for line in done.stdout.splitlines() if line.startswith("RUN_ID "))
+
+
+def test_rank_0_sends_the_summary_metrics_of_a_rank_that_cannot_reach_the_server(tmp_path):
+    done, run_id = torchrun(tmp_path)
+    dump, uri = tmp_path / "dump", f"sqlite:///{tmp_path / 'mlflow.db'}"
+    assert done.stdout.count("ERRORS 0") == 2, done.stdout
+    client = MlflowClient(uri)
+    for rank in (0, 1):
+        for name, value in expected_summary(dump, rank, 2).items():
+            history = client.get_metric_history(run_id, f"grad/rank{rank}/{name}")
+            assert [m.step for m in history] == [0, 1, 2], (rank, name)
+            assert history[-1].value == value, (rank, name)
+    # Rank 1 could send nothing itself: no files of its own, and the run names its steps as unsent.
+    tags = client.get_run(run_id).data.tags
+    assert tags["msprobe_mlflow.rank0.status"] == "finished"
+    assert not client.list_artifacts(run_id, "grad_probe/rank1")
+    assert "rank 1" in done.stderr and "msprobe-mlflow upload" in done.stderr
+
+
+def test_an_all_gather_that_times_out_is_counted_and_rank_0_sends_its_own_metrics_again(tmp_path):
+    # Rank 1 probes steps 0 and 2, rank 0 every step: rank 0's gather at step 1 pairs with rank 1's at step 2
+    # (each vector says its step), rank 0's gather at step 2 finds no partner and times out after 5 s.
+    done, run_id = torchrun(tmp_path, "--rank1-steps", "0", "2")
+    dump, client = tmp_path / "dump", MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    assert "ERRORS 1" in done.stdout and "ERRORS 0" in done.stdout, done.stdout
+    assert "aggregation of summary metrics failed at step 2" in done.stderr
+    for rank, steps in ((0, [0, 1, 2]), (1, [0, 2])):
+        history = client.get_metric_history(run_id, f"grad/rank{rank}/total_norm")
+        assert [m.step for m in history] == steps, rank
+        assert [m.value for m in history] == [expected_summary(dump, rank, s)["total_norm"] for s in steps]
