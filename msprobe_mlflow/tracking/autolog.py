@@ -116,7 +116,8 @@ def autolog(config: GradProbeConfig | str | os.PathLike | dict | None = None, *,
             drop_threshold: float = DEFAULT_DROP_THRESHOLD, anomaly_flags: bool = True,
             spike_threshold: float = SpikeRule.threshold, spike_window: int = SpikeRule.window,
             directions_every_n_steps: int | None = None, directions_on_anomaly: bool | None = None,
-            directions_steps_after_anomaly: int | None = None, disable: bool = False, silent: bool = False) -> None:
+            directions_steps_after_anomaly: int | None = None, aggregate_metrics: bool | None = None,
+            archive_every_n_steps: int = 1, disable: bool = False, silent: bool = False) -> None:
     """Probes the gradients of every PyTorch model trained inside ``mlflow.start_run()`` into that run, and of
     every MindSpore ``Model.train`` (``msprobe_mlflow.mindspore.autolog``).
 
@@ -137,6 +138,8 @@ def autolog(config: GradProbeConfig | str | os.PathLike | dict | None = None, *,
             (``msprobe_mlflow.directions_schedule``): statistics at every step, gradient directions only at steps
             0, N, 2N... and for the given number of steps after a non-finite gradient or a norm spike; None: the
             config's ``grad_probe`` keys (default: directions at every step).
+        aggregate_metrics, archive_every_n_steps: scale-out (see :class:`~msprobe_mlflow.monitoring.SessionMonitor`):
+            rank 0 sends every rank's summary metrics (default: from 64 ranks), one archive per rank and N steps.
         disable: remove the hook and the patches; monitors already running are stopped (flushed).
         silent: no warnings from msprobe-mlflow; problems go to the ``msprobe_mlflow`` logger only.
     """
@@ -149,7 +152,8 @@ def autolog(config: GradProbeConfig | str | os.PathLike | dict | None = None, *,
         baseline=baseline, on_suspicious=on_suspicious, first_threshold=first_threshold,
         drop_threshold=drop_threshold, anomaly_flags=anomaly_flags, spike_threshold=spike_threshold,
         spike_window=spike_window, directions_every_n_steps=directions_every_n_steps,
-        directions_on_anomaly=directions_on_anomaly, directions_steps_after_anomaly=directions_steps_after_anomaly)
+        directions_on_anomaly=directions_on_anomaly, directions_steps_after_anomaly=directions_steps_after_anomaly,
+        aggregate_metrics=aggregate_metrics, archive_every_n_steps=archive_every_n_steps)
     _integration(config, level=level, bounds=bounds, dump_path=dump_path, monitor_options=monitor_options,
                  disable=disable, silent=silent)
     # MindSpore: Model.train gets a GradProbeCallback, from when mindspore.train is imported
