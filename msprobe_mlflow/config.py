@@ -163,8 +163,8 @@ class GradProbeConfig:
         return self.replace(bounds=FRAMEWORK_DEFAULT_BOUNDS[framework])
 
     def to_msprobe_dict(self) -> dict:
-        """The config as msprobe's ``config.json`` would hold it (plus our ``direction_format`` and ``checksum``, and
-        the always-on tier's keys when they are not msprobe's behaviour)."""
+        """The config as msprobe's ``config.json`` would hold it, plus our ``direction_format``, and ``checksum`` and
+        the always-on tier's keys when they are not msprobe's behaviour."""
         return {
             "task": "grad_probe",
             "dump_path": self.dump_path,
@@ -173,7 +173,7 @@ class GradProbeConfig:
             "grad_probe": {"grad_level": self.level, "param_list": list(self.param_list),
                            "bounds": list(self.bounds), **self.tier_options()},
             "direction_format": self.direction_format,
-            "checksum": self.checksum,
+            **({"checksum": self.checksum} if self.checksum != "md5" else {}),
         }
 
     @classmethod

@@ -263,5 +263,5 @@ def test_an_over_long_data_name_stays_inside_and_fails_to_load_with_a_clear_erro
     call = api_dump(tmp_path, "a" * 5000 + ".npy")
     [argument] = call.forward.args
     assert argument.data_path.parent == (tmp_path / "npy").resolve()
-    with pytest.raises(InputError, match=r"^Mint\.abs\.0 input 0: .* cannot be loaded as a \.npy file"):
+    with pytest.raises(InputError, match=r"^Mint\.abs\.0 input 0: .*: not a readable \.npy file"):
         load(argument, "Mint.abs.0 input 0")
