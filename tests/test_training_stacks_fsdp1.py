@@ -33,3 +33,16 @@ def assert_same_directions(dump: Path, rank: int, eager: Path) -> None:
             assert sorted(mine.files) == sorted(reference.files)
             for key in reference.files:
                 np.testing.assert_array_equal(mine[key], reference[key], err_msg=f"rank{rank} step {step} {key}")
+
+
+def test_fsdp1_shards_the_monitor_cannot_place_warn_and_fail_every_probe_never_recording_them(tmp_path):
+    """Monitoring what the root FSDP1 module wraps leaves its flat parameter without its sharding: ``monitor()``
+    warns, naming FSDP1 and fully_shard, each probe fails into ``monitor.errors``, and no shard is recorded as if
+    it were a parameter."""
+    dump = tmp_path / "inner"
+    done = run(WORKER, "--dump", str(dump), "--steps", "2", "--orig", "0", "--inner", ranks=2)
+    for rank in (0, 1):
+        (line,) = [line for line in done.stdout.splitlines() if line.startswith(f"rank {rank} errors")]
+        assert line.startswith(f"rank {rank} errors 2: ") and "FSDP1" in line and "fully_shard" in line, line
+    assert done.stderr.count("UserWarning: msprobe-mlflow: FSDP1 (FullyShardedDataParallel) as monitored here") == 2
+    assert not list(dump.rglob("*.csv"))

@@ -60,7 +60,9 @@ class FlatSlot:
 
 
 def has_fsdp1(model: torch.nn.Module) -> bool:
-    return any(type(m).__name__ == FSDP1_CLASS for m in model.modules())
+    """An FSDP1 module, or a flat parameter of one (the model passed may be what an FSDP1 module wraps)."""
+    return any(type(m).__name__ == FSDP1_CLASS for m in model.modules()) or \
+        any(getattr(p, "_is_flat_param", False) for p in model.parameters())
 
 
 def _handles(model: torch.nn.Module):
@@ -86,6 +88,9 @@ def fsdp1_named_parameters(model: torch.nn.Module) -> list[tuple[str, torch.nn.P
     module_order = {name: i for i, (name, _) in enumerate(model.named_modules())}
     entries = []
     for raw, parameter in model.named_parameters():
+        if getattr(parameter, "_is_flat_param", False) and id(parameter) not in slots:
+            raise NotImplementedError(f"{raw!r} is the flat parameter of an FSDP1 module outside the monitored model, "
+                                      f"its sharding unknown: monitor the FullyShardedDataParallel module itself")
         prefix = raw.rsplit(".", 1)[0] + "." if "." in raw else ""
         for slot in slots.get(id(parameter), [None]):
             full = raw if slot is None or parameter is not slot.handle.flat_param \

@@ -77,9 +77,9 @@ class GradientMonitor(SessionMonitor):
             try:
                 named = fsdp1_named_parameters(model)
             except Exception as e:  # FSDP1's private layout changed: say so, never record the shards as parameters
-                self._unsupported = (f"this model's FSDP1 (FullyShardedDataParallel) layout could not be read "
-                                     f"({e!r}): its gradients are not recorded; use FSDP2 "
-                                     f"(torch.distributed.fsdp.fully_shard), which is supported")
+                self._unsupported = (f"FSDP1 (FullyShardedDataParallel) as monitored here is not supported ({e}): "
+                                     f"no gradient is recorded; monitor the FSDP1 root module, or use FSDP2 "
+                                     f"(torch.distributed.fsdp.fully_shard)")
                 self.notices.warn(self._unsupported)
         self._parameters = [(n, p, slot) for n, p, slot in named if self.config.wants_param(n)]
         missing = set(self.config.param_list) - {n for n, _, _ in named}
