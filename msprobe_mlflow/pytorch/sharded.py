@@ -10,7 +10,7 @@ and reassembled into the full parameter's bits on the writer thread, so they com
 Every rank ends with the same full statistics, as under DDP; each rank the config's ``rank`` list selects writes
 them to its ``rank{R}`` folder (``rank: [0]`` writes them once). Every rank must take part in the collectives,
 whether it writes or not. Supported: DTensors sharded on one mesh dimension (FSDP2, HSDP's replicated dimension
-is not reduced); plain tensors beside them are not reduced. FSDP1's gradients come as :class:`FlatPiece`\ s (each
+is not reduced); plain tensors beside them are not reduced. FSDP1's gradients come as :class:`FlatPiece` objects (each
 original parameter's piece of the flat shard, from :mod:`msprobe_mlflow.pytorch.fsdp1`): reduced the same way, their
 sign bits gathered with each piece's start, since pieces begin anywhere in the flattened parameter.
 """
