@@ -8,7 +8,8 @@ What a step records is what the optimizer applies: with ``optimizer.step(closure
 optimization) the probe runs when the closure first returns, before the update; gradients are read after
 unscaling and clipping when those happen before ``step()``. Names are the eager model's
 (:mod:`msprobe_mlflow.parameter_names`), and DTensor gradients (FSDP2) get their full gradient's statistics
-(:mod:`msprobe_mlflow.pytorch.sharded`).
+(:mod:`msprobe_mlflow.pytorch.sharded`), as do FSDP1's flattened gradients, under the original parameters' names and
+shapes (:mod:`msprobe_mlflow.pytorch.fsdp1`).
 """
 from __future__ import annotations
 
@@ -21,7 +22,8 @@ from msprobe_mlflow.config import GradProbeConfig
 from msprobe_mlflow.monitoring import SessionMonitor
 from msprobe_mlflow.parameter_names import eager_named_parameters
 from msprobe_mlflow.pytorch.distributed import current_rank, shared_run_id, summary_all_gather, world_size
-from msprobe_mlflow.pytorch.sharded import has_sharded, launch_sharded_statistics
+from msprobe_mlflow.pytorch.fsdp1 import FlatSlot, fsdp1_named_parameters, has_fsdp1
+from msprobe_mlflow.pytorch.sharded import FlatPiece, has_sharded, launch_sharded_statistics
 from msprobe_mlflow.pytorch.statistics import launch_step_statistics
 from msprobe_mlflow.session import RankPolicy
 
@@ -46,7 +48,7 @@ class GradientMonitor(SessionMonitor):
         always-on tier's ``directions_every_n_steps``, ``directions_on_anomaly``, ``directions_steps_after_anomaly``
         (see :class:`SessionMonitor`)."""
         super().__init__(config, **options)
-        self._parameters: list[tuple[str, torch.nn.Parameter]] = []
+        self._parameters: list[tuple[str, torch.nn.Parameter, FlatSlot | None]] = []
         self._optimizer: torch.optim.Optimizer | None = None
         self._model_id: int | None = None
         self._hook = None
@@ -54,6 +56,7 @@ class GradientMonitor(SessionMonitor):
         self._failed_steps: list[int] = []
         self._probed_steps = 0
         self._recorded_early: int | None = None  # the step record_gradients() already recorded
+        self._unsupported: str | None = None  # why this model's gradients cannot be recorded: each probe fails
 
     def monitor(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None) -> "GradientMonitor":
         """Starts probing ``model``'s gradients at each ``optimizer.step()``.
@@ -68,9 +71,18 @@ class GradientMonitor(SessionMonitor):
         if self._session is None or self._session.closed:  # first: a bad dump_path fails before any hook exists
             self._session = self._open_session("pytorch", RankPolicy.of(self.config, current_rank(), world_size()),
                                                shared_run_id, summary_all_gather)
-        named = eager_named_parameters(model)
-        self._parameters = [(n, p) for n, p in named if self.config.wants_param(n)]
-        missing = set(self.config.param_list) - {n for n, _ in named}
+        named = [(n, p, None) for n, p in eager_named_parameters(model)]
+        self._unsupported = None
+        if has_fsdp1(model):  # its flat parameters stand for the original ones
+            try:
+                named = fsdp1_named_parameters(model)
+            except Exception as e:  # FSDP1's private layout changed: say so, never record the shards as parameters
+                self._unsupported = (f"FSDP1 (FullyShardedDataParallel) as monitored here is not supported ({e}): "
+                                     f"no gradient is recorded; monitor the FSDP1 root module, or use FSDP2 "
+                                     f"(torch.distributed.fsdp.fully_shard)")
+                self.notices.warn(self._unsupported)
+        self._parameters = [(n, p, slot) for n, p, slot in named if self.config.wants_param(n)]
+        missing = set(self.config.param_list) - {n for n, _, _ in named}
         if missing:
             self.notices.warn(f"grad_probe.param_list names parameters the model does not have: {sorted(missing)}")
         self._optimizer = optimizer
@@ -83,7 +95,7 @@ class GradientMonitor(SessionMonitor):
         return self
 
     def _owns_model_parameters(self, optimizer: torch.optim.Optimizer) -> bool:
-        watched = {id(p) for _, p in self._parameters}
+        watched = {id(p) for _, p, _ in self._parameters}
         return any(id(p) in watched for group in optimizer.param_groups for p in group["params"])
 
     def _on_optimizer_step(self, optimizer, args, kwargs):
@@ -135,8 +147,16 @@ class GradientMonitor(SessionMonitor):
             self._report_failure(step, e)
 
     def _probe(self, rank: int, step: int, writes: bool) -> None:
+        if self._unsupported:
+            raise NotImplementedError(self._unsupported)
         names, grads = [], []
-        for name, parameter in self._parameters:
+        for name, parameter, slot in self._parameters:
+            if slot is not None:  # FSDP1: this rank's piece of the flattened gradient
+                piece, start, capacity = slot.piece(parameter)
+                if piece is not None:
+                    names.append(name)
+                    grads.append(FlatPiece(piece.detach(), slot.shape, start, capacity, slot.group))
+                continue
             grad = parameter.main_grad if hasattr(parameter, "main_grad") else parameter.grad
             if grad is None:
                 continue
@@ -147,7 +167,7 @@ class GradientMonitor(SessionMonitor):
         sharded = has_sharded(grads)  # a collective: every rank takes part, written or not
         if not (writes or sharded):
             return
-        unsupported = [f"{n} ({g.dtype})" for n, g in zip(names, grads) if not g.is_floating_point()]
+        unsupported = [f"{n} ({g.dtype})" for n, g in zip(names, grads) if not g.dtype.is_floating_point]
         if unsupported:
             raise TypeError(f"gradients of {', '.join(unsupported)} have no max/min/sign statistics; expected "
                             f"real floating dtypes (leave such parameters out with grad_probe.param_list)")

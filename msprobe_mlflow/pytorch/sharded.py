@@ -10,7 +10,9 @@ and reassembled into the full parameter's bits on the writer thread, so they com
 Every rank ends with the same full statistics, as under DDP; each rank the config's ``rank`` list selects writes
 them to its ``rank{R}`` folder (``rank: [0]`` writes them once). Every rank must take part in the collectives,
 whether it writes or not. Supported: DTensors sharded on one mesh dimension (FSDP2, HSDP's replicated dimension
-is not reduced); plain tensors beside them are not reduced.
+is not reduced); plain tensors beside them are not reduced. FSDP1's gradients come as :class:`FlatPiece` objects (each
+original parameter's piece of the flat shard, from :mod:`msprobe_mlflow.pytorch.fsdp1`): reduced the same way, their
+sign bits gathered with each piece's start, since pieces begin anywhere in the flattened parameter.
 """
 from __future__ import annotations
 
@@ -37,9 +39,31 @@ def _dtensor_type():
     return DTensor
 
 
-def has_sharded(grads: list[torch.Tensor]) -> bool:
+def has_sharded(grads: list) -> bool:
     DTensor = _dtensor_type()
-    return DTensor is not None and any(isinstance(g, DTensor) for g in grads)
+    return any(isinstance(g, FlatPiece) for g in grads) or (DTensor is not None and
+                                                            any(isinstance(g, DTensor) for g in grads))
+
+
+@dataclass(frozen=True)
+class FlatPiece:
+    """An FSDP1 gradient: ``piece`` is elements ``[start, start + piece.numel())`` of the full gradient (``shape``)
+    flattened, split over ``group`` (None: this rank holds it all). ``capacity`` is the most elements any rank's
+    piece can hold, the same on every rank of the group."""
+
+    piece: torch.Tensor
+    shape: torch.Size
+    start: int
+    capacity: int
+    group: object = None
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.piece.dtype
+
+    def stand_in(self) -> torch.Tensor:
+        """A tensor of the full gradient's shape and dtype, no storage: what the layout and record need."""
+        return torch.empty(self.shape, dtype=self.piece.dtype, device="meta")
 
 
 @dataclass(frozen=True)
@@ -87,14 +111,17 @@ def launch_sharded_statistics(names: list[str], grads: list[torch.Tensor], *, ra
     DTensors: the record holds each full gradient's statistics. A collective: every rank of each gradient's
     process group must call it, with the same parameters in the same order."""
     if LEVELS[level].has_md5:
-        full = [g.full_tensor() if isinstance(g, _dtensor_type()) else g for g in grads]
+        full = [_gather_flat(g) if isinstance(g, FlatPiece) else
+                g.full_tensor() if isinstance(g, _dtensor_type()) else g for g in grads]
         return launch_step_statistics(names, full, rank=rank, step=step, level=level, bounds=bounds,
                                       checksum=checksum, directions=directions)
-    shardings = [_sharding(g, n) for g, n in zip(grads, names)]
-    locals_ = [g.to_local() if isinstance(g, _dtensor_type()) else g for g in grads]
-    groups: dict[object, list[int]] = {}
+    shardings = [g if isinstance(g, FlatPiece) else _sharding(g, n) for g, n in zip(grads, names)]
+    locals_ = [g.piece if isinstance(g, FlatPiece) else g.to_local() if isinstance(g, _dtensor_type()) else g
+               for g in grads]
+    grads = [g.stand_in() if isinstance(g, FlatPiece) else g for g in grads]
+    groups: dict[object, list[int]] = {}  # FSDP1's pieces and DTensors' shards of one group apart
     for index, sharding in enumerate(shardings):
-        groups.setdefault(sharding.group, []).append(index)
+        groups.setdefault((isinstance(sharding, FlatPiece), sharding.group), []).append(index)
     order = [i for members in groups.values() for i in members]  # each group's rows contiguous
     bounds32 = [np.float32(b) for b in bounds]
     extremes, sums = _partials([locals_[i] for i in order], bounds32, LEVELS[level].has_buckets)
@@ -102,11 +129,12 @@ def launch_sharded_statistics(names: list[str], grads: list[torch.Tensor], *, ra
     for group, members in groups.items():
         rows = slice(start, start + len(members))
         start += len(members)
-        if group is not None:
-            dist.all_reduce(extremes[rows], op=dist.ReduceOp.MAX, group=group)
-            dist.all_reduce(sums[rows], op=dist.ReduceOp.SUM, group=group)
+        if group[1] is not None:
+            dist.all_reduce(extremes[rows], op=dist.ReduceOp.MAX, group=group[1])
+            dist.all_reduce(sums[rows], op=dist.ReduceOp.SUM, group=group[1])
         if LEVELS[level].has_directions and directions:
-            gathered.append(_gather_signs([(locals_[i], grads[i].shape, shardings[i]) for i in members]))
+            gathered.append(_gather_flat_signs([shardings[i] for i in members]) if group[0] else
+                            _gather_signs([(locals_[i], grads[i].shape, shardings[i]) for i in members]))
     statistics = _full_statistics(extremes, sums, [grads[i] for i in order], level, bounds32)
     statistics_host = start_host_copy(statistics)
     signs_host = [(members, start_host_copy(bits), assemble) for members, (bits, assemble)
@@ -203,3 +231,57 @@ def _gather_signs(members: list[tuple[torch.Tensor, torch.Size, _Sharding]]):
 def _whole_bytes(bits: torch.Tensor) -> torch.Tensor:
     padding = -bits.numel() % 8
     return torch.cat([bits, bits.new_zeros(padding)]) if padding else bits
+
+
+_HEADER = 16  # bytes before each piece's bits: its start and its length, int64 each
+
+
+def _gather_flat_signs(pieces: list[FlatPiece]):
+    """Like :func:`_gather_signs` for FSDP1's pieces, which start anywhere in the flattened gradient (not on a
+    byte): each piece's start and length travel as a header before its bits, padded to its capacity."""
+    group = pieces[0].group
+    world = 1 if group is None else dist.get_world_size(group)
+    widths, padded = [], []
+    for flat in pieces:
+        width = _HEADER + packed_length(min(flat.capacity, math.prod(flat.shape)))
+        bits = pack_bits(_whole_bytes(flat.piece.reshape(-1) > 0))
+        header = torch.tensor([flat.start, flat.piece.numel()], dtype=torch.int64).view(torch.uint8)
+        row = torch.cat([header.to(bits.device), bits])
+        padded.append(torch.cat([row, row.new_zeros(width - row.numel())]))
+        widths.append(width)
+    everyone = mine = torch.cat(padded)
+    if world > 1:
+        everyone = mine.new_empty(world * mine.numel())
+        gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+        gather(everyone, mine, group=group)
+
+    def assemble(host: np.ndarray) -> list[np.ndarray]:
+        per_rank, full, offset = host.reshape(world, -1), [], 0
+        for flat, width in zip(pieces, widths):
+            joined = np.zeros(math.prod(flat.shape), np.uint8)
+            for r in range(world):
+                start, length = (int(v) for v in per_rank[r, offset:offset + _HEADER].copy().view(np.int64))
+                packed = per_rank[r, offset + _HEADER:offset + width]
+                joined[start:start + length] = np.unpackbits(packed, count=length)
+            full.append(np.packbits(joined))
+            offset += width
+        return full
+    return everyone, assemble
+
+
+def _gather_flat(flat: FlatPiece) -> torch.Tensor:
+    """The full gradient from every rank's piece (for MD5, which needs every byte): one ``all_gather`` of the
+    pieces padded to their capacity, one of their starts and lengths."""
+    if flat.group is None:
+        return flat.piece.reshape(flat.shape)
+    world = dist.get_world_size(flat.group)
+    padded = torch.cat([flat.piece, flat.piece.new_zeros(flat.capacity - flat.piece.numel())])
+    pieces = [torch.empty_like(padded) for _ in range(world)]
+    dist.all_gather(pieces, padded, group=flat.group)
+    place = torch.tensor([flat.start, flat.piece.numel()], dtype=torch.int64, device=padded.device)
+    places = [torch.empty_like(place) for _ in range(world)]
+    dist.all_gather(places, place, group=flat.group)
+    full = flat.piece.new_zeros(math.prod(flat.shape))
+    for piece, (start, length) in zip(pieces, (p.tolist() for p in places)):
+        full[start:start + length] = piece[:length]
+    return full.reshape(flat.shape)
