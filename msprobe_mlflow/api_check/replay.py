@@ -75,7 +75,7 @@ def _replay_here(calls: list[ApiCall], task: str, thresholds: Thresholds, on_res
     return results
 
 
-def _serve(connection: Connection) -> None:
+def serve(connection: Connection) -> None:
     """A worker: receives ``(task, thresholds)``, answers ``("ready",)`` once MindSpore is set up (or ``("failed",
     text)``), then one ``("result", index, ApiResult)`` per ``(index, ApiCall)`` received, until ``None``."""
     task, thresholds = connection.recv()
@@ -132,7 +132,7 @@ def _how_it_ended(process: subprocess.Popen) -> str:
 
 
 class _Worker:
-    """``python -m msprobe_mlflow.api_check.replay FD``: a fresh interpreter, not multiprocessing's spawn, which
+    """``python -m msprobe_mlflow.api_check.replay_worker FD``: a fresh interpreter, not multiprocessing's spawn, which
     would first run the caller's main script again in the worker (a training script without a ``__main__`` guard
     would train there). One duplex pipe carries everything; it reads as closed once the worker has ended."""
 
@@ -141,7 +141,7 @@ class _Worker:
         package_root = str(Path(msprobe_mlflow.__file__).resolve().parent.parent)  # importable as the parent has it
         environment = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [package_root,
                                                                                 os.environ.get("PYTHONPATH")]))}
-        self.process = subprocess.Popen([sys.executable, "-m", __name__, str(child_end.fileno())],
+        self.process = subprocess.Popen([sys.executable, "-m", f"{__package__}.replay_worker", str(child_end.fileno())],
                                         pass_fds=[child_end.fileno()], env=environment, stdin=subprocess.DEVNULL)
         child_end.close()
         self.connection.send((task, thresholds))
@@ -224,10 +224,3 @@ class _WorkerPool:
                 worker.process.kill()
                 worker.process.wait()
         worker.connection.close()
-
-
-if __name__ == "__main__":
-    try:
-        _serve(Connection(int(sys.argv[1])))
-    except EOFError:  # the parent has gone: nothing is waiting for the results
-        pass
