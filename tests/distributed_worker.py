@@ -5,9 +5,10 @@ rank 0's run. ``--perturb-from S`` scales the inputs of every rank from step S o
 change from that step: the comparator must name it. ``--die-at S`` makes rank 1 exit abruptly at step S (the
 ranks then train without DDP, so the survivor is not stuck in an all-reduce with a dead peer). ``--ranks R ...``
 is the config's rank filter. ``--nan-at R S`` puts a NaN into rank R's first gradient at step S, after DDP's
-all-reduce (so only rank R sees it at S; its weights turn NaN and every rank's gradients follow a step later). ``--pause-at S --resume-file F`` makes every rank wait before step S until file F
-exists (a test breaks something meanwhile); a run that cannot be ended (tracking server down) is reported on
-stderr, as the job's last line of work.
+all-reduce (so only rank R sees it at S; its weights turn NaN and every rank's gradients follow a step later).
+``--pause-at S --resume-file F`` makes every rank wait before step S until file F exists (a test breaks something
+meanwhile); a run that cannot be ended (tracking server down) is reported on stderr, as the job's last line of
+work.
 """
 from __future__ import annotations
 

@@ -30,7 +30,8 @@ def torchrun(tracking_uri: str, *worker_args: str, timeout: float = 300) -> subp
     return subprocess.run(command, capture_output=True, text=True, env=env, timeout=timeout)
 
 
-def launch_ranks_separately(tracking_uri: str, *worker_args: str, timeout: float = 300) -> list[subprocess.CompletedProcess]:
+def launch_ranks_separately(tracking_uri: str, *worker_args: str,
+                            timeout: float = 300) -> list[subprocess.CompletedProcess]:
     """Each rank its own launcher (as on separate nodes), so one rank dying does not kill the other."""
     port = str(free_port())
     processes = []

@@ -167,7 +167,8 @@ class GradientProbe(nn.Cell):
         self.notices = notices
 
 
-def probe_settings(selected, shapes, *, level: str, bounds, steps, rank_wanted: bool, directions_every: int = 1) -> tuple:
+def probe_settings(selected, shapes, *, level: str, bounds, steps, rank_wanted: bool,
+                   directions_every: int = 1) -> tuple:
     """What a compiled graph keeps of a probe as constants: a stopped probe with equal settings can be restarted
     instead of making a new one, which graphs compiled before would never call."""
     return (tuple(bool(s) for s in selected), tuple(tuple(shape) for shape in shapes), level, float32_bounds(bounds),

@@ -38,7 +38,8 @@ class GradientMonitor(SessionMonitor):
 
     MLflow: into ``run_id``, else the active run (else ``MLFLOW_RUN_ID``); with none, the local dump only. Under
     torch.distributed, every rank logs into rank 0's run (call ``monitor()`` on every rank). ``log_to_mlflow=False``
-    turns MLflow off. More outputs: ``metrics_file``, ``sinks`` (see :class:`SessionMonitor`). Use as ``GradientMonitor(config).monitor(model, optimizer)`` ... ``stop()``, or as a context manager.
+    turns MLflow off. More outputs: ``metrics_file``, ``sinks`` (see :class:`SessionMonitor`). Use as
+    ``GradientMonitor(config).monitor(model, optimizer)`` ... ``stop()``, or as a context manager.
     """
 
     def __init__(self, config: GradProbeConfig | str | os.PathLike | dict, **options):

@@ -2,10 +2,10 @@
 
 Policy when MLflow is slower than training or unreachable: the local dump is always complete (it is written
 before the sink sees a step). The sink's queue holds each step's few summary metrics, at most ``max_pending``
-steps; it sends at most one round a second, draining everything queued at once (one ``log_batch`` for many steps); a step that does
-not fit in the queue or whose request failed is remembered as unsent, and ``close()`` sends the unsent steps
-with the same idempotent code as ``msprobe-mlflow upload``. What still cannot be sent is named in a warning with
-the command that completes it.
+steps; it sends at most one round a second, draining everything queued at once (one ``log_batch`` for many
+steps); a step that does not fit in the queue or whose request failed is remembered as unsent, and ``close()``
+sends the unsent steps with the same idempotent code as ``msprobe-mlflow upload``. What still cannot be sent is
+named in a warning with the command that completes it.
 
 Other sinks add their findings (the live verdict, anomaly flags) to the same run through :meth:`MlflowSink.annotate`:
 metrics, tags and files of the dump, queued and sent in the worker's next round with the steps, so there is one
