@@ -227,3 +227,16 @@ def load_config(config: GradProbeConfig | str | os.PathLike | dict) -> GradProbe
     if isinstance(config, dict):
         return GradProbeConfig.from_dict(config)
     return GradProbeConfig.from_json(config)
+
+
+AUTOLOG_DUMP_PATH = "msprobe_dump"  # autolog()'s dump folder when it is given no config
+
+
+def autolog_config(config, *, level: str | None = None, bounds=None, dump_path: str | None = None) -> GradProbeConfig:
+    """What both frameworks' ``autolog()`` monitor with: ``config`` (or level L1 in ``./msprobe_dump``) with the
+    ``level``, ``bounds`` and ``dump_path`` given overriding it."""
+    overrides = {key: value for key, value in (("level", level), ("bounds", bounds), ("dump_path", dump_path))
+                 if value is not None}
+    if config is None:
+        return GradProbeConfig(**{"dump_path": AUTOLOG_DUMP_PATH, **overrides}, source="autolog()")
+    return load_config(config).replace(**overrides)

@@ -19,10 +19,9 @@ import os
 from mlflow.utils.autologging_utils import autologging_integration, get_autologging_config, safe_patch
 from mlflow.utils.import_hooks import register_post_import_hook
 
-from msprobe_mlflow.config import GradProbeConfig, load_config
+from msprobe_mlflow.config import GradProbeConfig, autolog_config
 
 FLAVOR_NAME = "msprobe_mlflow_mindspore"
-DEFAULT_DUMP_PATH = "msprobe_dump"
 
 
 def autolog(config: GradProbeConfig | str | os.PathLike | dict | None = None, *, level: str | None = None,
@@ -54,12 +53,7 @@ def _integration(config, *, level, bounds, dump_path, monitor_options: dict, dis
 
     from msprobe_mlflow.mindspore.callback import GradProbeCallback
 
-    overrides = {key: value for key, value in (("level", level), ("bounds", bounds), ("dump_path", dump_path))
-                 if value is not None}
-    if config is None:
-        base = GradProbeConfig(**{"dump_path": DEFAULT_DUMP_PATH, **overrides}, source="autolog()")
-    else:
-        base = load_config(config).replace(**overrides)
+    base = autolog_config(config, level=level, bounds=bounds, dump_path=dump_path)
     GradProbeCallback(base, **monitor_options)  # refuses a bad option now, not at the first training
     signature = inspect.signature(Model.train)
 

@@ -23,7 +23,7 @@ from mlflow.utils.autologging_utils import autologging_integration, get_autologg
 from torch.optim.optimizer import register_optimizer_step_pre_hook
 
 from msprobe_mlflow.compare.verdict import DEFAULT_DROP_THRESHOLD, DEFAULT_FIRST_THRESHOLD
-from msprobe_mlflow.config import GradProbeConfig, load_config
+from msprobe_mlflow.config import GradProbeConfig, autolog_config
 from msprobe_mlflow.integrations import mlflow_logger_run
 from msprobe_mlflow.mindspore.autolog import autolog_when_imported
 from msprobe_mlflow.pytorch.distributed import is_distributed, shared_run_id
@@ -32,7 +32,6 @@ from msprobe_mlflow.sinks.anomalies import SpikeRule
 from msprobe_mlflow.sinks.baseline import SuspiciousCallback
 
 FLAVOR_NAME = "msprobe_mlflow"
-DEFAULT_DUMP_PATH = "msprobe_dump"
 logger = logging.getLogger("msprobe_mlflow")
 
 
@@ -167,13 +166,7 @@ def _integration(config, *, level, bounds, dump_path, monitor_options: dict, dis
     """MLflow's side of :func:`autolog`: stores the configuration, reverts earlier patches and, unless ``disable``,
     runs this body, which installs the hook and the patches."""
     global _installed
-    overrides = {key: value for key, value in (("level", level), ("bounds", bounds), ("dump_path", dump_path))
-                 if value is not None}
-    if config is None:
-        base = GradProbeConfig(**{"dump_path": DEFAULT_DUMP_PATH, **overrides},
-                               source="autolog()")
-    else:
-        base = load_config(config).replace(**overrides)
+    base = autolog_config(config, level=level, bounds=bounds, dump_path=dump_path)
     GradientMonitor(base, **monitor_options)  # refuses a bad option now, not at the first forward
     state = _installed = _AutologState(base, monitor_options)
 
