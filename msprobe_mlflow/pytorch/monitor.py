@@ -165,7 +165,7 @@ class GradientMonitor(SessionMonitor):
                 grad = grad.to_dense()
             names.append(name)
             grads.append(grad.detach())
-        sharded = has_sharded(grads)  # a collective: every rank takes part, written or not
+        sharded = has_sharded(grads)  # its statistics are collectives: every rank takes part, written or not
         if not (writes or sharded):
             return
         unsupported = [f"{n} ({g.dtype})" for n, g in zip(names, grads) if not g.dtype.is_floating_point]
