@@ -205,6 +205,7 @@ def test_injected_faults_are_flagged_at_their_steps_and_nowhere_else(tmp_experim
     client = MlflowClient()
     tags = client.get_run(run.info.run_id).data.tags
     assert tags["msprobe_mlflow.first_nonfinite_step"] == "60"
+    assert not any(key.startswith("msprobe_mlflow.rank0.first_") for key in tags)  # per-rank copies: several ranks only
     assert tags["msprobe_mlflow.nonfinite_parameters"] == "encoder.layers.0.linear1.weight"
     assert tags["msprobe_mlflow.first_spike_step"] == "120"
     assert tags["msprobe_mlflow.spike_parameters"].startswith("encoder.layers.1.linear2.weight (explosion: ")

@@ -68,7 +68,8 @@ def choose_sinks(config: GradProbeConfig, ranks: RankPolicy, *, framework: str, 
     if spike_rule is not None and ranks.probes:
         from msprobe_mlflow.sinks.anomalies import AnomalySink
 
-        sinks.append(AnomalySink(spike_rule, config.dump_path, ranks.rank, run=run, notices=notices))
+        sinks.append(AnomalySink(spike_rule, config.dump_path, ranks.rank, run=run, notices=notices,
+                                 several_ranks=ranks.world_size > 1))
     sinks += run_sinks
     if metrics_file and ranks.probes:
         from msprobe_mlflow.sinks.jsonl import JsonLinesMetricsSink

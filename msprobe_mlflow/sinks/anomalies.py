@@ -172,12 +172,14 @@ class AnomalySink:
     """Flags one rank's steps (see the module docstring). ``run`` is the MLflow run's ``annotate`` target, or None
     (findings in the local dump only)."""
 
-    def __init__(self, rule: SpikeRule, dump_path: str, rank: int, *, run=None, notices: Notices | None = None):
+    def __init__(self, rule: SpikeRule, dump_path: str, rank: int, *, run=None, notices: Notices | None = None,
+                 several_ranks: bool = False):
         self.flags = AnomalyFlags(rule)
         self.path = findings_dir(dump_path, rank) / ANOMALIES_FILE_NAME
         self.rank = rank
         self.run = run
         self.notices = notices or Notices()
+        self.several_ranks = several_ranks  # each rank's first findings are also tagged rank{R}.*
         self.first_step: dict[str, int] = {}  # "nonfinite" / "spike" -> the first step flagged so
         self.flag_count = 0
         self._worker = BackgroundStepWriter([self._flag], max_pending=100_000,
@@ -214,7 +216,7 @@ class AnomalySink:
         what = "non-finite gradients" if kind == "nonfinite" else "gradient-norm spikes"
         self.notices.warn(f"rank {self.rank}: {what} at step {step}: {names[:500]}; every flag is listed in "
                           f"{self.path}")
-        return finding_tags(kind, self.rank, step, names)
+        return finding_tags(kind, self.rank, step, names, self.several_ranks)
 
     def _append(self, flags: list[Flag]) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)

@@ -369,7 +369,8 @@ class BaselineSink:
             names = ", ".join(f"{t.name} (fell {t.fall:.4f})" for t in verdict.parameter_trips)
             self.run.annotate(tags={f"{TAG_PREFIX}live_verdict": "suspicious", DESCRIPTION_TAG: self._line(),
                                     **finding_tags("suspicious", self.rank, verdict.first_suspicious_step,
-                                                   names or "(the summary only)")},
+                                                   names or "(the summary only)",
+                                                   several_ranks=not self.describe_run)},
                               files=[path])
 
     def _skip(self, step: int, reason: str, kind: str | None = None) -> None:

@@ -11,11 +11,11 @@ FINDING_KINDS = {"suspicious": "suspicious_parameters", "nonfinite": "nonfinite_
                  "spike": "spike_parameters"}
 
 
-def finding_tags(kind: str, rank: int, step: int, parameters: str) -> dict[str, str]:
-    """A rank's first finding of ``kind``: the run-level tags, and the same under ``rank{R}.`` so that, with
-    several ranks, the run end can set the run-level ones to the earliest rank's (:func:`earliest_findings`)."""
+def finding_tags(kind: str, rank: int, step: int, parameters: str, several_ranks: bool) -> dict[str, str]:
+    """A rank's first finding of ``kind``: the run-level tags and, with ``several_ranks``, the same under
+    ``rank{R}.``, so that the run end can set the run-level ones to the earliest rank's (:func:`earliest_findings`)."""
     tags = {}
-    for prefix in (TAG_PREFIX, f"{TAG_PREFIX}rank{rank}."):
+    for prefix in (TAG_PREFIX, f"{TAG_PREFIX}rank{rank}.")[:2 if several_ranks else 1]:
         tags[f"{prefix}first_{kind}_step"] = str(step)
         tags[f"{prefix}{FINDING_KINDS[kind]}"] = parameters
     return tags
