@@ -13,13 +13,14 @@ batch 8, our monitor at L1 writing its local dump (no MLflow: the sinks' own cos
 
 Each workload is built once and warmed up; every turn puts its weights and momentum back to where they started
 (in place, so no fresh memory is touched while timing), attaches, runs one probed warm-up iteration and waits for
-its background work, times ``--iterations`` iterations, then ``stop()`` (*with drain*: the timed span plus
-``stop()``, per iteration). Rounds run every variant in an order rotated by one; each ratio is the median
-over rounds of the ratio within a round. ``on_suspicious`` latency: from the end of the diverging step's
-``optimizer.step()`` to the callback, in milliseconds and in iterations the training thread had finished since.
+its background work, times its iterations (``--iterations``; by default about 3 s a turn), then ``stop()``
+(*with drain*: the timed span plus ``stop()``, per iteration). Rounds run every variant in an order rotated by
+one; each ratio is the median over rounds of the ratio within a round. ``on_suspicious`` latency: from the end
+of the diverging step's ``optimizer.step()`` to the callback, in milliseconds and in iterations the training
+thread had finished since.
 Results: ``results/live.md`` and ``results/live.json``::
 
-    PYTHONPATH=. .venv/bin/python benchmarks/live_benchmark.py [--rounds 5] [--iterations 8] [--quick]
+    PYTHONPATH=. .venv/bin/python benchmarks/live_benchmark.py [--rounds 9] [--iterations N] [--quick]
 """
 from __future__ import annotations
 
@@ -50,11 +51,13 @@ VARIANTS = (MONITOR_ONLY, FLAGS, BASELINE)
 
 
 def workloads(quick: bool):
+    """(build, timed iterations per turn): a turn of the small model lasts as long as one of the large one (~3 s),
+    so that its median is as steady."""
     if quick:
-        return [stacked_linears(4, 256, 8, "4 x Linear(256, 256), batch 8 (quick)"),
-                stacked_linears(104, 16, 8, "104 x Linear(16, 16), batch 8 (quick)")]
-    return [stacked_linears(16, 2048, 8, "16 x Linear(2048, 2048) fp32, batch 8, SGD momentum"),
-            stacked_linears(256, 64, 8, "256 x Linear(64, 64) fp32 (512 tensors), batch 8, SGD momentum")]
+        return [(stacked_linears(4, 256, 8, "4 x Linear(256, 256), batch 8 (quick)"), 8),
+                (stacked_linears(104, 16, 8, "104 x Linear(16, 16), batch 8 (quick)"), 8)]
+    return [(stacked_linears(16, 2048, 8, "16 x Linear(2048, 2048) fp32, batch 8, SGD momentum"), 8),
+            (stacked_linears(256, 64, 8, "256 x Linear(64, 64) fp32 (512 tensors), batch 8, SGD momentum"), 48)]
 
 
 def iterate(workload: Workload, step: int, diverged: bool = False) -> None:
@@ -145,7 +148,7 @@ def measure(build, rounds: int, iterations: int, scratch: Path) -> dict:
     def ratios(variant: str, reference: str, key: str) -> list[float]:
         return [a[key] / b[key] for a, b in zip(turns[variant], turns[reference])]
 
-    summary = {"model": name, "load": load.summary,
+    summary = {"model": name, "load": load.summary, "iterations": iterations,
                "iteration_ms": {v: statistics.median(t["iteration_s"] for t in turns[v]) * 1e3 for v in VARIANTS},
                "latency_ms": [t["latency_s"] * 1e3 for t in turns[BASELINE]],
                "later_steps_begun": [t["later_steps_begun"] for t in turns[BASELINE]], "turns": turns}
@@ -160,23 +163,25 @@ def measure(build, rounds: int, iterations: int, scratch: Path) -> dict:
 def markdown(result: dict) -> str:
     lines = ["# Live verdicts: what `baseline=` and the anomaly flags cost (CPU)", "",
              f"{result['machine']}. {result['rounds']} rounds of every variant in rotating order, each: the "
-             f"workload back at its starting weights, 1 probed warm-up, {result['iterations']} timed iterations, "
+             f"workload back at its starting weights, 1 probed warm-up, the timed iterations (in the table), "
              f"stop; our monitor at L1, local dump only. Ratios: median over rounds of the ratio within a round "
              f"(lowest-highest in brackets); *with drain* includes `stop()`, the sinks finishing their queues. The "
              f"baseline diverges at step "
              f"{DIVERGES_AT}; *on_suspicious after* is the time from the monitor probing that step's gradients (its "
              f"`optimizer.step()` pre-hook) to the callback, and how many later steps had begun by then (0: the "
              f"callback came before the next step's `optimizer.step()`).",
-             "", "| model | torch threads | L1 ms | flags / L1 | baseline / flags (target <= 1.05) | "
+             "", "| model | torch threads | timed iterations | L1 ms | flags / L1 | "
+             "baseline / flags (target <= 1.05) | "
              "with drain: flags, baseline | on_suspicious after (median, max) |",
-             "|---|---:|---:|---:|---:|---:|---:|"]
+             "|---|---:|---:|---:|---:|---:|---:|---:|"]
     for threads, models in result["by_threads"].items():
         for model in models:
             def ratio(key: str) -> str:
                 median, low, high = model[key]
                 return f"{median:.3f}x ({low:.2f}-{high:.2f})"
             latency, steps = model["latency_ms"], model["later_steps_begun"]
-            lines.append(f"| {model['model']} | {threads} | {model['iteration_ms'][MONITOR_ONLY]:.1f} | "
+            lines.append(f"| {model['model']} | {threads} | {model['iterations']} | "
+                         f"{model['iteration_ms'][MONITOR_ONLY]:.1f} | "
                          f"{ratio('flags_iteration_ratio')} | {ratio('baseline_iteration_ratio')} | "
                          f"{model['flags_with_drain_ratio'][0]:.3f}x, {model['baseline_with_drain_ratio'][0]:.3f}x | "
                          f"{statistics.median(latency):.0f} ms, {max(latency):.0f} ms; at most {max(steps)} later "
@@ -191,12 +196,13 @@ def markdown(result: dict) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--iterations", type=int, default=8)
+    parser.add_argument("--rounds", type=int, default=9)
+    parser.add_argument("--iterations", type=int, help="timed iterations per turn (default: 8 for the large "
+                        "model, 48 for the small one)")
     parser.add_argument("--quick", action="store_true", help="small models, a dry run of the harness")
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args()
-    if args.iterations < DIVERGES_AT:
+    if args.iterations is not None and args.iterations < DIVERGES_AT:
         parser.error(f"--iterations must be at least {DIVERGES_AT}: the baseline diverges at step {DIVERGES_AT}")
     logging.getLogger("msprobe_mlflow").setLevel(logging.ERROR)  # the verdict each baseline turn gives, 30 times
     default_threads = torch.get_num_threads()
@@ -206,14 +212,14 @@ def main() -> None:
         for threads in dict.fromkeys((default_threads, 1)):
             torch.set_num_threads(threads)
             label = f"{threads} (default)" if threads == default_threads else str(threads)
-            by_threads[label] = [measure(build, args.rounds, args.iterations, scratch)
-                                 for build in workloads(args.quick)]
+            by_threads[label] = [measure(build, args.rounds, args.iterations or iterations, scratch)
+                                 for build, iterations in workloads(args.quick)]
     finally:
         torch.set_num_threads(default_threads)
         shutil.rmtree(scratch, ignore_errors=True)
     result = {"machine": f"{os.cpu_count()} CPUs ({platform.machine()}), torch {torch.__version__}, "
                          f"Python {platform.python_version()}",
-              "rounds": args.rounds, "iterations": args.iterations, "by_threads": by_threads}
+              "rounds": args.rounds, "by_threads": by_threads}
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "live.json").write_text(json.dumps(result, indent=1))
     (args.out / "live.md").write_text(markdown(result))

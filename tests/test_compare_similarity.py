@@ -120,10 +120,12 @@ def test_bad_threshold_is_refused(value):
         check_thresholds(0.97, value)
 
 
-def _judged_step_by_step(rank, steps, summary, parameters, **thresholds):
-    """Feeds the series to the live judge one step at a time, as a training run does."""
+def _judged_step_by_step(rank, steps, summary, parameters, omit_gaps=False, **thresholds):
+    """Feeds the series to the live judge one step at a time, as a training run does; ``omit_gaps``: a parameter
+    not compared at a step is left out of that step rather than given as None (steps laid out differently)."""
     judge = StepByStepJudge(rank, **thresholds)
-    verdicts = [judge.judge(step, summary[j], {name: values[j] for name, values in parameters.items()})
+    verdicts = [judge.judge(step, summary[j], {name: values[j] for name, values in parameters.items()
+                                               if not (omit_gaps and values[j] is None)})
                 for j, step in enumerate(steps)]
     fired = [v for v in verdicts if v is not None]
     assert len(fired) <= 1  # the verdict is given once
@@ -156,8 +158,9 @@ def test_the_step_by_step_judge_equals_judge_rank_on_the_same_series(seed):
     thresholds = {"first_threshold": float(rng.choice([0.97, 0.95])),
                   "drop_threshold": float(rng.choice([0.03, 0.02, 0.05]))}
     batch = judge_rank(3, steps, summary, parameters, **thresholds)
-    live = _judged_step_by_step(3, steps, summary, parameters, **thresholds)
-    assert (live or RankVerdict(3)) == batch
+    for omit_gaps in (False, True):
+        live = _judged_step_by_step(3, steps, summary, parameters, omit_gaps, **thresholds)
+        assert (live or RankVerdict(3)) == batch
 
 
 @pytest.mark.parametrize("chunk_bytes", [3, 1 << 22])

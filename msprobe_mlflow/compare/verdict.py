@@ -15,6 +15,8 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
+import numpy as np
+
 DEFAULT_FIRST_THRESHOLD = 0.97
 DEFAULT_DROP_THRESHOLD = 0.03
 # Rounding slack, so that a drop from 1.0 to 0.97 is not "more than 0.03" through float error.
@@ -111,6 +113,8 @@ class StepByStepJudge:
     ``judge(step, summary, parameters)`` takes the next compared step (steps ascending; ``parameters``: name ->
     value, ``None`` or absent where not compared) and returns the rank's verdict at the step where the rule first
     trips, else None; it judges nothing after that step (the verdict names the first suspicious step only).
+    ``judge_values`` is the same with the values as one array (NaN: not compared), a few array operations per step
+    however many parameters: it runs beside the training, whose interpreter it shares.
     """
 
     def __init__(self, rank: int, first_threshold: float = DEFAULT_FIRST_THRESHOLD,
@@ -122,9 +126,26 @@ class StepByStepJudge:
         self.verdict: RankVerdict | None = None
         self._steps_judged = 0
         self._previous_summary: float | None = None
-        self._previous: dict[str, float] = {}  # parameter -> its last compared value
+        self._slots: dict[str, int] = {}  # parameter -> its place in _previous
+        self._previous = np.empty(0)  # each parameter's last compared value, NaN: none yet
+        self._last_names: tuple[str, ...] | None = None
+        self._last_places = np.empty(0, dtype=np.int64)
 
     def judge(self, step: int, summary: float | None, parameters: dict[str, float | None]) -> RankVerdict | None:
+        values = np.array([np.nan if value is None else value for value in parameters.values()], dtype=np.float64)
+        return self.judge_values(step, summary, tuple(parameters), values)
+
+    def _places(self, names: tuple[str, ...]) -> np.ndarray:
+        if names != self._last_names:  # a step laid out like the last one (the usual case) skips the lookups
+            places = [self._slots.setdefault(name, len(self._slots)) for name in names]
+            if len(self._slots) > len(self._previous):
+                self._previous = np.concatenate([self._previous, np.full(len(self._slots) - len(self._previous),
+                                                                         np.nan)])
+            self._last_names, self._last_places = names, np.array(places, dtype=np.int64)
+        return self._last_places
+
+    def judge_values(self, step: int, summary: float | None, names: tuple[str, ...],
+                     values: np.ndarray) -> RankVerdict | None:
         if self.verdict is not None:
             return None
         first_step, self._steps_judged = self._steps_judged == 0, self._steps_judged + 1
@@ -133,14 +154,16 @@ class StepByStepJudge:
         if summary is not None:
             summary_trip = trip_at("summary", step, summary, self._previous_summary, first_step, *thresholds)
             self._previous_summary = summary
-        parameter_trips = []
-        for name, value in parameters.items():
-            if value is None:
-                continue
-            trip = trip_at(name, step, value, self._previous.get(name), first_step, *thresholds)
-            if trip is not None:
-                parameter_trips.append(trip)
-            self._previous[name] = value
+        places = self._places(names)
+        previous = self._previous[places]
+        compared = ~np.isnan(values)
+        below_first = compared & (values < self.first_threshold) if first_step else np.zeros(len(values), bool)
+        with np.errstate(invalid="ignore"):  # NaN - x: no previous value, never a drop
+            dropped = compared & ~below_first & (previous - values > self.drop_threshold + _TOLERANCE)
+        self._previous[places[compared]] = values[compared]
+        parameter_trips = [Trip(names[i], step, float(values[i]), 1.0, "first") for i in np.flatnonzero(below_first)]
+        parameter_trips += [Trip(names[i], step, float(values[i]), float(previous[i]), "drop")
+                            for i in np.flatnonzero(dropped)]
         if summary_trip is None and not parameter_trips:
             return None
         self.verdict = RankVerdict(self.rank, step, summary_trip, largest_fall_first(parameter_trips))

@@ -204,22 +204,32 @@ class BaselinePrefetcher:
 
 @dataclass
 class StepComparison:
-    """One step's comparison: ``counts[name] = (agreeing, numel)`` for the parameters compared, in model order."""
+    """One step's comparison: of the parameters ``compared`` (model order), ``agreeing`` elements of ``numels``."""
 
     step: int
-    counts: dict[str, tuple[int, int]]
+    compared: tuple[str, ...]
+    agreeing: np.ndarray
+    numels: np.ndarray
     not_in_baseline: list[str]
     only_in_baseline: list[str]
     shape_differs: list[str]
 
     @property
     def summary_counts(self) -> tuple[int, int]:
-        return sum(a for a, _ in self.counts.values()), sum(n for _, n in self.counts.values())
+        return int(self.agreeing.sum()), int(self.numels.sum())
+
+    def similarities(self) -> np.ndarray:
+        """Each compared parameter's similarity (``similarity``'s values: 0.0 for an empty parameter)."""
+        return np.divide(self.agreeing, self.numels, out=np.zeros(len(self.numels)), where=self.numels > 0)
+
+    def judged(self) -> np.ndarray:
+        """What the rule sees of each compared parameter (``judged_similarity``): NaN for an empty one."""
+        return np.where(self.numels > 0, self.similarities(), np.nan)
 
     def csv_rows(self, names: list[str]) -> list[list]:
         """``param_name,similarity`` in model order (empty: not compared; 0 for an empty parameter), ``summary``."""
-        rows = [["param_name", "similarity"]]
-        rows += [[name, similarity(*self.counts[name]) if name in self.counts else ""] for name in names]
+        values = dict(zip(self.compared, self.similarities().tolist()))
+        rows = [["param_name", "similarity"], *([name, values.get(name, "")] for name in names)]
         return rows + [["summary", similarity(*self.summary_counts)]]
 
 
@@ -232,9 +242,9 @@ def compare_step(record: StepRecord, folder: Path, dump_path: str) -> StepCompar
     if record.directions is not None and (folder / PACKED_FILE_NAME).exists():
         whole = read_packed_laid_out(folder / PACKED_FILE_NAME, names, record.shapes)
     if whole is not None:
-        numels = record.numels
+        numels = np.array(record.numels, dtype=np.int64)
         agreeing = agreeing_per_parameter(whole, record.directions, numels)
-        return StepComparison(record.step, dict(zip(names, zip(agreeing.tolist(), numels))), [], [], [])
+        return StepComparison(record.step, tuple(names), agreeing, numels, [], [], [])
     stored = open_step_directions(folder)
     common, not_in_baseline, shape_differs = [], [], []
     for name, shape in zip(names, record.shapes):
@@ -249,11 +259,11 @@ def compare_step(record: StepRecord, folder: Path, dump_path: str) -> StepCompar
     else:
         bits = {name: bits for name, (_, bits) in
                 read_step_directions(step_dir(dump_path, record.rank, record.step)).items()}
-    numels = [stored[name].numel for name in common]
+    numels = np.array([stored[name].numel for name in common], dtype=np.int64)
     nothing = [np.zeros(0, np.uint8)]
     agreeing = agreeing_per_parameter(np.concatenate(nothing + [bits[name] for name in common]),
                                       np.concatenate(nothing + [stored[name].packed_bits() for name in common]), numels)
-    return StepComparison(record.step, dict(zip(common, zip(agreeing.tolist(), numels))), not_in_baseline,
+    return StepComparison(record.step, tuple(common), agreeing, numels, not_in_baseline,
                           sorted(set(stored) - set(names)), shape_differs)
 
 
@@ -340,14 +350,14 @@ class BaselineSink:
             self._skip(record.step, f"the baseline's step cannot be read ({e})", "damaged")
             return
         self._report_parameters(comparison)
-        if not comparison.counts:
+        if not comparison.compared:
             self._skip(record.step, "no parameter in common with the baseline")
             return
         self.compared.append(record.step)
         folder = findings_dir(self.dump_path, self.rank)
         write_csv(folder / similarities_file_name(record.step), comparison.csv_rows(record.names))
-        verdict = self.judge.judge(record.step, judged_similarity(comparison.summary_counts),
-                                   {name: judged_similarity(c) for name, c in comparison.counts.items()})
+        verdict = self.judge.judge_values(record.step, judged_similarity(comparison.summary_counts),
+                                          comparison.compared, comparison.judged())
         if verdict is not None:
             self._tell(verdict)
         if self.run is not None:
