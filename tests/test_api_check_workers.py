@@ -16,6 +16,7 @@ from click.testing import CliRunner
 from msprobe_mlflow.api_check import check_api_accuracy
 from msprobe_mlflow.api_check.inputs import InputCache, regenerate
 from msprobe_mlflow.api_check.parser import TensorArg
+from msprobe_mlflow.api_check.replay import core_shares
 from msprobe_mlflow.cli import main as cli
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -75,11 +76,12 @@ def test_a_worker_killed_during_a_call_costs_only_that_call(tmp_path):
                                       "output": [tensor(f"o{i}", [i + 1, 3])]} for i in range(6)}
     data["Mint.exp.0.forward"] = {"input_args": [stuck], "output": [tensor("e", [1, 1])]}
     dump = write_dump(tmp_path, data, task="tensor", dump_data_dir="npy")
-    killed = []
+    killed, pinned_to = [], []
 
     def kill_the_reader():
         with open(data_dir / "stuck.npy", "wb"):  # returns once a worker has opened the pipe to read it
             reader = fifo_reader(data_dir / "stuck.npy")
+            pinned_to.append(sorted(os.sched_getaffinity(reader)))
             os.kill(reader, signal.SIGKILL)
             killed.append(reader)
 
@@ -88,12 +90,21 @@ def test_a_worker_killed_during_a_call_costs_only_that_call(tmp_path):
     report = check_api_accuracy(dump, output_dir=tmp_path / "out", log_to_mlflow=False, workers=2)
     killer.join()
     assert len(killed) == 1
+    assert pinned_to[0] in core_shares(2)  # the worker ran on its own share of the CPUs
     results = {result.name: result for result in report.results}
     assert list(results) == [*(f"Mint.add.{i}" for i in range(6)), "Mint.exp.0"]
     assert results["Mint.exp.0"].status == "error"
     assert results["Mint.exp.0"].message == ("the worker process running this call ended (killed by SIGKILL) "
                                              "before it finished")
     assert [results[f"Mint.add.{i}"].status for i in range(6)] == ["pass"] * 6
+
+
+def test_workers_get_contiguous_shares_of_the_cpus_and_one_worker_is_not_pinned(monkeypatch):
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {3, 4, 5, 6, 7, 8, 9, 10})
+    assert core_shares(3) == [[3, 4], [5, 6, 7], [8, 9, 10]]
+    assert core_shares(8) == [[cpu] for cpu in range(3, 11)]
+    assert core_shares(10) == [[cpu] for cpu in range(3, 11)] + [[3], [4]]
+    assert core_shares(1) == [None]
 
 
 def test_calls_with_identical_inputs_get_identical_results_and_a_repeated_input_is_two_arguments(tmp_path):

@@ -9,7 +9,9 @@ processes, which also keeps torch and MindSpore out of the caller's process.
 
 Balance: the parent hands each worker its calls as it goes, ``CALLS_IN_FLIGHT`` ahead of its results, biggest
 calls first (by their tensors' elements). Each worker's share thus follows the measured time of the calls it
-ran, where msprobe's multi-device mode deals the APIs round-robin up front and the slowest share sets the pace. A
+ran, where msprobe's multi-device mode deals the APIs round-robin up front and the slowest share sets the pace.
+Each worker runs on its own share of this process's CPUs (``core_shares``): MindSpore's runtime threads wait by
+spinning, so two unpinned workers on two cores spent a third of their CPU time waiting on each other. A
 worker that dies (killed, out of memory, a crash in a kernel) costs only the call it was running: that call gets
 an ``error`` row naming how the worker ended, and a new worker takes the remaining calls.
 """
@@ -131,18 +133,35 @@ def _how_it_ended(process: subprocess.Popen) -> str:
     return f"exit code {code}"
 
 
-class _Worker:
-    """``python -m msprobe_mlflow.api_check.replay_worker FD``: a fresh interpreter, not multiprocessing's spawn, which
-    would first run the caller's main script again in the worker (a training script without a ``__main__`` guard
-    would train there). One duplex pipe carries everything; it reads as closed once the worker has ended."""
+def core_shares(workers: int) -> list[list[int] | None]:
+    """The CPUs each of ``workers`` workers may run on: this process's CPUs cut into contiguous blocks, one per
+    worker (a CPU each, taken in turn, when there are more workers than CPUs); None (no pinning) for a single
+    worker, or where the system has no CPU affinity."""
+    if workers < 2 or not hasattr(os, "sched_getaffinity"):
+        return [None] * workers
+    cpus = sorted(os.sched_getaffinity(0))
+    if workers >= len(cpus):
+        return [[cpus[i % len(cpus)]] for i in range(workers)]
+    cut = [len(cpus) * i // workers for i in range(workers + 1)]
+    return [cpus[start:stop] for start, stop in zip(cut, cut[1:])]
 
-    def __init__(self, task: str, thresholds: Thresholds):
+
+class _Worker:
+    """``python -m msprobe_mlflow.api_check.replay_worker FD [CPUS]``: a fresh interpreter, not multiprocessing's
+    spawn, which would first run the caller's main script again in the worker (a training script without a
+    ``__main__`` guard would train there). One duplex pipe carries everything; it reads as closed once the worker
+    has ended. ``cpus``: the CPUs it is pinned to before it imports a framework (None: all of this process's)."""
+
+    def __init__(self, task: str, thresholds: Thresholds, cpus: list[int] | None):
+        self.cpus = cpus
         self.connection, child_end = multiprocessing.Pipe()
         package_root = str(Path(msprobe_mlflow.__file__).resolve().parent.parent)  # importable as the parent has it
         environment = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [package_root,
                                                                                 os.environ.get("PYTHONPATH")]))}
-        self.process = subprocess.Popen([sys.executable, "-m", f"{__package__}.replay_worker", str(child_end.fileno())],
-                                        pass_fds=[child_end.fileno()], env=environment, stdin=subprocess.DEVNULL)
+        command = [sys.executable, "-m", f"{__package__}.replay_worker", str(child_end.fileno())]
+        command += [",".join(map(str, cpus))] if cpus else []
+        self.process = subprocess.Popen(command, pass_fds=[child_end.fileno()], env=environment,
+                                        stdin=subprocess.DEVNULL)
         child_end.close()
         self.connection.send((task, thresholds))
         self.ready = False
@@ -159,7 +178,7 @@ class _WorkerPool:
         self.calls, self.task, self.thresholds, self.on_result = calls, task, thresholds, on_result
         self.pending = sorted(range(len(calls)), key=lambda i: (_estimated_cost(calls[i]), -i))  # popped from the end
         self.results: list[ApiResult | None] = [None] * len(calls)
-        self.workers = [_Worker(task, thresholds) for _ in range(min(workers, len(calls)))]
+        self.workers = [_Worker(task, thresholds, cpus) for cpus in core_shares(min(workers, len(calls)))]
         self.start_failure: str | None = None
 
     def run(self) -> list[ApiResult]:
@@ -170,6 +189,8 @@ class _WorkerPool:
                     if worker.connection in ready:
                         self._attend(worker)
         finally:
+            for worker in self.workers:  # all told first: they end at once, not one after the other
+                self._tell_to_end(worker)
             for worker in self.workers:
                 self._stop(worker)
         reason = self.start_failure or "no worker process is left"
@@ -206,7 +227,7 @@ class _WorkerPool:
                                         f"ended ({_how_it_ended(worker.process)}) before it finished"))
             self.pending += reversed(queued)  # not started: popped next, by another worker
             if self.pending:  # it got as far as a call: a new one takes over
-                self.workers.append(_Worker(self.task, self.thresholds))
+                self.workers.append(_Worker(self.task, self.thresholds, worker.cpus))
         elif not worker.ready and self.start_failure is None:
             self.start_failure = f"a worker ended ({_how_it_ended(worker.process)}) before it was ready"
 
@@ -215,10 +236,17 @@ class _WorkerPool:
         self.on_result(index, result)
 
     @staticmethod
-    def _stop(worker: _Worker) -> None:
+    def _tell_to_end(worker: _Worker) -> None:
+        try:
+            worker.connection.send(None)
+        except OSError:  # it has ended already
+            pass
+
+    @classmethod
+    def _stop(cls, worker: _Worker) -> None:
         if worker.process.poll() is None:
             try:
-                worker.connection.send(None)
+                cls._tell_to_end(worker)
                 worker.process.wait(timeout=30)
             except (OSError, subprocess.TimeoutExpired):
                 worker.process.kill()
