@@ -228,8 +228,11 @@ class StepComparison:
 
     def csv_rows(self, names: list[str]) -> list[list]:
         """``param_name,similarity`` in model order (empty: not compared; 0 for an empty parameter), ``summary``."""
-        values = dict(zip(self.compared, self.similarities().tolist()))
-        rows = [["param_name", "similarity"], *([name, values.get(name, "")] for name in names)]
+        values = self.similarities().tolist()
+        if tuple(names) != self.compared:  # some parameters were not compared: their cells stay empty
+            by_name = dict(zip(self.compared, values))
+            values = [by_name.get(name, "") for name in names]
+        rows = [["param_name", "similarity"], *map(list, zip(names, values))]
         return rows + [["summary", similarity(*self.summary_counts)]]
 
 
