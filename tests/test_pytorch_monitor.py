@@ -1,5 +1,6 @@
 """The PyTorch gradient monitor against numpy: gradients are set by hand, one optimizer step is taken, and every
 CSV cell and direction bit is compared with a value computed here, independently of the package's statistics."""
+import hashlib
 import math
 import subprocess
 import sys
@@ -743,3 +744,32 @@ def test_each_rank_writes_its_own_folder_and_the_rank_filter_applies(tmp_path):
             _, rows = summary(dump / folder, 0, rank)
             norm = float(np.float32(math.sqrt(2) * (rank + 1)))  # sqrt((r+1)^2 + (r+1)^2)
             assert rows["weight"][1:] == [str(rank + 1.0), str(-(rank + 1.0)), str(norm), "[1, 2]"]
+
+
+def test_l0_snapshots_come_from_buffers_faulted_in_off_the_training_thread(tmp_path):
+    """monitor() at L0 on the CPU prepares the snapshot buffers the writer hashes; a step of fewer elements than
+    the model (a parameter without a gradient) hashes a view of one, and the MD5s are those of the gradients."""
+    from msprobe_mlflow.pytorch import statistics
+
+    statistics._free_snapshots.clear()
+    model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.Linear(3, 2))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    monitor = GradientMonitor(GradProbeConfig(dump_path=str(tmp_path), level="L0"), log_to_mlflow=False)
+    monitor.monitor(model, optimizer)
+    preparing = [t for t in threading.enumerate() if t.name == "msprobe-mlflow-l0-snapshots"]
+    for thread in preparing:
+        thread.join()
+    prepared = {id(buffer) for buffer in statistics._free_snapshots}
+    total = sum(p.numel() for p in model.parameters())
+    assert [b.size for b in statistics._free_snapshots] == [total, total]
+    smaller = statistics._snapshot_buffer(total - 2)
+    assert smaller.size == total - 2 and id(smaller.base) in prepared
+    statistics.release_snapshot(smaller)  # goes back whole
+    model(torch.randn(2, 4)).sum().backward()
+    model[1].bias.grad = None  # this step has fewer elements than the prepared buffers
+    optimizer.step()
+    monitor.stop()
+    assert {id(buffer) for buffer in statistics._free_snapshots} == prepared  # no buffer allocated on the way
+    header, rows = read_rows(tmp_path / "rank0" / "grad_summary_0.csv")
+    assert {name: row[header.index("MD5")] for name, row in rows.items()} == {name: hashlib.md5(p.grad.float().numpy().tobytes()).hexdigest()
+                      for name, p in model.named_parameters() if p.grad is not None}

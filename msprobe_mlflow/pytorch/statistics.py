@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import threading
 import warnings
 from dataclasses import dataclass
 from typing import Callable
@@ -153,20 +154,37 @@ def _host_statistics(grads, norms, level, bounds32):
 
 
 _free_snapshots: list[np.ndarray] = []
+SNAPSHOTS_KEPT = 2  # one hashed by the writer while the next step fills the other
 
 
 def _snapshot_buffer(size: int) -> np.ndarray:
-    """A float32 buffer for an L0 snapshot, reused once the writer has hashed it (see ``release_snapshot``):
-    a fresh buffer of the model's size each step costs page faults worth hundreds of milliseconds."""
+    """A float32 buffer of ``size`` elements for an L0 snapshot: a view of a buffer the writer has hashed (see
+    ``release_snapshot``) when one is large enough; a fresh buffer of the model's size costs page faults worth
+    hundreds of milliseconds, seconds on some virtual machines."""
     for index, buffer in enumerate(_free_snapshots):
-        if buffer.size == size:
-            return _free_snapshots.pop(index)
+        if buffer.size >= size:
+            return _free_snapshots.pop(index)[:size]
     return np.empty(size, np.float32)
 
 
 def release_snapshot(buffer: np.ndarray | None) -> None:
-    if buffer is not None and len(_free_snapshots) < 2:
-        _free_snapshots.append(buffer)
+    if buffer is not None and len(_free_snapshots) < SNAPSHOTS_KEPT:
+        _free_snapshots.append(buffer if buffer.base is None else buffer.base)
+
+
+def prepare_snapshots(size: int) -> threading.Thread:
+    """Faults in the L0 snapshot buffers (``size`` elements: every probed gradient) on a thread of its own, as
+    monitoring starts, so that the first probed steps do not pay for it on the training thread (``fill`` releases
+    the GIL). Returns the thread."""
+    def prepare() -> None:
+        for _ in range(SNAPSHOTS_KEPT - len(_free_snapshots)):
+            buffer = np.empty(size, np.float32)
+            buffer.fill(0)
+            release_snapshot(buffer)
+
+    thread = threading.Thread(target=prepare, name="msprobe-mlflow-l0-snapshots", daemon=True)
+    thread.start()
+    return thread
 
 
 ROW = 512  # elements: the device buffer's rows; each gradient starts a row, so a row's statistics are one gradient's
