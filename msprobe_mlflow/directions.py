@@ -225,14 +225,16 @@ class _KnownPlaces:
     bits_length: int
 
     def read(self, path: Path) -> np.ndarray | None:
-        """The bits of the archive at ``path`` when it holds the expected bytes at their places, else None."""
+        """The bits of the archive at ``path`` (memory-mapped) when it holds the expected bytes at their places,
+        else None."""
+        checked = max([self.bits_offset] + [at + len(field) for at, field in self.expected])
         with open(refuse_symlink(path), "rb") as f:
             if os.fstat(f.fileno()).st_size != self.size:
                 return None
-            data = f.read(self.size)
-        if len(data) != self.size or any(data[at:at + len(field)] != field for at, field in self.expected):
+            head = f.read(checked)
+        if any(head[at:at + len(field)] != field for at, field in self.expected):
             return None
-        return np.frombuffer(data, np.uint8, count=self.bits_length, offset=self.bits_offset)
+        return np.memmap(path, dtype=np.uint8, mode="r", offset=self.bits_offset, shape=(self.bits_length,))
 
 
 _known_places: dict[tuple, _KnownPlaces] = {}  # (names, shapes) -> places, for the few layouts being compared
