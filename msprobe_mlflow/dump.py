@@ -75,15 +75,20 @@ def parse_summary_name(name: str) -> int | None:
     return _parse_index(name, SUMMARY_PREFIX, SUMMARY_SUFFIX)
 
 
-def step_ranges(steps, separator: str = ",") -> str:
-    """``0-3,7,9-10`` for steps 0, 1, 2, 3, 7, 9, 10: short, even for thousands of steps."""
+def step_ranges(steps, separator: str = ",", limit: int | None = None) -> str:
+    """``0-3,7,9-10`` for steps 0, 1, 2, 3, 7, 9, 10: short, even for thousands of steps; cut after a whole range
+    and ended with ``...`` to stay within ``limit`` characters (an MLflow tag value holds 8000)."""
     ranges: list[list[int]] = []
     for step in sorted(steps):
         if ranges and step == ranges[-1][1] + 1:
             ranges[-1][1] = step
         else:
             ranges.append([step, step])
-    return separator.join(f"{a}" if a == b else f"{a}-{b}" for a, b in ranges)
+    text = separator.join(f"{a}" if a == b else f"{a}-{b}" for a, b in ranges)
+    if limit is None or len(text) <= limit:
+        return text
+    end = f"{separator}..."
+    return text[:limit - len(end) + 1].rsplit(separator, 1)[0] + end
 
 
 def relative_archive_path(rank: int, steps: list[int]) -> str:

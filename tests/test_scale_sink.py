@@ -29,6 +29,11 @@ from msprobe_mlflow.tracking.upload import packed_directions_file, upload_dump
 
 def test_step_ranges_name_an_archive_and_read_back():
     assert step_ranges([9, 0, 1, 2, 3, 7, 10]) == "0-3,7,9-10"
+    every_other = range(0, 20_000, 2)  # "0,2,4,...": far over a tag's length
+    cut = step_ranges(every_other, limit=100)
+    assert len(cut) <= 100 and cut.endswith(",...")
+    assert cut[:-len(",...")].split(",") == [str(s) for s in every_other][:len(cut[:-4].split(","))]
+    assert step_ranges(every_other[:3], limit=100) == "0,2,4"
     assert relative_archive_path(3, [0, 1, 2, 12]) == "rank3/steps_0-2_12.zip"
     assert parse_archive_name("steps_0-2_12.zip") == [0, 1, 2, 12]
     assert parse_archive_name("steps_5.zip") == [5]

@@ -19,6 +19,7 @@ import torch
 from torch.optim.optimizer import register_optimizer_step_pre_hook
 
 from msprobe_mlflow.config import GradProbeConfig
+from msprobe_mlflow.dump import step_ranges
 from msprobe_mlflow.monitoring import SessionMonitor
 from msprobe_mlflow.parameter_names import eager_named_parameters
 from msprobe_mlflow.pytorch.distributed import current_rank, shared_run_id, summary_all_gather, world_size
@@ -26,6 +27,7 @@ from msprobe_mlflow.pytorch.fsdp1 import FlatSlot, fsdp1_named_parameters, has_f
 from msprobe_mlflow.pytorch.sharded import FlatPiece, has_sharded, launch_sharded_statistics
 from msprobe_mlflow.pytorch.statistics import launch_step_statistics, prepare_snapshots
 from msprobe_mlflow.session import RankPolicy
+from msprobe_mlflow.tracking import TAG_RANGES_LIMIT
 
 FAILED_STEPS_TAG = "msprobe_mlflow.failed_steps"
 
@@ -191,7 +193,7 @@ class GradientMonitor(SessionMonitor):
         self.notices.failure("probe", f"probing step {step} failed ({error!r})")
         tag = FAILED_STEPS_TAG if self._session.ranks.world_size == 1 else \
             f"msprobe_mlflow.rank{self._session.ranks.rank}.failed_steps"
-        self.tag_run({tag: _step_ranges(self._failed_steps)}, step)
+        self.tag_run({tag: step_ranges(self._failed_steps, limit=TAG_RANGES_LIMIT)}, step)
 
     def tag_run(self, tags: dict[str, str], step: int = 0) -> None:
         """Sets ``tags`` on the MLflow run this monitor logs into (queued, sent off the training thread)."""
@@ -237,14 +239,3 @@ class PrecisionDebugger:
     def stop(self) -> None:
         self.monitor_.stop()
 
-
-def _step_ranges(steps: list[int], limit: int = 4000) -> str:
-    """``0-3,7,9-10``, shortened to ``limit`` characters (an MLflow tag value holds 8000)."""
-    ranges = []
-    for step in steps:
-        if ranges and step == ranges[-1][1] + 1:
-            ranges[-1][1] = step
-        else:
-            ranges.append([step, step])
-    text = ",".join(str(a) if a == b else f"{a}-{b}" for a, b in ranges)
-    return text if len(text) <= limit else text[:limit].rsplit(",", 1)[0] + ",..."

@@ -5,6 +5,7 @@ Artifact layout of a monitored run: ``grad_probe/`` mirrors the local dump (``gr
 """
 ARTIFACT_ROOT = "grad_probe"
 TAG_PREFIX = "msprobe_mlflow."
+TAG_RANGES_LIMIT = 4000  # characters of a tag listing steps or ranks (``dump.step_ranges``); MLflow holds 8000
 
 # What the live sinks find, by kind: the tag of the parameters it names (``first_{kind}_step`` holds the step).
 FINDING_KINDS = {"suspicious": "suspicious_parameters", "nonfinite": "nonfinite_parameters",

@@ -54,7 +54,7 @@ from msprobe_mlflow.metrics import record_metrics
 from msprobe_mlflow.notices import Notices
 from msprobe_mlflow.records import StepRecord
 from msprobe_mlflow.session import RankPolicy
-from msprobe_mlflow.tracking import ARTIFACT_ROOT, TAG_PREFIX, earliest_findings
+from msprobe_mlflow.tracking import ARTIFACT_ROOT, TAG_PREFIX, TAG_RANGES_LIMIT, earliest_findings
 from msprobe_mlflow.tracking.aggregate import RankZeroMetrics, SummaryGather, aggregation_wanted
 from msprobe_mlflow.tracking.options import TrackingOptions
 from msprobe_mlflow.tracking.runs import log_batched, now_ms, param, tag
@@ -355,7 +355,8 @@ class MlflowSink:
                 "send the other ranks' summary metrics", lambda: log_batched(self.client, self.run_id,
                                                                            metrics=gathered))):
             self.unsent_gathered = gathered
-            ranks = step_ranges({int(m.key.split("/")[1][len("rank"):]) for m in gathered})
+            ranks = step_ranges({int(m.key.split("/")[1][len("rank"):]) for m in gathered},
+                                limit=TAG_RANGES_LIMIT)
             self._attempt("name the ranks whose summary metrics are unsent", lambda: self.client.set_tag(
                 self.run_id, UNSENT_SUMMARY_RANKS_TAG, ranks))
             self.notices.warn(f"rank 0: {len(gathered)} summary metric value(s) of ranks {ranks} are not in MLflow "
@@ -364,7 +365,8 @@ class MlflowSink:
                               f"{self.run_id} on their nodes")
         if self.unsent_steps:
             self._attempt("name the unsent steps", lambda: self.client.set_tag(
-                self.run_id, unsent_steps_tag(self.rank), step_ranges(self.unsent_steps)))
+                self.run_id, unsent_steps_tag(self.rank),
+                step_ranges(self.unsent_steps, limit=TAG_RANGES_LIMIT)))
             self.notices.warn(f"rank {self.rank}: {len(self.unsent_steps)} step(s) are in the local dump but not "
                               f"in MLflow run {self.run_id} (tag {unsent_steps_tag(self.rank)}); complete it with: "
                               f"msprobe-mlflow upload {self.config.dump_path} --run-id {self.run_id}")
