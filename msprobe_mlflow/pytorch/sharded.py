@@ -242,11 +242,12 @@ def _gather_flat_signs(pieces: list[FlatPiece]):
     group = pieces[0].group
     world = 1 if group is None else dist.get_world_size(group)
     widths, padded = [], []
-    for flat in pieces:
+    headers = torch.tensor([[flat.start, flat.piece.numel()] for flat in pieces], dtype=torch.int64)
+    headers = headers.view(torch.uint8).to(pieces[0].piece.device)  # one copy to the device per step, not per piece
+    for flat, header in zip(pieces, headers):
         width = _HEADER + packed_length(min(flat.capacity, math.prod(flat.shape)))
         bits = pack_bits(_whole_bytes(flat.piece.reshape(-1) > 0))
-        header = torch.tensor([flat.start, flat.piece.numel()], dtype=torch.int64).view(torch.uint8)
-        row = torch.cat([header.to(bits.device), bits])
+        row = torch.cat([header, bits])
         padded.append(torch.cat([row, row.new_zeros(width - row.numel())]))
         widths.append(width)
     everyone = mine = torch.cat(padded)
