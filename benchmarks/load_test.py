@@ -27,7 +27,8 @@ Per configuration it reports what the issue asks for:
 Modes: ``per-rank`` (every rank sends its own metrics and files, the default below 64 ranks), ``aggregated``
 (rank-0 aggregation: every rank's summary metrics go up in rank 0's requests; the all-gather is simulated
 in-process, rank 0 rebuilding each rank's vector from the same synthetic generator, as the real collective is
-tested with torchrun and msrun in tests/test_scale_*.py) and ``aggregated+archive`` (also each rank's files as one
+tested with torchrun and msrun in tests/test_scale_*.py; the end-of-run exchange of the ranks' statuses goes through a
+dict the drivers share) and ``aggregated+archive`` (also each rank's files as one
 archive per ``--archive-every`` steps). msprobe 1.0.3 sends nothing to a tracking service, so there is no side to
 compare with here.
 
@@ -91,9 +92,21 @@ def summary_vector(rank: int, step: int) -> np.ndarray:
     return np.array([step, values[:, 0].max(), values[:, 1].min(), 0.0, float(len(SHAPES)), total_norm])
 
 
-def simulated_all_gather(rank: int, world_size: int):
-    """The collective as rank 0 sees it: every rank's vector of the step (others get their own, unused)."""
+def simulated_all_gather(rank: int, world_size: int, statuses, wait_seconds: float):
+    """The collective as rank 0 sees it: every rank's vector of the step (others get their own, unused). The
+    end-of-run exchange of statuses is real: each rank puts its vector in ``statuses`` (a dict shared by the
+    drivers), where rank 0 waits for all of them."""
+    from msprobe_mlflow.tracking.aggregate import END_OF_RUN
+
     def gather(vector: np.ndarray) -> np.ndarray:
+        if vector[0] == END_OF_RUN:
+            statuses[rank] = vector.tolist()
+            deadline = time.monotonic() + wait_seconds
+            while rank == 0 and len(statuses) < world_size:
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"{world_size - len(statuses)} ranks did not reach the end-of-run exchange")
+                time.sleep(0.05)
+            return np.array([statuses[r] for r in range(world_size)]) if rank == 0 else np.tile(vector, (world_size, 1))
         if rank != 0:
             return np.tile(vector, (world_size, 1))
         return np.stack([summary_vector(r, int(vector[0])) for r in range(world_size)])
@@ -110,6 +123,7 @@ class DriverJob:
     steps: int
     step_rate: float
     ready: object  # a Barrier of every driver and the parent: stepping starts START_DELAY after it
+    statuses: object  # a shared dict: the end-of-run exchange under aggregation
     aggregated: bool
     archive_every: int
     drain_seconds: float
@@ -153,7 +167,7 @@ def drive(job: DriverJob) -> dict:
     notices = Notices(silent=True)
 
     def open_sink(rank: int) -> MlflowSink:
-        gather = simulated_all_gather(rank, job.world_size) if job.aggregated else None
+        gather = simulated_all_gather(rank, job.world_size, job.statuses, job.drain_seconds) if job.aggregated else None
         return MlflowSink(job.run_id, config, options, RankPolicy(rank, job.world_size), framework="pytorch",
                           notices=notices, gather=gather)
 
@@ -236,9 +250,9 @@ def measure(server, database_uri: str, artifacts: Path, *, workers: int, ranks: 
         slices = [list(range(ranks))[i::processes] for i in range(min(processes, ranks))]
         context = multiprocessing.get_context("spawn")
         with context.Manager() as manager, context.Pool(len(slices)) as pool:
-            ready = manager.Barrier(len(slices) + 1)
+            ready, statuses = manager.Barrier(len(slices) + 1), manager.dict()
             pending = pool.map_async(drive, [DriverJob(part, ranks, run_id, server.uri, str(dump), steps, step_rate,
-                                                       ready, mode.startswith("aggregated"), archive_every,
+                                                       ready, statuses, mode.startswith("aggregated"), archive_every,
                                                        drain_seconds) for part in slices])
             ready.wait()  # every sink is open
             time.sleep(START_DELAY + steps / step_rate)

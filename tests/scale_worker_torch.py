@@ -1,10 +1,12 @@
 """One rank of a 2-rank DDP job (gloo, CPU) with rank-0 aggregated metrics; started by torchrun from
 tests/test_scale_torch.py. Rank 0 logs into the run at ``--tracking-uri``; rank 1 is pointed at a port where no
 server listens, so its metrics can only reach the run through rank 0's requests. ``--rank1-steps S ...`` makes rank 1
-probe only those steps (rank 0 probes every step), so the all-gathers stop pairing up."""
+probe only those steps (rank 0 probes every step), so the all-gathers stop pairing up; ``--rank1-leaves`` makes
+rank 1 leave once its steps are delivered, without stopping its monitor, so it never joins the end-of-run exchange."""
 from __future__ import annotations
 
 import argparse
+import os
 
 import mlflow
 import torch
@@ -22,6 +24,7 @@ def main() -> None:
     parser.add_argument("--tracking-uri", required=True)
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--rank1-steps", type=int, nargs="*", default=[])
+    parser.add_argument("--rank1-leaves", action="store_true")
     args = parser.parse_args()
     dist.init_process_group("gloo")
     rank = dist.get_rank()
@@ -41,6 +44,9 @@ def main() -> None:
         optimizer.zero_grad()
         torch.nn.functional.mse_loss(model(torch.randn(16, 8, generator=generator)), torch.ones(16, 4)).backward()
         optimizer.step()
+    if rank == 1 and args.rank1_leaves:
+        monitor.flush()  # every step's all-gather done: only the end-of-run exchange misses rank 1
+        os._exit(0)
     monitor.stop()
     print("ERRORS", len(monitor.errors), flush=True)
     if rank == 0:

@@ -41,3 +41,6 @@ def test_rank_0_sends_the_summary_metrics_of_a_mindspore_rank_that_cannot_reach_
             assert [m.step for m in history] == [0, 1, 2], (rank, name)
             assert history[-1].value == value, (rank, name)
     assert not client.list_artifacts(run_id, "grad_probe/rank1")
+    tags = client.get_run(run_id).data.tags  # rank 0 tagged both ranks' statuses from the end-of-run exchange
+    assert (tags["msprobe_mlflow.rank0.status"], tags["msprobe_mlflow.rank1.status"]) == ("finished", "incomplete")
+    assert "msprobe_mlflow.missing_ranks" not in tags

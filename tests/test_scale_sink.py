@@ -21,7 +21,7 @@ from msprobe_mlflow.pytorch import GradientMonitor
 from msprobe_mlflow.records import StepRecord
 from msprobe_mlflow.session import RankPolicy
 from msprobe_mlflow.tracking import sink as sink_module
-from msprobe_mlflow.tracking.aggregate import RankZeroMetrics, aggregation_wanted
+from msprobe_mlflow.tracking.aggregate import END_OF_RUN, RANK_STATUSES, RankZeroMetrics, aggregation_wanted
 from msprobe_mlflow.tracking.options import TrackingOptions
 from msprobe_mlflow.tracking.run_dump import RunBaseline, read_statistics
 from msprobe_mlflow.tracking.upload import packed_directions_file, upload_dump
@@ -193,3 +193,26 @@ def test_aggregation_is_on_from_64_ranks_unless_forced():
         TrackingOptions(aggregate_metrics="yes")
     with pytest.raises(ValueError, match="archive_every_n_steps = 0 is not accepted"):
         TrackingOptions(archive_every_n_steps=0)
+
+
+def test_the_end_of_run_exchange_hands_rank_0_every_rank_status_in_vectors_as_long_as_the_steps():
+    sent = []
+
+    def gather(vector):  # ranks 1 and 2 send the same layout: [END_OF_RUN, status index, padding]
+        sent.append(vector)
+        return np.stack([vector, [END_OF_RUN, 1.0, 0.0], [END_OF_RUN, 0.0, 0.0]])
+
+    exchange = RankZeroMetrics(gather, 0)
+    exchange.length = 3  # as after a step of [step, max, total_norm]
+    assert exchange.exchange_statuses("incomplete") == {0: "incomplete", 1: "incomplete", 2: "finished"}
+    assert list(sent[0]) == [END_OF_RUN, RANK_STATUSES.index("incomplete"), 0.0]
+
+
+def test_a_rank_still_stepping_and_one_that_ended_are_told_apart_on_both_sides():
+    still_stepping = RankZeroMetrics(lambda v: np.stack([v, [7, 1.0, 2.0]]), 1)
+    still_stepping.length = 3
+    with pytest.raises(ValueError, match=r"still exchanging steps \[-1.0, 7.0\]"):
+        still_stepping.exchange_statuses("finished")
+    ended = RankZeroMetrics(lambda v: np.stack([v, [END_OF_RUN, 0.0, 0.0]]), 0)
+    with pytest.raises(ValueError, match=r"ranks \[1\] stopped monitoring while rank 0 probed step 5"):
+        ended.exchange(5, metrics_of(0, 0.5, 0.25))

@@ -47,11 +47,24 @@ def test_rank_0_sends_the_summary_metrics_of_a_rank_that_cannot_reach_the_server
             history = client.get_metric_history(run_id, f"grad/rank{rank}/{name}")
             assert [m.step for m in history] == [0, 1, 2], (rank, name)
             assert history[-1].value == value, (rank, name)
-    # Rank 1 could send nothing itself: no files of its own, and the run names its steps as unsent.
+    # Rank 1 could send nothing itself: no files of its own, and the run names its steps as unsent. Rank 0 tagged
+    # both ranks' statuses, which it had from the end-of-run exchange.
     tags = client.get_run(run_id).data.tags
     assert tags["msprobe_mlflow.rank0.status"] == "finished"
+    assert tags["msprobe_mlflow.rank1.status"] == "incomplete"
+    assert "msprobe_mlflow.missing_ranks" not in tags and "msprobe_mlflow.rank1.dump_path" not in tags
     assert not client.list_artifacts(run_id, "grad_probe/rank1")
     assert "rank 1" in done.stderr and "msprobe-mlflow upload" in done.stderr
+
+
+def test_a_rank_that_never_reaches_the_end_of_run_exchange_is_tagged_missing(tmp_path):
+    done, run_id = torchrun(tmp_path, "--rank1-leaves")
+    assert "ERRORS 0" in done.stdout, done.stdout
+    assert "end-of-run exchange of the ranks' statuses failed" in done.stderr
+    tags = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}").get_run(run_id).data.tags
+    assert tags["msprobe_mlflow.rank0.status"] == "finished"
+    assert tags["msprobe_mlflow.rank1.status"] == "running"  # rank 0 tagged it so at the start, and never again
+    assert tags["msprobe_mlflow.missing_ranks"] == "1"
 
 
 def test_an_all_gather_that_times_out_is_counted_and_rank_0_sends_its_own_metrics_again(tmp_path):

@@ -11,6 +11,11 @@ An all-gather rather than a gather, so that a failure is seen by every rank alik
 probe failed) the others time out in the collective (the framework's timeout), every rank counts the failure, and
 from then on each rank sends its own metrics again; nothing is lost, the run only costs more requests. Each vector
 carries its step, so rank 0 files every rank's values under that rank's own step.
+
+The run's bookkeeping follows the same rule, so that no request grows with the number of ranks except the files:
+at the start rank 0 tags every rank ``running``, and at ``stop()`` one last all-gather (step field ``END_OF_RUN``)
+hands rank 0 every rank's status, which it tags in one ``log_batch``. A rank that does not arrive in time fails that
+collective on every rank; each rank then tags its own status and rank 0 waits for them as without aggregation.
 """
 from __future__ import annotations
 
@@ -24,6 +29,9 @@ import numpy as np
 AGGREGATE_FROM_RANKS = 64
 # How long a rank waits in the all-gather for a rank that missed a step before aggregation is given up.
 GATHER_TIMEOUT_SECONDS = float(os.environ.get("MSPROBE_MLFLOW_GATHER_TIMEOUT_SECONDS", "300"))
+
+END_OF_RUN = -1.0  # the step field of the last exchange, at stop(): [END_OF_RUN, index in RANK_STATUSES]
+RANK_STATUSES = ("finished", "incomplete")  # incomplete: steps in the local dump but not in MLflow
 
 SummaryGather = Callable[[np.ndarray], np.ndarray]
 """A collective every rank calls with its 1-D float64 vector (equal lengths); returns the ``(world_size, length)``
@@ -51,6 +59,7 @@ class RankZeroMetrics:
     def __init__(self, gather: SummaryGather, rank: int):
         self.gather = gather
         self.rank = rank
+        self.length = 2  # of the vectors exchanged so far: the end-of-run one has the same (a collective's sizes agree)
 
     def exchange(self, step: int, metrics: dict[str, float]) -> tuple[dict[str, float], dict[int, dict[str, float]]]:
         """Gathers the summary metrics of every rank (a collective: every rank calls it once per sent step).
@@ -59,14 +68,29 @@ class RankZeroMetrics:
         and on rank 0 the other ranks' summary metrics by their step, ``{step: {key: value}}`` (empty elsewhere)."""
         suffixes = sorted(_suffix(k, self.rank) for k in metrics if is_summary_key(k, self.rank))
         vector = np.array([step, *(metrics[f"grad/rank{self.rank}/{s}"] for s in suffixes)], dtype=np.float64)
+        self.length = len(vector)
         matrix = np.asarray(self.gather(vector), dtype=np.float64)
         if self.rank != 0:
             return {k: v for k, v in metrics.items() if not is_summary_key(k, self.rank)}, {}
         if matrix.ndim != 2 or matrix.shape[1] != len(vector):
             raise ValueError(f"the gathered summary vectors have shape {matrix.shape}; expected (world_size, "
                              f"{len(vector)}): do all ranks run the same grad_probe config?")
+        if (ended := np.flatnonzero(matrix[:, 0] == END_OF_RUN)).size:
+            raise ValueError(f"ranks {ended.tolist()} stopped monitoring while rank 0 probed step {step}")
         others: dict[int, dict[str, float]] = {}
         for rank, row in enumerate(matrix[1:], start=1):
             values = others.setdefault(int(row[0]), {})
             values.update({f"grad/rank{rank}/{s}": float(v) for s, v in zip(suffixes, row[1:])})
         return metrics, others
+
+    def exchange_statuses(self, status: str) -> dict[int, str]:
+        """The last collective, at ``stop()``: every rank's status (one of ``RANK_STATUSES``), returned on rank 0 as
+        ``{rank: status}`` (empty elsewhere), so the other ranks need send no request to end the run."""
+        vector = np.zeros(self.length)
+        vector[:2] = END_OF_RUN, RANK_STATUSES.index(status)
+        matrix = np.asarray(self.gather(vector), dtype=np.float64)
+        if matrix.ndim != 2 or (matrix[:, 0] != END_OF_RUN).any():
+            steps = matrix[:, 0].tolist() if matrix.ndim == 2 else matrix
+            raise ValueError(f"the end-of-run exchange met other ranks still exchanging steps {steps}: did every rank "
+                             f"probe the same steps?")
+        return {rank: RANK_STATUSES[int(code)] for rank, code in enumerate(matrix[:, 1])} if self.rank == 0 else {}

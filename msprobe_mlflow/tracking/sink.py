@@ -25,6 +25,9 @@ Rank-0 aggregation (:mod:`msprobe_mlflow.tracking.aggregate`, given a ``gather``
 metrics go up in rank 0's requests; each rank still sends its files and per-parameter metrics. Other ranks' values
 whose round failed go again in rank 0's next round; those still unsent at ``stop()`` are in their ranks' local
 dumps, and the run's tag ``msprobe_mlflow.unsent_summary_ranks`` (``3-7,12``) names the ranks to ``upload``.
+Rank 0 also tags every rank's status, at the start and at ``stop()`` (an end-of-run all-gather), so the other ranks
+send no request of their own for the run's bookkeeping, nor a ``rank{R}.dump_path`` tag: each rank's dump is at
+the run's ``dump_path`` on its node.
 
 Credentials are checked when the sink starts: the first request (the run's tags) is awaited for up to
 ``MSPROBE_MLFLOW_START_CHECK_SECONDS`` (10 s), and a 401/403 answer gives one warning at ``monitor()`` naming the
@@ -133,6 +136,7 @@ class MlflowSink:
         self._failure: str | None = None
         self._refused: str | None = None  # set when the server refused the credentials: nothing more is sent
         self._refusal_told = False
+        self._closed = False
         self._start_checked = threading.Event()
         self._closing = threading.Event()
         self._wake = threading.Event()  # ends the wait between rounds early: flush() and close()
@@ -258,7 +262,13 @@ class MlflowSink:
 
     def _describe_run(self) -> None:
         dump_path = os.path.abspath(self.config.dump_path)
-        tags = [tag(rank_status_tag(self.rank), "running"), tag(f"{TAG_PREFIX}rank{self.rank}.dump_path", dump_path)]
+        if self.aggregation is None:
+            tags = [tag(rank_status_tag(self.rank), "running"),
+                    tag(f"{TAG_PREFIX}rank{self.rank}.dump_path", dump_path)]
+        elif self.ranks.owns_run:  # rank 0 tags every rank; the others send nothing here
+            tags = [tag(rank_status_tag(rank), "running") for rank in range(self.ranks.world_size)]
+        else:
+            return
         params = []
         if self.ranks.owns_run:
             tags += [tag(f"{TAG_PREFIX}{key}", value) for key, value in (
@@ -330,20 +340,32 @@ class MlflowSink:
 
     # --- end of monitoring ---------------------------------------------------------------------------
     def close(self) -> None:
-        """Sends what is queued, retries the unsent steps once, marks this rank finished; rank 0 then waits
-        (``MSPROBE_MLFLOW_RANK_WAIT_SECONDS``) for the other ranks, tags the run with any that never finished, and
-        sets the run's first-finding tags to the earliest rank's."""
+        """Sends what is queued, retries the unsent steps once, marks this rank finished (under aggregation: hands
+        its status to rank 0); rank 0 then waits (``MSPROBE_MLFLOW_RANK_WAIT_SECONDS``, or the end-of-run exchange)
+        for the other ranks, tags the run with any that never finished, and sets the run's first-finding tags to the
+        earliest rank's."""
+        if self._closed:
+            return
+        self._closed = True
         if self._thread.is_alive():
             self._drain_deadline = time.monotonic() + DRAIN_SECONDS
             self._closing.set()
             self._queue.put(_CLOSE)
             self._wake.set()
             self._thread.join()
-        elif not self._refused:
-            return  # closed already
-        if self._refused:
-            self._tell_refusal()
+        if not self._refused:
+            self._send_leftovers()
+        self._tell_refusal()
+        status = "incomplete" if self.unsent_steps or self._refused else "finished"
+        if self.aggregation is not None and self._statuses_through_rank_0(status) or self._refused:
             return
+        if self._attempt("mark the rank finished", lambda: self.client.set_tag(
+                self.run_id, rank_status_tag(self.rank), status)) and self.ranks.owns_run and self.ranks.world_size > 1:
+            self._attempt("check the other ranks", self._wait_for_other_ranks)
+
+    def _send_leftovers(self) -> None:
+        """At ``close()``: the unsent steps, other ranks' unsent summary metrics and the findings, once more; what
+        still fails is named in the run's tags and a warning."""
         if self.unsent_steps and not self._out_of_time():
             steps = set(self.unsent_steps)
             if self._attempt("send the unsent steps", lambda: upload_dump(
@@ -378,10 +400,23 @@ class MlflowSink:
                                   f"{self.run_id} could not all be sent; they are in the local dump, in "
                                   f"{findings_dir(self.config.dump_path, self.rank)}; send them with: "
                                   f"msprobe-mlflow upload {self.config.dump_path} --run-id {self.run_id}")
-        status = "incomplete" if self.unsent_steps else "finished"
-        if self._attempt("mark the rank finished", lambda: self.client.set_tag(
-                self.run_id, rank_status_tag(self.rank), status)) and self.ranks.owns_run and self.ranks.world_size > 1:
-            self._attempt("check the other ranks", self._wait_for_other_ranks)
+
+    def _statuses_through_rank_0(self, status: str) -> bool:
+        """Under aggregation: the end-of-run all-gather of every rank's status, which rank 0 tags in one request.
+        False when the collective failed (on every rank alike): each rank then tags its own status."""
+        try:
+            statuses = self.aggregation.exchange_statuses(status)
+        except Exception as e:
+            self.notices.warn(f"rank {self.rank}: the end-of-run exchange of the ranks' statuses failed ({e}); each "
+                              f"rank tags its own status in run {self.run_id}")
+            return False
+        if statuses:
+            self._attempt("tag every rank's status", lambda: self._tag_statuses(statuses))
+        return True
+
+    def _tag_statuses(self, statuses: dict[int, str]) -> None:
+        log_batched(self.client, self.run_id, tags=[tag(rank_status_tag(r), s) for r, s in statuses.items()])
+        self._tag_earliest_findings(self.client.get_run(self.run_id).data.tags, list(statuses))
 
     def _wait_for_other_ranks(self) -> None:
         expected = self.ranks.wanted_ranks()
@@ -392,10 +427,13 @@ class MlflowSink:
             if not missing or time.monotonic() > deadline:
                 break
             time.sleep(0.5)
-        findings = {key: value for key, value in earliest_findings(tags, expected).items() if tags.get(key) != value}
-        if findings:  # each rank tagged its own first finding as it came: the run's is the earliest of all ranks
-            log_batched(self.client, self.run_id, tags=[tag(key, value) for key, value in findings.items()])
+        self._tag_earliest_findings(tags, expected)
         if missing:
             self.client.set_tag(self.run_id, f"{TAG_PREFIX}missing_ranks", ",".join(map(str, missing)))
             self.notices.warn(f"ranks {missing} did not finish logging into run {self.run_id} within "
                               f"{RANK_WAIT_SECONDS:.0f} s; the run is tagged {TAG_PREFIX}missing_ranks")
+
+    def _tag_earliest_findings(self, tags: dict[str, str], expected: list[int]) -> None:
+        findings = {key: value for key, value in earliest_findings(tags, expected).items() if tags.get(key) != value}
+        if findings:  # each rank tagged its own first finding as it came: the run's is the earliest of all ranks
+            log_batched(self.client, self.run_id, tags=[tag(key, value) for key, value in findings.items()])
