@@ -92,16 +92,16 @@ def summary_vector(rank: int, step: int) -> np.ndarray:
     return np.array([step, values[:, 0].max(), values[:, 1].min(), 0.0, float(len(SHAPES)), total_norm])
 
 
-def simulated_all_gather(rank: int, world_size: int, statuses, wait_seconds: float):
+def simulated_all_gather(rank: int, world_size: int, statuses):
     """The collective as rank 0 sees it: every rank's vector of the step (others get their own, unused). The
     end-of-run exchange of statuses is real: each rank puts its vector in ``statuses`` (a dict shared by the
-    drivers), where rank 0 waits for all of them."""
-    from msprobe_mlflow.tracking.aggregate import END_OF_RUN
+    drivers), where rank 0 waits for all of them as long as the real collective would."""
+    from msprobe_mlflow.tracking.aggregate import END_OF_RUN, GATHER_TIMEOUT_SECONDS
 
     def gather(vector: np.ndarray) -> np.ndarray:
         if vector[0] == END_OF_RUN:
             statuses[rank] = vector.tolist()
-            deadline = time.monotonic() + wait_seconds
+            deadline = time.monotonic() + GATHER_TIMEOUT_SECONDS
             while rank == 0 and len(statuses) < world_size:
                 if time.monotonic() > deadline:
                     raise TimeoutError(f"{world_size - len(statuses)} ranks did not reach the end-of-run exchange")
@@ -167,7 +167,7 @@ def drive(job: DriverJob) -> dict:
     notices = Notices(silent=True)
 
     def open_sink(rank: int) -> MlflowSink:
-        gather = simulated_all_gather(rank, job.world_size, job.statuses, job.drain_seconds) if job.aggregated else None
+        gather = simulated_all_gather(rank, job.world_size, job.statuses) if job.aggregated else None
         return MlflowSink(job.run_id, config, options, RankPolicy(rank, job.world_size), framework="pytorch",
                           notices=notices, gather=gather)
 
@@ -188,7 +188,7 @@ def drive(job: DriverJob) -> dict:
             sink.handle(record)
             costs.append(time.perf_counter() - started)
     stop_started = time.time()
-    with ThreadPoolExecutor(64) as pool:
+    with ThreadPoolExecutor(len(sinks)) as pool:  # all at once, as a job's ranks stop
         list(pool.map(lambda sink: sink.close(), sinks))
     return {"costs": costs, "lag": lag, "stop_started": stop_started, "stopped": time.time(),
             "latencies": latencies, "unsent_steps": sum(len(sink.unsent_steps) for sink in sinks)}
