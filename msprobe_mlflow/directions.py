@@ -225,19 +225,17 @@ class _KnownPlaces:
     bits_length: int
 
     def read(self, path: Path) -> np.ndarray | None:
-        """The bits of the archive at ``path`` (memory-mapped) when it holds the expected bytes at their places,
-        else None."""
+        """The bits of the archive at ``path`` when it holds the expected bytes at their places, else None."""
         checked = max([self.bits_offset] + [at + len(field) for at, field in self.expected])
         with open(refuse_symlink(path), "rb") as f:
             if os.fstat(f.fileno()).st_size != self.size:
                 return None
             head = f.read(checked)
-        if any(head[at:at + len(field)] != field for at, field in self.expected):
-            return None
-        return np.memmap(path, dtype=np.uint8, mode="r", offset=self.bits_offset, shape=(self.bits_length,))
-
-
-_known_places: dict[tuple, _KnownPlaces] = {}  # (names, shapes) -> places, for the few layouts being compared
+            if any(head[at:at + len(field)] != field for at, field in self.expected):
+                return None
+            bits = np.empty(self.bits_length, dtype=np.uint8)
+            f.seek(self.bits_offset)
+            return bits if f.readinto(bits) == self.bits_length else None
 
 
 def _learn_places(archive: zipfile.ZipFile, path: Path, layout: dict[str, bytes],
@@ -259,35 +257,35 @@ def _learn_places(archive: zipfile.ZipFile, path: Path, layout: dict[str, bytes]
     return _KnownPlaces(size, tuple(expected), bits.offset, len(bits))
 
 
-def read_packed_laid_out(path: Path, names: list[str], shapes: list[tuple[int, ...]]) -> np.ndarray | None:
-    """The whole ``bits`` field of a packed archive that holds exactly ``names`` with ``shapes``, in that order
-    (memory-mapped as ``open_packed`` maps it, or read once laid out as the last archive of that layout was:
-    ``_KnownPlaces``); None for any other archive, or a damaged one (``open_packed`` then says what it holds). The
-    layout fields are compared byte for byte with what ``write_packed`` writes for that layout, reading no further
-    than their length: a reader that knows the layout compares a step of thousands of small parameters at once,
+class LaidOutReader:
+    """Reads the whole ``bits`` field of packed archives that hold exactly ``names`` with ``shapes``, in that order:
+    the layout fields are compared byte for byte with what ``write_packed`` writes for that layout, reading no
+    further than their length, and from the second archive on, at the places learnt from the first
+    (``_KnownPlaces``): a reader that knows the layout compares a step of thousands of small parameters at once,
     without decoding the layout at every step."""
-    shapes = tuple(tuple(shape) for shape in shapes)
-    key = (tuple(names), shapes)
-    try:
-        known = _known_places.get(key)
-        bits = known.read(path) if known is not None else None
-        if bits is not None:
+
+    def __init__(self, names: list[str], shapes: list[tuple[int, ...]]):
+        self.key = (tuple(names), tuple(tuple(shape) for shape in shapes))
+        self._places: _KnownPlaces | None = None
+
+    def read(self, path: Path) -> np.ndarray | None:
+        """The bits (memory-mapped as ``open_packed`` maps them, or read at the known places); None for an archive
+        of any other layout, or a damaged one (``open_packed`` then says what it holds)."""
+        try:
+            bits = self._places.read(path) if self._places is not None else None
+            if bits is not None:
+                return bits
+            layout = _layout_bytes(*self.key)
+            with zipfile.ZipFile(refuse_symlink(path)) as archive:
+                for field_name, expected in layout.items():
+                    with archive.open(f"{field_name}.npy") as f:
+                        if f.read(len(expected) + 1) != expected:
+                            return None
+                bits = _bits(archive, path, sum((math.prod(shape) + 7) // 8 for shape in self.key[1]))
+                self._places = _learn_places(archive, path, layout, bits) or self._places
             return bits
-        layout = _layout_bytes(*key)
-        with zipfile.ZipFile(refuse_symlink(path)) as archive:
-            for field_name, expected in layout.items():
-                with archive.open(f"{field_name}.npy") as f:
-                    if f.read(len(expected) + 1) != expected:
-                        return None
-            bits = _bits(archive, path, sum((math.prod(shape) + 7) // 8 for shape in shapes))
-            places = _learn_places(archive, path, layout, bits)
-        if places is not None:
-            if len(_known_places) >= 4:
-                _known_places.clear()
-            _known_places[key] = places
-        return bits
-    except Exception:
-        return None
+        except Exception:
+            return None
 
 
 def read_packed(path: Path) -> Directions:

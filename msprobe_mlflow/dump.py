@@ -136,6 +136,19 @@ def csv_text(rows: list[list]) -> bytes:
     return out.getvalue().encode("utf-8-sig")
 
 
+def csv_cells(values: list[str]) -> list[str]:
+    """Each value as one cell of a row that Python's ``csv`` writer writes (quoted where it must be), so that rows
+    of known cells can be joined without the writer, byte for byte as it would write them."""
+    out, cells = io.StringIO(), []
+    writer = csv.writer(out)
+    for value in values:
+        out.seek(0)
+        out.truncate()
+        writer.writerow([value, ""])
+        cells.append(out.getvalue()[:-len(",\r\n")])
+    return cells
+
+
 def write_csv(path: Path, rows: list[list]) -> None:
     atomic_write_bytes(path, csv_text(rows))
 

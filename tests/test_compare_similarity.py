@@ -175,3 +175,19 @@ def test_a_whole_step_compares_like_each_parameter_alone(monkeypatch, chunk_byte
     bits_b = np.concatenate([packed(x) for x in b])
     bits_b[1] |= 0b00000111  # 13 elements: the second byte holds 3 padding bits
     assert agreeing_per_parameter(bits_a, bits_b, numels).tolist() == [int((x == y).sum()) for x, y in zip(a, b)]
+
+
+@pytest.mark.parametrize("chunk_bytes", [3, 1 << 22])
+def test_one_layout_compares_step_after_step_like_each_parameter_alone(monkeypatch, chunk_bytes):
+    """The live verdict keeps one ``PackedLayout`` while the parameters stay the same: its cuts, owners and padding
+    masks must serve every step, whatever the bits."""
+    monkeypatch.setattr(similarity_module, "CHUNK_BYTES", chunk_bytes)
+    rng = np.random.default_rng(2)
+    numels = [7, 0, 16, 1, 33, 0, 9]
+    layout = similarity_module.PackedLayout(numels)
+    for _ in range(4):
+        a = [rng.random(n) > 0.5 for n in numels]
+        b = [rng.random(n) > 0.5 for n in numels]
+        bits_a, bits_b = (np.concatenate([packed(x) for x in side]) for side in (a, b))
+        bits_a[0] |= 0b00000001  # garbage in the first parameter's one padding bit
+        assert layout.agreeing(bits_a, bits_b).tolist() == [int((x == y).sum()) for x, y in zip(a, b)]

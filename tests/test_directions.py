@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from msprobe_mlflow.directions import (MAX_METADATA_BYTES, NAME_MAP_FILE_NAME, PACKED_FILE_NAME, read_npy_folder,
-                                       read_packed, read_packed_laid_out, read_step_directions, write_npy,
+                                       read_packed, LaidOutReader, read_step_directions, write_npy,
                                        write_packed)
 from msprobe_mlflow.pytorch.statistics import pack_signs
 
@@ -320,30 +320,31 @@ def test_an_npy_whose_header_claims_more_than_the_file_holds_is_refused_before_a
 
 
 def test_an_archive_read_as_a_known_layout_gives_all_its_bits_or_nothing(tmp_path):
-    """read_packed_laid_out: the whole bits field when names and shapes are exactly the caller's, else None (the
+    """LaidOutReader: the whole bits field when names and shapes are exactly the caller's, else None (the
     caller then lists the archive with open_packed), compressed and damaged archives included."""
     path = tmp_path / PACKED_FILE_NAME
     names, shapes = list(GRADIENTS), [g.shape for g in GRADIENTS.values()]
     write_packed(path, names, shapes, concatenated_bits(GRADIENTS))
-    whole = read_packed_laid_out(path, names, shapes)
+    reader = LaidOutReader(names, shapes)
+    whole = reader.read(path)
     np.testing.assert_array_equal(whole, concatenated_bits(GRADIENTS))
-    assert read_packed_laid_out(path, names[::-1], shapes[::-1]) is None  # another order
-    assert read_packed_laid_out(path, names, [(7,)] + shapes[1:]) is None  # another shape
-    assert read_packed_laid_out(path, names[:-1], shapes[:-1]) is None  # fewer parameters
+    assert LaidOutReader(names[::-1], shapes[::-1]).read(path) is None  # another order
+    assert LaidOutReader(names, [(7,)] + shapes[1:]).read(path) is None  # another shape
+    assert LaidOutReader(names[:-1], shapes[:-1]).read(path) is None  # fewer parameters
     compressed = tmp_path / "compressed.npz"
     write_archive(compressed, zipfile.ZIP_DEFLATED, **GOOD_FIELDS)
-    assert read_packed_laid_out(compressed, ["w"], [(9,)]).tolist() == [255, 128]
+    assert LaidOutReader(["w"], [(9,)]).read(compressed).tolist() == [255, 128]
     wider_names = tmp_path / "wider_names.npz"  # another writer: the same layout, encoded otherwise
     write_archive(wider_names, **{**GOOD_FIELDS, "names": np.array(["w"], dtype="<U8")})
-    assert read_packed_laid_out(wider_names, ["w"], [(9,)]) is None and read_packed(wider_names)["w"][0] == (9,)
+    assert LaidOutReader(["w"], [(9,)]).read(wider_names) is None and read_packed(wider_names)["w"][0] == (9,)
     # The next step's archive of the same layout is read at the places learnt from the first; one whose layout
     # differs in a byte (a renamed parameter, same file size) or that is cut short is still refused.
     later = {name: -g for name, g in GRADIENTS.items()}
     write_packed(path, names, shapes, concatenated_bits(later))
-    np.testing.assert_array_equal(read_packed_laid_out(path, names, shapes), concatenated_bits(later))
+    np.testing.assert_array_equal(reader.read(path), concatenated_bits(later))
     renamed = [names[0][:-1] + chr(ord(names[0][-1]) + 1), *names[1:]]
     write_packed(path, renamed, shapes, concatenated_bits(later))
-    assert read_packed_laid_out(path, names, shapes) is None
+    assert reader.read(path) is None
     write_packed(path, names, shapes, concatenated_bits(later))
     path.write_bytes(path.read_bytes()[:-3])  # truncated
-    assert read_packed_laid_out(path, names, shapes) is None
+    assert reader.read(path) is None

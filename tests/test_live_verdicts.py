@@ -300,3 +300,25 @@ def test_a_baseline_server_that_dies_mid_run_degrades_to_one_warning_and_the_dum
         assert list(directions) == ["0.weight", "0.bias", "2.weight", "2.bias", "4.weight", "4.bias"]
     assert np.array_equal(*(read_step_directions(step_dir(tmp_path / side, 0, 11))["0.weight"][1]
                             for side in ("baseline", "candidate")))
+
+
+def test_the_similarities_file_joined_from_name_cells_is_what_the_csv_writer_writes():
+    """Names a CSV must quote (a comma, a quote, a line break), one not compared, an empty parameter."""
+    import csv
+    import io
+
+    names = ["plain.weight", "with,comma", 'with"quote', "line\nbreak", "ünïcode", "empty"]
+    layout = baseline_module.StepLayout(names, [(3,), (2, 2), (5,), (1,), (7,), (0,)])
+    agreeing, numels = np.array([1, 4, 2, 1, 6, 0]), np.array([3, 4, 5, 1, 7, 0])
+
+    def written_by_csv(rows):
+        out = io.StringIO()
+        csv.writer(out).writerows([["param_name", "similarity"], *rows])
+        return out.getvalue().encode("utf-8-sig")
+
+    every = baseline_module.StepComparison(0, tuple(names), agreeing, numels, [], [], [])
+    expected = [[n, a / m if m else 0.0] for n, a, m in zip(names, agreeing.tolist(), numels.tolist())]
+    assert every.csv_text(layout) == written_by_csv(expected + [["summary", 14 / 20]])
+    some = baseline_module.StepComparison(0, tuple(names[:2]), agreeing[:2], numels[:2], [], [], [])
+    partial = [[n, v if i < 2 else ""] for i, (n, v) in enumerate(expected)]
+    assert some.csv_text(layout) == written_by_csv(partial + [["summary", 5 / 7]])

@@ -40,33 +40,47 @@ def agreeing_directions(bits_a: np.ndarray, bits_b: np.ndarray, numel: int) -> i
 
 def agreeing_per_parameter(bits_a: np.ndarray, bits_b: np.ndarray, numels) -> np.ndarray:
     """:func:`agreeing_directions` of every parameter of two steps packed alike (each parameter's bits padded to a
-    whole byte, concatenated in the same order), in a few array operations per ``CHUNK_BYTES`` rather than a call
-    per parameter: a model of thousands of small tensors is compared in about a millisecond."""
-    numels = np.asarray(numels, dtype=np.int64).reshape(-1)
-    ends = np.cumsum(packed_length(numels))  # where each parameter's bytes end
-    expected = int(ends[-1]) if len(ends) else 0
-    if len(bits_a) != expected or len(bits_b) != expected:
-        raise ValueError(f"packed directions hold {len(bits_a)} and {len(bits_b)} bytes; {int(numels.sum())} "
-                         f"elements need {expected}")
-    padded = numels % 8 != 0
-    masks = ((0xFF << (8 - numels % 8)) & 0xFF).astype(np.uint8)  # the real bits of a last byte, packbits order
-    differing = np.zeros(len(numels), dtype=np.int64)
-    for start in range(0, expected, CHUNK_BYTES):
-        stop = min(start + CHUNK_BYTES, expected)
-        words = np.zeros(-(-(stop - start) // 8), dtype=np.uint64)
-        xor = words.view(np.uint8)[:stop - start]
-        np.bitwise_xor(bits_a[start:stop], bits_b[start:stop], out=xor)
-        last_bytes = padded & (ends > start) & (ends <= stop)
-        xor[ends[last_bytes] - 1 - start] &= masks[last_bytes]  # padding bits are no elements, whatever they hold
-        if _BITWISE_COUNT is not None:
-            _BITWISE_COUNT(xor, out=xor)
-        else:
-            _count_bits_of_each_byte(words)
-        pieces = np.unique(np.concatenate([[0], ends[(ends > start) & (ends < stop)] - start]))  # cut at each end
-        counts = np.add.reduceat(xor, pieces, dtype=np.uint32)  # at most 8 x CHUNK_BYTES < 2**32 bits
-        owners = np.searchsorted(ends, start + pieces, side="right")  # the parameter each piece's first byte is in
-        np.add.at(differing, owners, counts)
-    return numels - differing
+    whole byte, concatenated in the same order)."""
+    return PackedLayout(numels).agreeing(bits_a, bits_b)
+
+
+class PackedLayout:
+    """Where each parameter's bits start and end in a step packed in this order, with the cuts, the owners of the
+    pieces and the padding masks of every ``CHUNK_BYTES`` worked out once: comparing a step of thousands of small
+    parameters then costs a few array operations per chunk (the live verdict compares one such step per training
+    step, beside the training, and keeps the layout while it does not change)."""
+
+    def __init__(self, numels):
+        self.numels = np.asarray(numels, dtype=np.int64).reshape(-1)
+        ends = np.cumsum(packed_length(self.numels))  # where each parameter's bytes end
+        self.length = int(ends[-1]) if len(ends) else 0
+        padded = self.numels % 8 != 0
+        masks = ((0xFF << (8 - self.numels % 8)) & 0xFF).astype(np.uint8)  # a last byte's real bits, packbits order
+        self._chunks = []
+        for start in range(0, self.length, CHUNK_BYTES):
+            stop = min(start + CHUNK_BYTES, self.length)
+            last_bytes = padded & (ends > start) & (ends <= stop)
+            pieces = np.unique(np.concatenate([[0], ends[(ends > start) & (ends < stop)] - start]))  # cut at each end
+            owners = np.searchsorted(ends, start + pieces, side="right")  # the parameter of each piece's first byte
+            self._chunks.append((start, stop, ends[last_bytes] - 1 - start, masks[last_bytes], pieces, owners))
+
+    def agreeing(self, bits_a: np.ndarray, bits_b: np.ndarray) -> np.ndarray:
+        """How many elements of each parameter have the same direction in both steps."""
+        if len(bits_a) != self.length or len(bits_b) != self.length:
+            raise ValueError(f"packed directions hold {len(bits_a)} and {len(bits_b)} bytes; "
+                             f"{int(self.numels.sum())} elements need {self.length}")
+        differing = np.zeros(len(self.numels), dtype=np.int64)
+        for start, stop, last_bytes, masks, pieces, owners in self._chunks:
+            words = np.zeros(-(-(stop - start) // 8), dtype=np.uint64)
+            xor = words.view(np.uint8)[:stop - start]
+            np.bitwise_xor(bits_a[start:stop], bits_b[start:stop], out=xor)
+            xor[last_bytes] &= masks  # padding bits are no elements, whatever they hold
+            if _BITWISE_COUNT is not None:
+                _BITWISE_COUNT(xor, out=xor)
+            else:
+                _count_bits_of_each_byte(words)
+            differing[owners] += np.add.reduceat(xor, pieces, dtype=np.uint32)  # < 8 x CHUNK_BYTES < 2**32 bits
+        return self.numels - differing
 
 
 def similarity(agreeing: int, numel: int) -> float:
