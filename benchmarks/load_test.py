@@ -345,7 +345,8 @@ def closing_note(rows: list[dict]) -> list[str]:
     lines += ["", f"Ranks tried: {tried_ranks}. *Held in time*: every value and file on the server when `stop()` "
               f"returned, and at least 90% of the offered values arrived while stepping. Where a row missed, the "
               f"p99 latency of 30 s and more is requests waiting for one of the server's database connections "
-              f"(MLflow's pool timeout), behind the bursts of every rank's first and last requests: the capacity "
+              f"(MLflow's pool timeout), behind the bursts of every rank's requests (per-rank) or behind rank 0's "
+              f"`log_batch` of every rank's values and the archives at `stop()` (aggregated): the capacity "
               f"model in docker/README.md says what to change. *driver lag*: the simulated ranks themselves fell "
               f"behind the step rate (this machine's CPU), so the offered rate was lower than stated."]
     return lines

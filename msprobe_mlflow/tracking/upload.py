@@ -128,16 +128,19 @@ def upload_dump(dump_path: str | os.PathLike, run_id: str | None = None, *, expe
     saved_config = read_dump_config(dump_path)
     client = MlflowClient(tracking_uri)
     if run_id is not None:
-        client.get_run(run_id)  # a wrong ID fails here, clearly, before anything is sent
-        return _upload_steps(client, run_id, dump_path, wanted_steps, saved_config, param_patterns, progress)
+        tags = client.get_run(run_id).data.tags  # a wrong ID fails here, clearly, before anything is sent
+        return _upload_steps(client, run_id, dump_path, wanted_steps, saved_config, param_patterns, progress, tags)
     with created_run(client, experiment_id_for(client, experiment), run_name=f"upload {dump_path.name}", tags={
             f"{TAG_PREFIX}dump_path": str(dump_path.resolve()), f"{TAG_PREFIX}version": __version__,
             "mlflow.source.name": "msprobe-mlflow upload"}) as new_run_id:
-        return _upload_steps(client, new_run_id, dump_path, wanted_steps, saved_config, param_patterns, progress)
+        return _upload_steps(client, new_run_id, dump_path, wanted_steps, saved_config, param_patterns, progress,
+                             {})
 
 
 def _upload_steps(client: MlflowClient, run_id: str, dump_path: Path, wanted_steps: dict[int, list[int]],
-                  saved_config: dict | None, param_patterns: tuple[str, ...], progress: bool) -> UploadReport:
+                  saved_config: dict | None, param_patterns: tuple[str, ...], progress: bool,
+                  tags: dict[str, str]) -> UploadReport:
+    """``tags``: the run's when the upload began (a large job's run holds thousands: read once, not per rank)."""
     report = UploadReport(run_id)
     if saved_config is not None and not any(i.path.endswith("config.json")
                                             for i in client.list_artifacts(run_id, ARTIFACT_ROOT)):
@@ -162,17 +165,12 @@ def _upload_steps(client: MlflowClient, run_id: str, dump_path: Path, wanted_ste
             line.advance(item=f"step {step}")
         line.close()
         report.steps_completed[rank] = missing
-        _mark_complete(client, run_id, rank)
+        if tags.get(rank_status_tag(rank)) == "incomplete":  # the live sink left it so: it is whole now
+            client.set_tag(run_id, rank_status_tag(rank), "finished")
+            client.delete_tag(run_id, unsent_steps_tag(rank))
     for rank in wanted_steps:
         report.files_uploaded += _upload_findings(client, run_id, dump_path, rank)
     return report
-
-
-def _mark_complete(client: MlflowClient, run_id: str, rank: int) -> None:
-    """A rank the live sink left ``incomplete`` is ``finished`` once its whole dump is sent."""
-    if client.get_run(run_id).data.tags.get(rank_status_tag(rank)) == "incomplete":
-        client.set_tag(run_id, rank_status_tag(rank), "finished")
-        client.delete_tag(run_id, unsent_steps_tag(rank))
 
 
 def _upload_findings(client: MlflowClient, run_id: str, dump_path: Path, rank: int) -> int:
