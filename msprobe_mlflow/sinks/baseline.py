@@ -50,8 +50,7 @@ from msprobe_mlflow.compare.similarity import PackedLayout, agreeing_per_paramet
 from msprobe_mlflow.compare.verdict import (DEFAULT_DROP_THRESHOLD, DEFAULT_FIRST_THRESHOLD, RankVerdict,
                                             StepByStepJudge, Verdict, check_thresholds)
 from msprobe_mlflow.config import GradProbeConfig
-from msprobe_mlflow.directions import (PACKED_FILE_NAME, open_step_directions, LaidOutReader,
-                                       read_step_directions)
+from msprobe_mlflow.directions import PACKED_FILE_NAME, LaidOutReader, open_step_directions, read_step_directions
 from msprobe_mlflow.dump import (DUMP_FOLDER_EXPECTED, csv_cells, csv_text, dump_folder, findings_dir,
                                  indexed_children, step_dir)
 from msprobe_mlflow.notices import Notices
@@ -243,8 +242,8 @@ class StepComparison:
 
 class StepLayout:
     """What comparing a step works out once for the parameters' names and shapes, which usually stay the same from
-    step to step: the packed cuts (``PackedLayout``), the reader of the baseline's archives laid out alike, and the CSV
-    cells of the names."""
+    step to step: the packed cuts (``PackedLayout``), the reader of the baseline's archives laid out alike, and the
+    CSV cells of the names."""
 
     def __init__(self, names: list[str], shapes: list[tuple[int, ...]]):
         self.names = tuple(names)
@@ -258,7 +257,8 @@ class StepLayout:
             map(operator.eq, record.shapes, self.shapes))
 
 
-def compare_step(record: StepRecord, folder: Path, dump_path: str, layout: StepLayout | None = None) -> StepComparison:
+def compare_step(record: StepRecord, folder: Path, dump_path: str,
+                 layout: StepLayout | None = None) -> StepComparison:
     """Agreeing signs of every parameter present in both with the same shape: the whole step at once when the
     baseline's archive holds the record's parameters in the same order (the usual case), else parameter by
     parameter. A record whose directions were not kept in memory is read back from ``dump_path``. ``layout``: the
