@@ -25,7 +25,7 @@ Rank-0 aggregation (:mod:`msprobe_mlflow.tracking.aggregate`, given a ``gather``
 metrics go up in rank 0's requests; each rank still sends its files and per-parameter metrics. Other ranks' values
 whose round failed go again in rank 0's next round; those still unsent at ``stop()`` are in their ranks' local
 dumps, and the run's tag ``msprobe_mlflow.unsent_summary_ranks`` (``3-7,12``) names the ranks to ``upload``.
-Rank 0 also tags every rank's status, at the start and at ``stop()`` (an end-of-run all-gather), so the other ranks
+Rank 0 also tags every rank's status, at the start and at ``stop()`` (an end-of-run exchange), so the other ranks
 send no request of their own for the run's bookkeeping, nor a ``rank{R}.dump_path`` tag: each rank's dump is at
 the run's ``dump_path`` on its node.
 
@@ -402,7 +402,7 @@ class MlflowSink:
                                   f"msprobe-mlflow upload {self.config.dump_path} --run-id {self.run_id}")
 
     def _statuses_through_rank_0(self, status: str) -> bool:
-        """Under aggregation: the end-of-run all-gather of every rank's status, which rank 0 tags in one request.
+        """Under aggregation: the end-of-run exchange of every rank's status, which rank 0 tags in one request.
         False when the collective failed (on every rank alike): each rank then tags its own status."""
         try:
             statuses = self.aggregation.exchange_statuses(status)
