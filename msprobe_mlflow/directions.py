@@ -233,9 +233,16 @@ class _KnownPlaces:
             head = f.read(checked)
             if any(head[at:at + len(field)] != field for at, field in self.expected):
                 return None
+            if self.bits_length > _READ_WHOLE_UP_TO:  # a large model's bits: mapped, compared chunk by chunk
+                return np.memmap(path, dtype=np.uint8, mode="r", offset=self.bits_offset, shape=(self.bits_length,))
             bits = np.empty(self.bits_length, dtype=np.uint8)
             f.seek(self.bits_offset)
             return bits if f.readinto(bits) == self.bits_length else None
+
+
+# Bits up to this size are read in the same open as the header check (cheaper per step than a memory map for a
+# model of many small tensors); larger ones are memory-mapped, so no step allocates a copy of a large model's bits.
+_READ_WHOLE_UP_TO = 1 << 22
 
 
 def _learn_places(archive: zipfile.ZipFile, path: Path, layout: dict[str, bytes],

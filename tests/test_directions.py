@@ -348,3 +348,20 @@ def test_an_archive_read_as_a_known_layout_gives_all_its_bits_or_nothing(tmp_pat
     write_packed(path, names, shapes, concatenated_bits(later))
     path.write_bytes(path.read_bytes()[:-3])  # truncated
     assert reader.read(path) is None
+
+
+def test_large_known_layout_bits_are_mapped_not_copied_and_equal_the_written_ones(tmp_path, monkeypatch):
+    """Above ``_READ_WHOLE_UP_TO`` the reader maps the bits (no per-step copy of a large model's bits)."""
+    import msprobe_mlflow.directions as directions_module
+
+    monkeypatch.setattr(directions_module, "_READ_WHOLE_UP_TO", 0)
+    path = tmp_path / PACKED_FILE_NAME
+    names, shapes = list(GRADIENTS), [g.shape for g in GRADIENTS.values()]
+    write_packed(path, names, shapes, concatenated_bits(GRADIENTS))
+    reader = LaidOutReader(names, shapes)
+    reader.read(path)  # learns the places
+    later = {name: -g for name, g in GRADIENTS.items()}
+    write_packed(path, names, shapes, concatenated_bits(later))
+    bits = reader.read(path)
+    assert isinstance(bits, np.memmap)
+    np.testing.assert_array_equal(bits, concatenated_bits(later))
