@@ -34,7 +34,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-import operator
 import os
 import queue
 import threading
@@ -253,18 +252,15 @@ class StepLayout:
         self.name_cells = csv_cells(list(names))
 
     def fits(self, record: StepRecord) -> bool:
-        return len(record.names) == len(self.names) and tuple(record.names) == self.names and all(
-            map(operator.eq, record.shapes, self.shapes))
+        return tuple(record.names) == self.names and tuple(map(tuple, record.shapes)) == self.shapes
 
 
-def compare_step(record: StepRecord, folder: Path, dump_path: str,
-                 layout: StepLayout | None = None) -> StepComparison:
+def compare_step(record: StepRecord, folder: Path, dump_path: str, layout: StepLayout) -> StepComparison:
     """Agreeing signs of every parameter present in both with the same shape: the whole step at once when the
     baseline's archive holds the record's parameters in the same order (the usual case), else parameter by
     parameter. A record whose directions were not kept in memory is read back from ``dump_path``. ``layout``: the
-    record's, when the caller has it."""
+    record's names and shapes (:class:`StepLayout`)."""
     names = record.names
-    layout = layout or StepLayout(names, record.shapes)
     whole = None
     if record.directions is not None:
         whole = layout.baseline_reader.read(folder / PACKED_FILE_NAME)  # None: no such file, or laid out otherwise

@@ -15,8 +15,8 @@ carries its step, so rank 0 files every rank's values under that rank's own step
 The run's bookkeeping follows the same rule, so that no request grows with the number of ranks except the files:
 at the start rank 0 tags every rank ``running``, and at ``stop()`` one last exchange (step field ``END_OF_RUN``; under
 torch.distributed through the rendezvous store, see ``pytorch.distributed``) hands rank 0 every rank's status,
-which it tags in one ``log_batch``. A rank that does not arrive in time fails that
-collective on every rank; each rank then tags its own status and rank 0 waits for them as without aggregation.
+which it tags in one ``log_batch``. A rank that does not arrive in time fails that exchange on every rank; each
+rank then tags its own status and rank 0 waits for them as without aggregation.
 """
 from __future__ import annotations
 
