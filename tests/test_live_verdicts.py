@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
 import threading
 import warnings
 from pathlib import Path
@@ -19,6 +21,7 @@ from msprobe_mlflow.directions import read_step_directions
 from msprobe_mlflow.dump import findings_dir, read_csv, step_dir, summary_steps
 from msprobe_mlflow.pytorch import GradientMonitor
 from msprobe_mlflow.sinks import baseline as baseline_module
+from msprobe_mlflow.sinks.baseline_process import BaselineSink
 from mlflow_server import MlflowServer
 
 PERTURBED_FROM = 4
@@ -181,7 +184,7 @@ def test_a_damaged_baseline_step_is_skipped_with_a_warning_naming_the_file(tmp_p
         monitor = train(tmp_path / "candidate", log_to_mlflow=False, baseline=str(tmp_path / "baseline"))
         monitor.stop()
     [warning] = [str(w.message) for w in caught if "msprobe-mlflow" in str(w.message)]
-    assert f"step 2 not compared with the baseline: the baseline's step cannot be read ({damaged}" in warning
+    assert f"step 2 not compared with the baseline: the step cannot be read ({damaged}" in warning
     saved = findings(tmp_path / "candidate")
     assert saved["compared_steps"] == [0, 1, 3, 4, 5, 6, 7] and saved["verdict"]["suspicious"] is False
 
@@ -207,27 +210,32 @@ def test_an_l0_baseline_gets_one_clear_warning_and_training_goes_on(tmp_path):
     assert sum(findings(tmp_path / "candidate")["steps_not_compared"].values(), []) == list(range(STEPS))
 
 
-def test_the_writer_hands_steps_over_without_waiting_for_a_slow_baseline(tmp_path, monkeypatch):
-    """The baseline is held back until every step reached a sink placed after the live verdict: the writer never
-    waited for the comparison. Steps beyond those kept in memory are compared from the local dump."""
+def live_comparison(monitor: GradientMonitor):
+    [sink] = [sink for sink in monitor._session.sinks if isinstance(sink, BaselineSink)]
+    return sink
+
+
+def test_the_writer_hands_steps_over_without_waiting_for_a_paused_comparison(tmp_path):
+    """The comparison process is paused until every step reached a sink placed after the live verdict: the writer
+    never waited for the comparison, which then compares every step from the local dump."""
     train(tmp_path / "baseline", steps=20, log_to_mlflow=False).stop()
-    release, all_written = threading.Event(), threading.Event()
-    opened = baseline_module.FolderBaseline.step_folder
-
-    def held_back(self, rank, step):
-        release.wait()
-        return opened(self, rank, step)
-
-    monkeypatch.setattr(baseline_module.FolderBaseline, "step_folder", held_back)
+    all_written = threading.Event()
     last = type("LastSink", (), {"handle": lambda self, r: r.step == 19 and all_written.set(),
                                  "flush": lambda self: None, "close": lambda self: None})()
-    monitor = train(tmp_path / "candidate", steps=20, perturbation="data", log_to_mlflow=False,
-                    baseline=str(tmp_path / "baseline"), sinks=[last])
-    all_written.wait()
-    release.set()
+    model = small_model()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+    config = GradProbeConfig(dump_path=str(tmp_path / "candidate"), level="L1")
+    monitor = GradientMonitor(config, log_to_mlflow=False, baseline=str(tmp_path / "baseline"), sinks=[last])
+    monitor.monitor(model, optimizer)
+    process = live_comparison(monitor).process
+    os.kill(process.pid, signal.SIGSTOP)
+    try:
+        training_loop(model, optimizer, steps=20, perturbation="data")
+        all_written.wait()
+    finally:
+        os.kill(process.pid, signal.SIGCONT)
     with pytest.warns(UserWarning, match=f"step {PERTURBED_FROM} is suspicious"):
         monitor.stop()
-    assert baseline_module.HELD_STEPS < 20
     expected = compare_dumps(tmp_path / "baseline", tmp_path / "candidate", None)
     saved = findings(tmp_path / "candidate")
     assert saved["compared_steps"] == list(range(20))
@@ -235,6 +243,35 @@ def test_the_writer_hands_steps_over_without_waiting_for_a_slow_baseline(tmp_pat
     for step in (0, 19):
         rows = read_csv(findings_dir(tmp_path / "candidate", 0) / f"similarities_{step}.csv")
         assert float(rows[-1][1]) == expected.ranks[0].summary[step]
+
+
+def test_a_comparison_process_killed_mid_run_costs_one_warning_and_the_run_says_incomplete(tmp_experiment,
+                                                                                            tmp_path):
+    baseline_run, _ = run_training(tmp_path / "baseline")
+    model = small_model()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+    config = GradProbeConfig(dump_path=str(tmp_path / "candidate"), level="L1")
+    with mlflow.start_run() as run, warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        monitor = GradientMonitor(config, baseline=baseline_run).monitor(model, optimizer)
+        training_loop(model, optimizer, steps=3)
+        monitor.flush()
+        process = live_comparison(monitor).process
+        process.kill()
+        process.wait()
+        training_loop(model, optimizer, steps=3)
+        monitor.stop()
+    messages = [str(w.message) for w in caught if "msprobe-mlflow" in str(w.message)]
+    assert any(f"the live comparison process ended unexpectedly (exit code {-signal.SIGKILL})" in m
+               for m in messages), messages
+    assert any("step 3 not compared with the baseline: the live comparison process ended" in m for m in messages)
+    assert len(messages) == 2, messages
+    assert monitor.errors == []
+    assert summary_history(run.info.run_id) == [(0, 1.0), (1, 1.0), (2, 1.0)]
+    tags = MlflowClient().get_run(run.info.run_id).data.tags
+    assert tags["msprobe_mlflow.live_verdict"] == "incomplete"
+    assert "the live comparison process ended" in tags["mlflow.note.content"]
+    assert summary_steps(tmp_path / "candidate" / "rank0") == list(range(6))  # the dump is complete
 
 
 def test_bad_options_are_refused_before_training(tmp_path):

@@ -61,7 +61,7 @@ def choose_sinks(config: GradProbeConfig, ranks: RankPolicy, *, framework: str, 
                                      notices=notices, summary_gather=summary_gather)
     run: RunNotes | None = run_sinks[0] if run_sinks else None
     if baseline is not None and ranks.probes:
-        from msprobe_mlflow.sinks.baseline import BaselineSink
+        from msprobe_mlflow.sinks.baseline_process import BaselineSink
 
         sinks.append(BaselineSink(baseline, config, ranks.rank, run=run, notices=notices,
                                   describe_run=ranks.world_size == 1))

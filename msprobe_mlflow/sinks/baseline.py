@@ -2,12 +2,11 @@
 
 ``baseline`` is a dump folder or an MLflow run ID (a run whose artifacts are on this file system is read in place;
 otherwise each step is downloaded into the comparator's cache by a thread of its own, ``PREFETCH_STEPS`` ahead of
-training). Another thread compares each step as it lands, from the record's packed directions in memory, with the
-comparator's similarity and rule (``compare/similarity.py``, ``compare/verdict.py``): the verdict is the one
-``msprobe-mlflow compare BASELINE THIS_RUN`` gives of the same steps afterwards. Neither thread is the
-training thread, and the writer thread never waits for them: it hands each step over and goes on (up to
-``HELD_STEPS`` steps keep their directions in memory; beyond that the comparison reads them back from the local
-dump, so falling behind costs disk reads, not memory or steps).
+the step being compared). Each step is compared as it lands, read back from the local dump (which holds it before
+any sink sees it), with the comparator's similarity and rule (``compare/similarity.py``, ``compare/verdict.py``):
+the verdict is the one ``msprobe-mlflow compare BASELINE THIS_RUN`` gives of the same steps afterwards. All of it
+runs in a process of its own (``baseline_process.py``): the training's writer thread only hands each step's number
+over and goes on, and none of the comparison's work holds the training process's interpreter.
 
 What lands where (the local dump first, ``{dump}/rank{R}/findings/``; MLflow through the run's ``annotate``):
 
@@ -16,7 +15,7 @@ What lands where (the local dump first, ``{dump}/rank{R}/findings/``; MLflow thr
 - when the rule first trips: ``verdict.json`` (the comparator's verdict of this rank, plus what was not compared),
   tags ``msprobe_mlflow.live_verdict = suspicious``, ``msprobe_mlflow.first_suspicious_step`` and
   ``msprobe_mlflow.suspicious_parameters``, the run's description, one warning, and one call of ``on_suspicious``
-  with the :class:`~msprobe_mlflow.compare.verdict.RankVerdict`, all from the comparison thread as soon as the step
+  with the :class:`~msprobe_mlflow.compare.verdict.RankVerdict`, all as soon as the step
   is judged (not held back by MLflow's batching);
 - at the end, ``verdict.json`` again, and when nothing tripped ``live_verdict = consistent`` (every probed step
   compared) or ``incomplete`` (some were not: the baseline lacks them, or became unreachable). Steps this run
@@ -31,7 +30,6 @@ judge the whole run later).
 """
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
 import os
@@ -43,22 +41,19 @@ from typing import Callable
 
 import numpy as np
 
-from msprobe_mlflow.background import BackgroundStepWriter
 from msprobe_mlflow.compare.engine import direction_steps
 from msprobe_mlflow.compare.similarity import PackedLayout, agreeing_per_parameter, judged_similarity, similarity
 from msprobe_mlflow.compare.verdict import (DEFAULT_DROP_THRESHOLD, DEFAULT_FIRST_THRESHOLD, RankVerdict,
                                             StepByStepJudge, Verdict, check_thresholds)
 from msprobe_mlflow.config import GradProbeConfig
-from msprobe_mlflow.directions import PACKED_FILE_NAME, LaidOutReader, open_step_directions, read_step_directions
+from msprobe_mlflow.directions import PACKED_FILE_NAME, LaidOutReader, open_step_directions
 from msprobe_mlflow.dump import (DUMP_FOLDER_EXPECTED, csv_cells, csv_text, dump_folder, findings_dir,
                                  indexed_children, step_dir)
 from msprobe_mlflow.notices import Notices
-from msprobe_mlflow.records import StepRecord
 from msprobe_mlflow.safe_paths import atomic_write_bytes
 from msprobe_mlflow.tracking import TAG_PREFIX, finding_tags
 
 PREFETCH_STEPS = 4  # baseline steps opened (downloaded, for a remote run) ahead of the step being compared
-HELD_STEPS = 8  # steps waiting for the comparison with their directions in memory
 DESCRIPTION_TAG = "mlflow.note.content"
 VERDICT_FILE_NAME = "verdict.json"
 
@@ -78,7 +73,7 @@ def _looks_like_a_path(given: str) -> bool:
 class BaselineOptions:
     """What the live verdict compares against and how it judges (the comparator's thresholds).
 
-    ``on_suspicious(verdict)`` is called once, on the comparison thread, with the rank's
+    ``on_suspicious(verdict)`` is called once, on a thread of the monitor's, with the rank's
     :class:`~msprobe_mlflow.compare.verdict.RankVerdict` (``first_suspicious_step``, ``parameter_trips`` largest
     fall first, ``summary_trip``): set a flag your training loop reads, to stop or to save a checkpoint.
     """
@@ -241,52 +236,42 @@ class StepComparison:
 
 class StepLayout:
     """What comparing a step works out once for the parameters' names and shapes, which usually stay the same from
-    step to step: the packed cuts (``PackedLayout``), the reader of the baseline's archives laid out alike, and the
-    CSV cells of the names."""
+    step to step: the packed cuts (``PackedLayout``), the readers of this run's and the baseline's archives laid
+    out alike, and the CSV cells of the names."""
 
     def __init__(self, names: list[str], shapes: list[tuple[int, ...]]):
         self.names = tuple(names)
         self.shapes = tuple(tuple(shape) for shape in shapes)
         self.packed = PackedLayout([math.prod(shape) for shape in self.shapes])
+        self.own_reader = LaidOutReader(self.names, self.shapes)
         self.baseline_reader = LaidOutReader(self.names, self.shapes)
         self.name_cells = csv_cells(list(names))
 
-    def fits(self, record: StepRecord) -> bool:
-        return tuple(record.names) == self.names and tuple(map(tuple, record.shapes)) == self.shapes
 
-
-def compare_step(record: StepRecord, folder: Path, dump_path: str, layout: StepLayout) -> StepComparison:
-    """Agreeing signs of every parameter present in both with the same shape: the whole step at once when the
-    baseline's archive holds the record's parameters in the same order (the usual case), else parameter by
-    parameter. A record whose directions were not kept in memory is read back from ``dump_path``. ``layout``: the
-    record's names and shapes (:class:`StepLayout`)."""
-    names = record.names
-    whole = None
-    if record.directions is not None:
-        whole = layout.baseline_reader.read(folder / PACKED_FILE_NAME)  # None: no such file, or laid out otherwise
-    if whole is not None:
-        agreeing = layout.packed.agreeing(whole, record.directions)
-        return StepComparison(record.step, layout.names, agreeing, layout.packed.numels, [], [], [])
-    stored = open_step_directions(folder)
+def compare_step(step: int, own_folder: Path, baseline_folder: Path, layout: StepLayout) -> StepComparison:
+    """Agreeing signs of every parameter present in both with the same shape: the whole step at once when both
+    archives hold the parameters of ``layout`` (this run's names and shapes, in model order), as they usually do,
+    else parameter by parameter. This run's step is read from its local dump (``own_folder``)."""
+    baseline_bits = layout.baseline_reader.read(baseline_folder / PACKED_FILE_NAME)
+    own_bits = layout.own_reader.read(own_folder / PACKED_FILE_NAME) if baseline_bits is not None else None
+    if own_bits is not None:
+        agreeing = layout.packed.agreeing(baseline_bits, own_bits)
+        return StepComparison(step, layout.names, agreeing, layout.packed.numels, [], [], [])
+    stored, own = open_step_directions(baseline_folder), open_step_directions(own_folder)
     common, not_in_baseline, shape_differs = [], [], []
-    for name, shape in zip(names, record.shapes):
+    for name, shape in zip(layout.names, layout.shapes):
         if name not in stored:
             not_in_baseline.append(name)
-        elif tuple(stored[name].shape) != tuple(shape):
+        elif stored[name].shape != shape:
             shape_differs.append(f"{name} {list(shape)} (baseline {list(stored[name].shape)})")
         else:
             common.append(name)
-    if record.directions is not None:
-        bits = record.packed_directions()
-    else:
-        bits = {name: bits for name, (_, bits) in
-                read_step_directions(step_dir(dump_path, record.rank, record.step)).items()}
     numels = np.array([stored[name].numel for name in common], dtype=np.int64)
     nothing = [np.zeros(0, np.uint8)]
-    agreeing = agreeing_per_parameter(np.concatenate(nothing + [bits[name] for name in common]),
+    agreeing = agreeing_per_parameter(np.concatenate(nothing + [own[name].packed_bits() for name in common]),
                                       np.concatenate(nothing + [stored[name].packed_bits() for name in common]), numels)
-    return StepComparison(record.step, tuple(common), agreeing, numels, not_in_baseline,
-                          sorted(set(stored) - set(names)), shape_differs)
+    return StepComparison(step, tuple(common), agreeing, numels, not_in_baseline,
+                          sorted(set(stored) - set(layout.names)), shape_differs)
 
 
 def verdict_line(options: BaselineOptions, verdict: RankVerdict | None, compared: int, not_compared: int,
@@ -305,102 +290,74 @@ def verdict_line(options: BaselineOptions, verdict: RankVerdict | None, compared
                    if without_directions else "")
 
 
-class BaselineSink:
-    """The live verdict of one rank (see the module docstring). ``run`` is the MLflow run's ``annotate`` target,
-    or None (findings in the local dump only)."""
+class LiveComparison:
+    """The live verdict of one rank (see the module docstring), run by the comparison process
+    (``sinks/baseline_process.py``): ``compare`` each probed step as it lands, ``close`` at the end. ``run`` takes
+    ``annotate``, or is None (findings in the local dump only); ``notices`` takes ``warn`` and ``log``;
+    ``on_suspicious`` is called once, with the verdict, when the rule first trips."""
 
-    def __init__(self, options: BaselineOptions, config: GradProbeConfig, rank: int, *, run=None,
-                 notices: Notices | None = None, describe_run: bool = True):
+    def __init__(self, options: BaselineOptions, config: GradProbeConfig, rank: int, *, run=None, notices=None,
+                 on_suspicious: SuspiciousCallback = lambda verdict: None, describe_run: bool = True):
         self.options = options
         self.dump_path = config.dump_path
         self.rank = rank
         self.run = run
         self.notices = notices or Notices()
+        self.on_suspicious = on_suspicious
         self.describe_run = describe_run  # one rank describes the run when nothing tripped (several would race)
         self.judge = StepByStepJudge(rank, options.first_threshold, options.drop_threshold)
         self.compared: list[int] = []
         self.not_compared: dict[str, list[int]] = {}  # reason -> steps
         self.without_directions: list[int] = []  # steps this run probed without directions (the always-on tier)
         self.missing_parameters: dict[str, list[str]] = {}  # "not in baseline" / "only in baseline" / ... -> names
+        self.failures: list[str] = []
         self._warned: set[str] = set()
-        self._held = threading.BoundedSemaphore(HELD_STEPS)
-        self._layout: StepLayout | None = None  # of the last step compared
         self._prefetcher = BaselinePrefetcher(lambda: open_baseline(options), rank, config.wants_step)
-        self._worker = BackgroundStepWriter([self._compare], max_pending=100_000,
-                                            name=f"msprobe-mlflow-live-verdict-rank{rank}")
-        if run is not None:
-            run.annotate(tags={f"{TAG_PREFIX}baseline": options.baseline})
 
-    @property
-    def verdict(self) -> RankVerdict | None:
-        return self.judge.verdict
-
-    # --- writer thread -----------------------------------------------------------------------------------------
-    def handle(self, record: StepRecord) -> None:
-        held = False
-        if not record.skipped_directions:  # a step without directions holds nothing in memory
-            held = self._held.acquire(blocking=False)
-            if not held:  # the comparison is behind: it reads this step's directions back from the local dump
-                record = dataclasses.replace(record, directions=None)
+    def compare(self, step: int, layout: StepLayout) -> None:
+        """Compares this run's ``step`` (in the local dump; ``layout``: its parameters' names and shapes) with the
+        baseline's. A failure is counted and reported at ``close``; the next step is compared as usual."""
         try:
-            self._worker.submit(lambda: record, block=False)
-        except queue.Full:
-            self._skip(record.step, "the live comparison fell too far behind")
-            if held:
-                self._held.release()
+            self._compare(step, layout)
+        except Exception as e:
+            self.failures.append(f"step {step}: {e!r}")
 
-    def flush(self) -> None:
-        self._worker.flush()
-
-    # --- comparison thread -------------------------------------------------------------------------------------
-    def _compare(self, record: StepRecord) -> None:
-        if record.skipped_directions:  # the always-on tier chose statistics only: by design, not a gap
-            self.without_directions.append(record.step)
-            return
-        if record.directions is not None:
-            self._held.release()
+    def _compare(self, step: int, layout: StepLayout) -> None:
         try:
-            folder = self._prefetcher.step_at(record.step)
+            folder = self._prefetcher.step_at(step)
         except BaselineUnavailable as e:
-            self._skip(record.step, f"baseline {self.options.baseline} {e}", "unavailable")
+            self._skip(step, f"baseline {self.options.baseline} {e}", "unavailable")
             return
         if folder is None:
-            self._skip(record.step, "not in the baseline")
+            self._skip(step, "not in the baseline")
             return
-        if self._layout is None or not self._layout.fits(record):
-            self._layout = StepLayout(record.names, record.shapes)
-        layout = self._layout
         try:
-            comparison = compare_step(record, folder, self.dump_path, layout)
-        except ValueError as e:  # a damaged baseline file, named in the message
-            self._skip(record.step, f"the baseline's step cannot be read ({e})", "damaged")
+            comparison = compare_step(step, step_dir(self.dump_path, self.rank, step), folder, layout)
+        except ValueError as e:  # a damaged file, named in the message
+            self._skip(step, f"the step cannot be read ({e})", "damaged")
             return
         self._report_parameters(comparison)
         if not comparison.compared:
-            self._skip(record.step, "no parameter in common with the baseline")
+            self._skip(step, "no parameter in common with the baseline")
             return
-        self.compared.append(record.step)
+        self.compared.append(step)
         folder = findings_dir(self.dump_path, self.rank)
-        atomic_write_bytes(folder / similarities_file_name(record.step), comparison.csv_text(layout))
-        verdict = self.judge.judge_values(record.step, judged_similarity(comparison.summary_counts),
+        atomic_write_bytes(folder / similarities_file_name(step), comparison.csv_text(layout))
+        verdict = self.judge.judge_values(step, judged_similarity(comparison.summary_counts),
                                           comparison.compared, comparison.judged())
         if verdict is not None:
             self._tell(verdict)
         if self.run is not None:
-            self.run.annotate(step=record.step,
+            self.run.annotate(step=step,
                               metrics={f"summary_similarity/rank{self.rank}": similarity(*comparison.summary_counts)},
-                              files=[folder / similarities_file_name(record.step)])
+                              files=[folder / similarities_file_name(step)])
 
     def _tell(self, verdict: RankVerdict) -> None:
         """The verdict, at once: the local file, one warning, the callback, then the run's tags and description."""
         path = self._write_verdict()
         self.notices.warn(f"rank {self.rank}: step {verdict.first_suspicious_step} is suspicious against baseline "
                           f"{self.options.baseline}:\n{self._verdict().describe()}")
-        if self.options.on_suspicious is not None:
-            try:
-                self.options.on_suspicious(verdict)
-            except Exception as e:
-                self.notices.failure("on_suspicious", f"on_suspicious raised {e!r}")
+        self.on_suspicious(verdict)
         if self.run is not None:
             names = ", ".join(f"{t.name} (fell {t.fall:.4f})" for t in verdict.parameter_trips)
             self.run.annotate(tags={f"{TAG_PREFIX}live_verdict": "suspicious", DESCRIPTION_TAG: self._line(),
@@ -456,15 +413,12 @@ class BaselineSink:
         atomic_write_bytes(path, json.dumps(report, indent=1).encode())
         return path
 
-    # --- end of monitoring -------------------------------------------------------------------------------------
     def close(self) -> None:
-        """Compares what is queued, then writes the final ``verdict.json`` and, when nothing tripped, the run's
-        verdict tag and description."""
-        self._worker.close()
+        """Writes the final ``verdict.json`` and, when nothing tripped, the run's verdict tag and description."""
         self._prefetcher.stop()
-        if self._worker.errors:
-            self.notices.warn(f"rank {self.rank}: the live comparison failed {len(self._worker.errors)} time(s); "
-                              f"first: {self._worker.errors[0]}")
+        if self.failures:
+            self.notices.warn(f"rank {self.rank}: the live comparison failed {len(self.failures)} time(s); "
+                              f"first: {self.failures[0]}")
         path = self._write_verdict()
         if self.run is None:
             return

@@ -1,0 +1,247 @@
+"""The live verdict's own process: :class:`BaselineSink` hands each probed step's number (and its parameters' names
+and shapes, when they change) to a process that reads the step back from the local dump and compares it with the
+baseline (:class:`~msprobe_mlflow.sinks.baseline.LiveComparison`). What it finds comes back as small messages,
+which a thread of this sink passes on: ``annotate`` to the run, warnings to the user, the verdict to
+``on_suspicious``.
+
+Why a process: comparing a step of 512 small tensors is ~1 ms of Python and small numpy calls. On a thread it
+held the interpreter that a Python-heavy training loop needs (1.04x-1.07x its iteration time, measured); in a
+process of its own it holds nothing of the training's. The process is started as ``python -m`` this module, not
+by ``multiprocessing`` (whose spawn would import the user's training script again); it ignores Ctrl-C (training
+closes it at ``stop()``) and ends when the training process does (its input closes). Messages are pickles over
+the process's stdin and stdout, between two processes of the same user and program.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import pickle
+import queue
+import signal
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import msprobe_mlflow
+from msprobe_mlflow.config import GradProbeConfig
+from msprobe_mlflow.notices import Notices
+from msprobe_mlflow.records import StepRecord
+from msprobe_mlflow.sinks.baseline import DESCRIPTION_TAG, BaselineOptions, LiveComparison, StepLayout
+from msprobe_mlflow.tracking import TAG_PREFIX
+
+QUEUED_MESSAGES = 100_000  # steps waiting to be handed to the process; beyond that a step is not compared
+CLOSE_WAIT_SECONDS = 60  # for the process to exit once it said it closed
+
+
+class BaselineSink:
+    """The live verdict of one rank, compared in a process of its own (see the module docstring). ``run`` is the
+    MLflow run's ``annotate`` target, or None (findings in the local dump only)."""
+
+    def __init__(self, options: BaselineOptions, config: GradProbeConfig, rank: int, *, run=None,
+                 notices: Notices | None = None, describe_run: bool = True):
+        self.options = options
+        self.rank = rank
+        self.run = run
+        self.notices = notices or Notices()
+        self.describe_run = describe_run
+        self.not_handed_over: list[int] = []  # steps the process never got (it ended, or fell too far behind)
+        self._sent_layout = None
+        self._flushes_sent = self._flushes_done = 0
+        self._replies = threading.Condition()
+        self._closed_cleanly = self._suspicious = False
+        self._ended = threading.Event()  # the process's output ended: every message it sent is handled
+        if run is not None:
+            run.annotate(tags={f"{TAG_PREFIX}baseline": options.baseline})
+        self.process = self._start({"options": dataclasses.replace(options, on_suspicious=None), "config": config,
+                                    "rank": rank, "has_run": run is not None, "describe_run": describe_run})
+        self._outbox: queue.Queue = queue.Queue(maxsize=QUEUED_MESSAGES)
+        self._sender = threading.Thread(target=self._send_all, daemon=True,
+                                        name=f"msprobe-mlflow-live-verdict-rank{rank}")
+        self._sender.start()
+
+    def _start(self, setup: dict) -> subprocess.Popen | None:
+        package_root = str(Path(msprobe_mlflow.__file__).resolve().parent.parent)
+        path = os.pathsep.join(filter(None, [package_root, os.environ.get("PYTHONPATH")]))
+        try:
+            process = subprocess.Popen([sys.executable, "-m", __name__], stdin=subprocess.PIPE,
+                                       stdout=subprocess.PIPE, env={**os.environ, "PYTHONPATH": path})
+            pickle.dump(setup, process.stdin)
+            process.stdin.flush()
+        except OSError as e:  # no interpreter to start, or it ended at once: training goes on without the verdict
+            self._ended.set()
+            self.notices.warn(f"rank {self.rank}: the live comparison process could not start ({e}); steps are not "
+                              f"compared with the baseline. Training goes on and the local dump stays complete: "
+                              f"`msprobe-mlflow compare` judges the whole run afterwards")
+            return None
+        threading.Thread(target=self._receive, args=(process,), daemon=True,
+                         name=f"msprobe-mlflow-live-verdict-rank{self.rank}-replies").start()
+        return process
+
+    # --- writer thread -----------------------------------------------------------------------------------------
+    def handle(self, record: StepRecord) -> None:
+        """Hands the step over and returns (the process reads its directions from the local dump)."""
+        if record.skipped_directions:  # the always-on tier chose statistics only: by design, not a gap
+            message = ("without_directions", record.step)
+        elif (record.names, record.shapes) == self._sent_layout:
+            message = ("step", record.step, None, None)
+        else:
+            self._sent_layout = (list(record.names), list(record.shapes))
+            message = ("step", record.step, *self._sent_layout)
+        try:
+            self._outbox.put(message, block=False)
+        except queue.Full:
+            self._not_handed_over(record.step, "the live comparison fell too far behind")
+
+    # --- sender thread -----------------------------------------------------------------------------------------
+    def _send_all(self) -> None:
+        """Writes the queued messages into the process's input, in order, until the last (``close``)."""
+        while True:
+            message = self._outbox.get()
+            if message[0] == "close":  # with every step that was not handed over, now that all are known
+                message = ("close", list(self.not_handed_over))
+            self._send(message)
+            if message[0] == "close":
+                return
+
+    def _send(self, message: tuple) -> None:
+        try:
+            if self._ended.is_set():
+                raise BrokenPipeError
+            pickle.dump(message, self.process.stdin)
+            self.process.stdin.flush()
+        except OSError:  # the process ended; _receive says so
+            if message[0] in ("step", "without_directions"):
+                self._not_handed_over(message[1], "the live comparison process ended")
+
+    def _not_handed_over(self, step: int, reason: str) -> None:
+        if not self.not_handed_over:
+            self.notices.warn(f"rank {self.rank}: step {step} not compared with the baseline: {reason}. Training "
+                              f"goes on and the local dump stays complete: `msprobe-mlflow compare` judges the "
+                              f"whole run afterwards")
+        self.not_handed_over.append(step)
+
+    # --- the process's messages, on a thread of their own ------------------------------------------------------
+    def _receive(self, process: subprocess.Popen) -> None:
+        try:
+            while True:
+                self._dispatch(pickle.load(process.stdout))
+        except EOFError:
+            pass
+        except Exception as e:
+            self.notices.failure("live verdict", f"rank {self.rank}: a message of the live comparison process "
+                                                 f"could not be read ({e!r})")
+        finally:
+            self._ended.set()
+            with self._replies:
+                self._replies.notify_all()
+        if not self._closed_cleanly:
+            self.notices.warn(f"rank {self.rank}: the live comparison process ended unexpectedly (exit code "
+                              f"{process.wait()}); later steps are not compared. Training goes on and the local "
+                              f"dump stays complete: `msprobe-mlflow compare` judges the whole run afterwards")
+
+    def _dispatch(self, message: tuple) -> None:
+        kind, value = message
+        if kind == "annotate" and self.run is not None:
+            self.run.annotate(**value)
+        elif kind == "warn":
+            self.notices.warn(value)
+        elif kind == "log":
+            self.notices.log(value)
+        elif kind == "suspicious":
+            self._suspicious = True
+            if self.options.on_suspicious is not None:
+                try:
+                    self.options.on_suspicious(value)
+                except Exception as e:
+                    self.notices.failure("on_suspicious", f"on_suspicious raised {e!r}")
+        elif kind == "flushed":
+            with self._replies:
+                self._flushes_done = value
+                self._replies.notify_all()
+        elif kind == "closed":
+            self._closed_cleanly = True
+
+    # --- the training's threads --------------------------------------------------------------------------------
+    def flush(self) -> None:
+        """Returns once every step handed over is compared and what that found is passed on."""
+        with self._replies:
+            self._flushes_sent += 1
+            token = self._flushes_sent
+        self._outbox.put(("flush", token))
+        with self._replies:
+            self._replies.wait_for(lambda: self._flushes_done >= token or self._ended.is_set())
+
+    def close(self) -> None:
+        """The process compares what is queued, writes the final ``verdict.json`` and (when nothing tripped) the
+        run's verdict tag and description, and exits. Steps it never got are named in both."""
+        self._outbox.put(("close",))
+        self._sender.join()
+        self._ended.wait()
+        if self.process is not None:
+            try:
+                self.process.stdin.close()
+                self.process.wait(CLOSE_WAIT_SECONDS)
+            except (OSError, subprocess.TimeoutExpired):
+                self.process.kill()
+        if not self._closed_cleanly and not self._suspicious and self.run is not None and self.describe_run:
+            line = (f"msprobe-mlflow live verdict: incomplete against baseline {self.options.baseline}: the live "
+                    f"comparison process ended; `msprobe-mlflow compare` judges the whole run")
+            self.run.annotate(tags={f"{TAG_PREFIX}live_verdict": "incomplete", DESCRIPTION_TAG: line})
+
+
+class _ToTrainingProcess:
+    """In the comparison process: the run's ``annotate``, the notices and the verdict, sent as messages."""
+
+    def __init__(self, output):
+        self.output = output
+
+    def send(self, kind: str, value) -> None:
+        pickle.dump((kind, value), self.output)
+        self.output.flush()
+
+    def annotate(self, **findings) -> None:
+        self.send("annotate", findings)
+
+    def warn(self, message: str) -> None:
+        self.send("warn", message)
+
+    def log(self, message: str) -> None:
+        self.send("log", message)
+
+
+def main() -> None:
+    """The comparison process: compares the steps named on stdin, one at a time, until told to close."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C stops training, which then closes this process
+    replies = _ToTrainingProcess(os.fdopen(os.dup(1), "wb"))
+    os.dup2(2, 1)  # a stray print goes to stderr, not into the messages
+    inbox = sys.stdin.buffer
+    setup = pickle.load(inbox)
+    comparison = LiveComparison(setup["options"], setup["config"], setup["rank"],
+                                run=replies if setup["has_run"] else None, notices=replies,
+                                on_suspicious=lambda verdict: replies.send("suspicious", verdict),
+                                describe_run=setup["describe_run"])
+    layout = None
+    while True:
+        try:
+            kind, *fields = pickle.load(inbox)
+        except EOFError:  # the training process ended without closing
+            return
+        if kind == "step":
+            step, names, shapes = fields
+            layout = StepLayout(names, shapes) if names is not None else layout
+            comparison.compare(step, layout)
+        elif kind == "without_directions":
+            comparison.without_directions.append(fields[0])
+        elif kind == "flush":
+            replies.send("flushed", fields[0])
+        elif kind == "close":
+            if fields[0]:
+                comparison.not_compared["not handed to the live comparison"] = fields[0]
+            comparison.close()
+            replies.send("closed", None)
+            return
+
+
+if __name__ == "__main__":
+    main()
