@@ -331,7 +331,8 @@ def measure(workload: Workload, variant: Variant, folder: Path, iterations: int)
 
 class OtherLoad:
     """How busy other processes kept the machine while open: their CPU seconds per second, from /proc/stat's
-    busy time less this process's own CPU time."""
+    busy time less this process's own CPU time and its ended children's (the live verdict's comparison
+    processes)."""
 
     @staticmethod
     def _machine_busy_seconds() -> float:
@@ -342,7 +343,7 @@ class OtherLoad:
     @staticmethod
     def _own_seconds() -> float:
         own = os.times()
-        return own.user + own.system
+        return own.user + own.system + own.children_user + own.children_system
 
     def __enter__(self) -> "OtherLoad":
         self.start_wall, self.start_busy, self.start_own = \

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import sys
 import threading
 import warnings
 from pathlib import Path
@@ -264,14 +265,27 @@ def test_a_comparison_process_killed_mid_run_costs_one_warning_and_the_run_says_
     messages = [str(w.message) for w in caught if "msprobe-mlflow" in str(w.message)]
     assert any(f"the live comparison process ended unexpectedly (exit code {-signal.SIGKILL})" in m
                for m in messages), messages
-    assert any("step 3 not compared with the baseline: the live comparison process ended" in m for m in messages)
-    assert len(messages) == 2, messages
+    assert len(messages) == 1, messages
     assert monitor.errors == []
     assert summary_history(run.info.run_id) == [(0, 1.0), (1, 1.0), (2, 1.0)]
     tags = MlflowClient().get_run(run.info.run_id).data.tags
     assert tags["msprobe_mlflow.live_verdict"] == "incomplete"
-    assert "the live comparison process ended" in tags["mlflow.note.content"]
+    assert "the live comparison process ended unexpectedly" in tags["mlflow.note.content"]
     assert summary_steps(tmp_path / "candidate" / "rank0") == list(range(6))  # the dump is complete
+
+
+def test_a_comparison_process_that_cannot_start_costs_one_warning_and_training_goes_on(tmp_path, monkeypatch):
+    train(tmp_path / "baseline", log_to_mlflow=False).stop()
+    monkeypatch.setattr(sys, "executable", str(tmp_path / "no-python"))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        monitor = train(tmp_path / "candidate", log_to_mlflow=False, baseline=str(tmp_path / "baseline"))
+        monitor.stop()
+    messages = [str(w.message) for w in caught if "msprobe-mlflow" in str(w.message)]
+    assert len(messages) == 1 and "the live comparison process could not start" in messages[0], messages
+    assert str(tmp_path / "no-python") in messages[0]
+    assert monitor.errors == []
+    assert summary_steps(tmp_path / "candidate" / "rank0") == list(range(STEPS))  # the dump is complete
 
 
 def test_bad_options_are_refused_before_training(tmp_path):

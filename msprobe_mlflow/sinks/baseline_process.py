@@ -32,6 +32,8 @@ from msprobe_mlflow.tracking import TAG_PREFIX
 
 QUEUED_MESSAGES = 100_000  # steps waiting to be handed to the process; beyond that a step is not compared
 CLOSE_WAIT_SECONDS = 60  # for the process to exit once it said it closed
+GOES_ON = ("Training goes on and the local dump stays complete: `msprobe-mlflow compare` judges the whole run "
+           "afterwards")
 
 
 class BaselineSink:
@@ -50,6 +52,7 @@ class BaselineSink:
         self._flushes_sent = self._flushes_done = 0
         self._replies = threading.Condition()
         self._closed_cleanly = self._suspicious = False
+        self._problem = ""  # why the process could not compare every step, when it could not
         self._ended = threading.Event()  # the process's output ended: every message it sent is handled
         if run is not None:
             run.annotate(tags={f"{TAG_PREFIX}baseline": options.baseline})
@@ -70,9 +73,9 @@ class BaselineSink:
             process.stdin.flush()
         except OSError as e:  # no interpreter to start, or it ended at once: training goes on without the verdict
             self._ended.set()
-            self.notices.warn(f"rank {self.rank}: the live comparison process could not start ({e}); steps are not "
-                              f"compared with the baseline. Training goes on and the local dump stays complete: "
-                              f"`msprobe-mlflow compare` judges the whole run afterwards")
+            self._problem = f"the live comparison process could not start ({e})"
+            self.notices.warn(f"rank {self.rank}: {self._problem}; steps are not compared with the baseline. "
+                              f"{GOES_ON}")
             return None
         threading.Thread(target=self._receive, args=(process,), daemon=True,
                          name=f"msprobe-mlflow-live-verdict-rank{self.rank}-replies").start()
@@ -91,7 +94,10 @@ class BaselineSink:
         try:
             self._outbox.put(message, block=False)
         except queue.Full:
-            self._not_handed_over(record.step, "the live comparison fell too far behind")
+            if not self.not_handed_over:
+                self.notices.warn(f"rank {self.rank}: step {record.step} not compared with the baseline: the live "
+                                  f"comparison fell {QUEUED_MESSAGES} steps behind. {GOES_ON}")
+            self.not_handed_over.append(record.step)
 
     # --- sender thread -----------------------------------------------------------------------------------------
     def _send_all(self) -> None:
@@ -110,16 +116,10 @@ class BaselineSink:
                 raise BrokenPipeError
             pickle.dump(message, self.process.stdin)
             self.process.stdin.flush()
-        except OSError:  # the process ended; _receive says so
-            if message[0] in ("step", "without_directions"):
-                self._not_handed_over(message[1], "the live comparison process ended")
-
-    def _not_handed_over(self, step: int, reason: str) -> None:
-        if not self.not_handed_over:
-            self.notices.warn(f"rank {self.rank}: step {step} not compared with the baseline: {reason}. Training "
-                              f"goes on and the local dump stays complete: `msprobe-mlflow compare` judges the "
-                              f"whole run afterwards")
-        self.not_handed_over.append(step)
+        except OSError:  # the process ended: _receive warned once
+            if message[0] == "step":
+                self.notices.log(f"rank {self.rank}: step {message[1]} not compared with the baseline: {self._problem}")
+                self.not_handed_over.append(message[1])
 
     # --- the process's messages, on a thread of their own ------------------------------------------------------
     def _receive(self, process: subprocess.Popen) -> None:
@@ -131,14 +131,15 @@ class BaselineSink:
         except Exception as e:
             self.notices.failure("live verdict", f"rank {self.rank}: a message of the live comparison process "
                                                  f"could not be read ({e!r})")
+            process.kill()
         finally:
+            if not self._closed_cleanly:
+                self._problem = f"the live comparison process ended unexpectedly (exit code {process.wait()})"
             self._ended.set()
             with self._replies:
                 self._replies.notify_all()
         if not self._closed_cleanly:
-            self.notices.warn(f"rank {self.rank}: the live comparison process ended unexpectedly (exit code "
-                              f"{process.wait()}); later steps are not compared. Training goes on and the local "
-                              f"dump stays complete: `msprobe-mlflow compare` judges the whole run afterwards")
+            self.notices.warn(f"rank {self.rank}: {self._problem}; later steps are not compared. {GOES_ON}")
 
     def _dispatch(self, message: tuple) -> None:
         kind, value = message
@@ -185,8 +186,8 @@ class BaselineSink:
             except (OSError, subprocess.TimeoutExpired):
                 self.process.kill()
         if not self._closed_cleanly and not self._suspicious and self.run is not None and self.describe_run:
-            line = (f"msprobe-mlflow live verdict: incomplete against baseline {self.options.baseline}: the live "
-                    f"comparison process ended; `msprobe-mlflow compare` judges the whole run")
+            line = (f"msprobe-mlflow live verdict: incomplete against baseline {self.options.baseline}: "
+                    f"{self._problem}; `msprobe-mlflow compare` judges the whole run")
             self.run.annotate(tags={f"{TAG_PREFIX}live_verdict": "incomplete", DESCRIPTION_TAG: line})
 
 
