@@ -191,3 +191,23 @@ def test_one_layout_compares_step_after_step_like_each_parameter_alone(monkeypat
         bits_a, bits_b = (np.concatenate([packed(x) for x in side]) for side in (a, b))
         bits_a[0] |= 0b00000001  # garbage in the first parameter's one padding bit
         assert layout.agreeing(bits_a, bits_b).tolist() == [int((x == y).sum()) for x, y in zip(a, b)]
+
+
+@pytest.mark.parametrize("chunk_bytes", [3, 8, 24, 1 << 22])
+@pytest.mark.parametrize("seed", range(4))
+def test_counting_a_word_at_a_time_equals_each_element_for_any_cuts(monkeypatch, chunk_bytes, seed):
+    """Bits are counted per 64-bit word: parameters that start and end anywhere in a word (several in one word,
+    one across many words and chunks), with garbage in every padding bit, must count as element by element."""
+    monkeypatch.setattr(similarity_module, "CHUNK_BYTES", chunk_bytes)
+    rng = np.random.default_rng(seed)
+    numels = rng.choice([0, 1, 3, 8, 9, 17, 63, 64, 65, 200, 1000], size=40).tolist()
+    a = [rng.random(n) > 0.5 for n in numels]
+    b = [rng.random(n) > 0.5 for n in numels]
+    bits_a, bits_b = (np.concatenate([packed(x) for x in side] + [np.zeros(0, np.uint8)]) for side in (a, b))
+    end = 0
+    for n in numels:  # set every padding bit on one side
+        end += -(-n // 8)
+        if n % 8:
+            bits_b[end - 1] |= 0xFF >> (n % 8)
+    assert similarity_module.PackedLayout(numels).agreeing(bits_a, bits_b).tolist() == [
+        int((x == y).sum()) for x, y in zip(a, b)]
