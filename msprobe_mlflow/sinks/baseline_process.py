@@ -56,8 +56,11 @@ class BaselineSink:
         self._ended = threading.Event()  # the process's output ended: every message it sent is handled
         if run is not None:
             run.annotate(tags={f"{TAG_PREFIX}baseline": options.baseline})
-        self.process = self._start({"options": dataclasses.replace(options, on_suspicious=None), "config": config,
-                                    "rank": rank, "has_run": run is not None, "describe_run": describe_run})
+        mlflow = sys.modules.get("mlflow")  # a run ID is looked up where this process would look it up
+        in_process = dataclasses.replace(options, on_suspicious=None, tracking_uri=options.tracking_uri or (
+            mlflow.get_tracking_uri() if mlflow is not None and not options.is_folder else None))
+        self.process = self._start({"options": in_process, "config": config, "rank": rank,
+                                    "has_run": run is not None, "describe_run": describe_run})
         self._outbox: queue.Queue = queue.Queue(maxsize=QUEUED_MESSAGES)
         self._sender = threading.Thread(target=self._send_all, daemon=True,
                                         name=f"msprobe-mlflow-live-verdict-rank{rank}")
