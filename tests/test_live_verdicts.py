@@ -5,8 +5,10 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
 import sys
 import threading
+import time
 import warnings
 from pathlib import Path
 
@@ -286,6 +288,35 @@ def test_a_comparison_process_that_cannot_start_costs_one_warning_and_training_g
     assert str(tmp_path / "no-python") in messages[0]
     assert monitor.errors == []
     assert summary_steps(tmp_path / "candidate" / "rank0") == list(range(STEPS))  # the dump is complete
+
+
+def test_the_comparison_process_ends_when_the_training_process_is_killed(tmp_path):
+    """No process is left behind by a training that dies without stop(): the comparison's input closes."""
+    train(tmp_path / "baseline", steps=2, log_to_mlflow=False).stop()
+    script = tmp_path / "killed.py"
+    script.write_text(f"""
+import os, signal, sys, torch
+sys.path[:0] = [{str(Path(__file__).parent)!r}, {str(Path(__file__).parent.parent)!r}]
+from test_live_verdicts import live_comparison, train
+monitor = train({str(tmp_path / "candidate")!r}, steps=2, log_to_mlflow=False, baseline={str(tmp_path / "baseline")!r})
+monitor.flush()
+print(live_comparison(monitor).process.pid, flush=True)
+os.kill(os.getpid(), signal.SIGKILL)
+""")
+    training = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300)
+    assert training.returncode == -signal.SIGKILL, training.stderr
+    comparison_pid = int(training.stdout.split()[-1])
+    deadline = time.monotonic() + 60
+    while process_runs(comparison_pid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not process_runs(comparison_pid)
+
+
+def process_runs(pid: int) -> bool:
+    try:
+        return "\tZ" not in Path(f"/proc/{pid}/status").read_text().split("State:")[1].split("\n")[0]
+    except FileNotFoundError:
+        return False
 
 
 def test_bad_options_are_refused_before_training(tmp_path):

@@ -92,8 +92,7 @@ class BaselineSink:
         elif (record.names, record.shapes) == self._sent_layout:
             message = ("step", record.step, None, None)
         else:
-            self._sent_layout = (list(record.names), list(record.shapes))
-            message = ("step", record.step, *self._sent_layout)
+            message = ("step", record.step, list(record.names), list(record.shapes))
         try:
             self._outbox.put(message, block=False)
         except queue.Full:
@@ -101,6 +100,9 @@ class BaselineSink:
                 self.notices.warn(f"rank {self.rank}: step {record.step} not compared with the baseline: the live "
                                   f"comparison fell {QUEUED_MESSAGES} steps behind. {GOES_ON}")
             self.not_handed_over.append(record.step)
+            return
+        if message[0] == "step" and message[2] is not None:  # the process knows this layout from now on
+            self._sent_layout = (message[2], message[3])
 
     # --- sender thread -----------------------------------------------------------------------------------------
     def _send_all(self) -> None:
@@ -220,17 +222,21 @@ def main() -> None:
     replies = _ToTrainingProcess(os.fdopen(os.dup(1), "wb"))
     os.dup2(2, 1)  # a stray print goes to stderr, not into the messages
     inbox = sys.stdin.buffer
-    setup = pickle.load(inbox)
-    comparison = LiveComparison(setup["options"], setup["config"], setup["rank"],
-                                run=replies if setup["has_run"] else None, notices=replies,
-                                on_suspicious=lambda verdict: replies.send("suspicious", verdict),
-                                describe_run=setup["describe_run"])
+    try:
+        setup = pickle.load(inbox)
+        comparison = LiveComparison(setup["options"], setup["config"], setup["rank"],
+                                    run=replies if setup["has_run"] else None, notices=replies,
+                                    on_suspicious=lambda verdict: replies.send("suspicious", verdict),
+                                    describe_run=setup["describe_run"])
+        _compare_until_closed(inbox, comparison, replies)
+    except (EOFError, BrokenPipeError):  # the training process ended without closing: nobody to tell
+        return
+
+
+def _compare_until_closed(inbox, comparison: LiveComparison, replies: _ToTrainingProcess) -> None:
     layout = None
     while True:
-        try:
-            kind, *fields = pickle.load(inbox)
-        except EOFError:  # the training process ended without closing
-            return
+        kind, *fields = pickle.load(inbox)
         if kind == "step":
             step, names, shapes = fields
             layout = StepLayout(names, shapes) if names is not None else layout
@@ -245,7 +251,6 @@ def main() -> None:
             comparison.close()
             replies.send("closed", None)
             return
-
 
 if __name__ == "__main__":
     main()
