@@ -2,6 +2,10 @@
 code, in GRAPH_MODE too, and ``disable=True`` gives ``Model.train`` back its own code."""
 from __future__ import annotations
 
+import subprocess
+import sys
+from pathlib import Path
+
 import mlflow
 import pytest
 
@@ -72,6 +76,31 @@ def test_msprobe_mlflow_autolog_switches_the_mindspore_patch_on_and_off(tmp_path
     finally:
         msprobe_mlflow.autolog(disable=True)
     assert Model.train is ORIGINAL_TRAIN
+
+
+def test_msprobe_mlflow_autolog_probes_model_train_where_torch_is_not_installed(tmp_path):
+    """A MindSpore-only install: ``msprobe_mlflow.autolog()`` must not need torch (blocked from importing here)."""
+    script = tmp_path / "no_torch.py"
+    script.write_text(f"""
+import sys
+from pathlib import Path
+sys.modules["torch"] = None  # what an install without torch gives: import torch raises ImportError
+sys.path[:0] = [{str(Path(__file__).parent)!r}, {str(Path(__file__).parent.parent)!r}]
+import mlflow, msprobe_mlflow
+from mindspore_training import assert_steps_match_numpy, batches, dense, sgd_model
+mlflow.set_tracking_uri({f"sqlite:///{tmp_path / 'mlflow.db'}"!r})
+msprobe_mlflow.autolog(dump_path={str(tmp_path / "dump")!r})
+net = dense()
+with mlflow.start_run() as run:
+    sgd_model(net).train(1, batches(), dataset_sink_mode=False)
+assert_steps_match_numpy(Path({str(tmp_path / "dump")!r}, run.info.run_id), [p.name for p in net.trainable_params()])
+print(run.info.run_id)
+""")
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    run_id = done.stdout.split()[-1]
+    client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    assert [m.step for m in client.get_metric_history(run_id, "grad/rank0/total_norm")] == [0, 1, 2]
 
 
 def test_an_optimizer_the_user_monitors_already_trains_on_with_a_warning(autolog_off_afterwards, tmp_path):

@@ -130,6 +130,35 @@ def test_autolog_disable_removes_the_hook_and_logs_nothing(experiment, tmp_path)
     assert not (tmp_path / "dump").exists() and not (tmp_path / "first").exists()
 
 
+def test_autolog_called_before_torch_is_imported_probes_the_model_once_it_is(tmp_path):
+    """``msprobe_mlflow.autolog()`` imports no framework: PyTorch's hook goes in when torch is imported."""
+    script = tmp_path / "autolog_first.py"
+    script.write_text(f"""
+import sys
+sys.path.insert(0, {str(Path(__file__).parent.parent)!r})
+import mlflow, msprobe_mlflow
+mlflow.set_tracking_uri({f"sqlite:///{tmp_path / 'mlflow.db'}"!r})
+msprobe_mlflow.autolog(dump_path={str(tmp_path / "dump")!r})
+assert "torch" not in sys.modules, "autolog() imported torch"
+import torch
+model = torch.nn.Linear(3, 2)
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+with mlflow.start_run() as run:
+    for _ in range(3):
+        optimizer.zero_grad()
+        model(torch.ones(4, 3)).sum().backward()
+        optimizer.step()
+print(run.info.run_id)
+""")
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    run_id = done.stdout.split()[-1]
+    client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    assert [m.step for m in client.get_metric_history(run_id, "grad/rank0/total_norm")] == [0, 1, 2]
+    assert sorted(p.name for p in (tmp_path / "dump" / run_id / "rank0").glob("grad_summary_*.csv")) == [
+        f"grad_summary_{step}.csv" for step in range(3)]
+
+
 def _train_into_deleted_run(tmp_path, silent: bool):
     """The run is deleted after the first step, so every later request of the sink fails for real."""
     monitor = GradientMonitor(GradProbeConfig(dump_path=str(tmp_path / "dump"), level="L1"), silent=silent)

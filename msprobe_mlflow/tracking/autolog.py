@@ -1,111 +1,32 @@
-"""``msprobe_mlflow.autolog()``: gradient probing of any PyTorch model trained inside ``mlflow.start_run()``.
+"""``msprobe_mlflow.autolog()``: gradient probing of any PyTorch model trained inside ``mlflow.start_run()``, and
+of every MindSpore ``Model.train``.
 
-How it finds the model without a line of user code: a global optimizer step pre-hook sees each optimizer's first
-step while a run is active and starts a :class:`GradientMonitor` on the outermost module holding that optimizer's
-parameters (found once, by walking the live modules), from that step on. Optimizers it has looked at cost one set
-lookup per step afterwards. No module hook is installed: a global module hook makes torch warn about, and call it
-again for, every compiled model. Under Lightning, the run is the ``MLFlowLogger``'s (it starts no active run).
-``mlflow.end_run()`` (patched with MLflow's ``safe_patch``) stops the run's monitors first, so the run ends with
-every step uploaded. ``disable=True`` removes the hook and the patches, as for MLflow's own integrations; so does a
-second ``autolog()`` call before it installs its own.
+Each framework's half is installed when that framework is imported (MLflow's import hooks), so neither is imported
+here and a MindSpore-only or PyTorch-only install has what it needs: PyTorch's optimizer hook in
+``pytorch/autolog.py``, MindSpore's ``Model.train`` patch in ``mindspore/autolog.py``. ``mlflow.end_run()``
+(patched with MLflow's ``safe_patch``) stops the run's monitors first, so the run ends with every step uploaded.
+``disable=True`` removes the hook and the patches, as for MLflow's own integrations; so does a second
+``autolog()`` call before it installs its own.
 """
 from __future__ import annotations
 
-import gc
-import logging
 import os
-import weakref
 
 import mlflow
 import mlflow.tracking.fluent
-import torch
-from mlflow.utils.autologging_utils import autologging_integration, get_autologging_config, safe_patch
-from torch.optim.optimizer import register_optimizer_step_pre_hook
+from mlflow.utils.autologging_utils import autologging_integration, safe_patch
+from mlflow.utils.import_hooks import register_post_import_hook
 
 from msprobe_mlflow.compare.verdict import DEFAULT_DROP_THRESHOLD, DEFAULT_FIRST_THRESHOLD
 from msprobe_mlflow.config import GradProbeConfig, autolog_config
-from msprobe_mlflow.integrations import mlflow_logger_run
 from msprobe_mlflow.mindspore.autolog import autolog_when_imported
-from msprobe_mlflow.pytorch.distributed import is_distributed, shared_run_id
-from msprobe_mlflow.pytorch.monitor import GradientMonitor, _monitored_models
+from msprobe_mlflow.monitoring import SessionMonitor
 from msprobe_mlflow.sinks.anomalies import SpikeRule
 from msprobe_mlflow.sinks.baseline import SuspiciousCallback
 
 FLAVOR_NAME = "msprobe_mlflow"
-logger = logging.getLogger("msprobe_mlflow")
-
-
-class _AutologState:
-    """The hook autolog installed, the monitors it started, and which optimizers it has already looked at."""
-
-    def __init__(self, config: GradProbeConfig, monitor_options: dict):
-        self.config = config
-        self.monitor_options = monitor_options
-        self.monitors: list[GradientMonitor] = []
-        self.seen: set[int] = set()
-        self.models: weakref.WeakValueDictionary[int, torch.nn.Module] = weakref.WeakValueDictionary()
-        self.hook = register_optimizer_step_pre_hook(self.on_optimizer_step)
-
-    def on_optimizer_step(self, optimizer: torch.optim.Optimizer, args, kwargs) -> None:
-        if id(optimizer) in self.seen:
-            return
-        try:
-            self._consider(optimizer)
-        except Exception:  # observability must never break training
-            self.seen.add(id(optimizer))
-            logger.warning("msprobe-mlflow autolog: could not monitor the model of %s", type(optimizer).__name__,
-                           exc_info=True)
-
-    def _consider(self, optimizer: torch.optim.Optimizer) -> None:
-        model = self.models.get(id(optimizer))
-        if model is None:
-            model = outermost_model(optimizer)
-            if model is None or id(model) in _monitored_models:
-                self.seen.add(id(optimizer))
-                return
-            self.models[id(optimizer)] = model
-        active = mlflow.active_run()
-        logger_run = mlflow_logger_run(model)
-        if logger_run is None and active is None and not is_distributed():
-            return  # looked at again at the next step: a run may start later
-        self.seen.add(id(optimizer))
-        run_id, tracking_uri = logger_run or (active.info.run_id if active else None, None)
-        run_id = shared_run_id(run_id)
-        config = self.config.replace(dump_path=os.path.join(self.config.dump_path, run_id or "no-run"))
-        monitor = GradientMonitor(config, run_id=run_id, tracking_uri=tracking_uri,
-                                  silent=get_autologging_config(FLAVOR_NAME, "silent", False), **self.monitor_options)
-        self.monitors.append(monitor.monitor(model, optimizer))  # its hook runs after this one: this step counts
-
-    def stop_monitors(self) -> None:
-        monitors, self.monitors = self.monitors, []
-        self.seen.clear()
-        self.models.clear()
-        for monitor in monitors:
-            monitor.stop()
-
-    def teardown(self) -> None:
-        self.hook.remove()
-        self.stop_monitors()
-
-
-_installed: _AutologState | None = None
-
-
-def outermost_model(optimizer: torch.optim.Optimizer) -> torch.nn.Module | None:
-    """The outermost live module (a wrapper such as DDP or ``torch.compile``'s, when there is one) holding the
-    parameters ``optimizer`` steps: one walk over the garbage collector's objects, once per optimizer."""
-    stepped = {id(p) for group in optimizer.param_groups for p in group["params"]}
-    modules = [m for m in gc.get_objects() if issubclass(type(m), torch.nn.Module)]  # not weakref proxies
-    parents = {id(child): module for module in modules for child in module._modules.values() if child is not None}
-    roots: dict[int, torch.nn.Module] = {}
-    for module in modules:
-        if any(id(p) in stepped for p in module._parameters.values() if p is not None):
-            climbed = {id(module)}
-            while id(module) in parents and id(parents[id(module)]) not in climbed:  # a cycle stops the climb
-                module = parents[id(module)]
-                climbed.add(id(module))
-            roots[id(module)] = module
-    return max(roots.values(), key=lambda m: sum(1 for _ in m.parameters()), default=None)
+_installed = None  # the PyTorch half (pytorch.autolog.TorchAutolog), once torch is imported
+_waiting_for_torch: tuple | None = None  # its (config, monitor options) until then
 
 
 def autolog(config: GradProbeConfig | str | os.PathLike | dict | None = None, *, level: str | None = None,
@@ -142,7 +63,8 @@ def autolog(config: GradProbeConfig | str | os.PathLike | dict | None = None, *,
         disable: remove the hook and the patches; monitors already running are stopped (flushed).
         silent: no warnings from msprobe-mlflow; problems go to the ``msprobe_mlflow`` logger only.
     """
-    global _installed
+    global _installed, _waiting_for_torch
+    _waiting_for_torch = None
     if _installed is not None:  # MLflow's wrapper reverts the patches; the hook and the monitors are ours to undo
         _installed.teardown()
         _installed = None
@@ -164,15 +86,26 @@ def autolog(config: GradProbeConfig | str | os.PathLike | dict | None = None, *,
 def _integration(config, *, level, bounds, dump_path, monitor_options: dict, disable: bool = False,
                  silent: bool = False) -> None:
     """MLflow's side of :func:`autolog`: stores the configuration, reverts earlier patches and, unless ``disable``,
-    runs this body, which installs the hook and the patches."""
-    global _installed
+    runs this body, which installs PyTorch's hook (now, or when torch is imported) and the patches."""
+    global _waiting_for_torch
     base = autolog_config(config, level=level, bounds=bounds, dump_path=dump_path)
-    GradientMonitor(base, **monitor_options)  # refuses a bad option now, not at the first forward
-    state = _installed = _AutologState(base, monitor_options)
+    SessionMonitor(base, **monitor_options)  # refuses a bad option now, not at the first step
+    _waiting_for_torch = (base, monitor_options)
+    register_post_import_hook(_on_torch_import, "torch", overwrite=True)  # called at once if torch is imported
 
     def end_run_after_monitors(original, *args, **kwargs):
-        state.stop_monitors()
+        if _installed is not None:
+            _installed.stop_monitors()
         return original(*args, **kwargs)
 
     safe_patch(FLAVOR_NAME, mlflow.tracking.fluent, "end_run", end_run_after_monitors)
     safe_patch(FLAVOR_NAME, mlflow, "end_run", end_run_after_monitors)
+
+
+def _on_torch_import(torch_module) -> None:
+    global _installed, _waiting_for_torch
+    if _waiting_for_torch is not None:  # not disabled since
+        from msprobe_mlflow.pytorch.autolog import TorchAutolog
+
+        _installed = TorchAutolog(*_waiting_for_torch, FLAVOR_NAME)
+        _waiting_for_torch = None
