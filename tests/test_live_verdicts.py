@@ -272,7 +272,8 @@ def test_a_comparison_process_killed_mid_run_costs_one_warning_and_the_run_says_
     assert summary_history(run.info.run_id) == [(0, 1.0), (1, 1.0), (2, 1.0)]
     tags = MlflowClient().get_run(run.info.run_id).data.tags
     assert tags["msprobe_mlflow.live_verdict"] == "incomplete"
-    assert "the live comparison process ended unexpectedly" in tags["mlflow.note.content"]
+    assert "the live comparison process ended unexpectedly (exit code -9), 3 step(s) not compared" in tags[
+        "mlflow.note.content"]
     assert summary_steps(tmp_path / "candidate" / "rank0") == list(range(6))  # the dump is complete
 
 

@@ -121,9 +121,8 @@ class BaselineSink:
                 raise BrokenPipeError
             pickle.dump(message, self.process.stdin)
             self.process.stdin.flush()
-        except OSError:  # the process ended: _receive warned once
+        except OSError:  # the process ended: _receive warned once, close() counts the steps in the description
             if message[0] == "step":
-                self.notices.log(f"rank {self.rank}: step {message[1]} not compared with the baseline: {self._problem}")
                 self.not_handed_over.append(message[1])
 
     # --- the process's messages, on a thread of their own ------------------------------------------------------
@@ -192,7 +191,8 @@ class BaselineSink:
                 self.process.kill()
         if not self._closed_cleanly and not self._suspicious and self.run is not None and self.describe_run:
             line = (f"msprobe-mlflow live verdict: incomplete against baseline {self.options.baseline}: "
-                    f"{self._problem}; `msprobe-mlflow compare` judges the whole run")
+                    f"{self._problem}, {len(self.not_handed_over)} step(s) not compared; `msprobe-mlflow compare` "
+                    f"judges the whole run")
             self.run.annotate(tags={f"{TAG_PREFIX}live_verdict": "incomplete", DESCRIPTION_TAG: line})
 
 
