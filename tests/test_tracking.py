@@ -19,6 +19,7 @@ from click.testing import CliRunner
 from mlflow.tracking import MlflowClient
 
 import msprobe_mlflow
+from fresh_interpreter import run_and_read_logged_steps
 from gradient_expectations import read_rows
 from msprobe_mlflow import GradProbeConfig
 from msprobe_mlflow.cli import main
@@ -150,11 +151,8 @@ with mlflow.start_run() as run:
         optimizer.step()
 print(run.info.run_id)
 """)
-    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stderr[-3000:]
-    run_id = done.stdout.split()[-1]
-    client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
-    assert [m.step for m in client.get_metric_history(run_id, "grad/rank0/total_norm")] == [0, 1, 2]
+    run_id, logged_steps = run_and_read_logged_steps(script, f"sqlite:///{tmp_path / 'mlflow.db'}")
+    assert logged_steps == [0, 1, 2]
     assert sorted(p.name for p in (tmp_path / "dump" / run_id / "rank0").glob("grad_summary_*.csv")) == [
         f"grad_summary_{step}.csv" for step in range(3)]
 
