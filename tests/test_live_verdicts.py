@@ -320,6 +320,28 @@ def process_runs(pid: int) -> bool:
         return False
 
 
+def test_a_comparison_that_fails_at_every_step_is_logged_warned_and_training_goes_on(tmp_path, caplog):
+    """The findings folder is a file: writing each step's similarities fails for real, in the comparison process."""
+    train(tmp_path / "baseline", log_to_mlflow=False).stop()
+    (tmp_path / "candidate" / "rank0").mkdir(parents=True)
+    (tmp_path / "candidate" / "rank0" / "findings").write_text("not a folder")
+    with warnings.catch_warnings(record=True) as caught, caplog.at_level("WARNING", logger="msprobe_mlflow"):
+        warnings.simplefilter("always")
+        monitor = train(tmp_path / "candidate", log_to_mlflow=False, baseline=str(tmp_path / "baseline"))
+        monitor.stop()
+    messages = [str(w.message) for w in caught if "msprobe-mlflow" in str(w.message)]
+    findings = tmp_path / "candidate" / "rank0" / "findings"
+    assert any(f"the live comparison failed {STEPS} time(s); first: step 0: FileExistsError: " in m
+               and str(findings) in m for m in messages), messages
+    assert any("the live comparison could not finish its findings (FileExistsError: " in m and str(findings) in m
+               for m in messages), messages
+    assert len(messages) == 2, messages  # the process closed as asked: no "ended unexpectedly"
+    logged = [r.getMessage() for r in caplog.records if "the live comparison of step" in r.getMessage()]
+    assert len(logged) == STEPS and all("Traceback" in m for m in logged)
+    assert monitor.errors == []
+    assert summary_steps(tmp_path / "candidate" / "rank0") == list(range(STEPS))  # the dump is complete
+
+
 def test_bad_options_are_refused_before_training(tmp_path):
     config = GradProbeConfig(dump_path=str(tmp_path), level="L1")
     with pytest.raises(ValueError, match=r"baseline = '\./no/such/dump': no such folder; expected a grad_probe dump"):

@@ -35,6 +35,7 @@ import math
 import os
 import queue
 import threading
+import traceback
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -316,11 +317,13 @@ class LiveComparison:
 
     def compare(self, step: int, layout: StepLayout) -> None:
         """Compares this run's ``step`` (in the local dump; ``layout``: its parameters' names and shapes) with the
-        baseline's. A failure is counted and reported at ``close``; the next step is compared as usual."""
+        baseline's. A failure is logged with its traceback at once, counted and warned about at ``close``; the next
+        step is compared as usual."""
         try:
             self._compare(step, layout)
         except Exception as e:
-            self.failures.append(f"step {step}: {e!r}")
+            self.failures.append(f"step {step}: {type(e).__name__}: {e}")  # an OSError's text names its file
+            self.notices.log(f"rank {self.rank}: the live comparison of step {step} failed:\n{traceback.format_exc()}")
 
     def _compare(self, step: int, layout: StepLayout) -> None:
         try:

@@ -248,9 +248,14 @@ def _compare_until_closed(inbox, comparison: LiveComparison, replies: _ToTrainin
         elif kind == "close":
             if fields[0]:
                 comparison.not_compared["not handed to the live comparison"] = fields[0]
-            comparison.close()
+            try:
+                comparison.close()
+            except Exception as e:  # the final verdict.json could not be written: said, and the close goes on
+                replies.warn(f"rank {comparison.rank}: the live comparison could not finish its findings "
+                             f"({type(e).__name__}: {e})")
             replies.send("closed", None)
             return
+
 
 if __name__ == "__main__":
     main()
