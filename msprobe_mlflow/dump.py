@@ -5,8 +5,14 @@
 {dump_path}/rank{R}/step{S}/directions.npz     L1/L2, packed form (ours)
 {dump_path}/rank{R}/step{S}/{param}.npy        L1/L2, msprobe's boolean form
 {dump_path}/rank{R}/findings/                  ours: what the live sinks found (live verdict, anomaly flags)
-{dump_path}/msprobe_mlflow_config.json         ours: the framework and config that wrote the dump
+{dump_path}/rank{R}/training_id                 ours: the ID of the training that writes this rank folder
+{dump_path}/msprobe_mlflow_config.json         ours: the framework, config and training ID that wrote the dump
+{dump_path}/previous/{ID}/                     ours: an earlier training's dump, set aside by the next one
 ```
+
+A dump holds one training's steps: a monitor sets aside what another training left in its ``dump_path``
+(:func:`set_aside_other_training`), and ``compare`` and ``upload`` refuse a folder mixed otherwise (by hand, or by
+a writer that records no training ID: :func:`check_one_training`).
 
 In a run, ``grad_probe/rank{R}/steps_{ranges}.zip`` (``archive_every_n_steps``; ``steps_0-9_12.zip`` holds steps 0
 to 9 and 12) stands for those steps' ``grad_summary_{S}.csv`` and ``step{S}/directions.npz``, under these names:
@@ -24,6 +30,7 @@ import json
 import math
 import os
 import re
+import uuid
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,6 +42,8 @@ from msprobe_mlflow.records import StepRecord
 from msprobe_mlflow.safe_paths import atomic_write_bytes, confined_path, refuse_symlink
 
 DUMP_CONFIG_FILE_NAME = "msprobe_mlflow_config.json"
+TRAINING_ID_FILE_NAME = "training_id"
+PREVIOUS_FOLDER = "previous"
 RANK_PREFIX, STEP_PREFIX = "rank", "step"
 FINDINGS_FOLDER = "findings"
 SUMMARY_PREFIX, SUMMARY_SUFFIX = "grad_summary_", ".csv"
@@ -241,7 +250,8 @@ DUMP_FOLDER_EXPECTED = "expected a grad_probe dump folder (holding rank0/grad_su
 
 def dump_folder(path: str | os.PathLike, label: str) -> Path:
     """``path`` as a dump folder, or a ``ValueError`` saying what is there instead (nothing, a file, a folder
-    without ``rank<N>/``) and what is expected; ``label`` names the argument (``dump_a``, ``B``)."""
+    without ``rank<N>/``, the steps of several trainings: :func:`check_one_training`) and what is expected;
+    ``label`` names the argument (``dump_a``, ``B``)."""
     folder = Path(path)
     if not folder.exists():
         found = ": no such folder"
@@ -250,6 +260,7 @@ def dump_folder(path: str | os.PathLike, label: str) -> Path:
     elif not indexed_children(folder, RANK_PREFIX):
         found = " holds no rank<N> folders"
     else:
+        check_one_training(folder, f"{label} = {str(path)!r}")
         return folder
     raise ValueError(f"{label} = {str(path)!r}{found}; {DUMP_FOLDER_EXPECTED}")
 
@@ -335,11 +346,14 @@ def read_statistics_table(dump_path: str | os.PathLike):
     return pandas.concat(frames, ignore_index=True)
 
 
-def write_dump_config(dump_path: str | os.PathLike, framework: str, config: GradProbeConfig) -> Path:
-    """Records which framework and config wrote the dump, so an upload can give the run its params and tags."""
+def write_dump_config(dump_path: str | os.PathLike, framework: str, config: GradProbeConfig,
+                      training_id: str | None = None) -> Path:
+    """Records which framework and config wrote the dump, so an upload can give the run its params and tags, and
+    which training (``training_id``, written when given)."""
     path = Path(dump_path) / DUMP_CONFIG_FILE_NAME
-    atomic_write_bytes(path, json.dumps({"framework": framework, "config": config.to_msprobe_dict()},
-                                        indent=2).encode())
+    saved = {"framework": framework, **({"training_id": training_id} if training_id else {}),
+             "config": config.to_msprobe_dict()}
+    atomic_write_bytes(path, json.dumps(saved, indent=2).encode())
     return path
 
 
@@ -356,4 +370,124 @@ def read_dump_config(dump_path: str | os.PathLike) -> dict | None:
     if not isinstance(saved, dict) or not isinstance(saved.get("config"), dict):
         raise ValueError(f"{config_file}: field config is missing or not an object; expected the "
                          f'{{"framework": ..., "config": {{...}}}} the monitor writes')
+    if "training_id" in saved:
+        _check_training_id(saved["training_id"], f"{config_file}: field training_id")
     return saved
+
+
+# Training IDs: which training wrote a dump, so that two trainings' steps are never taken for one.
+
+_TRAINING_ID_PATTERN = re.compile(r"[0-9a-f]{32}")
+
+
+def new_training_id() -> str:
+    """A fresh training ID: a random UUID's 32 hex digits (also a safe folder name under ``previous/``)."""
+    return uuid.uuid4().hex
+
+
+def _check_training_id(value, where: str) -> str:
+    if not isinstance(value, str) or not _TRAINING_ID_PATTERN.fullmatch(value):
+        raise ValueError(f"{where} = {str(value)[:80]!r} is not a training ID; expected the 32 lower-case hex "
+                         f"digits a monitor writes")
+    return value
+
+
+def write_training_id(dump_path: str | os.PathLike, rank: int, training_id: str) -> Path:
+    """``rank{R}/training_id``, written before the rank's first step: a rank folder says on its own which training
+    wrote it (ranks of one job share one ID: rank 0's)."""
+    path = rank_dir(dump_path, rank) / TRAINING_ID_FILE_NAME
+    atomic_write_bytes(path, _check_training_id(training_id, "training_id").encode())
+    return path
+
+
+def read_training_id(rank_folder: str | os.PathLike) -> str | None:
+    """The ID in ``rank_folder/training_id``; None when there is none (msprobe 1.0.3, or msprobe-mlflow before
+    training IDs)."""
+    path = Path(rank_folder) / TRAINING_ID_FILE_NAME
+    if not path.exists():
+        return None
+    try:
+        text = refuse_symlink(path).read_text(encoding="utf-8").strip()
+    except (OSError, UnicodeDecodeError) as e:
+        raise ValueError(f"{path}: not a readable text file ({e})") from None
+    return _check_training_id(text, str(path))
+
+
+def _holds_steps(rank_folder: Path) -> bool:
+    return bool(summary_steps(rank_folder) or indexed_children(rank_folder, STEP_PREFIX))
+
+
+def dump_trainings(folder: str | os.PathLike) -> dict[str | None, list[str]]:
+    """Which training wrote which part of a dump: training ID (None: not recorded) -> ``msprobe_mlflow_config.json``
+    and the rank folders holding steps (``rank0``, ...), in that order. A dump written by msprobe 1.0.3 or by
+    msprobe-mlflow before training IDs has one key, None."""
+    owners: dict[str | None, list[str]] = {}
+    saved = read_dump_config(folder)
+    if saved is not None:
+        owners.setdefault(saved.get("training_id"), []).append(DUMP_CONFIG_FILE_NAME)
+    for rank in indexed_children(folder, RANK_PREFIX):
+        if _holds_steps(rank_dir(folder, rank)):
+            owners.setdefault(read_training_id(rank_dir(folder, rank)), []).append(relative_rank_dir(rank))
+    return owners
+
+
+def check_one_training(folder: str | os.PathLike, label: str) -> None:
+    """Refuses (``ValueError``) a dump whose parts record different trainings, naming each training and its parts:
+    its steps would be compared or uploaded as one training's. A part that records no ID among parts that do
+    counts as another training (written by msprobe 1.0.3, or an earlier msprobe-mlflow, into a newer dump).
+    Steps that overwrote others without a rank ID of their own cannot be told apart: monitors prevent it by
+    setting an earlier training aside (:func:`set_aside_other_training`)."""
+    owners = dump_trainings(folder)
+    if len(owners) < 2:
+        return
+    parts = "; ".join(f"{training_id or 'no training ID'}: {short_list(names)}"
+                      for training_id, names in owners.items())
+    raise ValueError(f"{label} holds the steps of {len(owners)} trainings ({parts}); compare and upload take one "
+                     f"training's dump: move each training's rank folders (and its {DUMP_CONFIG_FILE_NAME}) into a "
+                     f"folder of their own and give that folder")
+
+
+def short_list(names: list[str], shown: int = 8) -> str:
+    """``a, b, c`` or, past ``shown`` names, ``a, ..., h and 992 more``: a message stays short at 1000 ranks."""
+    return ", ".join(names[:shown]) + (f" and {len(names) - shown} more" if len(names) > shown else "")
+
+
+def set_aside_other_training(dump_path: str | os.PathLike, training_id: str,
+                             ranks: list[int] | None = None) -> list[Path]:
+    """Moves what another training left in ``dump_path`` to ``{dump_path}/previous/{its ID}/``, so that the
+    training ``training_id`` never writes among its steps and nothing of them is lost; returns the new places.
+
+    Moved: the rank folders of ``ranks`` (None: all) that hold anything besides ``training_id``'s own ID file,
+    each under the ID it records (``before-{training_id}`` when it records none: msprobe 1.0.3, or msprobe-mlflow
+    before training IDs); with them goes a copy of the other training's ``msprobe_mlflow_config.json``, so that
+    each ``previous/{ID}/`` is a dump that ``compare`` and ``upload`` take (a copy: ranks that share a file system
+    may each set aside their own folder; the writer then replaces the original). A rank folder holding only
+    another training's ID file (no step written) is kept, and its ID replaced. A place already taken is refused
+    before anything moves. Moves stay within ``dump_path``: one rename each, whatever the size, on any mount.
+    """
+    dump_path = Path(dump_path)
+    previous = dump_path / PREVIOUS_FOLDER
+    unrecorded = f"before-{training_id}"
+    moves = []
+    for rank in indexed_children(dump_path, RANK_PREFIX) if ranks is None else ranks:
+        folder = rank_dir(dump_path, rank)
+        if not folder.is_dir():
+            continue
+        recorded = read_training_id(folder)
+        if recorded != training_id and any(entry.name != TRAINING_ID_FILE_NAME for entry in folder.iterdir()):
+            moves.append((folder, previous / (recorded or unrecorded) / folder.name))
+    taken = [str(target) for _, target in moves if os.path.lexists(target)]
+    if taken:
+        raise ValueError(f"{dump_path} holds another training's steps, which would be moved to {taken[0]}, but "
+                         f"that is taken; move or delete it, or give this training another dump_path")
+    moved = []
+    saved = read_dump_config(dump_path) if moves else None
+    if saved is not None and saved.get("training_id") != training_id:
+        target = previous / (saved.get("training_id") or unrecorded) / DUMP_CONFIG_FILE_NAME
+        atomic_write_bytes(target, (dump_path / DUMP_CONFIG_FILE_NAME).read_bytes())
+        moved.append(target)
+    for source, target in moves:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        source.rename(target)
+        moved.append(target)
+    return moved

@@ -72,13 +72,17 @@ class SessionMonitor:
         self.step = 0
         self._extra_sinks = list(sinks)
         self._session: ProbeSession | None = None
+        self.training_id: str | None = None  # set by the first session: what its dump records (rank 0's)
 
     def _open_session(self, framework: str, ranks: RankPolicy,
                       share_run_id: Callable[[str | None], str | None] = lambda run_id: run_id,
                       summary_gather: Callable[[], SummaryGather] | None = None) -> ProbeSession:
-        """The session first (a bad dump_path fails before anything is sent), then its sinks (``share_run_id`` and
-        ``summary_gather``: the framework's collectives, see :func:`choose_sinks`)."""
-        session = ProbeSession(self.config, framework=framework, ranks=ranks, notices=self.notices)
+        """The session first (a bad dump_path fails before anything is sent; another training's steps in it are
+        set aside, see :class:`ProbeSession`), then its sinks (``share_run_id`` and ``summary_gather``: the
+        framework's collectives, see :func:`choose_sinks`; ``share_run_id`` shares the training ID too)."""
+        session = ProbeSession(self.config, framework=framework, ranks=ranks, notices=self.notices,
+                               training_id=self.training_id, from_rank_zero=share_run_id)
+        self.training_id = session.training_id
         trigger = directions_sinks(self.directions_schedule, self.trigger_rule, ranks.rank, self.notices)
         session.add_sinks(trigger + choose_sinks(self.config, ranks, framework=framework, tracking=self.tracking,
                                                  share_run_id=share_run_id, metrics_file=self.metrics_file,

@@ -10,10 +10,12 @@ import os
 import weakref
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 from msprobe_mlflow.background import BackgroundStepWriter, PendingStep
 from msprobe_mlflow.config import GradProbeConfig
-from msprobe_mlflow.dump import write_dump_config, write_step
+from msprobe_mlflow.dump import (new_training_id, set_aside_other_training, short_list, write_dump_config,
+                                 write_step, write_training_id)
 from msprobe_mlflow.notices import Notices
 
 
@@ -62,22 +64,60 @@ def ensure_writable_folder(path: str) -> None:
         raise ValueError(f"dump_path = {path!r} is not a writable folder ({e.strerror or e})") from e
 
 
+def set_aside_message(dump_path: str, moved: list[Path], training_id: str) -> str:
+    places: dict[Path, list[str]] = {}
+    for path in moved:
+        places.setdefault(path.parent, []).append(path.name)
+    where = "; ".join(f"{short_list(names)} to {folder}" for folder, names in places.items())
+    return (f"dump_path {dump_path} held another training's steps: moved {where} (nothing deleted; compare or "
+            f"upload them from there, delete them when no longer needed), so that this training ({training_id}) "
+            f"does not mix its steps with them")
+
+
 class ProbeSession:
     """One monitoring session: a writer thread that writes each step to the local dump, then hands it to each sink
-    in order. A failing sink is counted in ``errors`` and never stops the dump or the other sinks."""
+    in order. A failing sink is counted in ``errors`` and never stops the dump or the other sinks.
+
+    ``training_id`` (None: a new one) names the training in its dump; a monitor that opens a session again passes
+    its own, so its earlier steps stay in place. ``from_rank_zero(value)`` returns rank 0's value on every rank: the
+    framework's broadcast (a collective), the one that shares the run ID."""
 
     def __init__(self, config: GradProbeConfig, *, framework: str, ranks: RankPolicy = RankPolicy(),
-                 notices: Notices | None = None):
+                 notices: Notices | None = None, training_id: str | None = None,
+                 from_rank_zero: Callable[[str | None], str | None] = lambda value: value):
         ensure_writable_folder(config.dump_path)
         self.config = config
         self.framework = framework
         self.ranks = ranks
         self.notices = notices or Notices()
-        write_dump_config(config.dump_path, framework, config)
+        self.training_id = self._claim_dump_folder(training_id or new_training_id(), from_rank_zero)
         self.sinks: list = []
         self._writer = BackgroundStepWriter([self._write_local_dump])
         self.closed = False
         _open_sessions.add(self)
+
+    def _claim_dump_folder(self, training_id: str, from_rank_zero) -> str:
+        """Makes ``dump_path`` this training's before its first step, and returns its ID (rank 0's, on every rank).
+
+        Another training's steps are moved to ``{dump_path}/previous/{ID}/`` with one warning saying where (never
+        written among, never deleted). Rank 0 sets aside every rank folder and writes the config before it hands
+        on its ID, and the other ranks write nothing before they receive it: on a shared file system nothing of
+        this training is there yet. Each other rank then sets aside its own rank folder (found only on a file
+        system rank 0 does not share). Each probing rank records the ID in ``rank{R}/training_id``."""
+        dump_path, rank, first = self.config.dump_path, self.ranks.rank, self.ranks.owns_run
+        moved: list[Path] = []
+        if first:
+            moved = set_aside_other_training(dump_path, training_id)
+            write_dump_config(dump_path, self.framework, self.config, training_id)
+        training_id = from_rank_zero(training_id) or training_id
+        if not first:
+            moved = set_aside_other_training(dump_path, training_id, [rank])
+            write_dump_config(dump_path, self.framework, self.config, training_id)
+        if self.ranks.probes:
+            write_training_id(dump_path, rank, training_id)
+        if moved:
+            self.notices.warn(set_aside_message(dump_path, moved, training_id))
+        return training_id
 
     def add_sinks(self, sinks: list) -> None:
         """Sinks get the steps submitted from now on, after the local dump."""
