@@ -6,6 +6,7 @@ from the gradients the training loop returns for the MLP.
 from __future__ import annotations
 
 import hashlib
+import os
 import subprocess
 import sys
 import textwrap
@@ -428,3 +429,32 @@ def test_a_graph_mode_process_exits_cleanly_with_or_without_stop(tmp_path, colle
     assert result.returncode == 0, result.stderr[-3000:]
     assert "training done" in result.stdout and "Traceback" not in result.stderr
     assert summary_steps(tmp_path / "dump" / "rank0") == written
+
+
+WARNINGS_SCRIPT = textwrap.dedent("""
+    import sys
+    sys.path[:0] = [sys.argv[1], sys.argv[2]]
+    from pathlib import Path
+    from mindspore_training import assert_steps_match_numpy, batches, dense, sgd_model
+    from msprobe_mlflow.mindspore import GradProbeCallback
+
+    net = dense()
+    callback = GradProbeCallback({"task": "grad_probe", "dump_path": "dump", "grad_probe": {"grad_level": sys.argv[3]}},
+                                 log_to_mlflow=False)
+    sgd_model(net).train(1, batches(), callbacks=callback, dataset_sink_mode=False)
+    assert_steps_match_numpy(Path("dump"), [p.name for p in net.trainable_params()])
+    print("training done")
+""")
+
+
+@pytest.mark.parametrize("level", ["L0", "L2"])  # between them, every statistic the probe computes
+def test_a_monitored_pynative_training_prints_no_mindspore_warning(tmp_path, level):
+    """The probe's compiled statistics once used ``mint.reshape``, which makes MindSpore warn (``The mint interface
+    reshape was called ... may produce unexpected results``) in every monitored training."""
+    script = tmp_path / "train.py"
+    script.write_text(WARNINGS_SCRIPT)
+    result = subprocess.run([sys.executable, str(script), str(REPO / "tests"), str(REPO), level], cwd=tmp_path,
+                            capture_output=True, text=True, timeout=300, env={**os.environ, "GLOG_v": "2"})
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "training done" in result.stdout
+    assert [line for line in result.stderr.splitlines() if "WARNING" in line or "Warning" in line] == []

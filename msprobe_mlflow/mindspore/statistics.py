@@ -41,7 +41,7 @@ def _comparable(grad):
 
 
 def _scalar64(value):
-    return mint.reshape(value.astype(ms.float64), (1,))
+    return ops.reshape(value.astype(ms.float64), (1,))
 
 
 _map = ops.HyperMap()
@@ -77,13 +77,13 @@ def _bucket_counts_of(bounds32, selected, grad):
     if grad.size == 0:  # MindSpore's CPU sum of an empty tensor is not 0
         return mint.zeros((len(bounds32) + 1,), dtype=ms.int64)
     comparable = _comparable(grad)
-    zeros = mint.reshape(mint.sum(comparable == 0, dtype=ms.int64), (1,))
+    zeros = ops.reshape(mint.sum(comparable == 0, dtype=ms.int64), (1,))
     if grad.size * len(bounds32) <= _COMPARISON_MATRIX_LIMIT:
         bounds = ms.Tensor(bounds32, comparable.dtype)
-        return mint.cat((mint.sum(mint.reshape(comparable, (-1, 1)) <= bounds, dim=0, dtype=ms.int64), zeros))
+        return mint.cat((mint.sum(ops.reshape(comparable, (-1, 1)) <= bounds, dim=0, dtype=ms.int64), zeros))
     counts = []
     for bound in bounds32:
-        counts.append(mint.reshape(mint.sum(comparable <= bound, dtype=ms.int64), (1,)))
+        counts.append(ops.reshape(mint.sum(comparable <= bound, dtype=ms.int64), (1,)))
     counts.append(zeros)
     return mint.cat(counts)
 
@@ -93,7 +93,7 @@ def _sign_bits_of(selected, grad):
     """``grad > 0`` flattened and padded with 0 to a whole byte."""
     if not selected or grad.size == 0:
         return mint.zeros((0,), dtype=ms.uint8)
-    bits = mint.reshape(_comparable(grad) > 0, (-1,)).astype(ms.uint8)
+    bits = ops.reshape(_comparable(grad) > 0, (-1,)).astype(ms.uint8)
     padding = -grad.size % 8
     if padding:
         bits = mint.cat((bits, mint.zeros((padding,), dtype=ms.uint8)))
@@ -104,7 +104,7 @@ def _sign_bits_of(selected, grad):
 def _flat_float32_of(selected, grad):
     if not selected or grad.size == 0:
         return mint.zeros((0,), dtype=ms.float32)
-    return mint.reshape(_as_float32(grad), (-1,))
+    return ops.reshape(_as_float32(grad), (-1,))
 
 
 def gradient_statistics(grads: tuple, selected: tuple, has_buckets: bool, bounds32: tuple) -> ms.Tensor:
@@ -122,7 +122,7 @@ def gradient_statistics(grads: tuple, selected: tuple, has_buckets: bool, bounds
 def pack_signs(grads: tuple, selected: tuple) -> ms.Tensor:
     """``grad > 0`` of each selected gradient bit-packed like ``np.packbits``, each padded to a whole byte,
     concatenated. Zero, -0.0 and NaN give 0 bits, as msprobe's ``np.save(grad > 0)``."""
-    bits = mint.reshape(mint.cat(_map(_sign_bits, selected, grads)), (-1, 8))
+    bits = ops.reshape(mint.cat(_map(_sign_bits, selected, grads)), (-1, 8))
     return mint.sum(bits * ms.Tensor(_BIT_WEIGHTS, ms.uint8), dim=1, dtype=ms.uint8)
 
 
