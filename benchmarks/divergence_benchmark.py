@@ -1,0 +1,831 @@
+"""The divergence benchmark (issue 24): does a verdict rule name the first step at which two trainings part, with
+the parameter the bug touched, and stay quiet on pairs that only differ in rounding?
+
+Two model families, trained with the real ``GradientMonitor`` (L2, bounds ``[-1, 0, 1]``, local dump only), each a
+function of (seed, step) alone: a GPT-2 from ``transformers.GPT2Config`` (2 layers, width 64, 4 heads, 128 tokens,
+random weights, AdamW, batches of 8 x 32 synthetic tokens; the key third of its fused attention bias ``c_attn.bias``
+has a gradient that is zero in exact arithmetic, so its signs are rounding noise) and a small conv net (Conv2d with
+bias then BatchNorm2d, whose bias gradient is zero in exact arithmetic too; ReLU; a LayerNorm and Linear head; SGD
+with momentum; 1 x 8 x 8 synthetic images of 10 classes). Per family and seed (3 seeds):
+
+- the baseline: float32, clean, 300 steps;
+- benign pairs, 300 steps each against the baseline: float64 (model and data), bf16 autocast, perturbed rounding
+  (every initial weight times 1 + 2^-23 x a random sign, one ulp);
+- harmful scenarios (``SCENARIOS``: data, optimizer, model code, numerics, gradient plumbing, silent corruption),
+  60 steps each, in three variants against the baseline: the bug alone from step 30 (float32); on top of one noise
+  (float64 for seed 0, bf16 for seed 1, perturbed rounding for seed 2) from step 30; on top of that noise from 0.
+
+The truth is measured, not assumed: the first step at which the bug run's recorded gradients (summary CSV bytes,
+direction bits) differ from the clean run of the same noise (the baseline, or the 300-step benign run); a scenario
+whose gradients never differ is reported as invalid. The live verdict: the on-noise variants of seed 0 trained again
+with ``baseline=`` and ``on_suspicious``, per rule.
+
+Phases (``--work`` holds the dumps; default ``/tmp/divergence``):
+
+    python benchmarks/divergence_benchmark.py generate   # trains every run not already in --work (cached)
+    python benchmarks/divergence_benchmark.py live       # the live-verdict runs, each rule (trained every time)
+    python benchmarks/divergence_benchmark.py evaluate   # compare_dumps per rule -> results/divergence.{json,md}
+    python benchmarks/divergence_benchmark.py all        # the three in turn (what benchmarks/run-divergence runs)
+
+``--quick``: 1 seed, 3 scenarios, few steps, results in ``--work`` only (a dry run of the harness).
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime
+import hashlib
+import inspect
+import json
+import logging
+import multiprocessing
+import os
+import platform
+import shutil
+import statistics
+import sys
+import time
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from msprobe_mlflow import GradProbeConfig
+from msprobe_mlflow.compare.engine import compare_dumps
+from msprobe_mlflow.directions import read_step_directions
+from msprobe_mlflow.dump import findings_dir, step_dir, summary_csv_path
+from msprobe_mlflow.pytorch import GradientMonitor
+
+RESULTS = Path(__file__).resolve().parent / "results"
+RECIPE = 1  # bump when a training below changes: dumps cached under another recipe are trained again
+NOISES = ("float64", "bf16", "rounding")
+NOISE_OF_SEED = {0: "float64", 1: "bf16", 2: "rounding"}
+VARIANTS = ("alone", "on noise", "from step 0")
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    seeds: tuple[int, ...] = (0, 1, 2)
+    benign_steps: int = 300
+    harmful_steps: int = 60
+    bug_step: int = 30
+    scenarios: tuple[str, ...] | None = None  # None: all
+
+    def scenario_list(self) -> list[Scenario]:
+        return [s for s in SCENARIOS if self.scenarios is None or s.name in self.scenarios]
+
+
+QUICK = Plan(seeds=(0,), benign_steps=24, harmful_steps=12, bug_step=6,
+             scenarios=("learning rate x10", "gradient zeroed", "gradients x2"))
+
+
+# ---- the two model families: a model, an optimizer, and a data stream that is a function of (seed, step) only
+
+def generator(*key) -> torch.Generator:
+    digest = hashlib.blake2b(repr(key).encode(), digest_size=8).digest()
+    return torch.Generator().manual_seed(int.from_bytes(digest, "little") >> 1)
+
+
+def at_least_float32(logits: torch.Tensor) -> torch.Tensor:
+    """bf16 logits (autocast) in float32 for the loss; float64 ones stay float64."""
+    return logits.to(torch.promote_types(logits.dtype, torch.float32))
+
+
+class GPT2:
+    name = "gpt2"
+    vocab, length, batch_size = 128, 32, 8
+    bf16_layer, zeroed, corrupted, flipped = ("transformer.h.1.mlp.c_fc", "transformer.h.1.mlp.c_fc.weight",
+                                              "transformer.h.0.mlp.c_proj.weight", "transformer.h.0.attn.c_proj.weight")
+
+    @staticmethod
+    def build() -> torch.nn.Module:
+        from transformers import GPT2Config, GPT2LMHeadModel
+        config = GPT2Config(n_layer=2, n_embd=64, n_head=4, vocab_size=128, n_positions=32, bos_token_id=None, eos_token_id=None, resid_pdrop=0.0,
+                            embd_pdrop=0.0, attn_pdrop=0.0)
+        config._attn_implementation = "eager"  # the mask is an explicit tensor (the causal-mask bug removes it)
+        return GPT2LMHeadModel(config)
+
+    @staticmethod
+    def optimizer(model) -> torch.optim.Optimizer:
+        return torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.01)
+
+    def batch(self, seed: int, step: int, stream: str = "train") -> tuple[torch.Tensor, torch.Tensor]:
+        """Sequences t -> (a t + 1) mod V with a per sequence, 10% of tokens random; targets: the next token."""
+        g = generator(seed, step, stream)
+        start = torch.randint(self.vocab, (self.batch_size, 1), generator=g)
+        factor = torch.tensor([3, 5, 7])[torch.randint(3, (self.batch_size, 1), generator=g)]
+        tokens = [start]
+        for _ in range(self.length - 1):
+            tokens.append((tokens[-1] * factor + 1) % self.vocab)
+        tokens = torch.cat(tokens, 1)
+        noise = torch.rand(tokens.shape, generator=g) < 0.1
+        tokens = torch.where(noise, torch.randint(self.vocab, tokens.shape, generator=g), tokens)
+        return tokens, tokens[:, 1:].clone()
+
+    def loss(self, model, inputs, targets, reduction: str) -> torch.Tensor:
+        logits = model(input_ids=inputs).logits[:, :-1]
+        return torch.nn.functional.cross_entropy(at_least_float32(logits).reshape(-1, self.vocab),
+                                                 targets.reshape(-1), reduction=reduction)
+
+    @staticmethod
+    def change_code(model) -> None:
+        """Model-code bug: the causal mask dropped (every position sees the future)."""
+        for block in model.transformer.h:
+            block.attn.register_forward_pre_hook(lambda _, args, kwargs: (args, {**kwargs, "attention_mask": None}),
+                                                 with_kwargs=True)
+
+
+class ConvNet(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv1 = torch.nn.Conv2d(1, 8, 3, padding=1)  # biased, then BatchNorm: a gradient zero in exact arithmetic
+        self.bn1 = torch.nn.BatchNorm2d(8)
+        self.conv2 = torch.nn.Conv2d(8, 16, 3, padding=1)
+        self.bn2 = torch.nn.BatchNorm2d(16)
+        self.act = torch.nn.ReLU()
+        self.pool = torch.nn.AdaptiveAvgPool2d(2)
+        self.norm = torch.nn.LayerNorm(64)
+        self.dropout = torch.nn.Dropout(0.0)
+        self.head = torch.nn.Linear(64, 10)
+
+    def forward(self, x):
+        x = self.act(self.bn1(self.conv1(x)))
+        x = self.pool(self.act(self.bn2(self.conv2(x)))).flatten(1)
+        return self.head(self.dropout(self.norm(x)))
+
+
+class Conv:
+    name = "conv"
+    batch_size, classes = 32, 10
+    bf16_layer, zeroed, corrupted, flipped = "head", "conv2.weight", "conv2.weight", "head.weight"
+
+    @staticmethod
+    def build() -> torch.nn.Module:
+        return ConvNet()
+
+    @staticmethod
+    def optimizer(model) -> torch.optim.Optimizer:
+        return torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9, weight_decay=1e-4)
+
+    def batch(self, seed: int, step: int, stream: str = "train") -> tuple[torch.Tensor, torch.Tensor]:
+        """Noisy copies of 10 fixed 8 x 8 prototypes (fixed per seed); the target is the prototype's class."""
+        prototypes = torch.randn(self.classes, 1, 8, 8, generator=generator(seed, "prototypes"))
+        g = generator(seed, step, stream)
+        labels = torch.randint(self.classes, (self.batch_size,), generator=g)
+        return prototypes[labels] + 0.7 * torch.randn(self.batch_size, 1, 8, 8, generator=g), labels
+
+    @staticmethod
+    def loss(model, inputs, targets, reduction: str) -> torch.Tensor:
+        return torch.nn.functional.cross_entropy(at_least_float32(model(inputs)), targets, reduction=reduction)
+
+    @staticmethod
+    def change_code(model) -> None:
+        """Model-code bug: ReLU replaced by GELU."""
+        model.act = torch.nn.GELU()
+
+
+FAMILIES = {family.name: family for family in (GPT2(), Conv())}
+
+
+# ---- the harmful scenarios
+
+
+@dataclasses.dataclass(frozen=True)
+class Scenario:
+    """``culprits(family)``: the parameters a localized bug touches (None: not localized); ``magnitude``: at its
+    first step the bug changes magnitudes only, every sign intact."""
+
+    name: str
+    category: str
+    what: str
+    culprit: str | None = None  # the family's attribute naming the touched parameter or layer
+    magnitude: bool = False
+
+    def culprits(self, family) -> list[str] | None:
+        if self.culprit is None:
+            return None
+        named = getattr(family, self.culprit)
+        return [named + ".weight", named + ".bias"] if self.culprit == "bf16_layer" else [named]
+
+
+SCENARIOS = (
+    Scenario("new batches", "data", "other batches from the bug's step on (another data stream)"),
+    Scenario("labels corrupted", "data", "20% of the targets replaced by random classes or tokens"),
+    Scenario("learning rate x10", "optimizer", "learning rate x10 from the bug's step"),
+    Scenario("weight decay x10", "optimizer", "weight decay x10 from the bug's step"),
+    Scenario("model code changed", "model code", "GPT-2: the causal mask dropped; conv: ReLU -> GELU"),
+    Scenario("dropout on", "model code", "dropout switched on (p = 0.1 everywhere)"),
+    Scenario("norm epsilon", "numerics", "LayerNorm / BatchNorm epsilon 1e-5 -> 1e-3"),
+    Scenario("one layer in bf16", "numerics", "one layer's matmul in bf16 (GPT-2: h.1.mlp.c_fc; conv: head)",
+             culprit="bf16_layer"),
+    Scenario("gradients x2", "gradient plumbing", "every gradient x2, as by a wrong world size", magnitude=True),
+    Scenario("loss summed", "gradient plumbing", "loss summed instead of averaged", magnitude=True),
+    Scenario("gradient zeroed", "gradient plumbing", "one parameter's gradient zeroed", culprit="zeroed"),
+    Scenario("weights corrupted", "silent corruption", "4 elements of one weight matrix set to 10x its largest "
+             "value at the bug's step", culprit="corrupted"),
+    Scenario("exponent bit flip", "silent corruption", "one exponent bit flipped in one gradient element at the "
+             "bug's step (the bit worth 2^8, in an element where it is 0: that value x 256)", culprit="flipped",
+             magnitude=True),
+)
+SCENARIO_BY_NAME = {s.name: s for s in SCENARIOS}
+
+
+# ---- one training
+
+
+@dataclasses.dataclass(frozen=True)
+class RunSpec:
+    family: str
+    seed: int
+    noise: str  # float32, float64, bf16, rounding
+    steps: int
+    scenario: str | None = None
+    bug_from: int | None = None
+
+    @property
+    def name(self) -> str:
+        bug = "" if self.scenario is None else f"-{self.scenario.replace(' ', '_')}-from{self.bug_from}"
+        return f"{self.family}-s{self.seed}-{self.noise}{bug}-{self.steps}steps"
+
+    def key(self) -> dict:
+        return {**dataclasses.asdict(self), "recipe": RECIPE, "torch": torch.__version__}
+
+
+def in_bf16(module: torch.nn.Module) -> None:
+    """The layer's matmul on bf16 copies of its input, weight and bias (an explicit cast: autocast would leave a
+    float64 model alone), its output cast back."""
+    weight_of = (lambda w: w) if isinstance(module, torch.nn.Linear) else (lambda w: w.t())  # GPT-2's Conv1D: x W
+
+    def forward_in_bf16(x):
+        bf16 = torch.bfloat16
+        return torch.nn.functional.linear(x.to(bf16), weight_of(module.weight).to(bf16),
+                                          module.bias.to(bf16)).to(x.dtype)
+    module.forward = forward_in_bf16
+
+
+def flip_exponent_bit(tensor: torch.Tensor, order: torch.Tensor) -> None:
+    """Flips the exponent bit worth 2^8 in the first element (in ``order``) where it is 0: that value x 256."""
+    values = tensor.detach().view(-1).numpy()  # shares memory with the gradient
+    unsigned, mantissa = (np.uint32, 23) if values.dtype == np.float32 else (np.uint64, 52)
+    mask = unsigned(1 << (mantissa + 3))
+    bits = values.view(unsigned)
+    index = next((int(i) for i in order if not bits[i] & mask), None)
+    if index is None:
+        raise RuntimeError(f"no element of a {tuple(tensor.shape)} gradient has exponent bit 3 clear")
+    bits[index] ^= mask
+
+
+class Training:
+    """A run of ``spec``: the clean training of its noise setting, with the scenario's bug from ``bug_from``."""
+
+    def __init__(self, spec: RunSpec):
+        self.spec, self.family = spec, FAMILIES[spec.family]
+        self.scenario = None if spec.scenario is None else SCENARIO_BY_NAME[spec.scenario]
+        torch.manual_seed(spec.seed)  # the initial weights, and dropout once a bug turns it on
+        self.model = self.family.build().train()
+        if spec.noise == "rounding":
+            with torch.no_grad():
+                g = generator(spec.seed, "rounding")
+                for p in self.model.parameters():
+                    sign = torch.randint(2, p.shape, generator=g) * 2.0 - 1.0
+                    p.mul_(1 + 2.0 ** -23 * sign)
+        if spec.noise == "float64":
+            self.model.double()
+        self.optimizer = self.family.optimizer(self.model)
+        self.params = dict(self.model.named_parameters())
+
+    def bug_on(self, step: int) -> bool:
+        return self.scenario is not None and step >= self.spec.bug_from
+
+    def start_bug(self) -> None:
+        """What the bug changes once, before its first step's forward."""
+        name, model = self.scenario.name, self.model
+        if name in ("learning rate x10", "weight decay x10"):
+            key = "lr" if name == "learning rate x10" else "weight_decay"
+            for group in self.optimizer.param_groups:
+                group[key] *= 10
+        elif name == "model code changed":
+            self.family.change_code(model)
+        elif name == "dropout on":
+            for module in model.modules():
+                if isinstance(module, torch.nn.Dropout):
+                    module.p = 0.1
+            for module in model.modules():  # GPT-2's attention reads its dropout from attn_dropout.p
+                if hasattr(module, "attn_dropout"):
+                    module.attn_dropout.p = 0.1
+        elif name == "norm epsilon":
+            for module in model.modules():
+                if isinstance(module, (torch.nn.LayerNorm, torch.nn.BatchNorm2d)):
+                    module.eps = 1e-3
+        elif name == "one layer in bf16":
+            in_bf16(model.get_submodule(self.family.bf16_layer))
+        elif name == "weights corrupted":
+            with torch.no_grad():
+                weight = self.params[self.family.corrupted].view(-1)
+                places = torch.randperm(weight.numel(), generator=generator(self.spec.seed, "corrupt"))[:4]
+                weight[places] = 10 * weight.abs().max()
+
+    def data(self, step: int) -> tuple[torch.Tensor, torch.Tensor]:
+        bug = self.scenario.name if self.bug_on(step) else None
+        inputs, targets = self.family.batch(self.spec.seed, step, "other" if bug == "new batches" else "train")
+        if bug == "labels corrupted":
+            g = generator(self.spec.seed, step, "labels")
+            wrong = torch.rand(targets.shape, generator=g) < 0.2
+            classes = getattr(self.family, "classes", getattr(self.family, "vocab", None))
+            targets = torch.where(wrong, torch.randint(classes, targets.shape, generator=g), targets)
+        if self.spec.noise == "float64" and inputs.is_floating_point():
+            inputs = inputs.double()
+        return inputs, targets
+
+    def after_backward(self, step: int) -> None:
+        """Bugs in the gradients between backward() and optimizer.step(), where the monitor probes them."""
+        name = self.scenario.name
+        if name == "gradients x2":
+            for p in self.params.values():
+                p.grad.mul_(2)
+        elif name == "gradient zeroed":
+            self.params[self.family.zeroed].grad.zero_()
+        elif name == "exponent bit flip" and step == self.spec.bug_from:
+            grad = self.params[self.family.flipped].grad
+            flip_exponent_bit(grad, torch.randperm(grad.numel(), generator=generator(self.spec.seed, "flip")))
+
+    def step(self, step: int) -> str:
+        """One training step; returns a digest of the exact gradients the optimizer steps with."""
+        if self.scenario is not None and step == self.spec.bug_from:
+            self.start_bug()
+        inputs, targets = self.data(step)
+        reduction = "sum" if self.bug_on(step) and self.scenario.name == "loss summed" else "mean"
+        self.optimizer.zero_grad()
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=self.spec.noise == "bf16"):
+            loss = self.family.loss(self.model, inputs, targets, reduction)
+        loss.backward()
+        if self.bug_on(step):
+            self.after_backward(step)
+        digest = hashlib.blake2b(digest_size=8)
+        for p in self.params.values():
+            digest.update(p.grad.detach().numpy().tobytes())
+        self.optimizer.step()
+        return digest.hexdigest()
+
+
+def monitor_config(dump: Path) -> GradProbeConfig:
+    return GradProbeConfig(dump_path=str(dump), level="L2", bounds=(-1, 0, 1))
+
+
+def train(spec: RunSpec, dump: Path, **live) -> dict:
+    """Trains ``spec`` into ``dump`` under the real monitor; ``live``: ``baseline=`` and its options."""
+    training = Training(spec)
+    monitor = GradientMonitor(monitor_config(dump), log_to_mlflow=False, anomaly_flags=False, silent=True,
+                              **live).monitor(training.model, training.optimizer)
+    start = time.perf_counter()
+    digests, step_ends = [], []
+    for step in range(spec.steps):
+        digests.append(training.step(step))
+        step_ends.append(time.perf_counter())
+    monitor.stop()
+    return {"spec": spec.key(), "seconds": time.perf_counter() - start, "gradient_digests": digests,
+            "step_ends": step_ends}
+
+
+# ---- which runs the benchmark needs
+
+
+def baseline_spec(family: str, seed: int, plan: Plan) -> RunSpec:
+    return RunSpec(family, seed, "float32", plan.benign_steps)
+
+
+def benign_specs(plan: Plan) -> list[RunSpec]:
+    return [RunSpec(f, seed, noise, plan.benign_steps) for f in FAMILIES for seed in plan.seeds
+            for noise in ("float32",) + NOISES]
+
+
+def harmful_cases(plan: Plan) -> list[dict]:
+    """Every (scenario, family, seed, variant): the bug run and the clean run of the same noise (the truth's)."""
+    cases = []
+    for family in FAMILIES:
+        for seed in plan.seeds:
+            for scenario in plan.scenario_list():
+                for variant in VARIANTS:
+                    noise = "float32" if variant == "alone" else NOISE_OF_SEED[seed]
+                    bug_from = 0 if variant == "from step 0" else plan.bug_step
+                    cases.append({"family": family, "seed": seed, "scenario": scenario.name, "variant": variant,
+                                  "noise": noise, "bug": RunSpec(family, seed, noise, plan.harmful_steps,
+                                                                 scenario.name, bug_from),
+                                  "clean": RunSpec(family, seed, noise, plan.benign_steps)})
+    return cases
+
+
+def live_cases(plan: Plan) -> list[dict]:
+    seed = plan.seeds[0]
+    return [c for c in harmful_cases(plan) if c["seed"] == seed and c["variant"] == "on noise"]
+
+
+class Work:
+    """The work folder: ``dumps/<run>/`` and ``runs/<run>.json`` (written once the dump is complete)."""
+
+    def __init__(self, folder: Path):
+        self.folder = folder
+
+    def dump(self, spec: RunSpec) -> Path:
+        return self.folder / "dumps" / spec.name
+
+    def record_path(self, spec: RunSpec) -> Path:
+        return self.folder / "runs" / f"{spec.name}.json"
+
+    def record(self, spec: RunSpec) -> dict | None:
+        path = self.record_path(spec)
+        if not path.exists():
+            return None
+        record = json.loads(path.read_text())
+        return record if record["spec"] == spec.key() else None
+
+    def save(self, spec: RunSpec, record: dict) -> None:
+        path = self.record_path(spec)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(record))
+
+
+def progress(message: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+
+
+def machine() -> str:
+    return (f"{os.cpu_count()} CPUs ({platform.machine()}), torch {torch.__version__} on "
+            f"{torch.get_num_threads()} thread(s), Python {platform.python_version()}")
+
+
+def generate(work: Work, plan: Plan, note_work: Path | None) -> dict:
+    """Trains every run whose complete dump is not in the work folder yet."""
+    specs = list(dict.fromkeys(benign_specs(plan) + [c["bug"] for c in harmful_cases(plan)]))
+    specs.sort(key=lambda s: (list(FAMILIES).index(s.family), s.seed))  # GPT-2's first seed complete first
+    load_before, start, trained = os.getloadavg(), time.perf_counter(), 0
+    for index, spec in enumerate(specs, 1):
+        if work.record(spec) is None:
+            dump = work.dump(spec)
+            if dump.exists():
+                progress(f"{dump}: incomplete or of another recipe, removed to train it again")
+                shutil.rmtree(dump)
+            record = train(spec, dump)
+            work.save(spec, record)
+            trained += 1
+            progress(f"generate {index}/{len(specs)}: {spec.name} ({record['seconds']:.1f} s)")
+        if note_work is not None and spec.family == "gpt2" and spec.seed == plan.seeds[0] and all(
+                work.record(s) is not None for s in specs if s.family == "gpt2" and s.seed == plan.seeds[0]):
+            note_work.write_text(f"{work.folder}\n")
+            progress(f"GPT-2 seed {plan.seeds[0]} dumps complete: wrote {note_work}")
+            note_work = None
+    summary = {"runs": len(specs), "trained_now": trained, "seconds_now": time.perf_counter() - start,
+               "training_seconds_all_runs": sum(work.record(s)["seconds"] for s in specs),
+               "steps_all_runs": sum(s.steps for s in specs), "load_before": load_before,
+               "load_after": os.getloadavg(), "machine": machine(), "date": datetime.datetime.now().isoformat()}
+    if trained or not (work.folder / "generate.json").exists():  # a call that only found the cache keeps the last
+        (work.folder / "generate.json").write_text(json.dumps(summary, indent=1))
+    progress(f"generate: {len(specs)} runs ({trained} trained now, {summary['seconds_now']:.0f} s)")
+    return summary
+
+
+# ---- rules, and the live verdict
+
+
+def compare_rules() -> list[str]:
+    """The rules ``compare_dumps`` offers: its default first, then msprobe's; only msprobe's before ``rule=``."""
+    parameter = inspect.signature(compare_dumps).parameters.get("rule")
+    return ["msprobe"] if parameter is None else list(dict.fromkeys([parameter.default, "msprobe"]))
+
+
+def live_takes_rule() -> bool:
+    try:
+        from msprobe_mlflow.sinks.baseline import BaselineOptions
+    except ImportError:
+        BaselineOptions = None
+    return any("rule" in inspect.signature(f).parameters for f in (GradientMonitor.__init__, BaselineOptions) if f)
+
+
+def rule_options(rule: str, takes_rule: bool) -> dict:
+    return {"rule": rule} if takes_rule else {}
+
+
+def verdict_of(baseline: Path, candidate: Path, rule: str) -> dict:
+    result = compare_dumps(baseline, candidate, None, plots=False, progress=False,
+                           **rule_options(rule, "rule" in inspect.signature(compare_dumps).parameters))
+    rank = result.verdict.ranks[0]
+    return {"step": rank.first_suspicious_step, "culprits": [t.name for t in rank.parameter_trips]}
+
+
+def live(work: Work, plan: Plan) -> dict:
+    """The on-noise cases of the first seed trained again with ``baseline=``, per rule the live verdict takes."""
+    takes_rule = live_takes_rule()
+    rules = compare_rules() if takes_rule else ["msprobe"]
+    load_before, start, rows = os.getloadavg(), time.perf_counter(), []
+    cases = live_cases(plan)
+    for rule in rules:
+        for index, case in enumerate(cases, 1):
+            spec, baseline = case["bug"], work.dump(baseline_spec(case["family"], case["seed"], plan))
+            if work.record(baseline_spec(case["family"], case["seed"], plan)) is None:
+                raise SystemExit(f"{baseline}: the baseline dump is missing or incomplete; run generate first")
+            dump = work.folder / "live" / rule / spec.name
+            shutil.rmtree(dump, ignore_errors=True)
+            fired = []
+
+            def on_suspicious(verdict, fired=fired):
+                fired.append((time.perf_counter(), verdict.first_suspicious_step))
+            record = train(spec, dump, baseline=str(baseline), on_suspicious=on_suspicious,
+                           **rule_options(rule, takes_rule))
+            verdict = json.loads((findings_dir(dump, 0) / "verdict.json").read_text())["verdict"]
+            live_step = verdict["ranks"][0]["first_suspicious_step"]
+            row = {"family": case["family"], "seed": case["seed"], "scenario": case["scenario"], "rule": rule,
+                   "live_step": live_step, "compare_step": verdict_of(baseline, dump, rule)["step"],
+                   "callbacks": len(fired), "same_gradients_as_generated":
+                       record["gradient_digests"] == (work.record(spec) or {}).get("gradient_digests")}
+            if fired:
+                at, step = fired[0]
+                end = record["step_ends"][step]
+                row.update(latency_ms=(at - end) * 1e3, steps_meanwhile=sum(end < t <= at for t in record["step_ends"]))
+            rows.append(row)
+            progress(f"live {rule} {index}/{len(cases)}: {spec.name}: live step {live_step}, compare step "
+                     f"{row['compare_step']}, callback after {row.get('latency_ms', float('nan')):.0f} ms")
+    summary = {"rows": rows, "rule_passed_to_monitor": takes_rule, "seconds": time.perf_counter() - start,
+               "date": datetime.datetime.now().isoformat(timespec="seconds"),
+               "load_before": load_before, "load_after": os.getloadavg()}
+    (work.folder / "live.json").write_text(json.dumps(summary, indent=1))
+    return summary
+
+
+# ---- evaluation
+
+
+class Truth:
+    """First step at which two dumps' recorded gradients differ (CSV bytes, direction bits), memoised per step."""
+
+    def __init__(self, work: Work):
+        self.work, self.cache = work, {}
+
+    def step_data(self, spec: RunSpec, step: int) -> tuple:
+        key = (spec, step)
+        if key not in self.cache:
+            dump = self.work.dump(spec)
+            directions = read_step_directions(step_dir(dump, 0, step))
+            self.cache[key] = (summary_csv_path(dump, 0, step).read_bytes(),
+                               {name: (shape, bits.tobytes()) for name, (shape, bits) in directions.items()})
+        return self.cache[key]
+
+    def first_difference(self, bug: RunSpec, clean: RunSpec) -> int | None:
+        return next((s for s in range(bug.steps) if self.step_data(bug, s) != self.step_data(clean, s)), None)
+
+    def exact_first_difference(self, bug: RunSpec, clean: RunSpec) -> int | None:
+        a, b = self.work.record(bug)["gradient_digests"], self.work.record(clean)["gradient_digests"]
+        return next((s for s in range(bug.steps) if a[s] != b[s]), None)
+
+
+def outcome(truth: int, predicted: int | None) -> str:
+    if predicted is None:
+        return "missed"
+    return "exact" if predicted == truth else "early" if predicted < truth else "late"
+
+
+def verdicts(pairs: list[tuple[Path, Path, str]], jobs: int) -> list[dict]:
+    """``verdict_of`` for every (baseline, candidate, rule), on ``jobs`` processes (the comparison is CPU-bound)."""
+    found = []
+    with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("fork")) as pool:
+        for index, verdict in enumerate(pool.map(verdict_of, *zip(*pairs), chunksize=4), 1):
+            found.append(verdict)
+            if index % 50 == 0 or index == len(pairs):
+                progress(f"evaluate: {index}/{len(pairs)} comparisons")
+    return found
+
+
+def evaluate(work: Work, plan: Plan, jobs: int) -> dict:
+    load_before, start = os.getloadavg(), time.perf_counter()
+    for spec in benign_specs(plan) + [c["bug"] for c in harmful_cases(plan)]:
+        if work.record(spec) is None:
+            raise SystemExit(f"{work.dump(spec)}: missing or incomplete; run generate first")
+    rules, truth = compare_rules(), Truth(work)
+    benign = [{"family": s.family, "seed": s.seed, "noise": s.noise, "steps": s.steps, "spec": s}
+              for s in benign_specs(plan) if s.noise != "float32"]
+    harmful = []
+    for case in harmful_cases(plan):
+        scenario = SCENARIO_BY_NAME[case["scenario"]]
+        row = {k: case[k] for k in ("family", "seed", "scenario", "variant", "noise")}
+        row.update(category=scenario.category, magnitude=scenario.magnitude, bug_from=case["bug"].bug_from,
+                   culprits=scenario.culprits(FAMILIES[case["family"]]), spec=case["bug"],
+                   truth=truth.first_difference(case["bug"], case["clean"]),
+                   exact_truth=truth.exact_first_difference(case["bug"], case["clean"]))
+        harmful.append(row)
+    progress(f"evaluate: truth of {len(harmful)} harmful cases, "
+             f"{sum(r['truth'] is None for r in harmful)} invalid ({time.perf_counter() - start:.0f} s)")
+    judged = [(row, rule) for row in benign + [r for r in harmful if r["truth"] is not None] for rule in rules]
+    pairs = [(work.dump(baseline_spec(row["family"], row["seed"], plan)), work.dump(row["spec"]), rule)
+             for row, rule in judged]
+    for (row, rule), verdict in zip(judged, verdicts(pairs, jobs)):
+        if "truth" in row:
+            verdict["outcome"] = outcome(row["truth"], verdict["step"])
+            if row["culprits"] is not None:
+                verdict["culprit_in_top3"] = bool(set(verdict["culprits"][:3]) & set(row["culprits"]))
+        verdict["culprits"] = verdict["culprits"][:5]
+        row[rule] = verdict
+    for row in benign + harmful:
+        del row["spec"]
+    live_path = work.folder / "live.json"
+    generated = work.folder / "generate.json"
+    result = {"command": " ".join(sys.argv), "date": datetime.datetime.now().isoformat(timespec="seconds"),
+              "machine": machine(), "plan": dataclasses.asdict(plan), "rules": rules, "scenarios": [
+                  dataclasses.asdict(s) for s in plan.scenario_list()],
+              "generate": json.loads(generated.read_text()) if generated.exists() else None,
+              "live": json.loads(live_path.read_text()) if live_path.exists() else None,
+              "benign": benign, "harmful": harmful}
+    result["summary"] = {rule: summarize(result, rule) for rule in rules}
+    result["evaluate"] = {"seconds": time.perf_counter() - start, "load_before": load_before,
+                          "load_after": os.getloadavg()}
+    return result
+
+
+def rate(rows: list[dict], rule: str, key: str = "outcome", wanted="exact") -> list[int]:
+    judged = [r for r in rows if r["truth"] is not None]
+    return [sum(r[rule][key] == wanted for r in judged), len(judged)]
+
+
+def summarize(result: dict, rule: str) -> dict:
+    harmful = [r for r in result["harmful"] if r["truth"] is not None]
+    off = {kind: [abs(r[rule]["step"] - r["truth"]) for r in harmful if r[rule]["outcome"] == kind]
+           for kind in ("early", "late")}
+    live_rows = [r for r in (result["live"] or {}).get("rows", []) if r["rule"] == rule]
+    latencies = [r["latency_ms"] for r in live_rows if "latency_ms" in r]
+    return {
+        "exact": rate(harmful, rule),
+        "exact_by_variant": {v: rate([r for r in harmful if r["variant"] == v], rule) for v in VARIANTS},
+        "exact_by_category": {c: rate([r for r in harmful if r["category"] == c], rule)
+                              for c in dict.fromkeys(s.category for s in SCENARIOS)},
+        "exact_magnitude_bugs": rate([r for r in harmful if r["magnitude"]], rule),
+        "early": len(off["early"]), "steps_early": off["early"], "late": len(off["late"]), "steps_late": off["late"],
+        "missed": sum(r[rule]["outcome"] == "missed" for r in harmful),
+        "culprit_in_top3": rate([r for r in harmful if r["culprits"] is not None], rule, "culprit_in_top3", True),
+        "benign_false_alarms": [sum(r[rule]["step"] is not None for r in result["benign"]), len(result["benign"])],
+        "benign_alarm_steps": [r[rule]["step"] for r in result["benign"] if r[rule]["step"] is not None],
+        "live_equal_to_compare": [sum(r["live_step"] == r["compare_step"] for r in live_rows), len(live_rows)],
+        "live_latency_ms": [statistics.median(latencies), max(latencies)] if latencies else None,
+        "live_steps_meanwhile_max": max((r["steps_meanwhile"] for r in live_rows if "steps_meanwhile" in r),
+                                        default=None),
+    }
+
+
+# ---- the report
+
+
+def fraction(pair: list[int]) -> str:
+    hit, total = pair
+    return f"{hit}/{total} ({100 * hit / total:.0f}%)" if total else "n/a"
+
+
+def steps_off(values: list[int]) -> str:
+    return f"{len(values)} (by {statistics.median(values):g} median, {max(values)} at most)" if values else "0"
+
+
+def table(header: list[str], rows: list[list]) -> list[str]:
+    return (["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+            + ["| " + " | ".join(str(cell) for cell in row) + " |" for row in rows] + [""])
+
+
+def markdown(result: dict) -> str:
+    rules, summary, plan = result["rules"], result["summary"], result["plan"]
+    generated, live_result = result["generate"] or {}, result["live"]
+    valid = [r for r in result["harmful"] if r["truth"] is not None]
+    invalid = [r for r in result["harmful"] if r["truth"] is None]
+    lines = ["# Divergence benchmark: does the verdict name the step where two trainings part?", "",
+             f"Produced by `{result['command']}` on {result['date']}; {result['machine']}. Design and scenarios: "
+             f"`benchmarks/divergence_benchmark.py`'s docstring (issue 24, item 7). Rules: "
+             + ", ".join(f"`{r}`" for r in rules) + " (each judged the same dumps).", "",
+             f"Runs: {generated.get('runs', '?')} trainings ({generated.get('steps_all_runs', '?')} steps, "
+             f"{generated.get('training_seconds_all_runs', 0) / 60:.1f} min of training in all; families "
+             f"{', '.join(FAMILIES)}, seeds {plan['seeds']}; benign pairs {plan['benign_steps']} steps, harmful "
+             f"scenarios {plan['harmful_steps']} steps with the bug from step {plan['bug_step']} or 0); "
+             f"{len(result['benign'])} benign pairs, {len(result['harmful'])} harmful cases of which "
+             f"{len(invalid)} invalid (their gradients never differ from the clean run's). Evaluation took "
+             f"{result['evaluate']['seconds']:.0f} s; load average (1, 5, 15 min) before and after: generate "
+             f"{generated.get('load_before')} -> {generated.get('load_after')}, evaluate "
+             f"{result['evaluate']['load_before']} -> {result['evaluate']['load_after']}.", "",
+             "The truth is the first step at which the bug run's recorded gradients (summary CSV bytes, direction "
+             "bits) differ from those of the clean run with the same noise; *exact*: the rule's first suspicious "
+             "step is that step; *early* includes alarms raised by the noise alone.", "",
+             "## Summary", ""]
+    rows = [["harmful cases named at the exact step"] + [fraction(summary[r]["exact"]) for r in rules]]
+    rows += [[f"... {v}"] + [fraction(summary[r]["exact_by_variant"][v]) for r in rules] for v in VARIANTS]
+    rows += [["... magnitude-only bugs (signs intact at their step)"]
+             + [fraction(summary[r]["exact_magnitude_bugs"]) for r in rules],
+             ["early (steps early)"] + [steps_off(summary[r]["steps_early"]) for r in rules],
+             ["late (steps late)"] + [steps_off(summary[r]["steps_late"]) for r in rules],
+             ["missed (never suspicious)"] + [summary[r]["missed"] for r in rules],
+             ["culprit in the top 3, localized bugs"] + [fraction(summary[r]["culprit_in_top3"]) for r in rules],
+             ["benign pairs with a false alarm (at steps)"] + [
+                 f"{summary[r]['benign_false_alarms'][0]}/{summary[r]['benign_false_alarms'][1]}"
+                 + (f" ({', '.join(map(str, summary[r]['benign_alarm_steps']))})"
+                    if summary[r]["benign_alarm_steps"] else "") for r in rules]]
+    if live_result:
+        rows += [["live verdict equal to compare's"] + [fraction(summary[r]["live_equal_to_compare"]) for r in rules],
+                 ["live callback after the suspicious step's end (median, max)"] + [
+                     "n/a" if summary[r]["live_latency_ms"] is None else
+                     f"{summary[r]['live_latency_ms'][0]:.0f} ms, {summary[r]['live_latency_ms'][1]:.0f} ms; at most "
+                     f"{summary[r]['live_steps_meanwhile_max']} step(s) run meanwhile" for r in rules]]
+    lines += table(["metric"] + [f"rule `{r}`" for r in rules], rows)
+    lines += ["## Exact step by category", ""]
+    lines += table(["category"] + rules, [[c] + [fraction(summary[r]["exact_by_category"][c]) for r in rules]
+                                          for c in summary[rules[0]]["exact_by_category"]])
+    lines += ["## Benign pairs (first suspicious step; none: no alarm)", ""]
+    lines += table(["family", "seed", "noise", "steps"] + rules,
+                   [[r["family"], r["seed"], r["noise"], r["steps"]]
+                    + [describe_verdict(r[rule]) for rule in rules] for r in result["benign"]])
+    lines += ["## Harmful scenarios: exact step, per variant (seeds together)", ""]
+    header, rows = ["scenario", "category", "family", "culprits"], []
+    for variant in VARIANTS:
+        header += [f"{variant}: {rule}" for rule in rules]
+    for scenario in result["scenarios"]:
+        for family in FAMILIES:
+            of = [r for r in valid if r["scenario"] == scenario["name"] and r["family"] == family]
+            if not of and not any(r["scenario"] == scenario["name"] for r in invalid):
+                continue
+            row = [scenario["name"] + (" (magnitude)" if scenario["magnitude"] else ""), scenario["category"],
+                   family, ", ".join(of[0]["culprits"]) if of and of[0]["culprits"] else "not localized"]
+            for variant in VARIANTS:
+                in_variant = [r for r in of if r["variant"] == variant]
+                row += [fraction(rate(in_variant, rule)).split(" ")[0] for rule in rules]
+            rows.append(row)
+    lines += table(header, rows)
+    missed = [r for r in valid if any(r[rule]["outcome"] != "exact" for rule in rules)]
+    lines += ["## Cases some rule did not name at the exact step", "",
+              "Truth: the first step the gradients differ; each rule's first suspicious step and its first culprits.",
+              ""]
+    lines += table(["scenario", "family", "seed", "variant (noise)", "truth"] + rules,
+                   [[r["scenario"], r["family"], r["seed"], f"{r['variant']} ({r['noise']})", r["truth"]]
+                    + [describe_verdict(r[rule]) for rule in rules] for r in missed])
+    if invalid:
+        lines += ["## Invalid cases (gradients identical to the clean run's at every step: not counted)", ""]
+        lines += table(["scenario", "family", "seed", "variant (noise)"],
+                       [[r["scenario"], r["family"], r["seed"], f"{r['variant']} ({r['noise']})"] for r in invalid])
+    differs = [r for r in result["harmful"] if r["truth"] != r["exact_truth"]]
+    if differs:
+        lines += ["## Cases whose exact gradients differ before the recorded ones", ""]
+        lines += table(["scenario", "family", "seed", "variant", "recorded", "exact"],
+                       [[r["scenario"], r["family"], r["seed"], r["variant"], r["truth"], r["exact_truth"]]
+                        for r in differs])
+    if live_result:
+        lines += ["## Live verdict (`baseline=`, on-noise variant, first seed)", "",
+                  f"Run on {live_result['date']}: each on-noise case trained again with `baseline=` (the float32 "
+                  f"baseline dump) and an `on_suspicious` callback, "
+                  + ("once per rule (`rule=` given to the monitor)" if live_result["rule_passed_to_monitor"] else
+                     "with the monitor's only rule, msprobe's")
+                  + f"; {live_result['seconds']:.0f} s in all. *Compare step*: `compare_dumps` on the same two "
+                  f"dumps with the same rule. *Latency*: the callback's time minus the end of the suspicious step's "
+                  f"`optimizer.step()`; *steps meanwhile*: steps that ended in between (a verdict at step 0 comes "
+                  f"while the comparison process is still starting).", ""]
+        lines += table(["scenario", "family", "rule", "live step", "compare step", "equal", "latency ms",
+                        "steps meanwhile", "same gradients as generate"],
+                       [[r["scenario"], r["family"], r["rule"], r["live_step"], r["compare_step"],
+                         r["live_step"] == r["compare_step"], f"{r['latency_ms']:.0f}" if "latency_ms" in r else "-",
+                         r.get("steps_meanwhile", "-"), r["same_gradients_as_generated"]]
+                        for r in live_result["rows"]])
+    lines += ["Reproduce: `benchmarks/run-divergence` (generate, live, evaluate; the dumps stay in "
+              "`/tmp/divergence`, so a second run only evaluates and reruns the live verdicts); "
+              "`benchmarks/run-divergence evaluate` judges the cached dumps again.", ""]
+    return "\n".join(lines)
+
+
+def describe_verdict(verdict: dict) -> str:
+    if verdict["step"] is None:
+        return "none"
+    shown = [name.removeprefix("transformer.") for name in verdict["culprits"][:3]]
+    return f"{verdict['step']}" + (f" ({', '.join(shown)})" if shown else "")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    parser.add_argument("phase", nargs="?", default="all", choices=("generate", "live", "evaluate", "all"))
+    parser.add_argument("--work", type=Path, default=Path("/tmp/divergence"), help="where the dumps are cached")
+    parser.add_argument("--quick", action="store_true", help="1 seed, 3 scenarios, few steps: a dry run; results "
+                        "go into --work, not benchmarks/results")
+    parser.add_argument("--note-work", type=Path, help="write the work folder's path into this file once the "
+                        "first GPT-2 seed's dumps are complete")
+    parser.add_argument("--jobs", type=int, default=os.cpu_count(), help="evaluate's comparison processes")
+    parser.add_argument("--out", type=Path, default=RESULTS)
+    args = parser.parse_args()
+    torch.set_num_threads(1)  # the same bits in every process: the runs are compared bit for bit
+    logging.getLogger("msprobe_mlflow").setLevel(logging.ERROR)  # the live verdict's warning, at every live run
+    plan = QUICK if args.quick else Plan()
+    work = Work(args.work / "quick" if args.quick else args.work)
+    work.folder.mkdir(parents=True, exist_ok=True)
+    if args.phase in ("generate", "all"):
+        generate(work, plan, args.note_work)
+    if args.phase in ("live", "all"):
+        live(work, plan)
+    if args.phase in ("evaluate", "all"):
+        result = evaluate(work, plan, args.jobs)
+        out = work.folder if args.quick else args.out
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "divergence.json").write_text(json.dumps(result, indent=1))
+        (out / "divergence.md").write_text(markdown(result))
+        print(markdown(result))
+        progress(f"wrote {out / 'divergence.json'} and {out / 'divergence.md'}")
+
+
+if __name__ == "__main__":
+    main()
