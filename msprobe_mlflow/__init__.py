@@ -19,4 +19,6 @@ __all__ = ["GradProbeConfig", "__version__", *_LAZY_EXPORTS]
 def __getattr__(name):
     if name in _LAZY_EXPORTS:
         return getattr(importlib.import_module(_LAZY_EXPORTS[name]), name)
+    if name == "mindspore":  # MLflow's spelling after a plain import: msprobe_mlflow.mindspore.autolog() (light)
+        return importlib.import_module("msprobe_mlflow.mindspore")
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -31,6 +31,18 @@ def test_the_mindspore_alias_of_the_api_checker_is_lazy():
     assert heavy_modules_after("import msprobe_mlflow.mindspore") == []
 
 
+def test_the_documented_mindspore_autolog_is_the_function_and_importing_it_is_light():
+    """``msprobe_mlflow.mindspore.autolog`` was a submodule: the documented call raised AttributeError or
+    ``TypeError: 'module' object is not callable``."""
+    code = ("import inspect, msprobe_mlflow\n"
+            "assert inspect.isfunction(msprobe_mlflow.mindspore.autolog), msprobe_mlflow.mindspore.autolog\n"
+            "from msprobe_mlflow.mindspore import autolog\n"
+            "assert autolog is msprobe_mlflow.mindspore.autolog\n"
+            "import msprobe_mlflow.tracking.autolog  # what msprobe_mlflow.autolog() imports\n"
+            "assert msprobe_mlflow.mindspore.autolog is autolog")
+    assert heavy_modules_after(code) == ["mlflow"]
+
+
 def test_command_line_help_imports_nothing_heavy():
     code = ("from click.testing import CliRunner\nfrom msprobe_mlflow.cli import main\n"
             "for command in ([], ['upload'], ['compare'], ['api-check']):\n"

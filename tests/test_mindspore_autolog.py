@@ -16,7 +16,7 @@ from fresh_interpreter import run_and_read_logged_steps
 from mindspore_training import assert_steps_match_numpy, batches, dense, sgd_model
 from msprobe_mlflow.config import GradProbeConfig
 from msprobe_mlflow.mindspore import GradientMonitor, GradProbeCallback
-from msprobe_mlflow.mindspore.autolog import autolog
+from msprobe_mlflow.mindspore import autolog
 
 ORIGINAL_TRAIN = Model.train
 

@@ -1,10 +1,11 @@
-"""MindSpore gradient monitor, its Model.train callback and the API accuracy checker (imported lazily: MindSpore
-is an optional extra)."""
+"""MindSpore gradient monitor, its Model.train callback, its autolog and the API accuracy checker (imported lazily:
+MindSpore is an optional extra)."""
 import importlib
 
 _EXPORTS = {
     "GradientMonitor": "msprobe_mlflow.mindspore.monitor",
     "GradProbeCallback": "msprobe_mlflow.mindspore.callback",
+    "autolog": "msprobe_mlflow.mindspore.autologging",
     "PrecisionDebugger": "msprobe_mlflow.mindspore.monitor",
     "check_api_accuracy": "msprobe_mlflow.api_check",
 }

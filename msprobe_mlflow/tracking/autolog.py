@@ -3,7 +3,7 @@ of every MindSpore ``Model.train``.
 
 Each framework's half is installed when that framework is imported (MLflow's import hooks), so neither is imported
 here and a MindSpore-only or PyTorch-only install has what it needs: PyTorch's optimizer hook in
-``pytorch/autolog.py``, MindSpore's ``Model.train`` patch in ``mindspore/autolog.py``. ``mlflow.end_run()``
+``pytorch/autolog.py``, MindSpore's ``Model.train`` patch in ``mindspore/autologging.py``. ``mlflow.end_run()``
 (patched with MLflow's ``safe_patch``) stops the run's monitors first, so the run ends with every step uploaded.
 ``disable=True`` removes the hook and the patches, as for MLflow's own integrations; so does a second
 ``autolog()`` call before it installs its own.
@@ -19,7 +19,7 @@ from mlflow.utils.import_hooks import register_post_import_hook
 
 from msprobe_mlflow.compare.verdict import DEFAULT_DROP_THRESHOLD, DEFAULT_FIRST_THRESHOLD
 from msprobe_mlflow.config import GradProbeConfig, autolog_config
-from msprobe_mlflow.mindspore.autolog import autolog_when_imported
+from msprobe_mlflow.mindspore.autologging import autolog_when_imported
 from msprobe_mlflow.monitoring import SessionMonitor
 from msprobe_mlflow.sinks.anomalies import SpikeRule
 from msprobe_mlflow.sinks.baseline import SuspiciousCallback
@@ -77,7 +77,7 @@ def autolog(config: GradProbeConfig | str | os.PathLike | dict | None = None, *,
         aggregate_metrics=aggregate_metrics, archive_every_n_steps=archive_every_n_steps)
     _integration(config, level=level, bounds=bounds, dump_path=dump_path, monitor_options=monitor_options,
                  disable=disable, silent=silent)
-    # MindSpore: Model.train gets a GradProbeCallback, from when mindspore.train is imported
+    # MindSpore: Model.train gets a GradProbeCallback, from when mindspore is imported
     autolog_when_imported(config=config, level=level, bounds=bounds, dump_path=dump_path, disable=disable,
                           silent=silent, **monitor_options)
 

@@ -1,6 +1,7 @@
 """``msprobe_mlflow.mindspore.autolog()``: every ``mindspore.train.Model.train`` call gets a
 :class:`GradProbeCallback`, with no line of user code. ``msprobe_mlflow.autolog()`` switches it on too, as soon as
-``mindspore.train`` is imported (MLflow's import hooks), and off with ``disable=True``.
+``mindspore`` has been imported (MLflow's import hooks), and off with ``disable=True``. (This module is not called
+``autolog``: a submodule of that name would shadow the function ``msprobe_mlflow.mindspore.autolog``.)
 
 Why ``Model.train``: it is the one MindSpore training entry point that Python sees whole, in PyNative and
 GRAPH_MODE alike, and it knows the optimizer. A custom loop (a ``TrainOneStepCell`` or a ``@jit`` step called by
@@ -75,11 +76,15 @@ _pending_call: dict | None = None
 
 
 def autolog_when_imported(**arguments) -> None:
-    """:func:`autolog` with ``arguments`` now if ``mindspore.train`` is imported, else as soon as it is (what
-    ``msprobe_mlflow.autolog()`` calls: a PyTorch user never imports MindSpore). The latest call wins."""
+    """:func:`autolog` with ``arguments`` now if ``mindspore`` is imported, else as soon as it is (what
+    ``msprobe_mlflow.autolog()`` calls: a PyTorch user never imports MindSpore). The latest call wins.
+
+    The hook is on the top-level package, whose import ends once MindSpore is whole: a hook on ``mindspore.train``
+    ran while ``mindspore/__init__.py`` was still importing its submodules, and patching from there imported
+    MindSpore modules that need the half-made package (a circular import that killed the interpreter)."""
     global _pending_call
     _pending_call = arguments
-    register_post_import_hook(_on_import, "mindspore.train", overwrite=True)
+    register_post_import_hook(_on_import, "mindspore", overwrite=True)
 
 
 def _on_import(module) -> None:
