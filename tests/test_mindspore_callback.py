@@ -5,6 +5,9 @@ without sink either way), and MLflow's autologging convention for the run.
 The expected gradients are computed with numpy (tests/mindspore_training.py)."""
 from __future__ import annotations
 
+import random
+import re
+
 import mlflow
 import numpy as np
 import pytest
@@ -18,7 +21,7 @@ from mlflow.tracking import MlflowClient  # noqa: E402
 from mindspore_training import STEPS, assert_steps_match_numpy, batches, dense, numpy_gradients, sgd_model
 from msprobe_mlflow.config import GradProbeConfig
 from msprobe_mlflow.dump import summary_steps
-from msprobe_mlflow.mindspore import GradProbeCallback
+from msprobe_mlflow.mindspore import GradProbeCallback, autolog
 
 MODES = {"pynative": ms.PYNATIVE_MODE, "graph": ms.GRAPH_MODE}
 
@@ -55,6 +58,28 @@ def test_without_an_active_run_it_starts_one_and_ends_it_with_the_training(tmp_e
     expected = [np.sqrt(sum(np.sum(g ** 2) for g in numpy_gradients(s).values())) for s in range(STEPS)]
     assert [m.step for m in history] == list(range(STEPS))
     assert [m.value for m in history] == pytest.approx(expected, rel=1e-5)
+
+
+@pytest.mark.parametrize("started_by", ["callback", "autolog"])
+def test_runs_started_after_set_seed_get_names_of_their_own_and_leave_random_alone(started_by, tmp_experiment,
+                                                                                    tmp_path):
+    """``mindspore.set_seed`` seeds Python's ``random``, from which MLflow draws its run names: every run the
+    callback started was named the same, and drawing the name moved the user's random state."""
+    if started_by == "autolog":
+        autolog(dump_path=str(tmp_path / "autolog"))
+    try:
+        for training in range(2):
+            ms.set_seed(0)
+            state = random.getstate()
+            callbacks = [GradProbeCallback(GradProbeConfig(dump_path=str(tmp_path / str(training))))] \
+                if started_by == "callback" else None
+            sgd_model(dense()).train(1, batches(), callbacks=callbacks, dataset_sink_mode=False)
+            assert random.getstate() == state
+    finally:
+        autolog(disable=True)
+    names = [run.info.run_name for run in MlflowClient().search_runs([tmp_experiment])]
+    assert len(names) == 2 and names[0] != names[1]
+    assert all(re.fullmatch(r"Dense-\d{8}-\d{6}\.\d{3}", name) for name in names), names
 
 
 def test_inside_a_run_it_logs_there_and_leaves_the_run_open(tmp_experiment, tmp_path):

@@ -15,6 +15,7 @@ step of each sink can be collected: the callback warns when training begins.
 from __future__ import annotations
 
 import os
+from datetime import datetime
 
 from mindspore import nn
 from mindspore.experimental.optim import Optimizer as ExperimentalOptimizer
@@ -53,7 +54,7 @@ class GradProbeCallback(Callback):
                                       "not monitored")
             return
         self._warn_if_sunk(cb_params)
-        self._start_run_if_none()
+        self._start_run_if_none(cb_params.get("network"))  # the user's network (Model(network, ...))
         if self.dump_per_run:
             run_id = shared_run_id(self.monitor.tracking.local_run_id() if self.monitor.tracking else None)
             config = self.config.replace(dump_path=os.path.join(self.config.dump_path, run_id or "no-run"))
@@ -81,7 +82,7 @@ class GradProbeCallback(Callback):
                                       f"(sink_size={sink_size}), so only the last step of each sink is probed; "
                                       f"for every step, train with sink_size=1 or dataset_sink_mode=False")
 
-    def _start_run_if_none(self) -> None:
+    def _start_run_if_none(self, network: nn.Cell | None) -> None:
         """MLflow's autologging convention: a run when none is active, ended with the training. Not with
         ``tracking_uri=`` (a run MLflow's fluent API does not track: pass ``run_id=`` there), not on ranks > 0."""
         tracking = self.monitor.tracking
@@ -90,7 +91,7 @@ class GradProbeCallback(Callback):
         import mlflow
 
         try:
-            self._started_run = mlflow.start_run(tags={AUTOLOGGING_TAG: "msprobe_mlflow"})
+            self._started_run = mlflow.start_run(run_name=run_name(network), tags={AUTOLOGGING_TAG: "msprobe_mlflow"})
         except Exception as e:  # observability must never break training
             self.monitor.notices.failure("start_run", f"could not start an MLflow run ({e!r}); the gradients go "
                                                       f"to the local dump only")
@@ -111,6 +112,15 @@ class GradProbeCallback(Callback):
                 mlflow.MlflowClient().set_terminated(run.info.run_id, status)
         except Exception as e:  # observability must never break training
             self.monitor.notices.failure("end_run", f"could not end MLflow run {run.info.run_id} ({e!r})")
+
+
+def run_name(network: nn.Cell | None) -> str:
+    """``{network class}-{start time to the millisecond}`` (``Net-20250101-120000.123``): MLflow's own names come
+    from Python's ``random``, which ``mindspore.set_seed`` seeds, so every training would get the same one (and
+    drawing one would move the user's random state)."""
+    now = datetime.now()
+    name = type(network).__name__ if network is not None else "Model"
+    return f"{name}-{now:%Y%m%d-%H%M%S}.{now.microsecond // 1000:03d}"
 
 
 def training_optimizer(cb_params) -> nn.Cell | None:
