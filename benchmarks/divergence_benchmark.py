@@ -43,6 +43,7 @@ import os
 import platform
 import shutil
 import statistics
+import subprocess
 import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
@@ -101,8 +102,8 @@ class GPT2:
     @staticmethod
     def build() -> torch.nn.Module:
         from transformers import GPT2Config, GPT2LMHeadModel
-        config = GPT2Config(n_layer=2, n_embd=64, n_head=4, vocab_size=128, n_positions=32, bos_token_id=None, eos_token_id=None, resid_pdrop=0.0,
-                            embd_pdrop=0.0, attn_pdrop=0.0)
+        config = GPT2Config(n_layer=2, n_embd=64, n_head=4, vocab_size=128, n_positions=32, bos_token_id=None,
+                            eos_token_id=None, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
         config._attn_implementation = "eager"  # the mask is an explicit tensor (the causal-mask bug removes it)
         return GPT2LMHeadModel(config)
 
@@ -513,10 +514,10 @@ def verdict_of(baseline: Path, candidate: Path, rule: str) -> dict:
     return {"step": rank.first_suspicious_step, "culprits": [t.name for t in rank.parameter_trips]}
 
 
-def live(work: Work, plan: Plan) -> dict:
+def live(work: Work, plan: Plan, rules: list[str]) -> dict:
     """The on-noise cases of the first seed trained again with ``baseline=``, per rule the live verdict takes."""
     takes_rule = live_takes_rule()
-    rules = compare_rules() if takes_rule else ["msprobe"]
+    rules = rules if takes_rule else ["msprobe"]
     load_before, start, rows = os.getloadavg(), time.perf_counter(), []
     cases = live_cases(plan)
     for rule in rules:
@@ -532,12 +533,16 @@ def live(work: Work, plan: Plan) -> dict:
                 fired.append((time.perf_counter(), verdict.first_suspicious_step))
             record = train(spec, dump, baseline=str(baseline), on_suspicious=on_suspicious,
                            **rule_options(rule, takes_rule))
-            verdict = json.loads((findings_dir(dump, 0) / "verdict.json").read_text())["verdict"]
-            live_step = verdict["ranks"][0]["first_suspicious_step"]
-            row = {"family": case["family"], "seed": case["seed"], "scenario": case["scenario"], "rule": rule,
-                   "live_step": live_step, "compare_step": verdict_of(baseline, dump, rule)["step"],
-                   "callbacks": len(fired), "same_gradients_as_generated":
-                       record["gradient_digests"] == (work.record(spec) or {}).get("gradient_digests")}
+            written = findings_dir(dump, 0) / "verdict.json"
+            row = {"family": case["family"], "seed": case["seed"], "scenario": case["scenario"], "rule": rule}
+            if written.exists():
+                live_step = json.loads(written.read_text())["verdict"]["ranks"][0]["first_suspicious_step"]
+            else:  # counted as a live verdict unequal to compare's, and said
+                live_step, row["error"] = None, f"{written} not written: the live comparison did not finish"
+                progress(row["error"])
+            row.update(live_step=live_step, compare_step=verdict_of(baseline, dump, rule)["step"],
+                       callbacks=len(fired), same_gradients_as_generated=record["gradient_digests"] == (
+                           work.record(spec) or {}).get("gradient_digests"))
             if fired:
                 at, step = fired[0]
                 end = record["step_ends"][step]
@@ -584,6 +589,22 @@ def outcome(truth: int, predicted: int | None) -> str:
     return "exact" if predicted == truth else "early" if predicted < truth else "late"
 
 
+def package_provenance() -> str:
+    """Which msprobe_mlflow judged: where it was imported from, and this repository's commit (and whether the
+    package differs from it)."""
+    import msprobe_mlflow
+    location = Path(msprobe_mlflow.__file__).parent
+    repository = Path(__file__).resolve().parent.parent
+
+    def git(*command) -> str:
+        return subprocess.run(["git", "-C", str(repository), *command], capture_output=True, text=True).stdout.strip()
+    commit = git("rev-parse", "--short", "HEAD") or "unknown"
+    if location != repository / "msprobe_mlflow":
+        return f"msprobe_mlflow from {location}, not from this repository (at {commit})"
+    changed = git("status", "--porcelain", "--", "msprobe_mlflow")
+    return f"msprobe_mlflow of this repository at {commit}" + (", with uncommitted changes" if changed else "")
+
+
 def verdicts(pairs: list[tuple[Path, Path, str]], jobs: int) -> list[dict]:
     """``verdict_of`` for every (baseline, candidate, rule), on ``jobs`` processes (the comparison is CPU-bound)."""
     found = []
@@ -595,13 +616,14 @@ def verdicts(pairs: list[tuple[Path, Path, str]], jobs: int) -> list[dict]:
     return found
 
 
-def evaluate(work: Work, plan: Plan, jobs: int) -> dict:
+def evaluate(work: Work, plan: Plan, rules: list[str], jobs: int) -> dict:
     load_before, start = os.getloadavg(), time.perf_counter()
     for spec in benign_specs(plan) + [c["bug"] for c in harmful_cases(plan)]:
         if work.record(spec) is None:
             raise SystemExit(f"{work.dump(spec)}: missing or incomplete; run generate first")
-    rules, truth = compare_rules(), Truth(work)
-    benign = [{"family": s.family, "seed": s.seed, "noise": s.noise, "steps": s.steps, "spec": s}
+    truth = Truth(work)
+    benign = [{"family": s.family, "seed": s.seed, "noise": s.noise, "steps": s.steps, "spec": s,
+               "verdicts": {}}
               for s in benign_specs(plan) if s.noise != "float32"]
     harmful = []
     for case in harmful_cases(plan):
@@ -610,7 +632,7 @@ def evaluate(work: Work, plan: Plan, jobs: int) -> dict:
         row.update(category=scenario.category, magnitude=scenario.magnitude, bug_from=case["bug"].bug_from,
                    culprits=scenario.culprits(FAMILIES[case["family"]]), spec=case["bug"],
                    truth=truth.first_difference(case["bug"], case["clean"]),
-                   exact_truth=truth.exact_first_difference(case["bug"], case["clean"]))
+                   exact_truth=truth.exact_first_difference(case["bug"], case["clean"]), verdicts={})
         harmful.append(row)
     progress(f"evaluate: truth of {len(harmful)} harmful cases, "
              f"{sum(r['truth'] is None for r in harmful)} invalid ({time.perf_counter() - start:.0f} s)")
@@ -623,13 +645,14 @@ def evaluate(work: Work, plan: Plan, jobs: int) -> dict:
             if row["culprits"] is not None:
                 verdict["culprit_in_top3"] = bool(set(verdict["culprits"][:3]) & set(row["culprits"]))
         verdict["culprits"] = verdict["culprits"][:5]
-        row[rule] = verdict
+        row["verdicts"][rule] = verdict
     for row in benign + harmful:
         del row["spec"]
     live_path = work.folder / "live.json"
     generated = work.folder / "generate.json"
-    result = {"command": " ".join(sys.argv), "date": datetime.datetime.now().isoformat(timespec="seconds"),
-              "machine": machine(), "plan": dataclasses.asdict(plan), "rules": rules, "scenarios": [
+    result = {"command": " ".join(["benchmarks/divergence_benchmark.py"] + sys.argv[1:]),
+              "date": datetime.datetime.now().isoformat(timespec="seconds"), "machine": machine(),
+              "package": package_provenance(), "plan": dataclasses.asdict(plan), "rules": rules, "scenarios": [
                   dataclasses.asdict(s) for s in plan.scenario_list()],
               "generate": json.loads(generated.read_text()) if generated.exists() else None,
               "live": json.loads(live_path.read_text()) if live_path.exists() else None,
@@ -642,13 +665,14 @@ def evaluate(work: Work, plan: Plan, jobs: int) -> dict:
 
 def rate(rows: list[dict], rule: str, key: str = "outcome", wanted="exact") -> list[int]:
     judged = [r for r in rows if r["truth"] is not None]
-    return [sum(r[rule][key] == wanted for r in judged), len(judged)]
+    return [sum(r["verdicts"][rule][key] == wanted for r in judged), len(judged)]
 
 
 def summarize(result: dict, rule: str) -> dict:
     harmful = [r for r in result["harmful"] if r["truth"] is not None]
-    off = {kind: [abs(r[rule]["step"] - r["truth"]) for r in harmful if r[rule]["outcome"] == kind]
-           for kind in ("early", "late")}
+    judged = [(r, r["verdicts"][rule]) for r in harmful]
+    benign = [r["verdicts"][rule]["step"] for r in result["benign"]]
+    off = {kind: [abs(v["step"] - r["truth"]) for r, v in judged if v["outcome"] == kind] for kind in ("early", "late")}
     live_rows = [r for r in (result["live"] or {}).get("rows", []) if r["rule"] == rule]
     latencies = [r["latency_ms"] for r in live_rows if "latency_ms" in r]
     return {
@@ -658,11 +682,12 @@ def summarize(result: dict, rule: str) -> dict:
                               for c in dict.fromkeys(s.category for s in SCENARIOS)},
         "exact_magnitude_bugs": rate([r for r in harmful if r["magnitude"]], rule),
         "early": len(off["early"]), "steps_early": off["early"], "late": len(off["late"]), "steps_late": off["late"],
-        "missed": sum(r[rule]["outcome"] == "missed" for r in harmful),
+        "missed": sum(v["outcome"] == "missed" for _, v in judged),
         "culprit_in_top3": rate([r for r in harmful if r["culprits"] is not None], rule, "culprit_in_top3", True),
-        "benign_false_alarms": [sum(r[rule]["step"] is not None for r in result["benign"]), len(result["benign"])],
-        "benign_alarm_steps": [r[rule]["step"] for r in result["benign"] if r[rule]["step"] is not None],
-        "live_equal_to_compare": [sum(r["live_step"] == r["compare_step"] for r in live_rows), len(live_rows)],
+        "benign_false_alarms": [sum(step is not None for step in benign), len(benign)],
+        "benign_alarm_steps": [step for step in benign if step is not None],
+        "live_equal_to_compare": [sum(r["live_step"] == r["compare_step"] and "error" not in r for r in live_rows),
+                                  len(live_rows)],
         "live_latency_ms": [statistics.median(latencies), max(latencies)] if latencies else None,
         "live_steps_meanwhile_max": max((r["steps_meanwhile"] for r in live_rows if "steps_meanwhile" in r),
                                         default=None),
@@ -692,7 +717,8 @@ def markdown(result: dict) -> str:
     valid = [r for r in result["harmful"] if r["truth"] is not None]
     invalid = [r for r in result["harmful"] if r["truth"] is None]
     lines = ["# Divergence benchmark: does the verdict name the step where two trainings part?", "",
-             f"Produced by `{result['command']}` on {result['date']}; {result['machine']}. Design and scenarios: "
+             f"Produced by `{result['command']}` on {result['date']}; {result['machine']}; {result['package']}. "
+             f"Design and scenarios: "
              f"`benchmarks/divergence_benchmark.py`'s docstring (issue 24, item 7). Rules: "
              + ", ".join(f"`{r}`" for r in rules) + " (each judged the same dumps).", "",
              f"Runs: {generated.get('runs', '?')} trainings ({generated.get('steps_all_runs', '?')} steps, "
@@ -702,8 +728,9 @@ def markdown(result: dict) -> str:
              f"{len(result['benign'])} benign pairs, {len(result['harmful'])} harmful cases of which "
              f"{len(invalid)} invalid (their gradients never differ from the clean run's). Evaluation took "
              f"{result['evaluate']['seconds']:.0f} s; load average (1, 5, 15 min) before and after: generate "
-             f"{generated.get('load_before')} -> {generated.get('load_after')}, evaluate "
-             f"{result['evaluate']['load_before']} -> {result['evaluate']['load_after']}.", "",
+             f"{load(generated.get('load_before'))} -> {load(generated.get('load_after'))}, evaluate "
+             f"{load(result['evaluate']['load_before'])} -> {load(result['evaluate']['load_after'])} (2 CPUs shared "
+             f"with other work: durations are indicative).", "",
              "The truth is the first step at which the bug run's recorded gradients (summary CSV bytes, direction "
              "bits) differ from those of the clean run with the same noise; *exact*: the rule's first suspicious "
              "step is that step; *early* includes alarms raised by the noise alone.", "",
@@ -733,7 +760,7 @@ def markdown(result: dict) -> str:
     lines += ["## Benign pairs (first suspicious step; none: no alarm)", ""]
     lines += table(["family", "seed", "noise", "steps"] + rules,
                    [[r["family"], r["seed"], r["noise"], r["steps"]]
-                    + [describe_verdict(r[rule]) for rule in rules] for r in result["benign"]])
+                    + [describe_verdict(r["verdicts"][rule]) for rule in rules] for r in result["benign"]])
     lines += ["## Harmful scenarios: exact step, per variant (seeds together)", ""]
     header, rows = ["scenario", "category", "family", "culprits"], []
     for variant in VARIANTS:
@@ -750,13 +777,13 @@ def markdown(result: dict) -> str:
                 row += [fraction(rate(in_variant, rule)).split(" ")[0] for rule in rules]
             rows.append(row)
     lines += table(header, rows)
-    missed = [r for r in valid if any(r[rule]["outcome"] != "exact" for rule in rules)]
+    missed = [r for r in valid if any(r["verdicts"][rule]["outcome"] != "exact" for rule in rules)]
     lines += ["## Cases some rule did not name at the exact step", "",
               "Truth: the first step the gradients differ; each rule's first suspicious step and its first culprits.",
               ""]
     lines += table(["scenario", "family", "seed", "variant (noise)", "truth"] + rules,
                    [[r["scenario"], r["family"], r["seed"], f"{r['variant']} ({r['noise']})", r["truth"]]
-                    + [describe_verdict(r[rule]) for rule in rules] for r in missed])
+                    + [describe_verdict(r["verdicts"][rule]) for rule in rules] for r in missed])
     if invalid:
         lines += ["## Invalid cases (gradients identical to the clean run's at every step: not counted)", ""]
         lines += table(["scenario", "family", "seed", "variant (noise)"],
@@ -789,6 +816,10 @@ def markdown(result: dict) -> str:
     return "\n".join(lines)
 
 
+def load(averages) -> str:
+    return "?" if averages is None else "/".join(f"{a:.1f}" for a in averages)
+
+
 def describe_verdict(verdict: dict) -> str:
     if verdict["step"] is None:
         return "none"
@@ -805,20 +836,29 @@ def main() -> None:
                         "go into --work, not benchmarks/results")
     parser.add_argument("--note-work", type=Path, help="write the work folder's path into this file once the "
                         "first GPT-2 seed's dumps are complete")
+    parser.add_argument("--rules", help="comma-separated rules to judge with (default: every rule compare_dumps "
+                        "offers, its default first)")
     parser.add_argument("--jobs", type=int, default=os.cpu_count(), help="evaluate's comparison processes")
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args()
     torch.set_num_threads(1)  # the same bits in every process: the runs are compared bit for bit
     logging.getLogger("msprobe_mlflow").setLevel(logging.ERROR)  # the live verdict's warning, at every live run
     plan = QUICK if args.quick else Plan()
+    rules = compare_rules()
+    if args.rules:
+        unknown = set(args.rules.split(",")) - set(rules)
+        if unknown:
+            parser.error(f"--rules {args.rules}: {', '.join(sorted(unknown))} not offered by compare_dumps here; "
+                         f"it offers {', '.join(rules)}")
+        rules = [r for r in rules if r in args.rules.split(",")]
     work = Work(args.work / "quick" if args.quick else args.work)
     work.folder.mkdir(parents=True, exist_ok=True)
     if args.phase in ("generate", "all"):
         generate(work, plan, args.note_work)
     if args.phase in ("live", "all"):
-        live(work, plan)
+        live(work, plan, rules)
     if args.phase in ("evaluate", "all"):
-        result = evaluate(work, plan, args.jobs)
+        result = evaluate(work, plan, rules, args.jobs)
         out = work.folder if args.quick else args.out
         out.mkdir(parents=True, exist_ok=True)
         (out / "divergence.json").write_text(json.dumps(result, indent=1))
