@@ -457,13 +457,14 @@ def set_aside_other_training(dump_path: str | os.PathLike, training_id: str,
     """Moves what another training left in ``dump_path`` to ``{dump_path}/previous/{its ID}/``, so that the
     training ``training_id`` never writes among its steps and nothing of them is lost; returns the new places.
 
-    Moved: the rank folders of ``ranks`` (None: all) that hold anything besides ``training_id``'s own ID file,
-    each under the ID it records (``before-{training_id}`` when it records none: msprobe 1.0.3, or msprobe-mlflow
-    before training IDs); with them goes a copy of the other training's ``msprobe_mlflow_config.json``, so that
-    each ``previous/{ID}/`` is a dump that ``compare`` and ``upload`` take (a copy: ranks that share a file system
-    may each set aside their own folder; the writer then replaces the original). A rank folder holding only
-    another training's ID file (no step written) is kept, and its ID replaced. A place already taken is refused
-    before anything moves. Moves stay within ``dump_path``: one rename each, whatever the size, on any mount.
+    Moved, whole: the rank folders of ``ranks`` (None: all) that hold steps (a ``grad_summary_{S}.csv`` or a
+    ``step{S}/``) and do not record ``training_id``, each under the ID it records (``before-{training_id}`` when
+    it records none: msprobe 1.0.3, or msprobe-mlflow before training IDs); with them goes a copy of the other
+    training's ``msprobe_mlflow_config.json``, so that each ``previous/{ID}/`` is a dump that ``compare`` and
+    ``upload`` take (a copy: ranks that share a file system may each set aside their own folder; the writer then
+    replaces the original). A rank folder without steps is kept (its ID, if any, replaced): it holds no step to
+    mix with. A place already taken is refused before anything moves. Moves stay within ``dump_path``: one rename
+    each, whatever the size, on any mount.
     """
     dump_path = Path(dump_path)
     previous = dump_path / PREVIOUS_FOLDER
@@ -474,7 +475,7 @@ def set_aside_other_training(dump_path: str | os.PathLike, training_id: str,
         if not folder.is_dir():
             continue
         recorded = read_training_id(folder)
-        if recorded != training_id and any(entry.name != TRAINING_ID_FILE_NAME for entry in folder.iterdir()):
+        if recorded != training_id and _holds_steps(folder):
             moves.append((folder, previous / (recorded or unrecorded) / folder.name))
     taken = [str(target) for _, target in moves if os.path.lexists(target)]
     if taken:
