@@ -63,7 +63,8 @@ def test_exact_bytes_of_an_l0_summary_with_md5_of_float32_little_endian_bytes(tm
         f'fc1.bias,{md5([0.1, -0.0])},0.10000000149011612,-0.0,0.10000000149011612,[2]\r\n'
     ).encode("utf-8")
     assert one_step_with_hand_set_gradients(tmp_path, "L0") == expected
-    assert sorted(p.name for p in (tmp_path / "rank0").iterdir()) == ["grad_summary_0.csv"]  # L0: no directions
+    # L0: no directions
+    assert sorted(p.name for p in (tmp_path / "rank0").iterdir()) == ["grad_summary_0.csv", "training_id"]
 
 
 def test_custom_bounds_are_labelled_with_python_str(tmp_path):
@@ -76,7 +77,7 @@ def test_the_dump_tree_is_msprobes_with_our_packed_directions(tmp_path):
     one_step_with_hand_set_gradients(tmp_path, "L1")
     files = sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*") if p.is_file())
     assert [f for f in files if f.startswith("rank")] == \
-        ["rank0/grad_summary_0.csv", f"rank0/step0/{PACKED_FILE_NAME}"]
+        ["rank0/grad_summary_0.csv", f"rank0/step0/{PACKED_FILE_NAME}", "rank0/training_id"]
     directions = read_step_directions(tmp_path / "rank0" / "step0")
     assert {name: bits.tolist() for name, (_, bits) in directions.items()} == \
         {"fc1.weight": [0b10001000], "fc1.bias": [0b10000000], "scale": [0]}

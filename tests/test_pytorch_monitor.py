@@ -232,7 +232,7 @@ def test_step_filter_counts_every_step_but_writes_only_the_listed_ones(tmp_path)
         optimizer.step()
     monitor.stop()
     assert sorted(p.name for p in (tmp_path / "rank0").iterdir()) == \
-        ["grad_summary_1.csv", "grad_summary_3.csv", "step1", "step3"]
+        ["grad_summary_1.csv", "grad_summary_3.csv", "step1", "step3", "training_id"]
     for step in (1, 3):
         header, rows = summary(tmp_path, step)
         assert_row(rows["fc1.bias"], header, expected_row(grads[step]["fc1.bias"], "L1"))

@@ -172,12 +172,12 @@ def test_the_metrics_file_holds_one_line_per_step_with_the_summary_metrics(tmp_p
 
 def test_the_metrics_file_appends_when_monitoring_starts_again(tmp_path):
     config = GradProbeConfig(dump_path=str(tmp_path), level="L0")
+    monitor = GradientMonitor(config, log_to_mlflow=False, metrics_file=True)
     for _ in range(2):
-        monitor = GradientMonitor(config, log_to_mlflow=False, metrics_file=True)
         train_linear(monitor, 2)
         monitor.stop()
     lines = (tmp_path / "rank0" / "metrics.jsonl").read_text().splitlines()
-    assert [json.loads(line)["step"] for line in lines] == [0, 1, 0, 1]
+    assert [json.loads(line)["step"] for line in lines] == [0, 1, 2, 3]
 
 
 def test_the_metrics_file_is_off_by_default(tmp_path):
