@@ -5,7 +5,8 @@ from __future__ import annotations
 import os
 from typing import Callable
 
-from msprobe_mlflow.compare.verdict import DEFAULT_DROP_THRESHOLD, DEFAULT_FIRST_THRESHOLD, check_thresholds
+from msprobe_mlflow.compare.verdict import (DEFAULT_DROP_THRESHOLD, DEFAULT_FIRST_THRESHOLD, DEFAULT_RULE,
+                                            RuleSettings)
 from msprobe_mlflow.config import GradProbeConfig, load_config
 from msprobe_mlflow.directions_schedule import DirectionsSchedule, directions_sinks
 from msprobe_mlflow.notices import Notices
@@ -32,8 +33,9 @@ class SessionMonitor:
 
     Live verdicts (``msprobe_mlflow.sinks.baseline``, ``msprobe_mlflow.sinks.anomalies``): ``baseline`` (a dump
     folder or an MLflow run ID, looked up in ``tracking_uri``) compares each step's directions with the baseline's
-    as the step lands, and ``on_suspicious(verdict)`` is called once when the comparator's rule
-    (``first_threshold``, ``drop_threshold``) first trips. ``anomaly_flags`` (on by default) flags non-finite
+    as the step lands, and ``on_suspicious(verdict)`` is called once when the comparator's ``rule`` (``"noise"``,
+    the default; ``"msprobe"`` with ``first_threshold``, ``drop_threshold``) first finds a step suspicious.
+    ``anomaly_flags`` (on by default) flags non-finite
     gradients and gradient-norm spikes (``spike_threshold``, ``spike_window``: see ``SpikeRule``).
 
     The always-on tier (:mod:`msprobe_mlflow.directions_schedule`): ``directions_every_n_steps``,
@@ -46,7 +48,8 @@ class SessionMonitor:
                  log_to_mlflow: bool = True, silent: bool = False, metrics_file: bool = False,
                  sinks: list[StepSink] = (), baseline: str | os.PathLike | None = None,
                  on_suspicious: SuspiciousCallback | None = None, first_threshold: float = DEFAULT_FIRST_THRESHOLD,
-                 drop_threshold: float = DEFAULT_DROP_THRESHOLD, anomaly_flags: bool = True,
+                 drop_threshold: float = DEFAULT_DROP_THRESHOLD, rule: str = DEFAULT_RULE,
+                 anomaly_flags: bool = True,
                  spike_threshold: float = SpikeRule.threshold, spike_window: int = SpikeRule.window,
                  directions_every_n_steps: int | None = None, directions_on_anomaly: bool | None = None,
                  directions_steps_after_anomaly: int | None = None, aggregate_metrics: bool | None = None,
@@ -62,7 +65,7 @@ class SessionMonitor:
                                         archive_every_n_steps) \
             if log_to_mlflow else None
         self.baseline = live_baseline(self.config, baseline, on_suspicious, first_threshold, drop_threshold,
-                                      tracking_uri)
+                                      tracking_uri, rule)
         if not isinstance(anomaly_flags, bool):
             raise ValueError(f"anomaly_flags = {anomaly_flags!r} is not accepted; expected True or False")
         self.trigger_rule = SpikeRule(spike_threshold, spike_window)
@@ -115,15 +118,15 @@ class SessionMonitor:
 
 
 def live_baseline(config: GradProbeConfig, baseline, on_suspicious, first_threshold: float, drop_threshold: float,
-                  tracking_uri: str | None) -> BaselineOptions | None:
+                  tracking_uri: str | None, rule: str = DEFAULT_RULE) -> BaselineOptions | None:
     """The live verdict's options, refused before training starts when they cannot work."""
-    check_thresholds(first_threshold, drop_threshold)
+    RuleSettings(rule, first_threshold, drop_threshold)
     if baseline is None:
         if on_suspicious is not None:
             raise ValueError("on_suspicious is given without baseline=; it is called when a step is suspicious "
                              "against a baseline run: pass baseline=RUN_ID_OR_DUMP_FOLDER too")
         return None
-    options = BaselineOptions(baseline, on_suspicious, first_threshold, drop_threshold, tracking_uri)
+    options = BaselineOptions(baseline, on_suspicious, first_threshold, drop_threshold, tracking_uri, rule)
     if not config.has_directions:
         raise ValueError(f"baseline = {options.baseline!r} needs gradient directions, which grad_probe.grad_level "
                          f"{config.level!r} does not record; use grad_level L1 or L2")

@@ -122,8 +122,8 @@ def test_rows_follow_the_model_order_of_the_summary_csv(tmp_path):
     assert compare_dumps(a, b, None).ranks[0].parameters == ["z.weight", "a.bias"]
 
 
-def test_verdict_names_the_first_suspicious_step_and_parameter(dumps, tmp_path):
-    comparison = compare_dumps(*dumps, tmp_path / "out")
+def test_msprobe_rule_names_the_first_suspicious_step_and_parameter(dumps, tmp_path):
+    comparison = compare_dumps(*dumps, tmp_path / "out", rule="msprobe")
     rank = comparison.verdict.ranks[0]
     # step 1: fc.weight fell 1/15 > 0.03 and the summary 1/23 > 0.03; the empty parameter is never judged
     assert rank.first_suspicious_step == 1
@@ -132,7 +132,7 @@ def test_verdict_names_the_first_suspicious_step_and_parameter(dumps, tmp_path):
     saved = json.loads((tmp_path / "out" / "verdict.json").read_text())
     assert saved["verdict"]["first_suspicious_step"] == 1
     assert saved["ranks"][0]["summary"] == pytest.approx([1.0, 22 / 23, 16 / 23])
-    lenient = compare_dumps(*dumps, None, drop_threshold=0.5).verdict.ranks[0]  # only the scalar's 1.0 fall
+    lenient = compare_dumps(*dumps, None, rule="msprobe", drop_threshold=0.5).verdict.ranks[0]  # the scalar's 1.0 fall
     assert (lenient.first_suspicious_step, [t.name for t in lenient.parameter_trips]) == (2, ["scale"])
 
 
@@ -302,10 +302,10 @@ def test_output_that_is_a_file_is_refused(dumps, tmp_path):
 
 def test_earlier_comparison_is_replaced_and_other_files_kept(dumps, tmp_path):
     out = tmp_path / "out"
-    compare_dumps(*dumps, out, drop_threshold=0.5)
+    compare_dumps(*dumps, out, rule="msprobe", drop_threshold=0.5)
     (out / "notes.txt").write_text("mine")
     compare_dumps(*dumps, out)
-    assert json.loads((out / "verdict.json").read_text())["verdict"]["drop_threshold"] == 0.03
+    assert json.loads((out / "verdict.json").read_text())["verdict"]["rule"] == "noise"
     assert (out / "notes.txt").read_text() == "mine"
     assert not list(tmp_path.glob(".compare-*"))
 

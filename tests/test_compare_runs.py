@@ -19,7 +19,7 @@ from mlflow.utils.validation import MAX_TAG_VAL_LENGTH
 
 from msprobe_mlflow import GradProbeConfig, compare_runs
 from msprobe_mlflow.compare.engine import DumpComparison, RankComparison
-from msprobe_mlflow.compare.verdict import RankVerdict, Verdict
+from msprobe_mlflow.compare.verdict import RankVerdict, RuleSettings, Verdict
 from msprobe_mlflow.tracking.comparison_run import ComparisonSource, log_comparison_run
 from msprobe_mlflow.cli import main
 from msprobe_mlflow.pytorch import GradientMonitor
@@ -67,7 +67,7 @@ def runs_in(experiment_id: str) -> list:
 def test_compare_runs_logs_metrics_tags_and_artifacts(hand_dumps, experiment_id):
     run_a = log_dump_run(hand_dumps[0], experiment_id, "baseline")
     run_b = log_dump_run(hand_dumps[1], experiment_id, "candidate")
-    result = compare_runs(run_a, run_b)
+    result = compare_runs(run_a, run_b, rule="msprobe")
     client = MlflowClient()
     run = client.get_run(result.run_id)
     assert run.info.experiment_id == experiment_id and run.info.status == "FINISHED"
@@ -82,7 +82,8 @@ def test_compare_runs_logs_metrics_tags_and_artifacts(hand_dumps, experiment_id)
         [(0, 1.0), (1, pytest.approx(22 / 23)), (2, pytest.approx(16 / 23))]
     assert run.data.metrics["verdict/suspicious"] == 1.0
     assert run.data.metrics["verdict/first_suspicious_step"] == 1.0
-    assert run.data.params == {"first_threshold": "0.97", "drop_threshold": "0.03"}
+    assert run.data.params == {"rule": "msprobe", "first_threshold": "0.97", "drop_threshold": "0.03"}
+    assert tags["msprobe_mlflow.compare.rule"] == "msprobe"
     listed = {i.path for i in client.list_artifacts(result.run_id, "grad_compare/rank0/similarities_picture")}
     assert listed == {"grad_compare/rank0/similarities_picture/summary_similarities.png",
                       "grad_compare/rank0/similarities_picture/similarity_heatmap.png"}
@@ -96,12 +97,12 @@ def test_the_description_says_the_verdict_first_links_both_runs_and_keeps_the_ta
                                                                                              experiment_id):
     run_a = log_dump_run(hand_dumps[0], experiment_id, "baseline")
     run_b = log_dump_run(hand_dumps[1], experiment_id, "candidate")
-    result = compare_runs(run_a, run_b)
+    result = compare_runs(run_a, run_b, rule="msprobe")
     description = MlflowClient().get_run(result.run_id).data.tags["mlflow.note.content"]
     lines = description.splitlines()
     # step 1: fc.weight 15/15 -> 14/15, the summary 23/23 -> 22/23 (see test_compare_dumps)
     assert lines[0] == ("**Suspicious**: the runs part at step 1 on rank 0 (summary 1.0000 -> 0.9565; "
-                        "fc.weight fell 1.0000 -> 0.9333)")
+                        "fc.weight 1.0000 -> 0.9333 (fell 0.0667)) [msprobe rule]")
     for side, name, run_id in (("A", "baseline", run_a), ("B", "candidate", run_b)):  # links within the MLflow UI
         assert f"- {side}: [{name}](#/experiments/{experiment_id}/runs/{run_id}?workflowType=machine_learning) " \
                f"`{run_id}`" in lines
@@ -115,15 +116,16 @@ def test_a_consistent_comparison_says_so_in_its_first_line(hand_dumps, tmp_path,
     run_a = log_dump_run(hand_dumps[0], experiment_id, "baseline")
     result = compare_runs(run_a, str(hand_dumps[0]))
     description = MlflowClient().get_run(result.run_id).data.tags["mlflow.note.content"]
-    assert description.splitlines()[0] == ("**Consistent**: no suspicious step on 1 rank (first step below 0.97, "
-                                           "or a drop of more than 0.03)")
+    assert description.splitlines()[0] == ("**Consistent**: no suspicious step on 1 rank (noise-aware rule: beyond "
+                                           "the pair's own numerical noise)")
     assert f"- B: `{hand_dumps[0].resolve()}`" in description.splitlines()
 
 
 def test_a_long_comparison_is_cut_to_fit_mlflows_limit_inside_its_fenced_block(store, experiment_id, tmp_path):
     steps = list(range(3000))  # about 60 000 characters of printed table
     rank = RankComparison(0, steps, ["w"], {"w": [(1, 1)] * len(steps)}, [(1, 1)] * len(steps))
-    comparison = DumpComparison(tmp_path / "a", tmp_path / "b", [rank], Verdict(0.97, 0.03, [RankVerdict(0)]))
+    comparison = DumpComparison(tmp_path / "a", tmp_path / "b", [rank],
+                                Verdict(RuleSettings("msprobe"), [RankVerdict(0)]))
     sources = [ComparisonSource("a", folder=tmp_path / "a"), ComparisonSource("b", folder=tmp_path / "b")]
     run_id, _ = log_comparison_run(MlflowClient(), comparison, sources, experiment=mlflow.get_experiment(
         experiment_id).name)
@@ -215,16 +217,20 @@ def test_cli_end_to_end_names_the_perturbed_step(store, experiment_id, tmp_path)
 
 
 def test_cli_on_folders_without_mlflow_and_bad_input(hand_dumps, tmp_path):
-    done = run_cli(*map(str, hand_dumps), "--no-mlflow", "--no-plots", "--output", str(tmp_path / "out"))
+    done = run_cli(*map(str, hand_dumps), "--no-mlflow", "--no-plots", "--output", str(tmp_path / "out"),
+                   "--rule", "msprobe")
     assert done.returncode == 0, done.stderr
     assert re.search(r"summary +1\.0000 +0\.9565 +0\.6957\n", done.stdout)  # 1, 22/23, 16/23
     assert "rank 0: first suspicious step 1" in done.stdout
     assert not (tmp_path / "out" / "rank0" / "similarities_picture").exists()
-    bad = run_cli(str(hand_dumps[0]), str(tmp_path / "missing"), "--no-mlflow", "--drop-threshold", "0.5")
+    bad = run_cli(str(hand_dumps[0]), str(tmp_path / "missing"), "--no-mlflow", "--rule", "msprobe",
+                  "--drop-threshold", "0.5")
     assert bad.returncode == 2
     assert bad.stderr.startswith(f"msprobe-mlflow compare: error: B = '{tmp_path / 'missing'}': no such folder")
-    threshold = run_cli(*map(str, hand_dumps), "--no-mlflow", "--drop-threshold", "3")
+    threshold = run_cli(*map(str, hand_dumps), "--no-mlflow", "--rule", "msprobe", "--drop-threshold", "3")
     assert threshold.returncode == 2 and "drop_threshold = 3.0 is not accepted" in threshold.stderr
+    other_rule = run_cli(*map(str, hand_dumps), "--no-mlflow", "--drop-threshold", "0.05")
+    assert other_rule.returncode == 2 and "--drop-threshold applies to --rule msprobe only" in other_rule.stderr
 
 
 @pytest.mark.server
@@ -286,7 +292,7 @@ def test_cli_experiment_and_run_name_place_and_name_the_comparison_run(store, ha
     (["--drop-threshold", "0.07"], "rank 0: first suspicious step 2"),
 ])
 def test_cli_drop_threshold_decides_which_fall_is_suspicious(hand_dumps, options, verdict):
-    result = compare_cli(*map(str, hand_dumps), "--no-mlflow", "--no-plots", *options)
+    result = compare_cli(*map(str, hand_dumps), "--no-mlflow", "--no-plots", "--rule", "msprobe", *options)
     assert verdict in result.stdout
 
 
@@ -299,7 +305,7 @@ def test_cli_first_threshold_judges_the_first_compared_step(tmp_path, options, v
     a = {0: base_signs(0)}
     dump_a = write_ours(tmp_path / "a", a)
     dump_b = write_ours(tmp_path / "b", {0: flipped(a[0], {"fc.weight": [4]})})
-    result = compare_cli(str(dump_a), str(dump_b), "--no-mlflow", "--no-plots", *options)
+    result = compare_cli(str(dump_a), str(dump_b), "--no-mlflow", "--no-plots", "--rule", "msprobe", *options)
     assert verdict in result.stdout
 
 

@@ -7,8 +7,8 @@ import pytest
 from msprobe_mlflow.compare import similarity as similarity_module
 from msprobe_mlflow.compare.similarity import (agreeing_directions, agreeing_per_parameter, similarity,
                                                 summary_similarity)
-from msprobe_mlflow.compare.verdict import (RankVerdict, StepByStepJudge, Verdict, check_thresholds, judge_rank,
-                                            series_trips)
+from msprobe_mlflow.compare.verdict import (RankVerdict, RuleSettings, StepByStepJudge, Verdict, check_thresholds,
+                                            judge_rank)
 
 
 def packed(signs) -> np.ndarray:
@@ -63,6 +63,11 @@ def test_summary_is_weighted_by_element_count():
 STEPS = [0, 5, 10, 15]
 
 
+def series_trips(name, steps, values):
+    """The trips of msprobe's rule on one series at its first suspicious step (the verdict names that step only)."""
+    return judge_rank(0, steps, [None] * len(steps), {name: values}).parameter_trips
+
+
 def test_first_step_below_threshold_trips():
     trips = series_trips("w", STEPS[:2], [0.96, 0.96])
     assert [(t.step, t.reason) for t in trips] == [(0, "first")]
@@ -77,7 +82,9 @@ def test_thresholds_are_strict():
 
 def test_drop_is_measured_from_the_previous_compared_value():
     trips = series_trips("w", STEPS, [1.0, 0.99, 0.90, 0.5])
-    assert [(t.step, t.previous, t.similarity) for t in trips] == [(10, 0.99, 0.90), (15, 0.90, 0.5)]
+    assert [(t.step, t.previous, t.similarity) for t in trips] == [(10, 0.99, 0.90)]
+    trips = series_trips("w", STEPS, [1.0, 0.98, 0.96, 0.5])  # 0.02 at a time: not from 1.0, from the last value
+    assert [(t.step, t.previous, t.similarity) for t in trips] == [(15, 0.96, 0.5)]
 
 
 def test_missing_values_are_skipped():
@@ -106,12 +113,12 @@ def test_thresholds_are_options():
 def test_verdict_over_ranks():
     quiet = judge_rank(0, STEPS, [1.0] * 4, {})
     loud = judge_rank(1, STEPS, [1.0, 1.0, 0.8, 0.8], {})
-    verdict = Verdict(0.97, 0.03, [quiet, loud])
+    verdict = Verdict(RuleSettings("msprobe"), [quiet, loud])
     assert verdict.suspicious and verdict.first_suspicious_step == 10
     as_dict = verdict.to_dict()
     assert as_dict["ranks"][1]["summary_trip"]["fall"] == pytest.approx(0.2)
     assert "rank 1: first suspicious step 10" in verdict.describe()
-    assert not Verdict(0.97, 0.03, [quiet]).suspicious
+    assert not Verdict(RuleSettings("msprobe"), [quiet]).suspicious
 
 
 @pytest.mark.parametrize("value", [1.5, -0.1, True, "0.9", float("nan")])

@@ -20,10 +20,11 @@ from mlflow.tracking import MlflowClient
 
 import msprobe_mlflow
 from msprobe_mlflow import GradProbeConfig, compare_dumps, compare_runs
+from msprobe_mlflow.compare.step import StepComparison, StepLayout
+from msprobe_mlflow.compare.verdict import culprit_text
 from msprobe_mlflow.directions import read_step_directions
 from msprobe_mlflow.dump import findings_dir, read_csv, step_dir, summary_steps
 from msprobe_mlflow.pytorch import GradientMonitor
-from msprobe_mlflow.sinks import baseline as baseline_module
 from msprobe_mlflow.sinks.baseline_process import BaselineSink
 from mlflow_server import MlflowServer
 
@@ -125,7 +126,7 @@ def test_a_perturbation_is_named_at_its_step_while_training_as_compare_names_it_
     assert tags["msprobe_mlflow.live_verdict"] == "suspicious"
     assert tags["msprobe_mlflow.first_suspicious_step"] == str(PERTURBED_FROM)
     assert tags["msprobe_mlflow.suspicious_parameters"] == ", ".join(
-        f"{t.name} (fell {t.fall:.4f})" for t in afterwards.verdict.ranks[0].parameter_trips)
+        culprit_text(t) for t in afterwards.verdict.ranks[0].parameter_trips)
     assert tags["mlflow.note.content"].startswith(
         f"msprobe-mlflow live verdict: suspicious from step {PERTURBED_FROM} against baseline {baseline_run}")
     live_summary = dict(summary_history(run.info.run_id))
@@ -413,7 +414,7 @@ def test_the_similarities_file_joined_from_name_cells_is_what_the_csv_writer_wri
     import io
 
     names = ["plain.weight", "with,comma", 'with"quote', "line\nbreak", "ünïcode", "empty"]
-    layout = baseline_module.StepLayout(names, [(3,), (2, 2), (5,), (1,), (7,), (0,)])
+    layout = StepLayout(names, [(3,), (2, 2), (5,), (1,), (7,), (0,)])
     agreeing, numels = np.array([1, 4, 2, 1, 6, 0]), np.array([3, 4, 5, 1, 7, 0])
 
     def written_by_csv(rows):
@@ -421,9 +422,9 @@ def test_the_similarities_file_joined_from_name_cells_is_what_the_csv_writer_wri
         csv.writer(out).writerows([["param_name", "similarity"], *rows])
         return out.getvalue().encode("utf-8-sig")
 
-    every = baseline_module.StepComparison(0, tuple(names), agreeing, numels, [], [], [])
+    every = StepComparison(0, tuple(names), tuple(names), agreeing, numels)
     expected = [[n, a / m if m else 0.0] for n, a, m in zip(names, agreeing.tolist(), numels.tolist())]
     assert every.csv_text(layout) == written_by_csv(expected + [["summary", 14 / 20]])
-    some = baseline_module.StepComparison(0, tuple(names[:2]), agreeing[:2], numels[:2], [], [], [])
+    some = StepComparison(0, tuple(names[:2]), tuple(names[:2]), agreeing[:2], numels[:2])
     partial = [[n, v if i < 2 else ""] for i, (n, v) in enumerate(expected)]
     assert some.csv_text(layout) == written_by_csv(partial + [["summary", 5 / 7]])

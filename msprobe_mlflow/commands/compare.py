@@ -7,6 +7,7 @@ import click
 
 from msprobe_mlflow.commands import command, tracking_uri_option
 from msprobe_mlflow.commands.exit_codes import OK, SUSPICIOUS_RESULT
+from msprobe_mlflow.compare.verdict import DEFAULT_RULE, RULES
 
 FOLDER = click.Path(file_okay=False)  # checked only if it exists: created when missing
 
@@ -24,12 +25,16 @@ FOLDER = click.Path(file_okay=False)  # checked only if it exists: created when 
 @click.option("--run-name", metavar="NAME",
               help="name of the comparison run (default: 'compare <A> vs <B>'). Example: --run-name 'bf16 vs fp32'")
 @tracking_uri_option
-@click.option("--first-threshold", type=float, default=0.97, metavar="X",
-              help="a first compared step with similarity below X is suspicious (default 0.97). "
-                   "Example: --first-threshold 0.95")
-@click.option("--drop-threshold", type=float, default=0.03, metavar="X",
-              help="a drop of more than X from one compared step to the next is suspicious (default 0.03). "
-                   "Example: --drop-threshold 0.05")
+@click.option("--rule", type=click.Choice(RULES), default=DEFAULT_RULE, show_default=True,
+              help="how steps are judged: 'noise' against the pair's own numerical noise (runs that differ in "
+                   "rounding from step 0, such as NPU against GPU), 'msprobe' msprobe's thresholds (runs that agree "
+                   "bit for bit until a bug). Example: --rule msprobe")
+@click.option("--first-threshold", type=float, default=None, metavar="X",
+              help="--rule msprobe only: a first compared step with similarity below X is suspicious (default "
+                   "0.97). Example: --rule msprobe --first-threshold 0.95")
+@click.option("--drop-threshold", type=float, default=None, metavar="X",
+              help="--rule msprobe only: a drop of more than X from one compared step to the next is suspicious "
+                   "(default 0.03). Example: --rule msprobe --drop-threshold 0.05")
 @click.option("--no-mlflow", is_flag=True,
               help="log no comparison run: print (and with --output write) the result only; run IDs as sources "
                    "still need the tracking store")
@@ -42,7 +47,8 @@ FOLDER = click.Path(file_okay=False)  # checked only if it exists: created when 
               help="where runs downloaded from a tracking server are cached by run ID (default "
                    "~/.cache/msprobe-mlflow/runs)")
 def compare(a: str, b: str, output: str | None, experiment: str | None, run_name: str | None,
-            tracking_uri: str | None, first_threshold: float, drop_threshold: float, no_mlflow: bool,
+            tracking_uri: str | None, rule: str, first_threshold: float | None, drop_threshold: float | None,
+            no_mlflow: bool,
             fail_on_suspicious: bool, per_param_plots: bool, no_plots: bool, cache_dir: str | None) -> int:
     """Compares the gradient directions (signs) of two trainings, step by step: for each rank, parameter and step
     present in both, similarity = elements whose sign agrees / elements. The summary per step weighs parameters by
@@ -50,9 +56,11 @@ def compare(a: str, b: str, output: str | None, experiment: str | None, run_name
     autolog(), GradientMonitor or 'msprobe-mlflow upload') or a grad_probe dump folder (ours, or msprobe 1.0.3's).
     Dumps must be grad_level L1 or L2 (L0 has no directions).
 
-    Verdict: a step is suspicious when, for any parameter or the summary, the first compared step's similarity is
-    below --first-threshold, or the similarity drops by more than --drop-threshold from one compared step to the
-    next. The first suspicious step per rank is printed with the parameters that fell most.
+    Verdict (--rule noise, the default): a step is suspicious when the runs differ there by more than their own
+    numerical noise, learnt from the pair: in the directions, or (at L1/L2) in the gradient norms, max |g| or the
+    L2 distribution. Parameters whose signs differ only at rounding level are reported as "sign is noise".
+    --rule msprobe: the first compared step below --first-threshold, or a drop of more than --drop-threshold. The
+    first suspicious step per rank is printed with the parameters that moved most beyond their noise.
 
     Outputs: a new MLflow run 'compare <A> vs <B>' (metric summary_similarity/rank<R> over training steps, the
     verdict as tags and metrics, artifacts grad_compare/rank<R>/similarities.csv, plots, verdict.json), and with
@@ -63,11 +71,16 @@ def compare(a: str, b: str, output: str | None, experiment: str | None, run_name
       msprobe-mlflow compare 3f2a...c1 9b7e...04
       msprobe-mlflow compare ./dump_baseline ./dump_candidate --no-mlflow --output ./compare_out
       msprobe-mlflow compare $BASELINE_RUN $CANDIDATE_RUN --tracking-uri http://mlflow:5000 --fail-on-suspicious
+      msprobe-mlflow compare ./dump_a ./dump_b --no-mlflow --rule msprobe --drop-threshold 0.05
     """
     from msprobe_mlflow.compare.engine import compare_dumps
 
-    options = dict(first_threshold=first_threshold, drop_threshold=drop_threshold, plots=not no_plots,
-                   per_param_plots=per_param_plots)
+    thresholds = {key: value for key, value in (("first_threshold", first_threshold),
+                                                ("drop_threshold", drop_threshold)) if value is not None}
+    if thresholds and rule != "msprobe":
+        raise ValueError(f"--{next(iter(thresholds)).replace('_', '-')} applies to --rule msprobe only "
+                               f"(the {rule} rule learns its tolerance from the pair); add --rule msprobe")
+    options = dict(rule=rule, plots=not no_plots, per_param_plots=per_param_plots, **thresholds)
     if no_mlflow and Path(a).exists() and Path(b).exists():  # two dumps: no tracking store involved
         comparison = compare_dumps(a, b, output, **options)
         _print_result(comparison, None, None, None)

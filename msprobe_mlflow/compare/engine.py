@@ -20,14 +20,12 @@ from pathlib import Path
 import numpy as np
 
 from msprobe_mlflow.progress import ProgressLine
-from msprobe_mlflow.compare.similarity import (agreeing_directions, judged_similarity, similarity,
-                                                summary_similarity)
-from msprobe_mlflow.compare.verdict import (DEFAULT_DROP_THRESHOLD, DEFAULT_FIRST_THRESHOLD, Verdict,
-                                            check_thresholds, judge_rank)
-from msprobe_mlflow.directions import StoredDirection, open_step_directions
-from msprobe_mlflow.dump import (dump_folder, indexed_children, rank_dir, read_summary, step_dir,
-                                 summary_csv_path, summary_steps, write_csv)
-from msprobe_mlflow.parameter_names import strip_wrapper_components
+from msprobe_mlflow.compare.similarity import judged_similarity, similarity, summary_similarity
+from msprobe_mlflow.compare.rules import judge_for
+from msprobe_mlflow.compare.step import StepMismatch, compare_step
+from msprobe_mlflow.compare.verdict import (DEFAULT_DROP_THRESHOLD, DEFAULT_FIRST_THRESHOLD, DEFAULT_RULE,
+                                            RankVerdict, RuleSettings, Verdict)
+from msprobe_mlflow.dump import dump_folder, indexed_children, rank_dir, step_dir, summary_steps, write_csv
 
 SIMILARITIES_FILE_NAME = "similarities.csv"
 PICTURE_FOLDER_NAME = "similarities_picture"
@@ -160,59 +158,17 @@ def direction_steps(dump: Path, rank: int, label: str) -> list[int]:
     return steps
 
 
-def _parameter_order(dump: Path, rank: int, step: int, stored: dict[str, StoredDirection]) -> list[str]:
-    """The model order: the summary CSV's ``param_name`` column (the npy form lists files alphabetically)."""
-    csv_path = summary_csv_path(dump, rank, step)
-    listed = read_summary(csv_path).column("param_name") if csv_path.exists() else []
-    ordered = [name for name in listed if name in stored]
-    seen = set(ordered)
-    return ordered + [name for name in stored if name not in seen]
-
-
-def _open_step(dump: Path, rank: int, step: int) -> dict[str, StoredDirection]:
-    stored = open_step_directions(step_dir(dump, rank, step))
-    if not stored:
-        raise CompareInputError(f"{step_dir(dump, rank, step)}: holds no direction files (expected "
-                                f"directions.npz or <param>.npy)")
-    return stored
-
-
-def matched_names(names_a: list[str], names_b) -> list[tuple[str, str]]:
-    """Pairs ``(name in A, name in B)`` in A's order: equal names, else names equal once the components wrappers
-    add (``module.``, ``_orig_mod.``...) are removed from both, where that stripped name is unique on each side."""
-    exact = set(names_a) & set(names_b)
-
-    def unique_stripped(names) -> dict[str, str]:
-        stripped: dict[str, list[str]] = {}
-        for name in names:
-            if name not in exact:
-                stripped.setdefault(strip_wrapper_components(name), []).append(name)
-        return {key: found[0] for key, found in stripped.items() if len(found) == 1}
-
-    stripped_b = unique_stripped(names_b)
-    stripped_a = unique_stripped(names_a)
-    pairs = []
-    for name in names_a:
-        if name in exact:
-            pairs.append((name, name))
-        elif (key := strip_wrapper_components(name)) in stripped_b and stripped_a.get(key) == name:
-            pairs.append((name, stripped_b[key]))
-    return pairs
-
-
-def _compare_pair(pair: tuple[StoredDirection, StoredDirection]) -> int:
-    stored_a, stored_b = pair
-    return agreeing_directions(stored_a.packed_bits(), stored_b.packed_bits(), stored_a.numel)
-
-
-def _compare_rank(dump_a: Path, dump_b: Path, rank: int, pool: ThreadPoolExecutor,
-                  progress: bool | None) -> RankComparison:
+def _compare_rank(dump_a: Path, dump_b: Path, rank: int, settings: RuleSettings, pool: ThreadPoolExecutor,
+                  progress: bool | None) -> tuple[RankComparison, RankVerdict]:
+    """Compares a rank's common steps one by one (``compare_step``, as the live verdict does) and judges each as
+    it is compared."""
     steps_a = direction_steps(dump_a, rank, "dump A")
     steps_b = direction_steps(dump_b, rank, "dump B")
     steps = sorted(set(steps_a) & set(steps_b))
     if not steps:
         raise CompareInputError(f"rank{rank}: no step folder in both dumps (A has steps {steps_a}, B has {steps_b}); "
                                 f"only steps with directions in both are compared")
+    judge = judge_for(settings, rank)
     order: list[str] = []
     counts: dict[str, list[Counts]] = {}
     only_a: dict[str, None] = {}
@@ -221,35 +177,30 @@ def _compare_rank(dump_a: Path, dump_b: Path, rank: int, pool: ThreadPoolExecuto
     summary_counts = []
     line = ProgressLine(f"rank{rank} steps", len(steps), progress)
     for index, step in enumerate(steps):
-        stored_a, stored_b = _open_step(dump_a, rank, step), _open_step(dump_b, rank, step)
-        pairs = matched_names(_parameter_order(dump_a, rank, step, stored_a), stored_b)
-        if not pairs:
+        try:
+            compared = compare_step(step, step_dir(dump_a, rank, step), step_dir(dump_b, rank, step), pool=pool)
+        except StepMismatch as e:
+            raise CompareInputError(f"rank{rank} {e}") from None
+        if not compared.compared:
             raise CompareInputError(f"rank{rank} step{step}: no parameter in both dumps (A has "
-                                    f"{sorted(stored_a)[:5]}, B has {sorted(stored_b)[:5]})")
-        matched_a, matched_b = {a for a, _ in pairs}, {b for _, b in pairs}
-        only_a.update(dict.fromkeys(n for n in stored_a if n not in matched_a))
-        only_b.update(dict.fromkeys(n for n in stored_b if n not in matched_b))
-        unwrapped.update(dict.fromkeys((a, b) for a, b in pairs if a != b))
-        for name, name_b in pairs:
-            if stored_a[name].shape != stored_b[name_b].shape:
-                raise CompareInputError(
-                    f"rank{rank} step{step}: parameter {name!r} has shape {list(stored_a[name].shape)} in "
-                    f"{stored_a[name].path} but {list(stored_b[name_b].shape)} in {stored_b[name_b].path}; "
-                    f"shapes must match (were both runs the same model?)")
-        agreeing = list(pool.map(_compare_pair, [(stored_a[a], stored_b[b]) for a, b in pairs]))
-        names = [a for a, _ in pairs]
-        for name, agree in zip(names, agreeing):
+                                    f"{sorted(compared.only_in_a)[:5]}, B has {sorted(compared.only_in_b)[:5]})")
+        only_a.update(dict.fromkeys(compared.only_in_a))
+        only_b.update(dict.fromkeys(compared.only_in_b))
+        unwrapped.update(dict.fromkeys(compared.unwrapped_matches))
+        for name, agree, numel in zip(compared.compared, compared.agreeing.tolist(), compared.numels.tolist()):
             if name not in counts:
                 order.append(name)
                 counts[name] = [None] * len(steps)
-            counts[name][index] = (agree, stored_a[name].numel)
-        summary_counts.append((sum(agreeing), sum(stored_a[n].numel for n in names)))
+            counts[name][index] = (agree, numel)
+        summary_counts.append(compared.summary_counts)
+        judge.judge_step(compared)
         line.advance()
     line.close()
     compared_a, compared_b = set(counts), {b for _, b in unwrapped} | set(counts)
-    return RankComparison(rank, steps, order, counts, summary_counts,
-                          [n for n in only_a if n not in compared_a], [n for n in only_b if n not in compared_b],
-                          list(unwrapped), sorted(set(steps_a) - set(steps)), sorted(set(steps_b) - set(steps)))
+    comparison = RankComparison(rank, steps, order, counts, summary_counts,
+                                [n for n in only_a if n not in compared_a], [n for n in only_b if n not in compared_b],
+                                list(unwrapped), sorted(set(steps_a) - set(steps)), sorted(set(steps_b) - set(steps)))
+    return comparison, judge.report()
 
 
 def _check_output_folder(output_dir: Path, ranks: list[int]) -> None:
@@ -272,7 +223,7 @@ def _check_output_folder(output_dir: Path, ranks: list[int]) -> None:
                 f"output folder")
 
 
-def _write_rank(folder: Path, rank: RankComparison, plots: bool, per_param_plots: bool,
+def _write_rank(folder: Path, rank: RankComparison, verdict: RankVerdict, plots: bool, per_param_plots: bool,
                 progress: bool | None) -> None:
     write_csv(folder / SIMILARITIES_FILE_NAME, rank.csv_rows())
     if not plots:
@@ -281,7 +232,7 @@ def _write_rank(folder: Path, rank: RankComparison, plots: bool, per_param_plots
 
     picture_folder = folder / PICTURE_FOLDER_NAME
     curves = pictures.CurvePlotter()
-    curves.summary(picture_folder, rank.steps, rank.summary)
+    curves.summary(picture_folder, rank.steps, rank.summary, verdict.summary_band, verdict.first_suspicious_step)
     pictures.heatmap(picture_folder, rank.parameters, rank.steps, rank.matrix())
     if per_param_plots:
         line = ProgressLine(f"rank{rank.rank} parameter plots", len(rank.parameters), progress)
@@ -316,8 +267,8 @@ def write_comparison(comparison: DumpComparison, output_dir: str | os.PathLike, 
     output_dir.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=".compare-partial-", dir=output_dir.parent))
     try:
-        for rank in comparison.ranks:
-            _write_rank(staging / f"rank{rank.rank}", rank, plots, per_param_plots, progress)
+        for rank, verdict in zip(comparison.ranks, comparison.verdict.ranks):
+            _write_rank(staging / f"rank{rank.rank}", rank, verdict, plots, per_param_plots, progress)
         (staging / VERDICT_FILE_NAME).write_text(json.dumps(comparison.to_dict(), indent=1), encoding="utf-8")
         _publish(staging, output_dir)
     finally:
@@ -327,17 +278,19 @@ def write_comparison(comparison: DumpComparison, output_dir: str | os.PathLike, 
 
 
 def compare_dumps(dump_a: str | os.PathLike, dump_b: str | os.PathLike, output_dir: str | os.PathLike | None,
-                  *, first_threshold: float = DEFAULT_FIRST_THRESHOLD, drop_threshold: float = DEFAULT_DROP_THRESHOLD,
-                  plots: bool = True, per_param_plots: bool = False, workers: int | None = None,
-                  progress: bool | None = None) -> DumpComparison:
-    """Compares two local dumps rank by rank, step by step, parameter by parameter.
+                  *, rule: str = DEFAULT_RULE, first_threshold: float = DEFAULT_FIRST_THRESHOLD,
+                  drop_threshold: float = DEFAULT_DROP_THRESHOLD, plots: bool = True, per_param_plots: bool = False,
+                  workers: int | None = None, progress: bool | None = None) -> DumpComparison:
+    """Compares two local dumps rank by rank, step by step, parameter by parameter, and judges the steps with
+    ``rule`` (``"noise"``, the default, or ``"msprobe"``, whose thresholds are ``first_threshold`` and
+    ``drop_threshold``; see ``compare/verdict.py``).
 
     Writes ``{output_dir}/rank{R}/similarities.csv`` (msprobe's format), ``similarities_picture/`` (the summary
     curve and the heat map; one curve per parameter with ``per_param_plots``) and ``verdict.json``; nothing when
     ``output_dir`` is None. Raises ``CompareInputError`` (or ``ValueError`` for a damaged file), naming the file
     and the reason, before anything is written. ``progress``: None shows it when stderr is a terminal.
     """
-    check_thresholds(first_threshold, drop_threshold)
+    settings = RuleSettings(rule, first_threshold, drop_threshold)
     folder_a, folder_b = dump_folder(dump_a, "dump_a"), dump_folder(dump_b, "dump_b")
     ranks_a, ranks_b = indexed_children(folder_a, "rank"), indexed_children(folder_b, "rank")
     ranks = sorted(set(ranks_a) & set(ranks_b))
@@ -347,11 +300,9 @@ def compare_dumps(dump_a: str | os.PathLike, dump_b: str | os.PathLike, output_d
         _check_output_folder(Path(output_dir), ranks)
     workers = workers or min(4, os.cpu_count() or 1)
     with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="msprobe-compare") as pool:
-        compared = [_compare_rank(folder_a, folder_b, rank, pool, progress) for rank in ranks]
-    verdict = Verdict(first_threshold, drop_threshold, [
-        judge_rank(r.rank, r.steps, r.judged_series(), {n: r.judged_series(n) for n in r.parameters},
-                   first_threshold, drop_threshold) for r in compared])
-    comparison = DumpComparison(folder_a, folder_b, compared, verdict)
+        results = [_compare_rank(folder_a, folder_b, rank, settings, pool, progress) for rank in ranks]
+    comparison = DumpComparison(folder_a, folder_b, [c for c, _ in results],
+                                Verdict(settings, [verdict for _, verdict in results]))
     if output_dir is not None:
         write_comparison(comparison, output_dir, plots, per_param_plots, progress)
     return comparison

@@ -50,8 +50,24 @@ class CurvePlotter:
         _save(self.figure, path)
         return path
 
-    def summary(self, folder: Path, steps: list[int], summary: list[float | None]) -> Path:
-        return self.save(folder / "summary_similarities.png", "summary_similarities", steps, summary)
+    def summary(self, folder: Path, steps: list[int], summary: list[float | None], band: dict[int, float] | None = None,
+                suspicious_step: int | None = None) -> Path:
+        """The summary curve; with ``band`` (step -> the lowest similarity the rule expected from noise) the band
+        shaded, and the first suspicious step marked."""
+        extras = []
+        if band:
+            lows = [band.get(step, math.nan) for step in steps]
+            extras.append(self.axes.fill_between(steps, lows, 1.0, color="tab:green", alpha=0.15, step="mid",
+                                                 label="expected from noise"))
+        if suspicious_step is not None:
+            extras.append(self.axes.axvline(suspicious_step, color="tab:red", linestyle="--",
+                                            label=f"first suspicious step {suspicious_step}"))
+        legend = self.axes.legend(loc="lower left") if extras else None
+        try:
+            return self.save(folder / "summary_similarities.png", "summary_similarities", steps, summary)
+        finally:
+            for artist in extras + ([legend] if legend else []):
+                artist.remove()
 
     def parameter(self, folder: Path, name: str, steps: list[int], values: list[float | None]) -> Path:
         stem = param_file_stem(name, suffix="_similarities.png")

@@ -1,15 +1,21 @@
-"""The suspicious-step rule (documented by msprobe, never coded there), on similarity series: no I/O.
+"""Verdicts on two runs' steps, and the rules that reach them: no I/O.
 
-A series (one parameter's, or the summary's, similarity at each compared step) trips the rule at a step when
+A rule is a *judge* fed one compared step at a time (:class:`~msprobe_mlflow.compare.step.StepComparison`, steps
+ascending); it returns the rank's :class:`RankVerdict` at the first step it finds suspicious and judges nothing after
+that step. ``compare`` feeds it every step of two dumps in order, the live verdict each step as it lands: one
+implementation, so both give the same verdict on the same steps.
 
-- the step is the first compared step and the similarity is below ``first_threshold`` (default 0.97): two runs
-  that start alike should agree on almost every gradient sign; or
-- the similarity fell by more than ``drop_threshold`` (default 0.03) since the series' previous compared value.
+Two rules (:data:`RULES`; ``compare/rules.py`` makes the judge of each):
 
-``fall`` measures how far: previous value minus this one, the previous value of the first compared step being 1.0
-(full agreement). Values that are ``None`` (a parameter absent from one side at that step, or empty) are skipped:
-the next value is compared with the last one present. A rank's first suspicious step is the earliest step where any
-series trips; the parameters that trip it are listed by ``fall``, largest first.
+- ``noise`` (the default, ``compare/noise_rule.py``): judges each step against the pair's own numerical noise, on
+  the directions and on the statistics both runs recorded.
+- ``msprobe``: the rule msprobe documents (and never coded). A series (one parameter's, or the summary's, direction
+  similarity at each compared step) trips at a step when the step is the first compared step and the similarity is
+  below ``first_threshold`` (default 0.97), or the similarity fell by more than ``drop_threshold`` (default 0.03)
+  since the series' previous compared value. ``fall`` = previous value minus this one, the previous value of the
+  first compared step being 1.0. Values not compared (a parameter absent from one side, or empty) are skipped: the
+  next value is compared with the last one present. The parameters tripping at the first suspicious step are listed
+  by ``fall``, largest first.
 """
 from __future__ import annotations
 
@@ -27,17 +33,60 @@ Series = list[float | None]
 
 @dataclass(frozen=True)
 class Trip:
-    """A series tripping the rule at ``step``: ``reason`` is ``first`` (below the first threshold) or ``drop``."""
+    """A series tripping its rule at ``step``.
+
+    ``similarity``: the direction similarity there (None: the series is a statistic's, not a direction's);
+    ``previous``: what the rule expected (msprobe: the previous value; noise: the series' expected similarity);
+    ``reason``: msprobe ``first`` or ``drop``; noise ``direction``, ``norm``, ``distribution`` or ``extremes``;
+    ``score``: how far beyond its noise (noise rule: robust deviations; msprobe: the fall); ``detail``: the
+    numbers, for a person."""
 
     name: str
     step: int
-    similarity: float
-    previous: float
+    similarity: float | None
+    previous: float | None
     reason: str
+    score: float = 0.0
+    detail: str = ""
 
     @property
     def fall(self) -> float:
+        """How far the similarity fell below what was expected (0 for a trip on statistics alone)."""
+        if self.similarity is None or self.previous is None:
+            return 0.0
         return self.previous - self.similarity
+
+
+@dataclass(frozen=True)
+class SignNoise:
+    """A parameter whose signs disagree at rounding level: some elements (``signs``: the key third of a fused q/k/v
+    bias; its magnitudes agree) or its whole gradient (``whole gradient``: tiny on both sides, as a bias right
+    before a normalisation). Reported, never a trip or a culprit."""
+
+    name: str
+    step: int  # the first step it was seen
+    similarity: float
+    norm_difference: float  # relative: |norm_b - norm_a| / max(norm_a, norm_b)
+    kind: str = "signs"  # "signs": part of its elements are at rounding level; "whole gradient": all of them
+
+
+@dataclass
+class RankVerdict:
+    """``parameter_trips``: the parameters tripping at ``first_suspicious_step``, most evidence first;
+    ``summary_trip``: the summary's trip at that step, if it trips there too; ``sign_noise``: parameters whose
+    sign disagreement was recognised as noise (noise rule); ``summary_band``: per judged step, the lowest summary
+    similarity the rule expected from noise (noise rule)."""
+
+    rank: int
+    first_suspicious_step: int | None = None
+    summary_trip: Trip | None = None
+    parameter_trips: list[Trip] = field(default_factory=list)
+    sign_noise: list[SignNoise] = field(default_factory=list)
+    summary_band: dict[int, float] = field(default_factory=dict)
+
+    @property
+    def suspicious(self) -> bool:
+        return self.first_suspicious_step is not None
 
 
 def check_thresholds(first_threshold: float, drop_threshold: float) -> None:
@@ -46,76 +95,68 @@ def check_thresholds(first_threshold: float, drop_threshold: float) -> None:
             raise ValueError(f"{key} = {value!r} is not accepted; expected a number between 0 and 1")
 
 
+RULES = ("noise", "msprobe")
+DEFAULT_RULE = "noise"
+
+
+def check_rule(rule: str) -> None:
+    if rule not in RULES:
+        raise ValueError(f"rule = {rule!r} is not accepted; expected one of {', '.join(map(repr, RULES))}")
+
+
+@dataclass(frozen=True)
+class RuleSettings:
+    """Which rule judges, with its settings (the thresholds are msprobe's rule's only), checked when made."""
+
+    rule: str = DEFAULT_RULE
+    first_threshold: float = DEFAULT_FIRST_THRESHOLD
+    drop_threshold: float = DEFAULT_DROP_THRESHOLD
+
+    def __post_init__(self):
+        check_rule(self.rule)
+        check_thresholds(self.first_threshold, self.drop_threshold)
+
+    def to_dict(self) -> dict:
+        settings = {"rule": self.rule}
+        if self.rule == "msprobe":
+            settings.update(first_threshold=self.first_threshold, drop_threshold=self.drop_threshold)
+        return settings
+
+    def describe(self) -> str:
+        """The rule in a few words, for the verdict's lines."""
+        if self.rule == "msprobe":
+            return f"msprobe's rule: first < {self.first_threshold}, drop > {self.drop_threshold}"
+        return "noise-aware rule: beyond the pair's own numerical noise"
+
+
 def trip_at(name: str, step: int, value: float, previous: float | None, first_step: bool,
             first_threshold: float, drop_threshold: float) -> Trip | None:
-    """The rule at one value of a series: ``previous`` is the series' last compared value (None: none yet),
+    """msprobe's rule at one value of a series: ``previous`` is the series' last compared value (None: none yet),
     ``first_step`` says whether ``step`` is the first compared step."""
     if first_step and value < first_threshold:
-        return Trip(name, step, value, 1.0, "first")
+        return Trip(name, step, value, 1.0, "first", 1.0 - value)
     if previous is not None and previous - value > drop_threshold + _TOLERANCE:
-        return Trip(name, step, value, previous, "drop")
+        return Trip(name, step, value, previous, "drop", previous - value)
     return None
-
-
-def series_trips(name: str, steps: list[int], values: Series, first_threshold: float = DEFAULT_FIRST_THRESHOLD,
-                 drop_threshold: float = DEFAULT_DROP_THRESHOLD) -> list[Trip]:
-    """Every step at which one series trips the rule, in step order."""
-    trips = []
-    previous = None
-    for index, (step, value) in enumerate(zip(steps, values)):
-        if value is None:
-            continue
-        trip = trip_at(name, step, value, previous, index == 0, first_threshold, drop_threshold)
-        if trip is not None:
-            trips.append(trip)
-        previous = value
-    return trips
-
-
-@dataclass
-class RankVerdict:
-    """``parameter_trips``: the parameters tripping at ``first_suspicious_step``, largest fall first;
-    ``summary_trip``: the summary's trip at that step, if the summary trips there too."""
-
-    rank: int
-    first_suspicious_step: int | None = None
-    summary_trip: Trip | None = None
-    parameter_trips: list[Trip] = field(default_factory=list)
-
-    @property
-    def suspicious(self) -> bool:
-        return self.first_suspicious_step is not None
-
-
-def judge_rank(rank: int, steps: list[int], summary: Series, parameters: dict[str, Series],
-               first_threshold: float = DEFAULT_FIRST_THRESHOLD,
-               drop_threshold: float = DEFAULT_DROP_THRESHOLD) -> RankVerdict:
-    check_thresholds(first_threshold, drop_threshold)
-    summary_trips = series_trips("summary", steps, summary, first_threshold, drop_threshold)
-    parameter_trips = [trip for name, values in parameters.items()
-                       for trip in series_trips(name, steps, values, first_threshold, drop_threshold)]
-    tripped_steps = [trip.step for trip in summary_trips + parameter_trips]
-    if not tripped_steps:
-        return RankVerdict(rank)
-    first = min(tripped_steps)
-    summary_trip = next((t for t in summary_trips if t.step == first), None)
-    return RankVerdict(rank, first, summary_trip, largest_fall_first(t for t in parameter_trips if t.step == first))
 
 
 def largest_fall_first(trips) -> list[Trip]:
     return sorted(trips, key=lambda t: (-t.fall, t.name))
 
 
-class StepByStepJudge:
-    """:func:`judge_rank` fed one compared step at a time, for a verdict while training runs: the same rule on the
-    same series gives the same first suspicious step, summary trip and parameter trips, in the same order.
+def judged_values(comparison) -> tuple[float | None, np.ndarray]:
+    """What a rule sees of a step's directions: the summary similarity (None when no element was compared) and each
+    compared parameter's similarity, NaN for an empty one."""
+    agreeing, numel = comparison.summary_counts
+    summary = agreeing / numel if numel else None
+    values = np.divide(comparison.agreeing, comparison.numels, out=np.full(len(comparison.numels), np.nan),
+                       where=comparison.numels > 0)
+    return summary, values
 
-    ``judge(step, summary, parameters)`` takes the next compared step (steps ascending; ``parameters``: name ->
-    value, ``None`` or absent where not compared) and returns the rank's verdict at the step where the rule first
-    trips, else None; it judges nothing after that step (the verdict names the first suspicious step only).
-    ``judge_values`` is the same with the values as one array (NaN: not compared), a few array operations per step
-    however many parameters: it runs beside the training, whose interpreter it shares.
-    """
+
+class MsprobeJudge:
+    """msprobe's rule (see the module docstring), one compared step at a time: a few array operations per step
+    however many parameters."""
 
     def __init__(self, rank: int, first_threshold: float = DEFAULT_FIRST_THRESHOLD,
                  drop_threshold: float = DEFAULT_DROP_THRESHOLD):
@@ -131,17 +172,24 @@ class StepByStepJudge:
         self._last_names: tuple[str, ...] | None = None
         self._last_places = np.empty(0, dtype=np.int64)
 
+    def report(self) -> RankVerdict:
+        return self.verdict or RankVerdict(self.rank)
+
+    def judge_step(self, comparison) -> RankVerdict | None:
+        summary, values = judged_values(comparison)
+        return self.judge_values(comparison.step, summary, comparison.compared, values)
+
     def judge(self, step: int, summary: float | None, parameters: dict[str, float | None]) -> RankVerdict | None:
+        """The rule on plain values (``parameters``: name -> similarity, None or absent where not compared)."""
         values = np.array([np.nan if value is None else value for value in parameters.values()], dtype=np.float64)
         return self.judge_values(step, summary, tuple(parameters), values)
 
     def _places(self, names: tuple[str, ...]) -> np.ndarray:
         if names != self._last_names:  # a step laid out like the last one (the usual case) skips the lookups
-            places = [self._slots.setdefault(name, len(self._slots)) for name in names]
+            self._last_names, self._last_places = names, slots_of(self._slots, names)
             if len(self._slots) > len(self._previous):
                 self._previous = np.concatenate([self._previous, np.full(len(self._slots) - len(self._previous),
                                                                          np.nan)])
-            self._last_names, self._last_places = names, np.array(places, dtype=np.int64)
         return self._last_places
 
     def judge_values(self, step: int, summary: float | None, names: tuple[str, ...],
@@ -161,20 +209,44 @@ class StepByStepJudge:
         with np.errstate(invalid="ignore"):  # NaN - x: no previous value, never a drop
             dropped = compared & ~below_first & (previous - values > self.drop_threshold + _TOLERANCE)
         self._previous[places[compared]] = values[compared]
-        parameter_trips = [Trip(names[i], step, float(values[i]), 1.0, "first") for i in np.flatnonzero(below_first)]
-        parameter_trips += [Trip(names[i], step, float(values[i]), float(previous[i]), "drop")
-                            for i in np.flatnonzero(dropped)]
+        parameter_trips = [Trip(names[i], step, float(values[i]), 1.0, "first", 1.0 - float(values[i]))
+                           for i in np.flatnonzero(below_first)]
+        parameter_trips += [Trip(names[i], step, float(values[i]), float(previous[i]), "drop",
+                                 float(previous[i] - values[i])) for i in np.flatnonzero(dropped)]
         if summary_trip is None and not parameter_trips:
             return None
         self.verdict = RankVerdict(self.rank, step, summary_trip, largest_fall_first(parameter_trips))
         return self.verdict
 
 
+def slots_of(slots: dict[str, int], names: tuple[str, ...]) -> np.ndarray:
+    """Each name's place in a judge's per-parameter arrays, new names appended."""
+    return np.array([slots.setdefault(name, len(slots)) for name in names], dtype=np.int64)
+
+
+# The name the live verdict used for msprobe's judge before the noise-aware rule existed.
+StepByStepJudge = MsprobeJudge
+
+
+def judge_rank(rank: int, steps: list[int], summary: Series, parameters: dict[str, Series],
+               first_threshold: float = DEFAULT_FIRST_THRESHOLD,
+               drop_threshold: float = DEFAULT_DROP_THRESHOLD) -> RankVerdict:
+    """msprobe's rule on whole series (``parameters``: name -> value per step, None where not compared)."""
+    judge = MsprobeJudge(rank, first_threshold, drop_threshold)
+    for index, step in enumerate(steps):
+        if judge.judge(step, summary[index], {name: values[index] for name, values in parameters.items()}):
+            break
+    return judge.report()
+
+
 @dataclass
 class Verdict:
-    first_threshold: float
-    drop_threshold: float
+    settings: RuleSettings
     ranks: list[RankVerdict]
+
+    @property
+    def rule(self) -> str:
+        return self.settings.rule
 
     @property
     def suspicious(self) -> bool:
@@ -193,28 +265,50 @@ class Verdict:
         return {
             "suspicious": self.suspicious,
             "first_suspicious_step": self.first_suspicious_step,
-            "first_threshold": self.first_threshold,
-            "drop_threshold": self.drop_threshold,
+            **self.settings.to_dict(),
             "ranks": [{"rank": r.rank, "first_suspicious_step": r.first_suspicious_step,
                        "summary_trip": trip_dict(r.summary_trip),
-                       "parameter_trips": [trip_dict(t) for t in r.parameter_trips]} for r in self.ranks],
+                       "parameter_trips": [trip_dict(t) for t in r.parameter_trips],
+                       "sign_noise": [asdict(noise) for noise in r.sign_noise]} for r in self.ranks],
         }
 
     def describe(self, max_parameters: int = 5) -> str:
-        """A few lines for a person: per rank, the first suspicious step and the parameters that fell most."""
+        """A few lines for a person: per rank, the first suspicious step and the parameters with most evidence,
+        then the parameters whose sign disagreement is noise."""
         lines = []
         for rank in self.ranks:
             if not rank.suspicious:
-                lines.append(f"rank {rank.rank}: no suspicious step (first < {self.first_threshold}, "
-                             f"drop > {self.drop_threshold})")
-                continue
-            line = f"rank {rank.rank}: first suspicious step {rank.first_suspicious_step}"
-            if rank.summary_trip:
-                line += (f" (summary {rank.summary_trip.previous:.4f} -> {rank.summary_trip.similarity:.4f})")
-            lines.append(line)
-            shown = rank.parameter_trips[:max_parameters]
-            for trip in shown:
-                lines.append(f"    {trip.name}: {trip.previous:.4f} -> {trip.similarity:.4f} (fell {trip.fall:.4f})")
-            if len(rank.parameter_trips) > len(shown):
-                lines.append(f"    ... and {len(rank.parameter_trips) - len(shown)} more parameters")
+                lines.append(f"rank {rank.rank}: no suspicious step ({self.settings.describe()})")
+            else:
+                line = f"rank {rank.rank}: first suspicious step {rank.first_suspicious_step}"
+                if rank.summary_trip:
+                    summary = rank.summary_trip
+                    line += (f" (summary {summary.previous:.4f} -> {summary.similarity:.4f})"
+                             if summary.reason in ("first", "drop") else f" (summary {trip_numbers(summary)})")
+                lines.append(line)
+                shown = rank.parameter_trips[:max_parameters]
+                lines += [f"    {trip.name}: {trip_numbers(trip)}" for trip in shown]
+                if len(rank.parameter_trips) > len(shown):
+                    lines.append(f"    ... and {len(rank.parameter_trips) - len(shown)} more parameters")
+            if rank.sign_noise:
+                names = ", ".join(noise.name for noise in rank.sign_noise[:max_parameters])
+                more = len(rank.sign_noise) - max_parameters
+                lines.append(f"    sign is noise (signs differ, norms agree; not judged on signs): {names}"
+                             + (f" and {more} more" if more > 0 else ""))
         return "\n".join(lines)
+
+
+def culprit_text(trip: Trip) -> str:
+    """A tripping parameter in a few words, for tags: ``fc.weight (fell 0.2188)`` (msprobe's rule) or
+    ``fc.weight (norm, 12 deviations)``."""
+    if trip.reason in ("first", "drop"):
+        return f"{trip.name} (fell {trip.fall:.4f})"
+    return f"{trip.name} ({trip.reason}, {trip.score:.0f} deviations)"
+
+
+def trip_numbers(trip: Trip) -> str:
+    """A trip's numbers for a person: msprobe's ``0.9900 -> 0.7812 (fell 0.2088)``, or the noise rule's reason,
+    numbers and how far beyond the noise."""
+    if trip.reason in ("first", "drop"):
+        return f"{trip.previous:.4f} -> {trip.similarity:.4f} (fell {trip.fall:.4f})"
+    return f"{trip.reason}: {trip.detail} ({trip.score:.0f} deviations beyond noise)"

@@ -47,7 +47,8 @@ class GradientMonitor(SessionMonitor):
     def __init__(self, config: GradProbeConfig | str | os.PathLike | dict, **options):
         """``options``: ``run_id``, ``tracking_uri``, ``log_every_n_steps``, ``param_metrics``, ``log_to_mlflow``,
         ``silent``, ``metrics_file``, ``sinks``; the live verdicts' ``baseline``, ``on_suspicious``,
-        ``first_threshold``, ``drop_threshold``, ``anomaly_flags``, ``spike_threshold``, ``spike_window`` (see
+        ``rule``, ``first_threshold``, ``drop_threshold``, ``anomaly_flags``, ``spike_threshold``,
+        ``spike_window`` (see
         :class:`SessionMonitor`)."""
         super().__init__(config, **options)
         self.config = self.config.for_framework("mindspore")

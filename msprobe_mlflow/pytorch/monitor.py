@@ -47,7 +47,8 @@ class GradientMonitor(SessionMonitor):
     def __init__(self, config: GradProbeConfig | str | os.PathLike | dict, **options):
         """``options``: ``run_id``, ``tracking_uri``, ``log_every_n_steps``, ``param_metrics``, ``log_to_mlflow``,
         ``silent``, ``metrics_file``, ``sinks``; the live verdicts' ``baseline``, ``on_suspicious``,
-        ``first_threshold``, ``drop_threshold``, ``anomaly_flags``, ``spike_threshold``, ``spike_window``; the
+        ``rule``, ``first_threshold``, ``drop_threshold``, ``anomaly_flags``, ``spike_threshold``,
+        ``spike_window``; the
         always-on tier's ``directions_every_n_steps``, ``directions_on_anomaly``, ``directions_steps_after_anomaly``
         (see :class:`SessionMonitor`)."""
         super().__init__(config, **options)

@@ -31,7 +31,6 @@ judge the whole run later).
 from __future__ import annotations
 
 import json
-import math
 import os
 import queue
 import threading
@@ -40,16 +39,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-import numpy as np
-
 from msprobe_mlflow.compare.engine import direction_steps
-from msprobe_mlflow.compare.similarity import PackedLayout, agreeing_per_parameter, judged_similarity, similarity
-from msprobe_mlflow.compare.verdict import (DEFAULT_DROP_THRESHOLD, DEFAULT_FIRST_THRESHOLD, RankVerdict,
-                                            StepByStepJudge, Verdict, check_thresholds)
+from msprobe_mlflow.compare.similarity import similarity
+from msprobe_mlflow.compare.rules import judge_for
+from msprobe_mlflow.compare.step import StepComparison, StepLayout, compare_step
+from msprobe_mlflow.compare.verdict import (DEFAULT_DROP_THRESHOLD, DEFAULT_FIRST_THRESHOLD, DEFAULT_RULE, RankVerdict,
+                                            RuleSettings, Verdict, culprit_text, trip_numbers)
 from msprobe_mlflow.config import GradProbeConfig
-from msprobe_mlflow.directions import PACKED_FILE_NAME, LaidOutReader, open_step_directions
-from msprobe_mlflow.dump import (DUMP_FOLDER_EXPECTED, csv_cells, csv_text, dump_folder, findings_dir,
-                                 indexed_children, step_dir)
+from msprobe_mlflow.dump import DUMP_FOLDER_EXPECTED, dump_folder, findings_dir, indexed_children, step_dir
 from msprobe_mlflow.notices import Notices
 from msprobe_mlflow.safe_paths import atomic_write_bytes
 from msprobe_mlflow.tracking import TAG_PREFIX, finding_tags
@@ -72,7 +69,8 @@ def _looks_like_a_path(given: str) -> bool:
 
 @dataclass(frozen=True)
 class BaselineOptions:
-    """What the live verdict compares against and how it judges (the comparator's thresholds).
+    """What the live verdict compares against and how it judges (the comparator's ``rule`` and, for msprobe's
+    rule, its thresholds).
 
     ``on_suspicious(verdict)`` is called once, on a thread of the monitor's, with the rank's
     :class:`~msprobe_mlflow.compare.verdict.RankVerdict` (``first_suspicious_step``, ``parameter_trips`` largest
@@ -84,6 +82,7 @@ class BaselineOptions:
     first_threshold: float = DEFAULT_FIRST_THRESHOLD
     drop_threshold: float = DEFAULT_DROP_THRESHOLD
     tracking_uri: str | None = None  # where a run ID is looked up; None: the current tracking URI
+    rule: str = DEFAULT_RULE
 
     def __post_init__(self):
         given = self.baseline
@@ -98,7 +97,11 @@ class BaselineOptions:
         if self.on_suspicious is not None and not callable(self.on_suspicious):
             raise ValueError(f"on_suspicious = {self.on_suspicious!r} is not accepted; expected a function taking "
                              f"the verdict, or None")
-        check_thresholds(self.first_threshold, self.drop_threshold)
+        self.settings  # a bad rule or threshold is refused here, not in the comparison process
+
+    @property
+    def settings(self) -> RuleSettings:
+        return RuleSettings(self.rule, self.first_threshold, self.drop_threshold)
 
     @property
     def is_folder(self) -> bool:
@@ -198,94 +201,19 @@ class BaselinePrefetcher:
             pass
 
 
-@dataclass
-class StepComparison:
-    """One step's comparison: of the parameters ``compared`` (model order), ``agreeing`` elements of ``numels``."""
-
-    step: int
-    compared: tuple[str, ...]
-    agreeing: np.ndarray
-    numels: np.ndarray
-    not_in_baseline: list[str]
-    only_in_baseline: list[str]
-    shape_differs: list[str]
-
-    @property
-    def summary_counts(self) -> tuple[int, int]:
-        return int(self.agreeing.sum()), int(self.numels.sum())
-
-    def similarities(self) -> np.ndarray:
-        """Each compared parameter's similarity (``similarity``'s values: 0.0 for an empty parameter)."""
-        return np.divide(self.agreeing, self.numels, out=np.zeros(len(self.numels)), where=self.numels > 0)
-
-    def judged(self) -> np.ndarray:
-        """What the rule sees of each compared parameter (``judged_similarity``): NaN for an empty one."""
-        return np.where(self.numels > 0, self.similarities(), np.nan)
-
-    def csv_text(self, layout: "StepLayout") -> bytes:
-        """``similarities_{S}.csv``: ``param_name,similarity`` in model order (empty: not compared; 0 for an empty
-        parameter), ``summary`` last. When every parameter was compared (the usual case) the rows are joined from
-        the layout's name cells: the ``csv`` writer's bytes, at a fraction of its cost per step."""
-        values, summary = self.similarities().tolist(), similarity(*self.summary_counts)
-        if self.compared != layout.names:  # some parameters were not compared: their cells stay empty
-            by_name = dict(zip(self.compared, values))
-            rows = [[name, by_name.get(name, "")] for name in layout.names]
-            return csv_text([["param_name", "similarity"], *rows, ["summary", summary]])
-        rows = "".join([f"{cell},{value!r}\r\n" for cell, value in zip(layout.name_cells, values)])
-        return f"param_name,similarity\r\n{rows}summary,{summary!r}\r\n".encode("utf-8-sig")
-
-
-class StepLayout:
-    """What comparing a step works out once for the parameters' names and shapes, which usually stay the same from
-    step to step: the packed cuts (``PackedLayout``), the readers of this run's and the baseline's archives laid
-    out alike, and the CSV cells of the names."""
-
-    def __init__(self, names: list[str], shapes: list[tuple[int, ...]]):
-        self.names = tuple(names)
-        self.shapes = tuple(tuple(shape) for shape in shapes)
-        self.packed = PackedLayout([math.prod(shape) for shape in self.shapes])
-        self.own_reader = LaidOutReader(self.names, self.shapes)
-        self.baseline_reader = LaidOutReader(self.names, self.shapes)
-        self.name_cells = csv_cells(list(names))
-
-
-def compare_step(step: int, own_folder: Path, baseline_folder: Path, layout: StepLayout) -> StepComparison:
-    """Agreeing signs of every parameter present in both with the same shape: the whole step at once when both
-    archives hold the parameters of ``layout`` (this run's names and shapes, in model order), as they usually do,
-    else parameter by parameter. This run's step is read from its local dump (``own_folder``)."""
-    baseline_bits = layout.baseline_reader.read(baseline_folder / PACKED_FILE_NAME)
-    own_bits = layout.own_reader.read(own_folder / PACKED_FILE_NAME) if baseline_bits is not None else None
-    if own_bits is not None:
-        agreeing = layout.packed.agreeing(baseline_bits, own_bits)
-        return StepComparison(step, layout.names, agreeing, layout.packed.numels, [], [], [])
-    stored, own = open_step_directions(baseline_folder), open_step_directions(own_folder)
-    common, not_in_baseline, shape_differs = [], [], []
-    for name, shape in zip(layout.names, layout.shapes):
-        if name not in stored:
-            not_in_baseline.append(name)
-        elif stored[name].shape != shape:
-            shape_differs.append(f"{name} {list(shape)} (baseline {list(stored[name].shape)})")
-        else:
-            common.append(name)
-    numels = np.array([stored[name].numel for name in common], dtype=np.int64)
-    nothing = [np.zeros(0, np.uint8)]
-    agreeing = agreeing_per_parameter(np.concatenate(nothing + [own[name].packed_bits() for name in common]),
-                                      np.concatenate(nothing + [stored[name].packed_bits() for name in common]), numels)
-    return StepComparison(step, tuple(common), agreeing, numels, not_in_baseline,
-                          sorted(set(stored) - set(layout.names)), shape_differs)
-
-
 def verdict_line(options: BaselineOptions, verdict: RankVerdict | None, compared: int, not_compared: int,
                  without_directions: int = 0) -> str:
     """The live verdict in one line, for the run's description."""
     against = f"against baseline {options.baseline}"
     if verdict is not None:
-        fell = ", ".join(f"{t.name} {t.previous:.4f} -> {t.similarity:.4f}" for t in verdict.parameter_trips[:3])
+        evidence = "; ".join(f"{t.name} {trip_numbers(t)}" for t in verdict.parameter_trips[:3])
+        if not evidence and verdict.summary_trip is not None:
+            evidence = f"the summary {trip_numbers(verdict.summary_trip)}"
         more = len(verdict.parameter_trips) - 3
         return (f"msprobe-mlflow live verdict: suspicious from step {verdict.first_suspicious_step} {against} "
-                f"(rank {verdict.rank}; fell most: {fell or 'the summary'}{f' and {more} more' if more > 0 else ''})")
+                f"(rank {verdict.rank}; {evidence}{f' and {more} more' if more > 0 else ''})")
     line = (f"msprobe-mlflow live verdict: no suspicious step in {compared} compared step(s) {against} "
-            f"(first < {options.first_threshold}, drop > {options.drop_threshold})")
+            f"({options.settings.describe()})")
     line += f"; {not_compared} step(s) not compared" if not_compared else ""
     return line + (f"; {without_directions} step(s) probed without directions (always-on tier)"
                    if without_directions else "")
@@ -306,7 +234,7 @@ class LiveComparison:
         self.notices = notices or Notices()
         self.on_suspicious = on_suspicious
         self.describe_run = describe_run  # one rank describes the run when nothing tripped (several would race)
-        self.judge = StepByStepJudge(rank, options.first_threshold, options.drop_threshold)
+        self.judge = judge_for(options.settings, rank)
         self.compared: list[int] = []
         self.not_compared: dict[str, list[int]] = {}  # reason -> steps
         self.without_directions: list[int] = []  # steps this run probed without directions (the always-on tier)
@@ -335,7 +263,8 @@ class LiveComparison:
             self._skip(step, "not in the baseline")
             return
         try:
-            comparison = compare_step(step, step_dir(self.dump_path, self.rank, step), folder, layout)
+            comparison = compare_step(step, folder, step_dir(self.dump_path, self.rank, step), layout=layout,
+                                      shapes_must_match=False)
         except ValueError as e:  # a damaged file, named in the message
             self._skip(step, f"the step cannot be read ({e})", "damaged")
             return
@@ -346,8 +275,7 @@ class LiveComparison:
         self.compared.append(step)
         folder = findings_dir(self.dump_path, self.rank)
         atomic_write_bytes(folder / similarities_file_name(step), comparison.csv_text(layout))
-        verdict = self.judge.judge_values(step, judged_similarity(comparison.summary_counts),
-                                          comparison.compared, comparison.judged())
+        verdict = self.judge.judge_step(comparison)
         if verdict is not None:
             self._tell(verdict)
         if self.run is not None:
@@ -362,7 +290,7 @@ class LiveComparison:
                           f"{self.options.baseline}:\n{self._verdict().describe()}")
         self.on_suspicious(verdict)
         if self.run is not None:
-            names = ", ".join(f"{t.name} (fell {t.fall:.4f})" for t in verdict.parameter_trips)
+            names = ", ".join(culprit_text(t) for t in verdict.parameter_trips)
             self.run.annotate(tags={f"{TAG_PREFIX}live_verdict": "suspicious", DESCRIPTION_TAG: self._line(),
                                     **finding_tags("suspicious", self.rank, verdict.first_suspicious_step,
                                                    names or "(the summary only)",
@@ -382,8 +310,8 @@ class LiveComparison:
                           f"logged, and listed in {findings_dir(self.dump_path, self.rank) / VERDICT_FILE_NAME}")
 
     def _report_parameters(self, comparison: StepComparison) -> None:
-        for what, names in (("not in the baseline", comparison.not_in_baseline),
-                            ("only in the baseline", comparison.only_in_baseline),
+        for what, names in (("not in the baseline", comparison.only_in_b),
+                            ("only in the baseline", comparison.only_in_a),
                             ("shapes differ", comparison.shape_differs)):
             known = self.missing_parameters.setdefault(what, [])
             new = [name for name in names if name not in known]
@@ -399,8 +327,7 @@ class LiveComparison:
                     self._warned.add(f"parameters {what}")
 
     def _verdict(self) -> Verdict:
-        return Verdict(self.options.first_threshold, self.options.drop_threshold,
-                       [self.judge.verdict or RankVerdict(self.rank)])
+        return Verdict(self.options.settings, [self.judge.report()])
 
     def _line(self) -> str:
         return verdict_line(self.options, self.judge.verdict, len(self.compared),

@@ -55,7 +55,8 @@ class BaselineSink:
         self._problem = ""  # why the process could not compare every step, when it could not
         self._ended = threading.Event()  # the process's output ended: every message it sent is handled
         if run is not None:
-            run.annotate(tags={f"{TAG_PREFIX}baseline": options.baseline})
+            run.annotate(tags={f"{TAG_PREFIX}baseline": options.baseline,
+                               f"{TAG_PREFIX}live_verdict_rule": options.rule})
         mlflow = sys.modules.get("mlflow")  # a run ID is looked up where this process would look it up
         in_process = dataclasses.replace(options, on_suspicious=None, tracking_uri=options.tracking_uri or (
             mlflow.get_tracking_uri() if mlflow is not None and not options.is_folder else None))

@@ -17,7 +17,7 @@ import mlflow.tracking.fluent
 from mlflow.utils.autologging_utils import autologging_integration, safe_patch
 from mlflow.utils.import_hooks import register_post_import_hook
 
-from msprobe_mlflow.compare.verdict import DEFAULT_DROP_THRESHOLD, DEFAULT_FIRST_THRESHOLD
+from msprobe_mlflow.compare.verdict import DEFAULT_DROP_THRESHOLD, DEFAULT_FIRST_THRESHOLD, DEFAULT_RULE
 from msprobe_mlflow.config import GradProbeConfig, autolog_config
 from msprobe_mlflow.mindspore.autologging import autolog_when_imported
 from msprobe_mlflow.monitoring import SessionMonitor
@@ -33,7 +33,7 @@ def autolog(config: GradProbeConfig | str | os.PathLike | dict | None = None, *,
             bounds=None, dump_path: str | None = None, log_every_n_steps: int = 1, param_metrics=None,
             metrics_file: bool = False, baseline: str | os.PathLike | None = None,
             on_suspicious: SuspiciousCallback | None = None, first_threshold: float = DEFAULT_FIRST_THRESHOLD,
-            drop_threshold: float = DEFAULT_DROP_THRESHOLD, anomaly_flags: bool = True,
+            drop_threshold: float = DEFAULT_DROP_THRESHOLD, rule: str = DEFAULT_RULE, anomaly_flags: bool = True,
             spike_threshold: float = SpikeRule.threshold, spike_window: int = SpikeRule.window,
             directions_every_n_steps: int | None = None, directions_on_anomaly: bool | None = None,
             directions_steps_after_anomaly: int | None = None, aggregate_metrics: bool | None = None,
@@ -51,7 +51,8 @@ def autolog(config: GradProbeConfig | str | os.PathLike | dict | None = None, *,
         metrics_file: also append each step's summary metrics to ``{dump}/rank{R}/metrics.jsonl``.
         baseline: a dump folder or an MLflow run ID to compare each step's gradient directions with while training
             runs (the live verdict); ``on_suspicious(verdict)`` is called once, off the training thread, when the
-            comparator's rule (``first_threshold``, ``drop_threshold``) first trips.
+            comparator's ``rule`` (``"noise"``, the default, or ``"msprobe"`` with ``first_threshold`` and
+            ``drop_threshold``) first finds a step suspicious.
         anomaly_flags: flag non-finite gradients and gradient-norm spikes (``spike_threshold``, ``spike_window``:
             see ``msprobe_mlflow.sinks.anomalies.SpikeRule``); on by default.
         directions_every_n_steps, directions_on_anomaly, directions_steps_after_anomaly: the always-on tier
@@ -71,7 +72,7 @@ def autolog(config: GradProbeConfig | str | os.PathLike | dict | None = None, *,
     monitor_options = dict(
         log_every_n_steps=log_every_n_steps, param_metrics=param_metrics or (), metrics_file=metrics_file,
         baseline=baseline, on_suspicious=on_suspicious, first_threshold=first_threshold,
-        drop_threshold=drop_threshold, anomaly_flags=anomaly_flags, spike_threshold=spike_threshold,
+        drop_threshold=drop_threshold, rule=rule, anomaly_flags=anomaly_flags, spike_threshold=spike_threshold,
         spike_window=spike_window, directions_every_n_steps=directions_every_n_steps,
         directions_on_anomaly=directions_on_anomaly, directions_steps_after_anomaly=directions_steps_after_anomaly,
         aggregate_metrics=aggregate_metrics, archive_every_n_steps=archive_every_n_steps)

@@ -3,11 +3,11 @@
 The comparison run (default experiment: the first source run's; name ``compare <a> vs <b>``) holds:
 
 - tags ``msprobe_mlflow.compare.run_a`` / ``run_b`` (source run IDs) and ``dump_path_a`` / ``dump_path_b`` (source
-  folders), ``msprobe_mlflow.compare.verdict`` (``suspicious`` or ``consistent``),
-  ``msprobe_mlflow.compare.first_suspicious_step`` and per rank ``...rank{R}.first_suspicious_step`` and
-  ``...rank{R}.suspicious_parameters``; as the run's description (Markdown), the verdict in one line, links to
-  both sources, and the printed verdict and table in a fenced block;
-- params ``first_threshold``, ``drop_threshold``;
+  folders), ``msprobe_mlflow.compare.verdict`` (``suspicious`` or ``consistent``), ``...rule`` (which rule judged),
+  ``msprobe_mlflow.compare.first_suspicious_step`` and per rank ``...rank{R}.first_suspicious_step``,
+  ``...rank{R}.suspicious_parameters`` and ``...rank{R}.sign_noise``; as the run's description (Markdown), the
+  verdict in one line, links to both sources, and the printed verdict and table in a fenced block;
+- params ``rule`` (and msprobe's rule's ``first_threshold``, ``drop_threshold``);
 - metrics ``summary_similarity/rank{R}`` whose MLflow step is the training step (the UI draws the curve), and
   ``verdict/suspicious``, ``verdict/first_suspicious_step``, ``verdict/rank{R}/first_suspicious_step``,
   ``verdict/rank{R}/suspicious_parameters`` (a count);
@@ -27,7 +27,8 @@ from mlflow.tracking import MlflowClient
 
 from msprobe_mlflow import __version__
 from msprobe_mlflow.compare.engine import CompareInputError, DumpComparison, compare_dumps, direction_steps
-from msprobe_mlflow.compare.verdict import DEFAULT_DROP_THRESHOLD, DEFAULT_FIRST_THRESHOLD, Verdict, check_thresholds
+from msprobe_mlflow.compare.verdict import (DEFAULT_DROP_THRESHOLD, DEFAULT_FIRST_THRESHOLD, DEFAULT_RULE, RuleSettings,
+                                            Verdict, culprit_text, trip_numbers)
 from msprobe_mlflow.dump import dump_folder, indexed_children
 from msprobe_mlflow.tracking import TAG_PREFIX
 from msprobe_mlflow.metrics import metric_key
@@ -143,22 +144,25 @@ def _experiment_id(client: MlflowClient, experiment: str | None, sources: list[C
 
 
 def _headline(verdict: Verdict) -> str:
-    """The verdict in one Markdown line: where the runs part, by how much, or that they do not."""
+    """The verdict in one Markdown line: where the runs part and on what evidence, or that they do not."""
     if not verdict.suspicious:
         ranks_word = "ranks" if len(verdict.ranks) > 1 else "rank"
-        return (f"**Consistent**: no suspicious step on {len(verdict.ranks)} {ranks_word} (first step below "
-                f"{verdict.first_threshold}, or a drop of more than {verdict.drop_threshold})")
+        noise = sorted({n.name for rank in verdict.ranks for n in rank.sign_noise})
+        noise_text = f"; sign is noise in {len(noise)} parameter(s): {', '.join(noise[:3])}" if noise else ""
+        return (f"**Consistent**: no suspicious step on {len(verdict.ranks)} {ranks_word} "
+                f"({verdict.settings.describe()}){noise_text}")
     step = verdict.first_suspicious_step
     ranks = [rank for rank in verdict.ranks if rank.first_suspicious_step == step]
     where = ", ".join(str(rank.rank) for rank in ranks)
     summary = ranks[0].summary_trip
     details = [f"summary {summary.previous:.4f} -> {summary.similarity:.4f}"] if summary else []
-    trips = sorted((trip for rank in ranks for trip in rank.parameter_trips), key=lambda trip: -trip.fall)
+    trips = sorted((trip for rank in ranks for trip in rank.parameter_trips), key=lambda trip: -trip.score)
     if trips:
         more = f", and {len(trips) - 1} more parameters" if len(trips) > 1 else ""
-        details.append(f"{trips[0].name} fell {trips[0].previous:.4f} -> {trips[0].similarity:.4f}{more}")
+        details.append(f"{trips[0].name} {trip_numbers(trips[0])}{more}")
     ranks_word = "ranks" if len(ranks) > 1 else "rank"
-    return f"**Suspicious**: the runs part at step {step} on {ranks_word} {where} ({'; '.join(details)})"
+    return (f"**Suspicious**: the runs part at step {step} on {ranks_word} {where} ({'; '.join(details)}) "
+            f"[{verdict.rule} rule]")
 
 
 def _description(comparison: DumpComparison, sources: list[ComparisonSource]) -> str:
@@ -180,7 +184,8 @@ def _tags(comparison: DumpComparison, sources: list[ComparisonSource]) -> list[R
     verdict = comparison.verdict
     tags = {"mlflow.source.name": "msprobe-mlflow compare", f"{TAG_PREFIX}version": __version__,
             "mlflow.note.content": _description(comparison, sources),
-            f"{COMPARE_TAG_PREFIX}verdict": "suspicious" if verdict.suspicious else "consistent"}
+            f"{COMPARE_TAG_PREFIX}verdict": "suspicious" if verdict.suspicious else "consistent",
+            f"{COMPARE_TAG_PREFIX}rule": verdict.rule}
     for side, source in zip("ab", sources):
         if source.run_id:
             tags[f"{COMPARE_TAG_PREFIX}run_{side}"] = source.run_id
@@ -191,8 +196,10 @@ def _tags(comparison: DumpComparison, sources: list[ComparisonSource]) -> list[R
     for rank in verdict.ranks:
         if rank.suspicious:
             tags[f"{COMPARE_TAG_PREFIX}rank{rank.rank}.first_suspicious_step"] = str(rank.first_suspicious_step)
-            names = ", ".join(f"{t.name} (fell {t.fall:.4f})" for t in rank.parameter_trips)
+            names = ", ".join(culprit_text(t) for t in rank.parameter_trips)
             tags[f"{COMPARE_TAG_PREFIX}rank{rank.rank}.suspicious_parameters"] = names
+        if rank.sign_noise:
+            tags[f"{COMPARE_TAG_PREFIX}rank{rank.rank}.sign_noise"] = ", ".join(n.name for n in rank.sign_noise)
     return [tag(key, value) for key, value in tags.items()]
 
 
@@ -222,8 +229,7 @@ def log_comparison_run(client: MlflowClient, comparison: DumpComparison, sources
     with created_run(client, experiment_id, run_name=run_name) as run_id:
         verdict = comparison.verdict
         log_batched(client, run_id, metrics=_metrics(comparison), tags=_tags(comparison, sources),
-                    params=[param("first_threshold", verdict.first_threshold),
-                            param("drop_threshold", verdict.drop_threshold)])
+                    params=[param(key, value) for key, value in verdict.settings.to_dict().items()])
         if comparison.output_dir is not None:
             client.log_artifacts(run_id, str(comparison.output_dir), ARTIFACT_FOLDER)
     return run_id, experiment_id
@@ -232,7 +238,8 @@ def log_comparison_run(client: MlflowClient, comparison: DumpComparison, sources
 def compare_runs(run_a: str | os.PathLike, run_b: str | os.PathLike, tracking_uri: str | None = None,
                  experiment: str | None = None, run_name: str | None = None,
                  first_threshold: float = DEFAULT_FIRST_THRESHOLD, drop_threshold: float = DEFAULT_DROP_THRESHOLD,
-                 output_dir: str | os.PathLike | None = None, *, plots: bool = True, per_param_plots: bool = False,
+                 output_dir: str | os.PathLike | None = None, *, rule: str = DEFAULT_RULE, plots: bool = True,
+                 per_param_plots: bool = False,
                  cache_dir: str | os.PathLike | None = None, log_run: bool = True,
                  progress: bool | None = None) -> RunComparison:
     """Compares two sources (each an MLflow run ID or a dump folder) and logs a comparison run.
@@ -240,9 +247,11 @@ def compare_runs(run_a: str | os.PathLike, run_b: str | os.PathLike, tracking_ur
     ``tracking_uri`` None: the active one (``mlflow.set_tracking_uri`` / ``MLFLOW_TRACKING_URI``). Runs on a
     tracking server are downloaded only for the ranks and steps both sides hold, cached under ``cache_dir``
     (default ``~/.cache/msprobe-mlflow/runs``). ``output_dir`` None: the local outputs go to a temporary folder,
-    removed once logged. ``log_run=False`` writes the local outputs only (``run_id`` is then None).
+    removed once logged. ``log_run=False`` writes the local outputs only (``run_id`` is then None). ``rule``:
+    ``"noise"`` (the default) or ``"msprobe"`` (with ``first_threshold`` and ``drop_threshold``), see
+    ``compare/verdict.py``.
     """
-    check_thresholds(first_threshold, drop_threshold)
+    RuleSettings(rule, first_threshold, drop_threshold)  # a bad rule or threshold is refused before any reading
     clients: list[MlflowClient] = []
 
     def client_factory() -> MlflowClient:
@@ -257,7 +266,7 @@ def compare_runs(run_a: str | os.PathLike, run_b: str | os.PathLike, tracking_ur
         scratch = Path(tempfile.mkdtemp(prefix="msprobe-compare-"))
         output_dir = scratch / "grad_compare"
     try:
-        comparison = compare_dumps(folder_a, folder_b, output_dir, first_threshold=first_threshold,
+        comparison = compare_dumps(folder_a, folder_b, output_dir, rule=rule, first_threshold=first_threshold,
                                    drop_threshold=drop_threshold, plots=plots, per_param_plots=per_param_plots,
                                    progress=progress)
         run_id = experiment_id = None

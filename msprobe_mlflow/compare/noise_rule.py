@@ -1,0 +1,395 @@
+"""The noise-aware rule: a step is suspicious when the two runs differ there by more than their own numerical noise.
+
+Two runs on different devices never agree bit for bit: their rounding differs from the first step on. What that
+noise can and cannot do (Higham, *Accuracy and Stability of Numerical Algorithms*, 2002, ch. 3; Higham and Mary,
+"A new approach to probabilistic rounding error analysis", SIAM J. Sci. Comput. 41(5), 2019):
+
+- It perturbs every value by a small *relative* amount: a sum of n terms in a precision of unit roundoff u is off
+  by about sqrt(n)·u relative to the sum of the terms' magnitudes (at worst n·u). A gradient element far larger
+  than that keeps its sign; a parameter's gradient norm, a sum over many elements, agrees to a few u.
+- It randomises the signs of elements that are at rounding level. Some parameters hold such elements in every
+  model: a gradient that is zero in exact arithmetic (the key third of an attention layer's fused q/k/v bias, since
+  softmax ignores a bias added to every key; a bias just before a normalisation; embeddings of tokens absent from a
+  batch) is pure rounding, so about half its signs disagree while its norm and those of its neighbours agree.
+  Random signs disagree on half the elements at most: a parameter disagreeing on more is anti-aligned, never noise.
+- Its size is that of the pair, learnt from the pair: one unit in the last place of float32 (u = 2**-24) for
+  float64 against float32, 2**-9 for bfloat16 autocast against float32. It grows slowly as the trajectories part,
+  so each series is judged against its recent past, not against step 0.
+
+The signals, per rank and compared step, each a *series* over steps:
+
+- ``direction``: the fraction of a parameter's elements whose sign disagrees (and the summary's, over all
+  parameters). Counting disagreeing signs among n elements has at least a binomial spread, sqrt(p(1-p)/n) around
+  the rate p seen so far; beyond that, the spread the series itself showed recently.
+- ``norm`` (L1, L2): the difference of the two runs' gradient norms, scaled by the larger of the two and the
+  parameter's usual norm (rounding leaves an absolute error of the size of the terms summed: a gradient that dips
+  through cancellation keeps an ordinary scaled error). A magnitude bug (a gradient scaled by the world size, a
+  loss summed instead of averaged) leaves every sign as it was and shows here only.
+- ``distribution`` (L2): the total variation distance of the bucket fractions, the two buckets that meet at 0 taken
+  as one (which side of 0 is the direction's business).
+- max and min serve to recognise whole-gradient noise below; a single element's rounding averages over nothing
+  (benign pairs differ there by up to 46% in bfloat16), so they are not judged as a series.
+
+A series *breaks* at a step when it moves away from the median of its last :data:`WINDOW` values by more than
+:data:`DEVIATIONS` times its noise (for directions sqrt(binomial² + (1.4826 MAD)²); for norms the larger of the
+series' own and the model's robust spread) and by more than twice the largest deviation the window showed; a
+norm also by more than :data:`MAGNITUDE_FLOOR` of its scale. A slow, steady drift moves the median with it and
+trips nothing. Until a series has :data:`MIN_HISTORY` values nothing has been learnt, and only what noise cannot do
+is judged: a norm off by more than :data:`FIRST_STEPS_TOLERANCE` (26 bfloat16 units, the coarsest precision
+training uses), a summary whose signs disagree on more than 3% of the elements that are not noise (msprobe's
+documented 0.97), a rate more than doubled since the step before. Runs that agreed bit for bit so far have no
+rounding between them: there, any difference breaks.
+
+A step that breaks is *suspicious* when its break persists at the next step, judged against the same past: a bug's
+does (the runs' weights have parted), a rounding spike's does not (one parameter's sum that cancels, once). The
+verdict names the step of the break, one step after it (a norm beyond :data:`FIRST_STEPS_TOLERANCE` needs no
+confirmation). A break at the last compared step is not confirmed, so it is no verdict.
+
+*Noise*, recognised from the statistics and reported as "sign is noise", never a trip and never a culprit:
+
+- ``whole gradient``: a parameter whose largest element is below bfloat16's unit roundoff times the model's
+  largest on both sides, and whose series break (a bias right before a normalisation): nothing of it is judged.
+- ``signs``: in the first steps, before its own noise is known, a parameter whose signs break while its norm
+  agrees: its disagreeing elements are at rounding level (the key third of a fused q/k/v bias). Its signs are not
+  judged again; its norm still is. A parameter disagreeing on more than half its signs is anti-aligned, never noise.
+
+A bug present from the first step still trips there: it changes norms beyond rounding (a wrong operator by tens of
+percent, a magnitude bug by its factor) or flips more than half the signs. At the first suspicious step the
+parameters that break are ranked by how far beyond their own noise they moved (``score``, in deviations), each
+with its reason and numbers.
+
+The constants rest on the bounds above; :data:`DEVIATIONS`, :data:`MAGNITUDE_FLOOR` and the confirmation were
+settled on the benign pairs of ``benchmarks/divergence_benchmark.py`` (two model families, three kinds of noise,
+three seeds, 300 steps: no false alarm), where 8 deviations, a 0.1% floor or no confirmation each gave some.
+"""
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+
+import numpy as np
+
+from msprobe_mlflow.compare.verdict import RankVerdict, SignNoise, Trip, judged_values, slots_of
+
+DEVIATIONS = 10.0  # robust deviations beyond the noise that make a break
+WINDOW = 20  # past values a series' noise is learnt from
+MIN_HISTORY = 5  # values a series needs before its own spread is trusted
+FIRST_STEPS_TOLERANCE = 0.1  # scaled; 26 x 2**-8, bfloat16's unit roundoff
+STATISTIC_FLOOR = 1e-6  # scaled: the least noise a learnt norm series is credited with
+MAGNITUDE_FLOOR = 1e-2  # scaled: a norm that moves less is no break (a float32 sum that cancels can, once)
+SUMMARY_FIRST_TOLERANCE = 0.03  # msprobe's documented first-step bound, on the elements that are not sign noise
+MAD_TO_SIGMA = 1.4826  # a normal distribution's standard deviation per median absolute deviation
+ROUNDING_LEVEL = 2.0 ** -8  # bfloat16's unit roundoff, relative to the model's largest gradient element
+COUNT_SERIES = ("direction", "distribution")  # fractions of elements; "norm" is a scaled difference
+SIGNS, WHOLE = "signs", "whole gradient"  # what of a parameter is noise
+
+
+def scaled_difference(a: np.ndarray, b: np.ndarray, usual: np.ndarray) -> np.ndarray:
+    """(b - a) / scale of non-negative magnitudes, the scale being the larger of a, b and the parameter's usual
+    magnitude (NaN: none yet): rounding leaves an absolute error of the size of the terms summed, so a gradient
+    that dips through cancellation has a large relative error but an ordinary scaled one. In [-1, 1]; 0 where both
+    are equal (both NaN included), infinite where only one is not finite."""
+    scale = np.fmax(np.maximum(a, b), usual)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        difference = (b - a) / scale
+    both_equal = (a == b) | (np.isnan(a) & np.isnan(b))
+    return np.where(both_equal, 0.0, np.where(np.isfinite(difference), difference, np.inf))
+
+
+class _History:
+    """The last ``WINDOW`` values of one series per parameter (NaN: not compared at that step)."""
+
+    def __init__(self, width: int = 0):
+        self.values = np.full((WINDOW, width), np.nan)
+        self.filled = 0
+
+    def grow(self, width: int) -> None:
+        if width > self.values.shape[1]:
+            self.values = np.concatenate([self.values, np.full((WINDOW, width - self.values.shape[1]), np.nan)],
+                                         axis=1)
+
+    def center_and_spread(self, places: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Per place: the median, the robust spread (1.4826 MAD) and how many values there are."""
+        window = self.values[:, places]
+        count = np.sum(~np.isnan(window), axis=0)
+        with np.errstate(all="ignore"), warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)  # a column with no values yet: expected
+            center = np.nanmedian(window, axis=0)
+            spread = MAD_TO_SIGMA * np.nanmedian(np.abs(window - center), axis=0)
+        return np.nan_to_num(center), np.nan_to_num(spread), count
+
+    def push(self, places: np.ndarray, values: np.ndarray) -> None:
+        row = self.filled % WINDOW
+        self.values[row, :] = np.nan
+        self.values[row, places] = values
+        self.filled += 1
+
+
+def _binomial_spread(rate: np.ndarray, numels: np.ndarray) -> np.ndarray:
+    """The spread of a disagreement fraction over ``numels`` elements at ``rate`` (at least one element's worth)."""
+    numels = np.maximum(numels, 1)
+    rate = np.clip(rate, 1.0 / numels, 0.5)
+    return np.sqrt(rate * (1 - rate) / numels)
+
+
+class NoiseAwareJudge:
+    """The noise-aware rule (see the module docstring), one compared step at a time."""
+
+    def __init__(self, rank: int):
+        self.rank = rank
+        self.verdict: RankVerdict | None = None
+        self.sign_noise: dict[str, SignNoise] = {}
+        self.summary_band: dict[int, float] = {}
+        self._slots: dict[str, int] = {}
+        self._noise = np.zeros(0, dtype=object)  # by slot: "" (not noise), SIGNS or WHOLE
+        self._histories = {name: _History() for name in ("direction", "norm", "distribution")}
+        self._summary = _History(width=1)
+        self._usual_norm = _History()  # each parameter's norm, for the scale of its differences
+        self._held: _Finding | None = None  # a step that broke, until the next step says whether it persists
+        self._equal_so_far = True  # every step remembered agreed bit for bit (signs and statistics)
+
+    def report(self) -> RankVerdict:
+        """The verdict, or (nothing suspicious) what was found: the same after the verdict, as judging stops. A
+        break at the last step judged, with no step after it to say whether it persists, is no verdict."""
+        return self.verdict or RankVerdict(self.rank, sign_noise=list(self.sign_noise.values()),
+                                           summary_band=dict(self.summary_band))
+
+    def judge_step(self, comparison) -> RankVerdict | None:
+        """Judges a step. A step that breaks is held until the next one: the first suspicious step is one whose
+        break persists at the next step (judged against the same past), as a bug's does and a rounding spike's
+        does not (one parameter's sum that cancels, once); the verdict names the held step. A norm that moved
+        beyond :data:`FIRST_STEPS_TOLERANCE`, which rounding cannot do, makes its step suspicious at once."""
+        if self.verdict is not None:
+            return None
+        found = self._evaluate(comparison)
+        held, self._held = self._held, None
+        first = held if held is not None and found.suspicious else found if found.certain else None
+        if first is not None:
+            self.verdict = RankVerdict(self.rank, first.step, first.summary_trip, first.trips,
+                                       list(self.sign_noise.values()), dict(self.summary_band))
+            return self.verdict
+        if held is not None:
+            held.remember(self)
+        if found.suspicious:
+            self._held = found
+        else:
+            found.remember(self)
+        return None
+
+    def _evaluate(self, comparison) -> "_Finding":
+        """A step's breaks against the past, with what it adds to the past once it is known not to be a break."""
+        step, names, numels = comparison.step, comparison.compared, comparison.numels
+        places = slots_of(self._slots, names)
+        for history in [*self._histories.values(), self._usual_norm]:
+            history.grow(len(self._slots))
+        if len(self._slots) > len(self._noise):
+            self._noise = np.concatenate([self._noise, np.full(len(self._slots) - len(self._noise), "", dtype=object)])
+        _, similarities = judged_values(comparison)
+        series = {"direction": 1.0 - similarities}  # NaN for an empty parameter
+        side_a, side_b = comparison.statistics_a, comparison.statistics_b
+        pushes = []
+        if side_a is not None and side_b is not None:
+            usual = self._usual_norm.center_and_spread(places)[0]
+            series["norm"] = scaled_difference(side_a.norm, side_b.norm, np.where(usual > 0, usual, np.nan))
+            pushes.append((self._usual_norm, places, np.fmax(side_a.norm, side_b.norm)))
+            buckets_a, buckets_b = side_a.buckets, side_b.buckets
+            if buckets_a is not None and buckets_b is not None and buckets_a.shape == buckets_b.shape:
+                series["distribution"] = 0.5 * np.abs(buckets_b - buckets_a).sum(axis=1)
+        breaks, scores, centers = {}, {}, {}
+        for name, values in series.items():
+            test = self._count_breaks if name in COUNT_SERIES else self._magnitude_breaks
+            breaks[name], scores[name], centers[name] = test(name, places, values, numels)
+        self._recognise_noise(comparison, places, series, breaks)
+        noise = self._noise[places]
+        for name in breaks:  # sign noise is not judged on signs (buckets split at 0 are signs too); whole: not at all
+            breaks[name] &= (noise == "") if name in COUNT_SERIES else (noise != WHOLE)
+        differs = {name: (values != 0) & ~np.isnan(values) for name, values in series.items()}
+        if self._equal_so_far and self._summary.filled:  # no rounding between the runs yet: any difference breaks
+            for name in breaks:
+                breaks[name] |= differs[name]
+        summary_trip, summary = self._summary_trip(comparison, series["direction"], noise != "")
+        pushes += [(self._histories[name], places, values) for name, values in series.items()]
+        pushes.append((self._summary, np.array([0]), np.array([summary])))
+
+        best: dict[str, Trip] = {}  # one line per parameter: its strongest evidence
+        for name, values in series.items():
+            for i in np.flatnonzero(breaks[name]):
+                norms = (side_a.norm[i], side_b.norm[i]) if name == "norm" else None
+                trip = _trip(name, names[i], step, similarities[i], values[i], centers[name][i], scores[name][i],
+                             norms)
+                if names[i] not in best or trip.score > best[names[i]].score:
+                    best[names[i]] = trip
+        certain = "norm" in series and bool(np.any(
+            breaks["norm"] & (np.abs(series["norm"] - centers["norm"]) > FIRST_STEPS_TOLERANCE)))
+        return _Finding(step, summary_trip, sorted(best.values(), key=lambda t: (-t.score, t.name)), pushes, certain,
+                        any(np.any(found) for found in differs.values()))
+
+    def _recognise_noise(self, comparison, places, series, breaks) -> None:
+        """Marks as noise, from now on, the parameters whose gradient is at rounding level on both sides and
+        differs (whole), and, in the first steps, those whose signs break while their magnitudes agree (signs)."""
+        if comparison.statistics_a is None or comparison.statistics_b is None:
+            return  # without statistics nothing tells noise from a bug: every break counts
+        learnt = self._histories["direction"].center_and_spread(places)[2] >= MIN_HISTORY
+        numels = comparison.numels
+        anti_aligned = series["direction"] > 0.5 + DEVIATIONS * _binomial_spread(np.full(len(numels), 0.5), numels)
+        counted = breaks["direction"] | breaks.get("distribution", False)
+        magnitude = breaks["norm"]
+        whole = _at_rounding_level(comparison) & (counted | magnitude)
+        signs = counted & ~magnitude & ~anti_aligned & ~learnt
+        for kind, found in ((WHOLE, whole), (SIGNS, signs & ~whole)):
+            for i in np.flatnonzero(found & (self._noise[places] == "")):
+                self._noise[places[i]] = kind
+                name = comparison.compared[i]
+                self.sign_noise[name] = SignNoise(name, comparison.step, float(1 - series["direction"][i]),
+                                                  _relative_difference(comparison, i), kind)
+
+    def _count_breaks(self, name: str, places, values, numels):
+        """A fraction of elements (disagreeing signs, moved between buckets) breaks: see :func:`count_break`."""
+        history = self._histories[name]
+        center, spread, count = history.center_and_spread(places)
+        with np.errstate(all="ignore"), warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            seen = np.nan_to_num(np.nanmax(history.values[:, places], axis=0)) if len(places) else center
+        breaks, score = count_break(values, numels, center, spread, count, seen)
+        return breaks & ~np.isnan(values), score, np.where(count > 0, center, 0.0)
+
+    def _magnitude_breaks(self, name: str, places, values, numels):
+        """A scaled difference of norms breaks: see :func:`magnitude_break`."""
+        history = self._histories[name]
+        center, spread, count = history.center_and_spread(places)
+        center = np.where(count >= MIN_HISTORY, center, 0.0)
+        with np.errstate(all="ignore"), warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            seen = np.nan_to_num(np.nanmax(np.abs(history.values[:, places] - center), axis=0))
+        breaks, score = magnitude_break(values, center, spread, count, seen, _model_spread(history))
+        return breaks & ~np.isnan(values), score, center
+
+    def _summary_trip(self, comparison, disagreement, is_noise) -> tuple[Trip | None, float]:
+        """The whole rank's signs (and norm) break: what no single parameter shows may show summed."""
+        step = comparison.step
+        numels = comparison.numels
+        judged = ~np.isnan(disagreement)
+        total = numels[judged].sum()
+        if total == 0:
+            return None, np.nan
+        summary = float((disagreement[judged] * numels[judged]).sum() / total)
+        history = self._summary
+        center, spread, count = (float(v[0]) for v in history.center_and_spread(np.array([0])))
+        trip = None
+        if count == 0:
+            reliable = judged & ~is_noise
+            reliable_total = numels[reliable].sum()
+            reliable_rate = float((disagreement[reliable] * numels[reliable]).sum() / reliable_total) \
+                if reliable_total else 0.0
+            self.summary_band[step] = 1 - SUMMARY_FIRST_TOLERANCE
+            if reliable_rate > SUMMARY_FIRST_TOLERANCE:
+                trip = Trip("summary", step, 1 - summary, 1.0, "direction",
+                            DEVIATIONS * reliable_rate / SUMMARY_FIRST_TOLERANCE,
+                            f"signs differ on {reliable_rate:.2%} of the elements that are not sign noise")
+        else:
+            seen = float(np.nanmax(history.values[:, 0]))
+            breaks, score = count_break(np.array([summary]), np.array([total]), np.array([center]),
+                                            np.array([spread]), np.array([count]), np.array([seen]))
+            noise = (summary - center) / score[0] if score[0] else 0.0
+            self.summary_band[step] = 1 - (center + DEVIATIONS * noise) if noise else 1 - center
+            if breaks[0]:
+                trip = Trip("summary", step, 1 - summary, 1 - center, "direction", float(score[0]),
+                            f"sign similarity {1 - center:.4f} -> {1 - summary:.4f}")
+        return trip, summary
+
+
+@dataclass
+class _Finding:
+    """One step judged against the past: its breaks, and the values it adds to the past (``remember``)."""
+
+    step: int
+    summary_trip: Trip | None
+    trips: list[Trip]
+    pushes: list
+    certain: bool  # beyond what rounding can do: suspicious without waiting for the next step
+    differs: bool  # the runs differ at all at this step
+
+    @property
+    def suspicious(self) -> bool:
+        return self.summary_trip is not None or bool(self.trips)
+
+    def remember(self, judge: NoiseAwareJudge) -> None:
+        """Adds this step to the judge's past, once it is known not to be the first suspicious step."""
+        for history, places, values in self.pushes:
+            history.push(places, values)
+        judge._equal_so_far &= not self.differs
+
+
+def count_break(rate, numels, center, spread, count, seen):
+    """Where a fraction of elements (signs that disagree, or moved between buckets) breaks, and by how many
+    deviations of its noise: the binomial spread of the rate seen so far, and once learnt the series' own robust
+    spread. With no value yet, a break is also above msprobe's 3%; with a few, above twice the largest value
+    seen (rounding differences grow as two trajectories part, by less than that in a step); once learnt, beyond
+    twice the largest deviation the window showed."""
+    center = np.where(count > 0, center, 0.0)
+    learnt = count >= MIN_HISTORY
+    noise = np.sqrt(_binomial_spread(center, numels) ** 2 + np.where(learnt, spread, 0.0) ** 2)
+    excess = rate - center
+    with np.errstate(invalid="ignore"):
+        score = np.nan_to_num(excess / noise)
+        breaks = score > DEVIATIONS
+        breaks &= np.where(count == 0, rate > SUMMARY_FIRST_TOLERANCE, True)
+        breaks &= np.where((count > 0) & ~learnt, rate > 2 * seen, True)
+        breaks &= np.where(learnt, excess > 2 * (seen - center), True)
+    return breaks, score
+
+
+def magnitude_break(values, center, spread, count, seen, model_spread: float):
+    """Where a scaled difference of norms breaks, and by how many deviations: once learnt, beyond
+    :data:`DEVIATIONS` times the larger of the series' own robust spread and the model's (rounding is of one size
+    across a model; never below :data:`STATISTIC_FLOOR`), beyond twice the largest deviation of the window and
+    beyond :data:`MAGNITUDE_FLOOR`; before, beyond :data:`FIRST_STEPS_TOLERANCE`, which rounding cannot reach."""
+    learnt = count >= MIN_HISTORY
+    noise = np.maximum(np.where(learnt, spread, 0.0), max(model_spread, STATISTIC_FLOOR))
+    with np.errstate(invalid="ignore"):
+        excess = np.abs(values - center)
+        score = np.nan_to_num(np.where(learnt, excess / noise, DEVIATIONS * excess / FIRST_STEPS_TOLERANCE),
+                              posinf=1e9)
+        breaks = np.where(learnt, (score > DEVIATIONS) & (excess > 2 * seen) & (excess > MAGNITUDE_FLOOR),
+                          excess > FIRST_STEPS_TOLERANCE)
+    return breaks, score
+
+
+def _model_spread(history: _History) -> float:
+    """The robust spread of every parameter's values over the window: rounding noise is of one size for the model,
+    so a parameter whose own series has been quiet is not judged on a spread of nothing."""
+    window = history.values[~np.isnan(history.values)]
+    if window.size < MIN_HISTORY:
+        return 0.0
+    return MAD_TO_SIGMA * float(np.median(np.abs(window - np.median(window))))
+
+
+def _relative_difference(comparison, index: int) -> float:
+    a, b = comparison.statistics_a.norm[index], comparison.statistics_b.norm[index]
+    largest = max(a, b)
+    return float(abs(b - a) / largest) if largest > 0 else 0.0
+
+
+def _trip(series: str, name: str, step: int, similarity: float, value: float, center: float, score: float,
+          norms: tuple[float, float] | None) -> Trip:
+    """One parameter's break on one series, with the numbers a person checks (``norms``: A's and B's)."""
+    similarity = None if np.isnan(similarity) else float(similarity)
+    if series == "direction":
+        return Trip(name, step, similarity, float(1 - center), series, float(score),
+                    f"sign similarity {1 - center:.4f} -> {similarity:.4f}")
+    if series == "distribution":
+        detail = f"bucket fractions moved {value:.4f} (total variation; usually {center:.4f})"
+    else:
+        detail = f"norm A {norms[0]:.4g}, B {norms[1]:.4g}: {value:+.2%} of its scale (usually {center:+.2%})"
+    return Trip(name, step, similarity, None, series, float(score), detail)
+
+
+def _at_rounding_level(comparison) -> np.ndarray:
+    """Parameters whose largest gradient element is, on both sides, below bfloat16's unit roundoff times the
+    model's largest: what two precisions compute there can be rounding alone (a gradient that is zero in exact
+    arithmetic, such as a bias right before a normalisation)."""
+    def largest(side) -> np.ndarray:
+        return np.nan_to_num(np.maximum(np.abs(side.max), np.abs(side.min)))
+
+    a, b = largest(comparison.statistics_a), largest(comparison.statistics_b)
+    return (a < ROUNDING_LEVEL * a.max(initial=0.0)) & (b < ROUNDING_LEVEL * b.max(initial=0.0))

@@ -1,0 +1,209 @@
+"""One step of two dumps compared: the one implementation that ``compare`` (every step of two dumps) and the live
+verdict (each step as it lands) share, so both see the same matching, the same counts and the same statistics.
+
+A step of side A (the reference: the baseline) and side B (the run being checked) gives, for every parameter
+present in both with the same shape (names matched exactly, else once wrapper prefixes such as ``module.`` or
+``_orig_mod.`` are removed, see :func:`matched_names`), the number of gradient elements whose direction agrees,
+and, where both sides wrote their ``grad_summary_{S}.csv`` beside the step folder, each parameter's statistics on
+both sides (``norm``, ``max``, ``min`` and, at L2, the bucket fractions), which the noise-aware rule reads.
+"""
+from __future__ import annotations
+
+import math
+from concurrent.futures import Executor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from msprobe_mlflow.compare.similarity import PackedLayout, agreeing_directions, similarity
+from msprobe_mlflow.directions import PACKED_FILE_NAME, LaidOutReader, StoredDirection, open_step_directions
+from msprobe_mlflow.dump import SUMMARY_PREFIX, SUMMARY_SUFFIX, csv_cells, csv_text, read_summary
+from msprobe_mlflow.parameter_names import strip_wrapper_components
+
+
+class StepMismatch(ValueError):
+    """The two sides of a step cannot be compared (nothing in common, shapes differ where shapes must match)."""
+
+
+def matched_names(names_a: list[str], names_b) -> list[tuple[str, str]]:
+    """Pairs ``(name in A, name in B)`` in A's order: equal names, else names equal once the components wrappers
+    add (``module.``, ``_orig_mod.``...) are removed from both, where that stripped name is unique on each side."""
+    exact = set(names_a) & set(names_b)
+
+    def unique_stripped(names) -> dict[str, str]:
+        stripped: dict[str, list[str]] = {}
+        for name in names:
+            if name not in exact:
+                stripped.setdefault(strip_wrapper_components(name), []).append(name)
+        return {key: found[0] for key, found in stripped.items() if len(found) == 1}
+
+    stripped_b = unique_stripped(names_b)
+    stripped_a = unique_stripped(names_a)
+    pairs = []
+    for name in names_a:
+        if name in exact:
+            pairs.append((name, name))
+        elif (key := strip_wrapper_components(name)) in stripped_b and stripped_a.get(key) == name:
+            pairs.append((name, stripped_b[key]))
+    return pairs
+
+
+@dataclass
+class SideStatistics:
+    """One side's statistics of the compared parameters, in their order (float64; NaN where the CSV says ``nan``):
+    ``buckets`` is parameters x buckets of L2's fractions (None below L2), the two buckets that meet at 0 summed:
+    which side of 0 an element lies on is its direction, compared on its own; the buckets tell its magnitude."""
+
+    norm: np.ndarray
+    max: np.ndarray
+    min: np.ndarray
+    buckets: np.ndarray | None = None
+
+
+def summary_beside(step_folder: Path, step: int) -> Path:
+    """``rank{R}/grad_summary_{S}.csv``: the statistics of the step whose directions are in ``rank{R}/step{S}/``."""
+    return step_folder.parent / f"{SUMMARY_PREFIX}{step}{SUMMARY_SUFFIX}"
+
+
+def read_side_statistics(csv_path: Path, names: list[str]) -> SideStatistics | None:
+    """The statistics of ``names`` from a ``grad_summary_{S}.csv``; None when there is no such file or it lacks a
+    name or the ``norm`` column (an L0 dump's CSV has them: it is read the same way)."""
+    if not csv_path.is_file():
+        return None
+    table = read_summary(csv_path)
+    if "norm" not in table.header:
+        return None
+    rows = {name: index for index, name in enumerate(table.column("param_name"))}
+    if any(name not in rows for name in names):
+        return None
+    order = [rows[name] for name in names]
+
+    def column(name: str) -> np.ndarray:
+        return np.array(table.numbers(name), dtype=np.float64)[order]
+
+    bucket_columns = [name for name in table.header if name.startswith("(")]
+    buckets = [column(name) for name in bucket_columns]
+    at_zero = next((i for i, name in enumerate(bucket_columns[:-1]) if name.endswith(", 0]")), None)
+    if at_zero is not None:  # "(-1, 0]" and "(0, 1]": one bucket of magnitudes below the next bounds
+        buckets[at_zero:at_zero + 2] = [buckets[at_zero] + buckets[at_zero + 1]]
+    return SideStatistics(column("norm"), column("max"), column("min"), np.stack(buckets, axis=1) if buckets else None)
+
+
+@dataclass
+class StepComparison:
+    """One step compared: of the parameters ``compared`` (A's names, A's model order; B's names in
+    ``names_b``), ``agreeing`` elements of ``numels``; their statistics on both sides where both wrote them."""
+
+    step: int
+    compared: tuple[str, ...]
+    names_b: tuple[str, ...]
+    agreeing: np.ndarray
+    numels: np.ndarray
+    statistics_a: SideStatistics | None = None
+    statistics_b: SideStatistics | None = None
+    only_in_a: list[str] = field(default_factory=list)
+    only_in_b: list[str] = field(default_factory=list)
+    shape_differs: list[str] = field(default_factory=list)
+
+    @property
+    def summary_counts(self) -> tuple[int, int]:
+        return int(self.agreeing.sum()), int(self.numels.sum())
+
+    @property
+    def unwrapped_matches(self) -> list[tuple[str, str]]:
+        return [(a, b) for a, b in zip(self.compared, self.names_b) if a != b]
+
+    def similarities(self) -> np.ndarray:
+        """Each compared parameter's similarity (msprobe's values: 0.0 for an empty parameter)."""
+        return np.divide(self.agreeing, self.numels, out=np.zeros(len(self.numels)), where=self.numels > 0)
+
+    def csv_text(self, layout: "StepLayout") -> bytes:
+        """``similarities_{S}.csv`` of the live verdict: ``param_name,similarity`` in ``layout``'s order (empty:
+        not compared; 0 for an empty parameter), ``summary`` last. When every parameter was compared under its own
+        name (the usual case) the rows are joined from the layout's name cells: the ``csv`` writer's bytes, at a
+        fraction of its cost per step."""
+        values, summary = self.similarities().tolist(), similarity(*self.summary_counts)
+        if self.names_b != layout.names:  # some parameters were not compared: their cells stay empty
+            by_name = dict(zip(self.names_b, values))
+            rows = [[name, by_name.get(name, "")] for name in layout.names]
+            return csv_text([["param_name", "similarity"], *rows, ["summary", summary]])
+        rows = "".join([f"{cell},{value!r}\r\n" for cell, value in zip(layout.name_cells, values)])
+        return f"param_name,similarity\r\n{rows}summary,{summary!r}\r\n".encode("utf-8-sig")
+
+
+class StepLayout:
+    """What comparing a step works out once for side B's parameter names and shapes, which usually stay the same
+    from step to step: the packed cuts (``PackedLayout``), readers of both sides' archives laid out alike, and the
+    CSV cells of the names. With it, a step whose two archives both hold exactly these parameters is compared at
+    once (a few array operations however many parameters): the live verdict's usual case."""
+
+    def __init__(self, names: list[str], shapes: list[tuple[int, ...]]):
+        self.names = tuple(names)
+        self.shapes = tuple(tuple(shape) for shape in shapes)
+        self.packed = PackedLayout([math.prod(shape) for shape in self.shapes])
+        self.reader_a = LaidOutReader(self.names, self.shapes)
+        self.reader_b = LaidOutReader(self.names, self.shapes)
+        self.name_cells = csv_cells(list(names))
+
+
+def _open_side(folder: Path) -> dict[str, StoredDirection]:
+    stored = open_step_directions(folder)
+    if not stored:
+        raise StepMismatch(f"{folder}: holds no direction files (expected directions.npz or <param>.npy)")
+    return stored
+
+
+def _model_order(csv_path: Path, stored: dict[str, StoredDirection]) -> list[str]:
+    """The summary CSV's ``param_name`` order (msprobe's npy form lists files alphabetically)."""
+    listed = read_summary(csv_path).column("param_name") if csv_path.is_file() else []
+    ordered = [name for name in listed if name in stored]
+    seen = set(ordered)
+    return ordered + [name for name in stored if name not in seen]
+
+
+def _agreeing(pair: tuple[StoredDirection, StoredDirection]) -> int:
+    stored_a, stored_b = pair
+    return agreeing_directions(stored_a.packed_bits(), stored_b.packed_bits(), stored_a.numel)
+
+
+def compare_step(step: int, folder_a: Path, folder_b: Path, *, layout: StepLayout | None = None,
+                 pool: Executor | None = None, shapes_must_match: bool = True) -> StepComparison:
+    """Compares the directions of ``step`` in two step folders (``rank{R}/step{S}``), and reads both sides'
+    statistics from the ``grad_summary_{S}.csv`` beside them.
+
+    With ``layout`` (B's names and shapes), two archives that both hold exactly those parameters are compared
+    whole; otherwise (other names, msprobe's npy form, wrapper prefixes) parameter by parameter, one in memory at a
+    time per worker of ``pool``. A parameter whose shapes differ raises :class:`StepMismatch` naming both files,
+    unless ``shapes_must_match`` is False (the live verdict: it is listed in ``shape_differs`` and left out).
+    """
+    csv_a, csv_b = summary_beside(folder_a, step), summary_beside(folder_b, step)
+    bits_a = layout.reader_a.read(folder_a / PACKED_FILE_NAME) if layout is not None else None
+    bits_b = layout.reader_b.read(folder_b / PACKED_FILE_NAME) if bits_a is not None else None
+    if bits_b is not None:
+        names = list(layout.names)
+        return StepComparison(step, layout.names, layout.names, layout.packed.agreeing(bits_a, bits_b),
+                              layout.packed.numels, read_side_statistics(csv_a, names),
+                              read_side_statistics(csv_b, names))
+    stored_a, stored_b = _open_side(folder_a), _open_side(folder_b)
+    matches = matched_names(_model_order(csv_a, stored_a), _model_order(csv_b, stored_b))
+    pairs, shape_differs = [], []
+    for name_a, name_b in matches:
+        shape_a, shape_b = stored_a[name_a].shape, stored_b[name_b].shape
+        if shape_a == shape_b:
+            pairs.append((name_a, name_b))
+        elif shapes_must_match:
+            raise StepMismatch(f"step{step}: parameter {name_a!r} has shape {list(shape_a)} in "
+                               f"{stored_a[name_a].path} but {list(shape_b)} in {stored_b[name_b].path}; shapes "
+                               f"must match (were both runs the same model?)")
+        else:
+            shape_differs.append(f"{name_b} {list(shape_b)} (baseline {list(shape_a)})")
+    work = [(stored_a[a], stored_b[b]) for a, b in pairs]
+    agreeing = list(pool.map(_agreeing, work)) if pool is not None else [_agreeing(item) for item in work]
+    names_a, names_b = [a for a, _ in pairs], [b for _, b in pairs]
+    matched_a, matched_b = {a for a, _ in matches}, {b for _, b in matches}
+    return StepComparison(step, tuple(names_a), tuple(names_b), np.array(agreeing, dtype=np.int64),
+                          np.array([stored_a[a].numel for a in names_a], dtype=np.int64),
+                          read_side_statistics(csv_a, names_a), read_side_statistics(csv_b, names_b),
+                          [n for n in stored_a if n not in matched_a], [n for n in stored_b if n not in matched_b],
+                          shape_differs)
