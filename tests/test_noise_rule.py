@@ -171,3 +171,14 @@ def test_culprits_are_ranked_by_how_far_beyond_their_noise_they_moved():
     assert found.first_suspicious_step == 20
     assert [trip.name for trip in found.parameter_trips] == ["z.big", "a.small"]
     assert found.parameter_trips[0].score > 5 * found.parameter_trips[1].score
+
+
+def test_runs_that_agreed_bit_for_bit_have_no_noise_so_an_early_sign_bug_is_named_not_excused():
+    """By hand: equal signs and norms at steps 0-2 (no rounding between the runs); at step 3 w's signs differ on
+    40% of its elements with its norm unchanged: in the first steps that would pass for sign noise in a pair that
+    differs in rounding; here it is the first suspicious step, named by w."""
+    judge, numels = NoiseAwareJudge(0), [1_000, 1_000]
+    for step in range(6):
+        found = judge.judge_step(_step(step, [1_000 if step < 3 else 600, 1_000], numels, [1, 1], [1, 1]))
+    assert found is None and judge.verdict.first_suspicious_step == 3
+    assert [trip.name for trip in judge.verdict.parameter_trips] == ["w"] and judge.verdict.sign_noise == []

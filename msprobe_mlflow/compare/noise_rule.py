@@ -165,8 +165,9 @@ class NoiseAwareJudge:
         held, self._held = self._held, None
         first = held if held is not None and found.suspicious else found if found.certain else None
         if first is not None:
-            self.verdict = RankVerdict(self.rank, first.step, first.summary_trip, first.trips,
-                                       list(self.sign_noise.values()), dict(self.summary_band))
+            noise = [*self.sign_noise.values(), *first.noise.values()]
+            self.verdict = RankVerdict(self.rank, first.step, first.summary_trip, first.trips, noise,
+                                       dict(self.summary_band))
             return self.verdict
         if held is not None:
             held.remember(self)
@@ -175,6 +176,11 @@ class NoiseAwareJudge:
         else:
             found.remember(self)
         return None
+
+    @property
+    def _agreed_bit_for_bit(self) -> bool:
+        """Every step remembered so far (one at least) agreed bit for bit: the runs have no rounding between them."""
+        return self._equal_so_far and self._summary.filled > 0
 
     def _evaluate(self, comparison) -> "_Finding":
         """A step's breaks against the past, with what it adds to the past once it is known not to be a break."""
@@ -199,12 +205,14 @@ class NoiseAwareJudge:
         for name, values in series.items():
             test = self._count_breaks if name in COUNT_SERIES else self._magnitude_breaks
             breaks[name], scores[name], centers[name] = test(name, places, values, numels)
-        self._recognise_noise(comparison, places, series, breaks)
-        noise = self._noise[places]
+        recognised = self._recognise_noise(comparison, places, series, breaks)
+        noise = self._noise[places].copy()
+        for i, found in recognised.items():
+            noise[i] = found.kind
         for name in breaks:  # sign noise is not judged on signs (buckets split at 0 are signs too); whole: not at all
             breaks[name] &= (noise == "") if name in COUNT_SERIES else (noise != WHOLE)
         differs = {name: (values != 0) & ~np.isnan(values) for name, values in series.items()}
-        if self._equal_so_far and self._summary.filled:  # no rounding between the runs yet: any difference breaks
+        if self._agreed_bit_for_bit:  # no rounding between the runs: any difference breaks
             for name in breaks:
                 breaks[name] |= differs[name]
         summary_trip, summary = self._summary_trip(comparison, series["direction"], noise != "")
@@ -222,26 +230,28 @@ class NoiseAwareJudge:
         certain = "norm" in series and bool(np.any(
             breaks["norm"] & (np.abs(series["norm"] - centers["norm"]) > FIRST_STEPS_TOLERANCE)))
         return _Finding(step, summary_trip, sorted(best.values(), key=lambda t: (-t.score, t.name)), pushes, certain,
-                        any(np.any(found) for found in differs.values()))
+                        any(np.any(found) for found in differs.values()),
+                        {int(places[i]): found for i, found in recognised.items()})
 
-    def _recognise_noise(self, comparison, places, series, breaks) -> None:
-        """Marks as noise, from now on, the parameters whose gradient is at rounding level on both sides and
-        differs (whole), and, in the first steps, those whose signs break while their magnitudes agree (signs)."""
-        if comparison.statistics_a is None or comparison.statistics_b is None:
-            return  # without statistics nothing tells noise from a bug: every break counts
+    def _recognise_noise(self, comparison, places, series, breaks) -> dict[int, SignNoise]:
+        """The parameters (by index in this step) newly recognised as noise: whose gradient is at rounding level on
+        both sides and differs (whole), and, in the first steps, whose signs break while their norm agrees
+        (signs). Runs that agreed bit for bit so far have no rounding between them: nothing of theirs is noise."""
+        if comparison.statistics_a is None or comparison.statistics_b is None or self._agreed_bit_for_bit:
+            return {}  # without statistics nothing tells noise from a bug: every break counts
         learnt = self._histories["direction"].center_and_spread(places)[2] >= MIN_HISTORY
         numels = comparison.numels
         anti_aligned = series["direction"] > 0.5 + DEVIATIONS * _binomial_spread(np.full(len(numels), 0.5), numels)
         counted = breaks["direction"] | breaks.get("distribution", False)
-        magnitude = breaks["norm"]
-        whole = _at_rounding_level(comparison) & (counted | magnitude)
-        signs = counted & ~magnitude & ~anti_aligned & ~learnt
+        whole = _at_rounding_level(comparison) & (counted | breaks["norm"])
+        signs = counted & ~breaks["norm"] & ~anti_aligned & ~learnt
+        recognised = {}
         for kind, found in ((WHOLE, whole), (SIGNS, signs & ~whole)):
             for i in np.flatnonzero(found & (self._noise[places] == "")):
-                self._noise[places[i]] = kind
-                name = comparison.compared[i]
-                self.sign_noise[name] = SignNoise(name, comparison.step, float(1 - series["direction"][i]),
-                                                  _relative_difference(comparison, i), kind)
+                recognised[int(i)] = SignNoise(comparison.compared[i], comparison.step,
+                                               float(1 - series["direction"][i]), _relative_difference(comparison, i),
+                                               kind)
+        return recognised
 
     def _count_breaks(self, name: str, places, values, numels):
         """A fraction of elements (disagreeing signs, moved between buckets) breaks: see :func:`count_break`."""
@@ -308,6 +318,7 @@ class _Finding:
     pushes: list
     certain: bool  # beyond what rounding can do: suspicious without waiting for the next step
     differs: bool  # the runs differ at all at this step
+    noise: dict  # slot -> SignNoise: parameters recognised as noise at this step
 
     @property
     def suspicious(self) -> bool:
@@ -318,6 +329,9 @@ class _Finding:
         for history, places, values in self.pushes:
             history.push(places, values)
         judge._equal_so_far &= not self.differs
+        for slot, found in self.noise.items():
+            judge._noise[slot] = found.kind
+            judge.sign_noise[found.name] = found
 
 
 def count_break(rate, numels, center, spread, count, seen):

@@ -3,7 +3,7 @@
 ``baseline`` is a dump folder or an MLflow run ID (a run whose artifacts are on this file system is read in place;
 otherwise each step is downloaded into the comparator's cache by a thread of its own, ``PREFETCH_STEPS`` ahead of
 the step being compared). Each step is compared as it lands, read back from the local dump (which holds it before
-any sink sees it), with the comparator's similarity and rule (``compare/similarity.py``, ``compare/verdict.py``):
+any sink sees it), by the comparator's own step comparison and judge (``compare/step.py``, ``compare/rules.py``):
 the verdict is the one ``msprobe-mlflow compare BASELINE THIS_RUN`` gives of the same steps afterwards. All of it
 runs in a process of its own (``baseline_process.py``): the training's writer thread only hands each step's number
 over and goes on, and none of the comparison's work holds the training process's interpreter.
@@ -73,8 +73,9 @@ class BaselineOptions:
     rule, its thresholds).
 
     ``on_suspicious(verdict)`` is called once, on a thread of the monitor's, with the rank's
-    :class:`~msprobe_mlflow.compare.verdict.RankVerdict` (``first_suspicious_step``, ``parameter_trips`` largest
-    fall first, ``summary_trip``): set a flag your training loop reads, to stop or to save a checkpoint.
+    :class:`~msprobe_mlflow.compare.verdict.RankVerdict` (``first_suspicious_step``, ``parameter_trips`` most
+    evidence first, ``summary_trip``, ``sign_noise``): set a flag your training loop reads, to stop or to save a
+    checkpoint.
     """
 
     baseline: str
