@@ -7,7 +7,7 @@ import pytest
 from msprobe_mlflow.compare import similarity as similarity_module
 from msprobe_mlflow.compare.similarity import (agreeing_directions, agreeing_per_parameter, similarity,
                                                 summary_similarity)
-from msprobe_mlflow.compare.verdict import (RankVerdict, RuleSettings, StepByStepJudge, Verdict, check_thresholds,
+from msprobe_mlflow.compare.verdict import (MsprobeJudge, RankVerdict, RuleSettings, Verdict, check_thresholds,
                                             judge_rank)
 
 
@@ -130,7 +130,7 @@ def test_bad_threshold_is_refused(value):
 def _judged_step_by_step(rank, steps, summary, parameters, omit_gaps=False, **thresholds):
     """Feeds the series to the live judge one step at a time, as a training run does; ``omit_gaps``: a parameter
     not compared at a step is left out of that step rather than given as None (steps laid out differently)."""
-    judge = StepByStepJudge(rank, **thresholds)
+    judge = MsprobeJudge(rank, **thresholds)
     verdicts = [judge.judge(step, summary[j], {name: values[j] for name, values in parameters.items()
                                                if not (omit_gaps and values[j] is None)})
                 for j, step in enumerate(steps)]

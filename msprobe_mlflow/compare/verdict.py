@@ -224,10 +224,6 @@ def slots_of(slots: dict[str, int], names: tuple[str, ...]) -> np.ndarray:
     return np.array([slots.setdefault(name, len(slots)) for name in names], dtype=np.int64)
 
 
-# The name the live verdict used for msprobe's judge before the noise-aware rule existed.
-StepByStepJudge = MsprobeJudge
-
-
 def judge_rank(rank: int, steps: list[int], summary: Series, parameters: dict[str, Series],
                first_threshold: float = DEFAULT_FIRST_THRESHOLD,
                drop_threshold: float = DEFAULT_DROP_THRESHOLD) -> RankVerdict:
