@@ -129,14 +129,6 @@ def test_an_api_with_status_error_exits_3(tmp_path):
     assert "1 APIs: 0 pass, 1 error, 0 skip" in out
 
 
-def test_a_folder_exits_2_naming_the_dump_file_inside_it(tmp_path):
-    code, out, err = run_in_process(EXAMPLE / "tensor", "--output", tmp_path / "out", "--no-mlflow")
-    assert code == 2
-    assert err == (f"msprobe-mlflow api-check: error: Invalid value for 'API_INFO_JSON': {EXAMPLE / 'tensor'}: is a "
-                   f"folder; pass the api_info.json or dump.json inside it ({EXAMPLE / 'tensor' / 'api_info.json'})\n")
-    assert out == "" and not (tmp_path / "out").exists()
-
-
 @pytest.mark.parametrize("option", ["--output", "--experiment", "--run-id", "--no-nested", "--filter",
                                     "--cosine-threshold", "--max-abs-threshold", "--workers", "--tracking-uri",
                                     "--no-mlflow"])

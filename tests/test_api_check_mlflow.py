@@ -129,7 +129,8 @@ def test_the_check_run_lists_the_apis_with_status_error_in_a_tag(logged):
 
 
 def test_nested_runs_are_logged_in_one_batch_each(tracking_uri, dump_path, tmp_path, monkeypatch):
-    """Spies on the real client: no per-value calls; one log_batch per run (the check's and each API's)."""
+    """Spies on the real client: no per-value calls; one log_batch per API's run, two for the check's (its options
+    as it starts, its results as it ends)."""
     calls = []
     for method in ("log_batch", "log_metric", "log_param", "set_tag"):
         real = getattr(MlflowClient, method)
@@ -137,7 +138,7 @@ def test_nested_runs_are_logged_in_one_batch_each(tracking_uri, dump_path, tmp_p
                             lambda self, *a, _real=real, _name=method, **k: calls.append(_name) or _real(self, *a, **k))
     new_experiment("api-check-batches", tmp_path)  # before the spying starts
     check_api_accuracy(dump_path, output_dir=tmp_path, experiment="api-check-batches")
-    assert calls == ["log_batch"] * (1 + 3)  # the check's run, then add, mul, where (Tensor.add has no values)
+    assert calls == ["log_batch"] * (2 + 3)  # the check's run, then add, mul, where (Tensor.add has no values)
 
 
 def test_check_run_nests_under_the_active_run_and_leaves_it_active(tracking_uri, dump_path, tmp_path):

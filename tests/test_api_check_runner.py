@@ -11,6 +11,7 @@ import torch
 from mindspore import mint
 
 from msprobe_mlflow.api_check import check_api_accuracy
+from msprobe_mlflow.api_check.results import INCOMPLETE_ENTRY, NO_BENCHMARK, NO_KERNEL, NOT_MINT
 from msprobe_mlflow.dump import read_csv
 
 
@@ -534,6 +535,17 @@ def test_details_row_formats_shape_as_tuple_and_metrics_as_float_reprs(malformed
 
 def test_results_keep_the_dump_order_and_statuses(malformed_report):
     assert [(r.name, r.status) for r in malformed_report.results] == [(n, e[2]) for n, e in EXPECTED.items()]
+
+
+def test_each_skip_is_grouped_by_why(malformed_report, statistics_report):
+    groups = {name: [result.name for result in results]
+              for name, results in malformed_report.skips_by_group().items()}
+    assert groups == {NO_BENCHMARK: ["Mint.no_such_function.0"],
+                      INCOMPLETE_ENTRY: ["Mint.exp.1", "Mint.add.9.inplace"], NOT_MINT: ["Tensor.add.0"]}
+    assert {result.name: result.skip_group for result in statistics_report.with_status("skip")} == {
+        "Mint.sort.0": NO_KERNEL}
+    assert {result.skip_group for result in malformed_report.results + statistics_report.results
+            if result.status != "skip"} == {""}
 
 
 def test_thresholds_are_options(tmp_path):

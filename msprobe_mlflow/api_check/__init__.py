@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 import os
 import re
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Callable
 
@@ -29,7 +30,8 @@ def check_api_accuracy(path: str | os.PathLike, *, output_dir: str | os.PathLike
                        api_filter: str | None = None, cosine_threshold: float = 0.99,
                        max_abs_threshold: float = 0.001, log_to_mlflow: bool = True, tracking_uri: str | None = None,
                        on_progress: Callable[[int, int, str], None] | None = None, workers: int = 1) -> ApiCheckReport:
-    """Checks every API call of an msprobe MindSpore dump (``api_info.json`` / ``dump.json``) and reports.
+    """Checks every API call of an msprobe MindSpore dump (``api_info.json`` / ``dump.json``, or a folder holding
+    exactly one, also below it in msprobe's layout ``step{S}/rank{R}/``) and reports.
 
     ``api_filter``: a regular expression searched in the call name (``Mint.add.0``); calls that do not match are
     left out. An API passes when every output has ``Cosine > cosine_threshold`` and ``MaxAbsErr <
@@ -43,10 +45,11 @@ def check_api_accuracy(path: str | os.PathLike, *, output_dir: str | os.PathLike
     can run here without a lasting change (see ``replay``). The report lists the calls in dump order whatever the
     number of workers.
 
-    Raises ``ValueError`` only for what stops the whole check (a missing or unreadable file, a folder, no
-    ``task``/``data``, a bad ``api_filter`` or ``workers``, a threshold that is NaN or not a number, an
-    ``output_dir`` that cannot be made, an ``experiment`` that is not the parent's), before torch or MindSpore is
-    imported and before any API is run; every problem of one entry becomes that API's ``error`` or ``skip`` row.
+    Raises ``ValueError`` only for what stops the whole check (a missing or unreadable file, a folder with no
+    dump or several, no ``task``/``data``, a bad ``api_filter`` or ``workers``, a threshold that is NaN or not a
+    number, an ``output_dir`` that cannot be made, an ``experiment`` that is not the parent's), before torch or
+    MindSpore is imported and before any API is run; every problem of one entry becomes that API's ``error`` or
+    ``skip`` row.
     """
     dump = read_api_info(path)
     try:
@@ -57,7 +60,7 @@ def check_api_accuracy(path: str | os.PathLike, *, output_dir: str | os.PathLike
     workers = check_workers(workers)
     target = None
     if log_to_mlflow:  # looked up before anything is made: a wrong run ID leaves no empty output folder behind
-        from msprobe_mlflow.tracking.api_check_runs import log_api_check, resolve_target
+        from msprobe_mlflow.tracking.api_check_runs import check_run, resolve_target
         from msprobe_mlflow.tracking.server import require_tracking_server
 
         require_tracking_server(tracking_uri)  # an unreachable server fails now, not after the last API
@@ -75,12 +78,15 @@ def check_api_accuracy(path: str | os.PathLike, *, output_dir: str | os.PathLike
         if on_progress is not None:
             on_progress(done, len(calls), result.name)
 
-    results = replay_calls(calls, dump.task, thresholds, workers, on_result)
-    details_csv, result_csv = write_reports(results, output_dir)
-    report = ApiCheckReport(results, details_csv, result_csv)
-    if target is not None:
-        report.run_id = log_api_check(report, target, api_info=Path(path), task=dump.task, thresholds=thresholds,
-                                      api_filter=api_filter, nested=nested)
+    running = nullcontext() if target is None else check_run(
+        target, api_info=dump.path, task=dump.task, thresholds=thresholds, api_filter=api_filter, nested=nested)
+    with running as run:  # the check's run lasts as long as the check
+        results = replay_calls(calls, dump.task, thresholds, workers, on_result)
+        details_csv, result_csv = write_reports(results, output_dir)
+        report = ApiCheckReport(results, details_csv, result_csv, api_info=dump.path)
+        if run is not None:
+            run.log(report)
+            report.run_id = run.run_id
     return report
 
 

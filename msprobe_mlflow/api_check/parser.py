@@ -16,10 +16,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Union
 
+from msprobe_mlflow.api_check.results import INCOMPLETE_ENTRY, NOT_MINT
 from msprobe_mlflow.safe_paths import confined_path
 
 TASKS = ("statistics", "tensor")
 DUMP_FILE_NAMES = ("api_info.json", "dump.json")
+# Where msprobe puts the dump file under its dump_path: step{S}/rank{R}/dump.json ("rank" alone on one device).
+MSPROBE_LAYOUT = ("", "rank*/", "step*/rank*/")
+LISTED_DUMPS = 10
 CHECKED_FAMILIES = ("Mint", "MintFunctional")
 SIDES = ("forward", "backward")
 FLOAT_DTYPES = ("Float16", "BFloat16", "Float32", "Float64")
@@ -94,7 +98,8 @@ class ApiCall:
     ``has_forward``/``has_backward`` say whether the dump lists the entry at all; ``*_problem`` holds the message
     when the entry is listed but malformed. ``problem`` is set when the key itself is malformed, ``skip_reason``
     for what is listed but not checked (another family than ``Mint``/``MintFunctional``, or a key whose suffix is
-    not ``forward``/``backward``: such a call is named by its whole key and has neither side).
+    not ``forward``/``backward``: such a call is named by its whole key and has neither side), ``skip_group``
+    which of the two it is.
     """
 
     name: str
@@ -108,6 +113,7 @@ class ApiCall:
     backward_problem: str | None = None
     problem: str | None = None
     skip_reason: str | None = None
+    skip_group: str = ""
 
 
 @dataclass
@@ -119,14 +125,15 @@ class ApiDump:
 
 
 def read_api_info(path: str | os.PathLike) -> ApiDump:
-    """Parse ``api_info.json``; entries are validated one by one (see the module docstring).
+    """Parse ``api_info.json``; entries are validated one by one (see the module docstring). A folder stands for
+    the one dump file in it or below it in msprobe's layout (``dump_file_in``); ``ApiDump.path`` is that file.
 
     A relative ``dump_data_dir`` resolves against the JSON file's folder (msprobe resolves it against the current
     directory); each ``data_name`` must stay inside ``dump_data_dir``.
     """
     path = Path(path)
     if path.is_dir():
-        raise ValueError(folder_message(path))
+        path = dump_file_in(path)
     try:
         document = json.loads(path.read_text(encoding="utf-8"))
     except OSError as error:
@@ -155,7 +162,8 @@ def read_api_info(path: str | os.PathLike) -> ApiDump:
         api_name, _, side = key.rpartition(".")
         if side not in SIDES:
             dump.calls.append(ApiCall(name=key, skip_reason=f"{key}: suffix {side!r} is not forward or backward; "
-                                                            "only forward and backward entries are checked"))
+                                                            "only forward and backward entries are checked",
+                                      skip_group=INCOMPLETE_ENTRY))
             continue
         call = by_name.get(api_name)
         if call is None:
@@ -172,11 +180,20 @@ def read_api_info(path: str | os.PathLike) -> ApiDump:
     return dump
 
 
-def folder_message(folder: Path) -> str:
-    """What to say when given a folder: msprobe writes the dump file into ``dump_path/step{S}/rank{R}/``."""
-    inside = [folder / name for name in DUMP_FILE_NAMES if (folder / name).is_file()]
-    found = f" ({inside[0]})" if inside else ""
-    return f"{folder}: is a folder; pass the api_info.json or dump.json inside it{found}"
+def dump_file_in(folder: Path) -> Path:
+    """The one ``api_info.json``/``dump.json`` in ``folder`` or below it in msprobe's layout (a ``dump_path``, a
+    ``step0`` or a ``rank0`` folder); none or several (two steps, two ranks) are refused, naming them."""
+    found = sorted({file for pattern in MSPROBE_LAYOUT for name in DUMP_FILE_NAMES
+                    for file in folder.glob(pattern + name) if file.is_file()})
+    if len(found) == 1:
+        return found[0]
+    names = ", ".join(str(file.relative_to(folder)) for file in found[:LISTED_DUMPS])
+    if len(found) > LISTED_DUMPS:
+        names += f" and {len(found) - LISTED_DUMPS} more"
+    if not found:
+        raise ValueError(f"{folder}: is a folder with no {' or '.join(DUMP_FILE_NAMES)} in it nor below it in "
+                         "msprobe's layout (rank*/dump.json, step*/rank*/dump.json); pass the dump file")
+    raise ValueError(f"{folder}: holds {len(found)} dumps ({names}); pass the one to check, e.g. {found[0]}")
 
 
 def _new_call(api_name: str) -> ApiCall:
@@ -188,6 +205,7 @@ def _new_call(api_name: str) -> ApiCall:
     if call.family not in CHECKED_FAMILIES:
         call.skip_reason = (f"{api_name}: {call.family} APIs are not checked; only "
                             f"{' and '.join(CHECKED_FAMILIES)} (mindspore.mint) APIs are")
+        call.skip_group = NOT_MINT
     return call
 
 

@@ -12,6 +12,16 @@ from msprobe_mlflow.api_check.metrics import ERROR, PASS, SKIP
 if TYPE_CHECKING:
     import pandas
 
+# Why an API was skipped, the groups the command's summary lists skips under: most skips are the platform (this
+# device's MindSpore lacks a kernel), not the model, and the summary must say which.
+NO_KERNEL = "no MindSpore kernel for it on this device (the platform, not your model)"
+MINDSPORE_CANNOT_RUN = "MindSpore cannot run it here"
+NOT_IN_MINDSPORE = "not in this MindSpore version"
+NO_BENCHMARK = "torch has no such function or cannot run the inputs"
+NO_GRADIENT = "no gradient to compare"
+NOT_MINT = "not a mint API (only Mint and MintFunctional calls are checked)"
+INCOMPLETE_ENTRY = "the dump lacks what the check needs"
+
 
 @dataclass
 class OutputResult:
@@ -32,11 +42,12 @@ class OutputResult:
 @dataclass
 class SideResult:
     """The forward or backward check of one API: ``pass`` when every output passes, ``error`` when one fails,
-    ``skip`` when it could not be checked here."""
+    ``skip`` when it could not be checked here (``skip_group`` says why, one of the groups above)."""
 
     status: str
     message: str = ""
     outputs: list[OutputResult] = field(default_factory=list)
+    skip_group: str = ""
 
 
 def side_from_outputs(outputs: list[OutputResult]) -> SideResult:
@@ -52,7 +63,8 @@ class ApiResult:
     """One API call. ``forward``/``backward`` are ``None`` when the dump has no such entry. ``status`` is ``error``
     when a side failed, else ``skip`` when a side could not be checked (or the call is not checked at all), else
     ``pass``; ``message`` joins the texts of the sides that did not pass. ``inputs`` describes the recorded
-    arguments, one text per top-level argument (``input_args.0``, ``input_kwargs.dim``)."""
+    arguments, one text per top-level argument (``input_args.0``, ``input_kwargs.dim``). ``skip_group``: why a
+    ``skip`` was skipped (its first skipped side's group)."""
 
     name: str
     status: str
@@ -60,6 +72,7 @@ class ApiResult:
     forward: SideResult | None = None
     backward: SideResult | None = None
     inputs: dict[str, str] = field(default_factory=dict)
+    skip_group: str = ""
 
     @classmethod
     def from_sides(cls, name: str, forward: SideResult | None, backward: SideResult | None,
@@ -69,7 +82,8 @@ class ApiResult:
         status = ERROR if ERROR in statuses else SKIP if (SKIP in statuses or not sides) else PASS
         messages = [side.message for side in sides if side.status != PASS and side.message]
         message = " ".join(dict.fromkeys(messages))  # once each, in order: both sides often share the reason
-        return cls(name, status, message, forward, backward, inputs)
+        skip_group = next((side.skip_group for side in sides if side.status == SKIP), "") if status == SKIP else ""
+        return cls(name, status, message, forward, backward, inputs, skip_group)
 
     def output_rows(self) -> list[OutputResult]:
         """The details-CSV rows: every side's outputs, or one row named after the call when it has no side."""
@@ -79,12 +93,14 @@ class ApiResult:
 
 @dataclass
 class ApiCheckReport:
-    """The whole check: results in dump order, the two CSVs written, and the MLflow run holding them (if logged)."""
+    """The whole check: results in dump order, the two CSVs written, the MLflow run holding them (if logged), and
+    the dump file checked (the one found, when given a folder)."""
 
     results: list[ApiResult]
     details_csv: Path | None = None
     result_csv: Path | None = None
     run_id: str | None = None
+    api_info: Path | None = None
 
     def count(self, status: str) -> int:
         """How many APIs have ``status``: ``pass``, ``error`` or ``skip``."""
@@ -92,6 +108,13 @@ class ApiCheckReport:
 
     def with_status(self, status: str) -> list[ApiResult]:
         return [result for result in self.results if result.status == status]
+
+    def skips_by_group(self) -> dict[str, list[ApiResult]]:
+        """The skipped APIs by why they were skipped (``NO_KERNEL``...), groups in order of first appearance."""
+        groups: dict[str, list[ApiResult]] = {}
+        for result in self.with_status(SKIP):
+            groups.setdefault(result.skip_group, []).append(result)
+        return groups
 
     def details_frame(self) -> pandas.DataFrame:
         """The details CSV as a DataFrame, one row per compared output: the metrics as float64 (NaN where the CSV

@@ -26,7 +26,9 @@ from msprobe_mlflow.api_check.inputs import (InputCache, InputError, TensorPair,
 from msprobe_mlflow.api_check.metrics import ERROR, SKIP, Thresholds, compare_arrays
 from msprobe_mlflow.api_check.parser import (DTYPE_TYPE, FLOAT_DTYPES, ApiCall, Argument, ForwardEntry,
                                               TensorArg, ValueArg)
-from msprobe_mlflow.api_check.results import ApiResult, OutputResult, SideResult, side_from_outputs
+from msprobe_mlflow.api_check.results import (INCOMPLETE_ENTRY, MINDSPORE_CANNOT_RUN, NO_BENCHMARK, NO_GRADIENT,
+                                               NO_KERNEL, NOT_IN_MINDSPORE, ApiResult, OutputResult, SideResult,
+                                               side_from_outputs)
 
 MODULES = {
     "Mint": (("mindspore.mint", lambda: mindspore.mint), ("torch", lambda: torch)),
@@ -37,11 +39,12 @@ DESCRIPTION_LIMIT = 500
 
 
 class _SideStopped(Exception):
-    """A forward or backward check that ends before comparing; ``status`` is ``skip`` or ``error``."""
+    """A forward or backward check that ends before comparing; ``status`` is ``skip`` (``skip_group`` says why)
+    or ``error``."""
 
-    def __init__(self, status: str, message: str):
+    def __init__(self, status: str, message: str, skip_group: str = ""):
         super().__init__(message)
-        self.status, self.message = status, message
+        self.status, self.message, self.skip_group = status, message, skip_group
 
 
 @dataclass
@@ -86,10 +89,10 @@ def check_call(call: ApiCall, task: str, thresholds: Thresholds, cache: InputCac
     inputs = describe_inputs(call.forward) if call.forward is not None else {}
     stop = (ERROR, call.problem) if call.problem else (SKIP, call.skip_reason) if call.skip_reason else None
     if stop is not None:
-        sides = {side: _stopped_side(call, side, *stop) for side in ("forward", "backward")
+        sides = {side: _stopped_side(call, side, *stop, call.skip_group) for side in ("forward", "backward")
                  if getattr(call, f"has_{side}")}
         if not sides:
-            return ApiResult(call.name, stop[0], stop[1], inputs=inputs)
+            return ApiResult(call.name, stop[0], stop[1], inputs=inputs, skip_group=call.skip_group)
         return ApiResult.from_sides(call.name, sides.get("forward"), sides.get("backward"), inputs)
     checker = _CallChecker(call, task, thresholds, None if _in_place(call) else cache)
     forward = checker.side("forward", checker.forward) if call.has_forward else None
@@ -103,8 +106,9 @@ def _in_place(call: ApiCall) -> bool:
     return call.function.endswith("_") or (isinstance(inplace, ValueArg) and inplace.value is True)
 
 
-def _stopped_side(call: ApiCall, side: str, status: str, message: str) -> SideResult:
-    return SideResult(status, message, [OutputResult(f"{call.name}.{side}", status, message)])
+def _stopped_side(call: ApiCall, side: str, status: str, message: str, skip_group: str = "") -> SideResult:
+    return SideResult(status, message, [OutputResult(f"{call.name}.{side}", status, message)],
+                      skip_group if status == SKIP else "")
 
 
 class _CallChecker:
@@ -115,7 +119,7 @@ class _CallChecker:
         try:
             return side_from_outputs(compute())
         except _SideStopped as stopped:
-            return _stopped_side(self.call, side, stopped.status, stopped.message)
+            return _stopped_side(self.call, side, stopped.status, stopped.message, stopped.skip_group)
 
     # --- what both sides need -------------------------------------------------------------------------------------
 
@@ -129,12 +133,13 @@ class _CallChecker:
         name = self.call.function
         torch_function = getattr(torch_module(), name, None)
         if not callable(torch_function):
-            raise _SideStopped(SKIP, f"{torch_path}.{name} does not exist, so there is no benchmark")
+            raise _SideStopped(SKIP, f"{torch_path}.{name} does not exist, so there is no benchmark", NO_BENCHMARK)
         if self.task == "tensor":
             return None, torch_function
         mindspore_function = getattr(mindspore_module(), name, None)
         if not callable(mindspore_function):
-            raise _SideStopped(SKIP, f"{mindspore_path}.{name} does not exist in MindSpore {mindspore.__version__}")
+            raise _SideStopped(SKIP, f"{mindspore_path}.{name} does not exist in MindSpore {mindspore.__version__}",
+                               NOT_IN_MINDSPORE)
         return mindspore_function, torch_function
 
     def forward_entry(self, needed_by: str) -> ForwardEntry:
@@ -143,7 +148,7 @@ class _CallChecker:
             raise _SideStopped(ERROR, call.forward_problem)
         if call.forward is None:
             raise _SideStopped(SKIP, f"{call.name}.forward is missing, so the {needed_by} cannot be run "
-                                     "(it needs the forward inputs)")
+                                     "(it needs the forward inputs)", INCOMPLETE_ENTRY)
         return call.forward
 
     def materialize(self, argument: Argument, where: str):
@@ -225,7 +230,7 @@ class _CallChecker:
         positions = [i for i, leaf in enumerate(leaves) if leaf.spec.dtype in FLOAT_DTYPES]
         if not positions:
             raise _SideStopped(SKIP, "no positional argument is a floating-point tensor, so there is no gradient "
-                                     "to compare")
+                                     "to compare", NO_GRADIENT)
         key = f"{call.name}.backward"
         unmatched = []
         if self.task == "tensor":
@@ -234,7 +239,7 @@ class _CallChecker:
             positions = [i for i in positions if i < len(recorded) and recorded[i] is not None]
             if not positions and not unmatched:
                 raise _SideStopped(SKIP, f"{key}: output records no gradient (null) for the floating-point inputs, "
-                                         "so there is none to compare")
+                                         "so there is none to compare", NO_GRADIENT)
         if not positions:
             return unmatched
         sensitivities = [self.materialize(spec, f"{key}: input[{i}]")
@@ -273,7 +278,7 @@ class _CallChecker:
             roots, grads = self.sensitivity_pairs(outputs, sensitivities, "torch")
             if not roots:
                 raise _SideStopped(SKIP, f"no output of {self.call.function} in torch depends differentiably on "
-                                         "the floating-point inputs")
+                                         "the floating-point inputs", NO_GRADIENT)
             torch.autograd.backward(roots, grads)
 
         self.run_torch(run)
@@ -335,8 +340,10 @@ class _CallChecker:
         except _SideStopped:
             raise
         except Exception as error:  # noqa: BLE001 - any framework failure is reported, never raised
+            # MindSpore's words for an op this device has no kernel for: "The kernel Atan2Ext unregistered."
+            group = NO_KERNEL if "unregistered" in str(error) else MINDSPORE_CANNOT_RUN
             raise _SideStopped(SKIP, f"MindSpore cannot run {self.qualified_name(0)} here: "
-                                     f"{_first_line(error)}") from None
+                                     f"{_first_line(error)}", group) from None
 
     def run_torch(self, run: Callable):
         try:
@@ -345,7 +352,7 @@ class _CallChecker:
             raise
         except Exception as error:  # noqa: BLE001
             raise _SideStopped(SKIP, f"the benchmark {self.qualified_name(1)} cannot run these inputs: "
-                                     f"{_first_line(error)}") from None
+                                     f"{_first_line(error)}", NO_BENCHMARK) from None
 
 
 def _first_line(error: Exception, limit: int = 300) -> str:

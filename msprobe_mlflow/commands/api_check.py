@@ -1,8 +1,6 @@
 """``msprobe-mlflow api-check``: the MindSpore API accuracy checker (``msprobe_mlflow.api_check``) as a command."""
 from __future__ import annotations
 
-import os
-from pathlib import Path
 from typing import Callable
 
 import click
@@ -11,23 +9,12 @@ from msprobe_mlflow.commands import command, tracking_uri_option
 from msprobe_mlflow.commands.exit_codes import OK, SUSPICIOUS_RESULT
 
 
-class DumpFile(click.Path):
-    """An existing file; a folder (msprobe writes the dump file into one) is refused with the file to pass."""
-
-    def __init__(self):
-        super().__init__(exists=True, dir_okay=False)
-
-    def convert(self, value, param, ctx):
-        if os.path.isdir(value):
-            from msprobe_mlflow.api_check.parser import folder_message
-
-            self.fail(folder_message(Path(value)), param, ctx)
-        return super().convert(value, param, ctx)
+SKIPS_SHOWN = 10  # per group: a dump of thousands of ops.* calls would bury the summary; the result CSV has all
 
 
 @command("api-check", short_help="check mindspore.mint APIs recorded by msprobe against torch, and record the "
                                  "verdicts in MLflow")
-@click.argument("api_info", metavar="API_INFO_JSON", type=DumpFile())
+@click.argument("api_info", metavar="API_INFO_JSON", type=click.Path(exists=True))
 @click.option("--output", metavar="DIR", default=".", type=click.Path(file_okay=False),
               help="folder for the two CSVs, created if missing; existing files are never replaced (default: the "
                    "current folder). Example: --output ./api_check_out")
@@ -57,17 +44,21 @@ def api_check(api_info: str, output: str, experiment: str | None, parent_run_id:
               api_filter: str | None, cosine_threshold: float, max_abs_threshold: float, workers: int,
               tracking_uri: str | None, no_mlflow: bool) -> int:
     """Runs every Mint / MintFunctional call recorded in an msprobe MindSpore dump (API_INFO_JSON: api_info.json
-    or dump.json, task "statistics" or "tensor"; a relative dump_data_dir in it is taken relative to this file) in
+    or dump.json, task "statistics" or "tensor"; a relative dump_data_dir in it is taken relative to this file; or
+    a folder holding exactly one, also below it as msprobe lays it out: dump_path/step0/rank0/dump.json) in
     MindSpore (tested) and in torch (benchmark), forward and backward, and compares the outputs. Each API gets
     msprobe's status: pass (every output has Cosine > 0.99 and MaxAbsErr < 0.001), error or skip. Writes msprobe's
     accuracy_checking_details_{stamp}.csv and accuracy_checking_result_{stamp}.csv, and records one MLflow run for
     the check (the CSVs, the number of APIs per status, the pass rate, the tag error_apis) in --experiment (else
     the --run-id parent's, else MLflow's current experiment), with one nested run per API (its metrics, and the
-    tags status and message). The command exits with code 3 when at least one API has status error.
+    tags status and message). The summary lists the APIs with status error, and the skipped ones grouped by why
+    (most often no MindSpore kernel on this device: the platform, not the model). The command exits with code 3
+    when at least one API has status error.
 
     \b
     Examples:
       msprobe-mlflow api-check dump_path/step0/rank0/dump.json --run-id $TRAINING_RUN --no-nested
+      msprobe-mlflow api-check dump_path --no-mlflow   # the one dump.json below it
       msprobe-mlflow api-check examples/mindspore_api_dump/statistics/api_info.json --output api_check_out \\
           --experiment api-check --filter '^Mint(Functional)?\\.(add|matmul)\\.'
     """
@@ -78,9 +69,10 @@ def api_check(api_info: str, output: str, experiment: str | None, parent_run_id:
                                 max_abs_threshold=max_abs_threshold, log_to_mlflow=not no_mlflow,
                                 tracking_uri=tracking_uri, on_progress=_progress_line(), workers=workers)
     _print_errors(report.with_status(ERROR))
+    _print_skips(report.skips_by_group())
     counts = ", ".join(f"{report.count(status)} {status}" for status in STATUSES)
     click.echo(f"\n{len(report.results)} APIs: {counts}")
-    click.echo(f"details: {report.details_csv}\nresult:  {report.result_csv}")
+    click.echo(f"dump:    {report.api_info}\ndetails: {report.details_csv}\nresult:  {report.result_csv}")
     if report.run_id is not None:
         click.echo(f"MLflow run: {report.run_id}")
     return SUSPICIOUS_RESULT if report.count(ERROR) else OK
@@ -113,3 +105,14 @@ def _print_errors(errors: list) -> None:
         forward = result.forward.status if result.forward is not None else ""
         backward = result.backward.status if result.backward is not None else ""
         click.echo(f"{result.name:<{width}}  {forward:<7}  {backward:<8}  {result.message}")
+
+
+def _print_skips(groups: dict) -> None:
+    """The skipped APIs under why they were skipped, one line each (``SKIPS_SHOWN`` per group at most)."""
+    for group, results in groups.items():
+        click.echo(f"\nskip ({len(results)}): {group or 'other'}")
+        width = max(len(result.name) for result in results[:SKIPS_SHOWN])
+        for result in results[:SKIPS_SHOWN]:
+            click.echo(f"  {result.name:<{width}}  {result.message}")
+        if len(results) > SKIPS_SHOWN:
+            click.echo(f"  ... and {len(results) - SKIPS_SHOWN} more (the result CSV lists them all)")

@@ -1,10 +1,12 @@
 """The MindSpore API checker in MLflow: one run for the check, one nested run per API.
 
 Statuses are msprobe's words, ``pass``, ``error`` and ``skip``, in the CSVs, the tags and the metric names alike.
-The check's run is nested under ``parent_run_id``, else under the active run when there is one (and then lives in
-its parent's experiment). It holds the summary metrics (``apis_total``, ``apis_checked`` = pass + error,
-``apis_pass``, ``apis_error``, ``apis_skip``, ``pass_rate`` = pass / checked), the tag ``error_apis`` (the names
-of the APIs whose status is error), the options as params, and the two CSVs as artifacts under ``api_check/``.
+The check's run is created when the check starts and ended when it ends, named after the dump's folder and the
+start time (``api-check dump_path/step0/rank0 20250101-120000.123``). It is nested under ``parent_run_id``, else
+under the active run when there is one (and then lives in its parent's experiment). It holds the summary metrics
+(``apis_total``, ``apis_checked`` = pass + error, ``apis_pass``, ``apis_error``, ``apis_skip``, ``pass_rate`` =
+pass / checked), the tag ``error_apis`` (the names of the APIs whose status is error), the options as params, and
+the two CSVs as artifacts under ``api_check/``.
 Each API's run is named after the call, marked with its status unless pass (``[error] Mint.erfinv.0``: in the
 UI's runs list every run shows a green Finished, so the name is where a failing API shows), and has the metrics
 of each output (``forward/output/0/cosine``, ``.../max_abs_err``, ``.../max_relative_err``: the UI groups them by
@@ -19,9 +21,11 @@ after another (SQLite serialises its writers).
 from __future__ import annotations
 
 import os
+import re
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 from typing import Iterator
 
@@ -38,7 +42,7 @@ from msprobe_mlflow.api_check.results import ApiCheckReport, ApiResult
 from msprobe_mlflow.tracking import TAG_PREFIX
 from msprobe_mlflow.metrics import metric_key
 from msprobe_mlflow.tracking.experiments import experiment_id_for
-from msprobe_mlflow.tracking.runs import clipped, created_run, log_batched, now_ms, param
+from msprobe_mlflow.tracking.runs import clipped, created_run, log_batched, now_ms, param, tag
 
 ARTIFACT_FOLDER = "api_check"
 TASK_TAG = f"{TAG_PREFIX}api_check.task"
@@ -46,6 +50,7 @@ ERROR_APIS_TAG = "error_apis"
 METRIC_FIELDS = ("cosine", "max_abs_err", "max_relative_err")
 MAX_RUN_NAME_LENGTH = 500  # a run name beyond this is unreadable in the UI's run list
 NESTED_RUNS_AT_ONCE = 8
+_MSPROBE_FOLDER = re.compile(r"^(step\d+|rank\d*)$")  # the folders msprobe puts under its dump_path
 
 
 def summary_metrics(report: ApiCheckReport) -> dict[str, float]:
@@ -60,8 +65,8 @@ def summary_metrics(report: ApiCheckReport) -> dict[str, float]:
 @dataclass(frozen=True)
 class CheckRunTarget:
     """Where the check's run goes, looked up before the check starts so that a wrong run ID or experiment fails
-    at once rather than after the last API. Nothing is created before the run is logged: a missing experiment is
-    created then (``existing_experiment_id`` None)."""
+    at once rather than after the last API. Nothing is created before the check's run: a missing experiment is
+    created with it (``existing_experiment_id`` None)."""
 
     client: MlflowClient
     parent_run_id: str | None
@@ -91,28 +96,66 @@ def resolve_target(experiment: str | None = None, parent_run_id: str | None = No
     return CheckRunTarget(client, parent, parent_experiment, experiment)
 
 
-def log_api_check(report: ApiCheckReport, target: CheckRunTarget, *, api_info: Path, task: str,
-                  thresholds: Thresholds, api_filter: str | None = None, nested: bool = True) -> str:
-    """Records the check in MLflow (see the module docstring); returns the ID of the check's run. The active run,
-    if any, stays active and unchanged."""
+@dataclass(frozen=True)
+class CheckRun:
+    """The check's run while the check goes on (``check_run``)."""
+
+    client: MlflowClient
+    experiment_id: str
+    run_id: str
+    nested: bool
+
+    def log(self, report: ApiCheckReport) -> None:
+        """The check's results: summary metrics, the ``error_apis`` tag, the CSVs, one nested run per API."""
+        error_apis = ", ".join(result.name for result in report.with_status(ERROR))
+        _log_values(self.client, self.run_id, summary_metrics(report), {}, {ERROR_APIS_TAG: error_apis})
+        for csv_path in (report.details_csv, report.result_csv):
+            if csv_path is not None:
+                self.client.log_artifact(self.run_id, str(csv_path), ARTIFACT_FOLDER)
+        if self.nested:
+            _log_api_runs(self.client, self.experiment_id, self.run_id, report.results)
+
+
+@contextmanager
+def check_run(target: CheckRunTarget, *, api_info: Path, task: str, thresholds: Thresholds,
+              api_filter: str | None = None, nested: bool = True) -> Iterator[CheckRun]:
+    """The check's run, created as the block starts and ended as it ends (FAILED if it raises), so that the
+    run's duration is the check's; it holds the options (``api_info`` as the resolved path of the dump file) from
+    the start. The active run, if any, stays active and unchanged."""
+    api_info = Path(api_info).resolve()
     client = target.client
-    tags = {MLFLOW_RUN_NAME: f"api-check {api_info.name}", "mlflow.source.name": "msprobe-mlflow api-check",
-            f"{TAG_PREFIX}version": __version__, f"{TAG_PREFIX}framework": "mindspore", TASK_TAG: task,
-            ERROR_APIS_TAG: clipped(", ".join(result.name for result in report.with_status(ERROR)),
-                                    MAX_TAG_VAL_LENGTH)}
+    tags = {MLFLOW_RUN_NAME: clipped(run_name(api_info), MAX_RUN_NAME_LENGTH),
+            "mlflow.source.name": "msprobe-mlflow api-check", f"{TAG_PREFIX}version": __version__,
+            f"{TAG_PREFIX}framework": "mindspore", TASK_TAG: task}
     if target.parent_run_id is not None:
         tags[MLFLOW_PARENT_RUN_ID] = target.parent_run_id
     params = {"api_info": str(api_info), "task": task, "cosine_threshold": thresholds.cosine,
               "max_abs_threshold": thresholds.max_abs_err, "api_filter": api_filter or "", "nested": nested}
     experiment_id = target.experiment_id()
     with created_run(client, experiment_id, tags=tags) as run_id:
-        _log_values(client, run_id, summary_metrics(report), params)
-        for csv_path in (report.details_csv, report.result_csv):
-            if csv_path is not None:
-                client.log_artifact(run_id, str(csv_path), ARTIFACT_FOLDER)
-        if nested:
-            _log_api_runs(client, experiment_id, run_id, report.results)
-    return run_id
+        _log_values(client, run_id, {}, params)
+        yield CheckRun(client, experiment_id, run_id, nested)
+
+
+def log_api_check(report: ApiCheckReport, target: CheckRunTarget, *, api_info: Path, task: str,
+                  thresholds: Thresholds, api_filter: str | None = None, nested: bool = True) -> str:
+    """Records a check already done in one go (its run lasts as long as the logging); returns the run's ID."""
+    with check_run(target, api_info=api_info, task=task, thresholds=thresholds, api_filter=api_filter,
+                   nested=nested) as run:
+        run.log(report)
+    return run.run_id
+
+
+def run_name(api_info: Path) -> str:
+    """``api-check {dump folder} {start time}`` (``api-check dump_path/step0/rank0 20250101-120000.123``): the
+    file is always api_info.json or dump.json, so its folder (from msprobe's dump_path down) and the time tell two
+    checks apart. MLflow's own names come from Python's ``random``, which the user's seed fixes."""
+    folders = [api_info.parent]
+    while _MSPROBE_FOLDER.match(folders[-1].name) and folders[-1].parent != folders[-1]:
+        folders.append(folders[-1].parent)
+    now = datetime.now()
+    return (f"api-check {'/'.join(folder.name for folder in reversed(folders))} "
+            f"{now:%Y%m%d-%H%M%S}.{now.microsecond // 1000:03d}")
 
 
 def _log_api_runs(client: MlflowClient, experiment_id: str, parent_run_id: str, results: list[ApiResult]) -> None:
@@ -168,10 +211,12 @@ def _log_api_run(client: MlflowClient, experiment_id: str, parent_run_id: str, r
         _log_values(client, run_id, metrics, result.inputs)
 
 
-def _log_values(client: MlflowClient, run_id: str, metrics: dict[str, float], params: dict[str, object]) -> None:
-    """Metrics and params in as few ``log_batch`` requests as MLflow's limits allow (one, usually). Keys go
-    through ``metric_key`` (a dump's kwarg names are untrusted)."""
+def _log_values(client: MlflowClient, run_id: str, metrics: dict[str, float], params: dict[str, object],
+                tags: dict[str, str] | None = None) -> None:
+    """Metrics, params and tags in as few ``log_batch`` requests as MLflow's limits allow (one, usually). Metric
+    and param keys go through ``metric_key`` (a dump's kwarg names are untrusted)."""
     timestamp = now_ms()
     log_batched(client, run_id,
                 metrics=[Metric(metric_key(key), float(value), timestamp, 0) for key, value in metrics.items()],
-                params=list({metric_key(key): param(metric_key(key), value) for key, value in params.items()}.values()))
+                params=list({metric_key(key): param(metric_key(key), value) for key, value in params.items()}.values()),
+                tags=[tag(key, value) for key, value in (tags or {}).items()])
