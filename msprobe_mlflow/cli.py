@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import click
 
+from msprobe_mlflow import __version__
 from msprobe_mlflow.commands import exit_codes
 from msprobe_mlflow.commands.api_check import api_check
 from msprobe_mlflow.commands.compare import compare
@@ -29,6 +30,7 @@ class CommandGroup(click.Group):
 
 @click.group("msprobe-mlflow", cls=CommandGroup, epilog=exit_codes.HELP,
              context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, "--version", prog_name="msprobe-mlflow", message="%(prog)s %(version)s")
 def main() -> None:
     """Precision debugging of PyTorch and MindSpore training, recorded in MLflow.
 

@@ -12,6 +12,7 @@ import requests
 from click.testing import CliRunner
 from mlflow.exceptions import MlflowException, RestException
 from mlflow.protos.databricks_pb2 import RESOURCE_DOES_NOT_EXIST
+from mlflow.tracking import MlflowClient
 
 from msprobe_mlflow.cli import main
 from msprobe_mlflow.commands.exit_codes import exit_code_for
@@ -58,6 +59,7 @@ def test_upload_to_a_run_that_does_not_exist_exits_2_with_one_line_naming_the_ru
     (tmp_path / "dump" / "rank0").mkdir(parents=True)  # a dump with nothing to send: the run is looked up first
     missing = "0123456789abcdef0123456789abcdef"
     env = {**os.environ, "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path}/mlflow.db"}
+    MlflowClient(env["MLFLOW_TRACKING_URI"]).search_experiments()  # the store exists (tests/test_cli_stores.py: none)
     done = subprocess.run([sys.executable, "-m", "msprobe_mlflow", "upload", str(tmp_path / "dump"), "--run-id",
                            missing], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 2

@@ -114,3 +114,19 @@ def test_autolog_finds_the_loggers_run(tmp_path):
         msprobe_mlflow.autolog(disable=True)  # stops (flushes) the monitors autolog started
     assert_applied_gradients_recorded(tmp_path / "dump" / logger.run_id, applied)
     assert_one_run_with_every_step(uri, "lightning-autolog", logger.run_id)
+
+
+@pytest.mark.parametrize("config, options, refused", [
+    ({"task": "grad_probe"}, {}, r"config: dump_path = None is not accepted; expected a folder path \(the key is "
+                                 r"missing\)"),
+    (None, {"log_every_n_steps": 0}, r"log_every_n_steps = 0 is not accepted; expected an integer >= 1"),
+])
+def test_a_bad_config_or_option_is_refused_when_the_callback_is_made_leaving_no_run(config, options, refused,
+                                                                                     tmp_path):
+    """Made inside the user's fit(...) call: before the fix the error came at on_train_start, after the
+    MLFlowLogger had created its run, which was left behind."""
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    with pytest.raises(ValueError, match=refused):
+        fit(uri, "lightning-bad-config", [GradientProbeCallback(config, **options)])
+    experiment = MlflowClient(uri).get_experiment_by_name("lightning-bad-config")
+    assert experiment is None or MlflowClient(uri).search_runs([experiment.experiment_id]) == []

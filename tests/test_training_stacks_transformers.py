@@ -75,3 +75,23 @@ def test_trainer_callback_records_each_optimizer_step_into_trainers_run(tmp_path
     assert run.data.tags["msprobe_mlflow.gradients_recorded"].startswith("after clipping (max_grad_norm=1.0)")
     files = [f.path for f in client.list_artifacts(run.info.run_id, "grad_probe/rank0")]
     assert sum(path.endswith(".csv") for path in files) == STEPS
+
+
+@pytest.mark.parametrize("config, options, refused", [
+    ({"task": "grad_probe"}, {}, r"config: dump_path = None is not accepted; expected a folder path \(the key is "
+                                 r"missing\)"),
+    (None, {"log_every_n_steps": 0}, r"log_every_n_steps = 0 is not accepted; expected an integer >= 1"),
+])
+def test_a_bad_config_or_option_is_refused_when_the_callback_is_made_leaving_no_run(config, options, refused,
+                                                                                     tmp_path, tmp_experiment):
+    """Made inside the user's Trainer(...) call: before the fix the error came at on_train_begin, after Trainer's
+    MLflowCallback had opened its run, which was left behind, empty."""
+    model = transformers.GPT2LMHeadModel(transformers.GPT2Config(n_layer=1, n_embd=16, n_head=2, vocab_size=11,
+                                                                 n_positions=8))
+    tokens = torch.zeros(2, 8, dtype=torch.long)
+    args = transformers.TrainingArguments(output_dir=str(tmp_path / "out"), max_steps=1, report_to=["mlflow"],
+                                          save_strategy="no", use_cpu=True, disable_tqdm=True)
+    with pytest.raises(ValueError, match=refused):
+        transformers.Trainer(model=model, args=args, train_dataset=[{"input_ids": t, "labels": t} for t in tokens],
+                             callbacks=[GradientProbeCallback(config, **options)]).train()
+    assert MlflowClient().search_runs([tmp_experiment]) == [] and mlflow.active_run() is None

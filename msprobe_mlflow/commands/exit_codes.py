@@ -1,7 +1,7 @@
 """The exit codes of every ``msprobe-mlflow`` command, and the one mapping from an exception to its code.
 
-0 done; 1 an operational failure (the tracking server cannot be reached or answers with a server error, or
-something unforeseen broke); 2 bad input, which the user can fix on the command line or in the files; 3 a
+0 done; 1 an operational failure (the tracking server cannot be reached, answers with a server error or is not
+MLflow, or something unforeseen broke); 2 bad input, which the user can fix on the command line or in the files; 3 a
 suspicious or failing result, which the command found rather than failed at.
 """
 from __future__ import annotations
@@ -15,9 +15,10 @@ OK, OPERATIONAL_FAILURE, BAD_INPUT, SUSPICIOUS_RESULT = 0, 1, 2, 3
 HELP = """\b
 Exit codes:
   0  done
-  1  operational failure: the tracking server cannot be reached or answers with a server error
-  2  bad input: a missing or malformed file, a wrong option, a run or experiment MLflow does not know,
-     a parameter or credentials MLflow refuses
+  1  operational failure: the tracking server cannot be reached, answers with a server error, or is
+     not an MLflow tracking server
+  2  bad input: a missing or malformed file, a wrong option, a run or experiment MLflow does not know
+     (or no store at all), a parameter or credentials MLflow refuses
   3  suspicious or failing result: compare --fail-on-suspicious found a suspicious step, api-check found
      an API whose status is error"""
 

@@ -33,11 +33,13 @@ def upload(dump_path: Path, run_id: str | None, experiment: str | None, tracking
       msprobe-mlflow upload ./old_msprobe_dump --experiment npu-vs-gpu
     """
     from msprobe_mlflow.dump import dump_folder
-    from msprobe_mlflow.tracking.server import require_tracking_server
+    from msprobe_mlflow.tracking.server import require_existing_store, require_tracking_server
     from msprobe_mlflow.tracking.upload import upload_dump
 
     dump_folder(dump_path, "DUMP_PATH")  # bad input is told before the server is asked
     require_tracking_server(tracking_uri)
+    if run_id:  # a new run may create the store; a run to complete must be in one
+        require_existing_store(tracking_uri, f"--run-id {run_id}", maybe_folder=False)
     report = upload_dump(dump_path, run_id, experiment=experiment, tracking_uri=tracking_uri,
                          param_patterns=param_metrics, progress=True)
     steps = sum(len(s) for s in report.steps_completed.values())

@@ -15,6 +15,17 @@ if TYPE_CHECKING:
 # Where a callback says what the recorded gradients are (after clipping: not what the trainer's own norm shows).
 RECORDED_TAG = "msprobe_mlflow.gradients_recorded"
 
+
+def checked_callback_config(config, options: dict, source: str) -> GradProbeConfig | None:
+    """The callback's ``config`` loaded, and the monitor's ``options`` checked, when the callback is made: a
+    mistake found at ``on_train_begin`` would come after the trainer opened its MLflow run, leaving an empty one."""
+    from msprobe_mlflow.pytorch.monitor import GradientMonitor  # torch: the callbacks' own dependency
+
+    loaded = None if config is None else load_config(config)
+    GradientMonitor(callback_config(loaded, None, source), **options)  # checks only: opens no session, no run
+    return loaded
+
+
 def callback_config(config, run_id: str | None, source: str) -> GradProbeConfig:
     """The callback's ``config`` (as :class:`GradProbeConfig` takes it), or autolog's default: L1, bounds
     ``[-1, 0, 1]``, dump in ``./msprobe_dump/{run_id}``."""

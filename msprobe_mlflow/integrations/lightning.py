@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 
 from msprobe_mlflow.config import GradProbeConfig
-from msprobe_mlflow.integrations import RECORDED_TAG, callback_config, mlflow_logger_run
+from msprobe_mlflow.integrations import RECORDED_TAG, callback_config, checked_callback_config, mlflow_logger_run
 from msprobe_mlflow.pytorch.monitor import GradientMonitor
 
 try:
@@ -34,8 +34,8 @@ class GradientProbeCallback(Callback):
 
     def __init__(self, config: GradProbeConfig | str | os.PathLike | dict | None = None, **options):
         if Callback is object:
-            raise ImportError("GradientProbeCallback needs Lightning: pip install lightning")
-        self.config = config
+            raise ImportError('GradientProbeCallback needs Lightning: pip install "msprobe-mlflow[lightning]"')
+        self.config = checked_callback_config(config, options, "GradientProbeCallback")
         self.options = options
         self.monitor: GradientMonitor | None = None
 

@@ -12,10 +12,15 @@ from __future__ import annotations
 import os
 
 import mlflow
-from transformers import TrainerCallback
+
+try:
+    from transformers import TrainerCallback
+except ImportError as missing:
+    raise ImportError(f"msprobe_mlflow.integrations.transformers needs Hugging Face transformers ({missing}): "
+                      f"pip install \"msprobe-mlflow[transformers]\"") from missing
 
 from msprobe_mlflow.config import GradProbeConfig
-from msprobe_mlflow.integrations import RECORDED_TAG, callback_config
+from msprobe_mlflow.integrations import RECORDED_TAG, callback_config, checked_callback_config
 from msprobe_mlflow.pytorch.monitor import GradientMonitor
 
 
@@ -28,7 +33,7 @@ class GradientProbeCallback(TrainerCallback):
     """
 
     def __init__(self, config: GradProbeConfig | str | os.PathLike | dict | None = None, **options):
-        self.config = config
+        self.config = checked_callback_config(config, options, "GradientProbeCallback")
         self.options = options
         self.monitor: GradientMonitor | None = None
 

@@ -35,6 +35,7 @@ from msprobe_mlflow.metrics import metric_key
 from msprobe_mlflow.tracking.experiments import experiment_id_for, run_page_link, run_page_url
 from msprobe_mlflow.tracking.run_dump import RunDumpListing, fetch_run_dump, get_run, list_run_dump
 from msprobe_mlflow.tracking.runs import MAX_TAG_VAL_LENGTH, clipped, created_run, log_batched, now_ms, param, tag
+from msprobe_mlflow.tracking.server import require_existing_store
 
 COMPARE_TAG_PREFIX = f"{TAG_PREFIX}compare."
 ARTIFACT_FOLDER = "grad_compare"
@@ -95,13 +96,13 @@ def _looks_like_a_path(given: str) -> bool:
 
 def resolve_source(given: str | os.PathLike, side: str, client_factory) -> ComparisonSource:
     """A dump folder if something exists at ``given`` (a file is refused as such), else an MLflow run ID
-    (``client_factory()`` is only called then)."""
+    (``client_factory(label)`` is only called then)."""
     if Path(given).exists():
         return ComparisonSource(str(given), folder=dump_folder(given, side))
     if _looks_like_a_path(str(given)):
         raise CompareInputError(f"{side} = {str(given)!r}: no such folder; expected a grad_probe dump folder or "
                                 f"an MLflow run ID")
-    client = client_factory()
+    client = client_factory(f"{side} = {str(given)!r}")
     run = get_run(client, str(given), f"{side} = {str(given)!r}")
     return ComparisonSource(str(given), listing=list_run_dump(client, run))
 
@@ -254,8 +255,11 @@ def compare_runs(run_a: str | os.PathLike, run_b: str | os.PathLike, tracking_ur
     RuleSettings(rule, first_threshold, drop_threshold)  # a bad rule or threshold is refused before any reading
     clients: list[MlflowClient] = []
 
-    def client_factory() -> MlflowClient:
+    def client_factory(reading: str | None = None) -> MlflowClient:
+        """The one client, made when first needed; ``reading`` a run, a local store must exist (else one is made)."""
         if not clients:
+            if reading is not None:
+                require_existing_store(tracking_uri, reading)
             clients.append(MlflowClient(tracking_uri))
         return clients[0]
 

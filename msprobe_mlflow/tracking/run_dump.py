@@ -30,6 +30,7 @@ from msprobe_mlflow.levels import LEVELS
 from msprobe_mlflow.progress import ProgressLine
 from msprobe_mlflow.safe_paths import confined_path
 from msprobe_mlflow.tracking import ARTIFACT_ROOT, TAG_PREFIX
+from msprobe_mlflow.tracking.server import require_existing_store
 
 DOWNLOAD_WORKERS = 8
 _PLAIN_RUN_ID = re.compile(r"^[A-Za-z0-9_-]{1,64}$")  # MLflow's are 32 hex digits; the cache folder is named by it
@@ -203,6 +204,7 @@ def read_statistics(source: str | os.PathLike, tracking_uri: str | None = None,
     """
     if Path(source).is_dir():
         return read_statistics_table(source)
+    require_existing_store(tracking_uri, f"source = {str(source)!r}")
     client = MlflowClient(tracking_uri)
     listing = list_run_dump(client, get_run(client, str(source), f"source = {str(source)!r}"), directions=False)
     folder = local_artifact_dump(listing.run)
