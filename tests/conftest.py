@@ -18,6 +18,17 @@ else:  # the torch-only stage (scripts/test-torch-only, `pip install ".[torch]"`
     # the first stage only
     collect_ignore_glob = ["test_api_check_*.py", "test_topology.py", "test_topology_s3.py"]
 
+SLOW_TESTS = {line.strip() for line in open(os.path.join(os.path.dirname(__file__), "slow_tests.txt"), encoding="utf-8")
+              if line.strip() and not line.startswith("#")}
+
+
+def pytest_collection_modifyitems(items):
+    """Marks the tests listed in slow_tests.txt ``slow``: ``-m "not slow"`` is the fast tier of the development loop."""
+    for item in items:
+        if item.nodeid in SLOW_TESTS:
+            item.add_marker(pytest.mark.slow)
+
+
 MLFLOW_ENVIRONMENT = ("MLFLOW_TRACKING_URI", "MLFLOW_EXPERIMENT_ID", "MLFLOW_EXPERIMENT_NAME", "MLFLOW_RUN_ID")
 
 
