@@ -447,9 +447,9 @@ def check_one_training(folder: str | os.PathLike, label: str) -> None:
                      f"folder of their own and give that folder")
 
 
-def short_list(names: list[str], shown: int = 8) -> str:
-    """``a, b, c`` or, past ``shown`` names, ``a, ..., h and 992 more``: a message stays short at 1000 ranks."""
-    return ", ".join(names[:shown]) + (f" and {len(names) - shown} more" if len(names) > shown else "")
+def short_list(items: list, shown: int = 8) -> str:
+    """``a, b, c`` or, past ``shown`` items, ``a, ..., h and 992 more``: a message stays short at 1000 ranks."""
+    return ", ".join(map(str, items[:shown])) + (f" and {len(items) - shown} more" if len(items) > shown else "")
 
 
 def set_aside_other_training(dump_path: str | os.PathLike, training_id: str,

@@ -25,7 +25,8 @@ from msprobe_mlflow.compare.rules import judge_for
 from msprobe_mlflow.compare.step import StepMismatch, compare_step
 from msprobe_mlflow.compare.verdict import (DEFAULT_DROP_THRESHOLD, DEFAULT_FIRST_THRESHOLD, DEFAULT_RULE,
                                             RankVerdict, RuleSettings, Verdict)
-from msprobe_mlflow.dump import dump_folder, indexed_children, rank_dir, step_dir, summary_steps, write_csv
+from msprobe_mlflow.dump import (dump_folder, indexed_children, rank_dir, short_list, step_dir, summary_steps,
+                                 write_csv)
 
 SIMILARITIES_FILE_NAME = "similarities.csv"
 PICTURE_FOLDER_NAME = "similarities_picture"
@@ -135,15 +136,11 @@ class DumpComparison:
                              f"removed (e.g. A {a!r} = B {b!r})")
             for side, names in (("A", rank.only_in_a), ("B", rank.only_in_b)):
                 if names:
-                    lines.append(f"  only in {side} (not compared): {_first_few(names)}")
+                    lines.append(f"  only in {side} (not compared): {short_list(names, 5)}")
             for side, steps in (("A", rank.steps_only_in_a), ("B", rank.steps_only_in_b)):
                 if steps:
-                    lines.append(f"  steps with directions in {side} only (not compared): {_first_few(steps)}")
+                    lines.append(f"  steps with directions in {side} only (not compared): {short_list(steps, 5)}")
         return "\n".join(lines)
-
-
-def _first_few(items: list) -> str:
-    return ", ".join(map(str, items[:5])) + (f" and {len(items) - 5} more" if len(items) > 5 else "")
 
 
 def direction_steps(dump: Path, rank: int, label: str) -> list[int]:

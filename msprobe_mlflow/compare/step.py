@@ -18,7 +18,7 @@ import numpy as np
 
 from msprobe_mlflow.compare.similarity import PackedLayout, agreeing_directions, similarity
 from msprobe_mlflow.directions import PACKED_FILE_NAME, LaidOutReader, StoredDirection, open_step_directions
-from msprobe_mlflow.dump import SUMMARY_PREFIX, SUMMARY_SUFFIX, csv_cells, csv_text, read_summary
+from msprobe_mlflow.dump import SUMMARY_PREFIX, SUMMARY_SUFFIX, SummaryTable, csv_cells, csv_text, read_summary
 from msprobe_mlflow.parameter_names import strip_wrapper_components
 
 
@@ -66,13 +66,15 @@ def summary_beside(step_folder: Path, step: int) -> Path:
     return step_folder.parent / f"{SUMMARY_PREFIX}{step}{SUMMARY_SUFFIX}"
 
 
-def read_side_statistics(csv_path: Path, names: list[str]) -> SideStatistics | None:
-    """The statistics of ``names`` from a ``grad_summary_{S}.csv``; None when there is no such file or it lacks a
-    name or the ``norm`` column (an L0 dump's CSV has them: it is read the same way)."""
-    if not csv_path.is_file():
-        return None
-    table = read_summary(csv_path)
-    if "norm" not in table.header:
+def _summary(csv_path: Path) -> SummaryTable | None:
+    """A step's ``grad_summary_{S}.csv``, read once for the model order and the statistics; None when absent."""
+    return read_summary(csv_path) if csv_path.is_file() else None
+
+
+def side_statistics(table: SummaryTable | None, names: list[str]) -> SideStatistics | None:
+    """The statistics of ``names`` from a step's summary table; None without one, or when it lacks a name or the
+    ``norm`` column."""
+    if table is None or "norm" not in table.header:
         return None
     rows = {name: index for index, name in enumerate(table.column("param_name"))}
     if any(name not in rows for name in names):
@@ -154,9 +156,9 @@ def _open_side(folder: Path) -> dict[str, StoredDirection]:
     return stored
 
 
-def _model_order(csv_path: Path, stored: dict[str, StoredDirection]) -> list[str]:
+def _model_order(table: SummaryTable | None, stored: dict[str, StoredDirection]) -> list[str]:
     """The summary CSV's ``param_name`` order (msprobe's npy form lists files alphabetically)."""
-    listed = read_summary(csv_path).column("param_name") if csv_path.is_file() else []
+    listed = table.column("param_name") if table is not None else []
     ordered = [name for name in listed if name in stored]
     seen = set(ordered)
     return ordered + [name for name in stored if name not in seen]
@@ -177,16 +179,15 @@ def compare_step(step: int, folder_a: Path, folder_b: Path, *, layout: StepLayou
     time per worker of ``pool``. A parameter whose shapes differ raises :class:`StepMismatch` naming both files,
     unless ``shapes_must_match`` is False (the live verdict: it is listed in ``shape_differs`` and left out).
     """
-    csv_a, csv_b = summary_beside(folder_a, step), summary_beside(folder_b, step)
+    table_a, table_b = _summary(summary_beside(folder_a, step)), _summary(summary_beside(folder_b, step))
     bits_a = layout.reader_a.read(folder_a / PACKED_FILE_NAME) if layout is not None else None
     bits_b = layout.reader_b.read(folder_b / PACKED_FILE_NAME) if bits_a is not None else None
     if bits_b is not None:
         names = list(layout.names)
         return StepComparison(step, layout.names, layout.names, layout.packed.agreeing(bits_a, bits_b),
-                              layout.packed.numels, read_side_statistics(csv_a, names),
-                              read_side_statistics(csv_b, names))
+                              layout.packed.numels, side_statistics(table_a, names), side_statistics(table_b, names))
     stored_a, stored_b = _open_side(folder_a), _open_side(folder_b)
-    matches = matched_names(_model_order(csv_a, stored_a), _model_order(csv_b, stored_b))
+    matches = matched_names(_model_order(table_a, stored_a), _model_order(table_b, stored_b))
     pairs, shape_differs = [], []
     for name_a, name_b in matches:
         shape_a, shape_b = stored_a[name_a].shape, stored_b[name_b].shape
@@ -204,6 +205,6 @@ def compare_step(step: int, folder_a: Path, folder_b: Path, *, layout: StepLayou
     matched_a, matched_b = {a for a, _ in matches}, {b for _, b in matches}
     return StepComparison(step, tuple(names_a), tuple(names_b), np.array(agreeing, dtype=np.int64),
                           np.array([stored_a[a].numel for a in names_a], dtype=np.int64),
-                          read_side_statistics(csv_a, names_a), read_side_statistics(csv_b, names_b),
+                          side_statistics(table_a, names_a), side_statistics(table_b, names_b),
                           [n for n in stored_a if n not in matched_a], [n for n in stored_b if n not in matched_b],
                           shape_differs)

@@ -46,7 +46,8 @@ from msprobe_mlflow.compare.step import StepComparison, StepLayout, compare_step
 from msprobe_mlflow.compare.verdict import (DEFAULT_DROP_THRESHOLD, DEFAULT_FIRST_THRESHOLD, DEFAULT_RULE, RankVerdict,
                                             RuleSettings, Verdict, culprit_text, trip_numbers)
 from msprobe_mlflow.config import GradProbeConfig
-from msprobe_mlflow.dump import DUMP_FOLDER_EXPECTED, dump_folder, findings_dir, indexed_children, step_dir
+from msprobe_mlflow.dump import (DUMP_FOLDER_EXPECTED, dump_folder, findings_dir, indexed_children, short_list,
+                                 step_dir)
 from msprobe_mlflow.notices import Notices
 from msprobe_mlflow.safe_paths import atomic_write_bytes
 from msprobe_mlflow.tracking import TAG_PREFIX, finding_tags
@@ -318,9 +319,8 @@ class LiveComparison:
             new = [name for name in names if name not in known]
             if new:
                 known += new
-                shown = ", ".join(new[:5]) + (f" and {len(new) - 5} more" if len(new) > 5 else "")
                 message = (f"rank {self.rank}: parameters not compared with the baseline from step "
-                           f"{comparison.step} ({what}): {shown}")
+                           f"{comparison.step} ({what}): {short_list(new, 5)}")
                 if f"parameters {what}" in self._warned:
                     self.notices.log(message)
                 else:
