@@ -1,5 +1,6 @@
 """The writer thread: steps go through every handler in order, a full queue makes training wait instead of
 growing memory, and a failure loses only its own step."""
+import queue
 import threading
 import time
 
@@ -26,20 +27,27 @@ def test_steps_reach_every_handler_in_submission_order():
 
 
 def test_a_full_queue_makes_submit_wait_until_the_writer_catches_up():
-    release = threading.Event()
-    writer = BackgroundStepWriter([lambda r: release.wait(10)], max_pending=2)
-    writer.submit(lambda: record(0))  # taken by the worker, which then waits in the handler
-    time.sleep(0.05)
+    taken, release, seen = threading.Event(), threading.Event(), []
+
+    def handler(r):
+        taken.set()
+        assert release.wait(10)
+        seen.append(r.step)
+
+    writer = BackgroundStepWriter([handler], max_pending=2)
+    writer.submit(lambda: record(0))
+    assert taken.wait(10)  # the worker holds step 0 in the handler: the queue is empty
     writer.submit(lambda: record(1))
     writer.submit(lambda: record(2))  # the queue now holds 2: full
+    with pytest.raises(queue.Full):  # no room: a submit waits (block=False says so at once) instead of growing
+        writer.submit(lambda: record(3), block=False)
     blocked = threading.Thread(target=writer.submit, args=(lambda: record(3),))
     blocked.start()
-    blocked.join(0.3)
-    assert blocked.is_alive()  # waiting for room, not buffering without bound
     release.set()
-    blocked.join(5)
+    blocked.join(10)
     assert not blocked.is_alive()
     writer.close()
+    assert seen == [0, 1, 2, 3]
 
 
 def test_a_step_that_cannot_be_collected_is_reported_and_the_next_ones_are_written():
