@@ -10,11 +10,16 @@ unscaling and clipping when those happen before ``step()``. Names are the eager 
 (:mod:`msprobe_mlflow.parameter_names`), and DTensor gradients (FSDP2) get their full gradient's statistics
 (:mod:`msprobe_mlflow.pytorch.sharded`), as do FSDP1's flattened gradients, under the original parameters' names and
 shapes (:mod:`msprobe_mlflow.pytorch.fsdp1`).
+
+With ``overlap`` (on by default), each gradient's statistics are computed as it becomes final during backward, on
+a worker thread, and checked at ``step()`` (:mod:`msprobe_mlflow.pytorch.overlap`): the records are the same, the
+training thread waits less. The run's tag ``msprobe_mlflow.overlap`` says ``on``, or ``off: <why>``.
 """
 from __future__ import annotations
 
 import os
 
+import numpy as np
 import torch
 from torch.optim.optimizer import register_optimizer_step_pre_hook
 
@@ -23,6 +28,7 @@ from msprobe_mlflow.dump import step_ranges
 from msprobe_mlflow.monitoring import SessionMonitor
 from msprobe_mlflow.parameter_names import eager_named_parameters
 from msprobe_mlflow.pytorch.distributed import current_rank, shared_run_id, summary_all_gather, world_size
+from msprobe_mlflow.pytorch.overlap import EarlyStatistics, launch_with_early, step_level, usable_parts, why_off
 from msprobe_mlflow.pytorch.fsdp1 import FlatSlot, fsdp1_named_parameters, has_fsdp1
 from msprobe_mlflow.pytorch.sharded import FlatPiece, has_sharded, launch_sharded_statistics
 from msprobe_mlflow.pytorch.statistics import launch_step_statistics, prepare_snapshots
@@ -30,6 +36,7 @@ from msprobe_mlflow.session import RankPolicy
 from msprobe_mlflow.tracking import TAG_RANGES_LIMIT
 
 FAILED_STEPS_TAG = "msprobe_mlflow.failed_steps"
+OVERLAP_TAG = "msprobe_mlflow.overlap"
 
 # model id -> the monitor watching it, so two monitors never probe one model by accident.
 _monitored_models: dict[int, "GradientMonitor"] = {}
@@ -50,8 +57,18 @@ class GradientMonitor(SessionMonitor):
         ``rule``, ``first_threshold``, ``drop_threshold``, ``anomaly_flags``, ``spike_threshold``,
         ``spike_window``; the
         always-on tier's ``directions_every_n_steps``, ``directions_on_anomaly``, ``directions_steps_after_anomaly``
-        (see :class:`SessionMonitor`)."""
+        (see :class:`SessionMonitor`); ``overlap`` (default True): compute the statistics during backward where
+        that is exact (:mod:`msprobe_mlflow.pytorch.overlap`), False: all at ``step()``."""
+        overlap = options.pop("overlap", True)
+        if not isinstance(overlap, bool):
+            raise ValueError(f"overlap = {overlap!r} is not accepted; expected True or False")
         super().__init__(config, **options)
+        self._overlap_wanted = overlap
+        self.overlap = "off: not monitoring yet"  # "on", or "off: <why>" (also the run's tag)
+        self._early: EarlyStatistics | None = None
+        self.early_gradients = 0  # gradients whose statistics the overlap computed during backward (all steps)
+        self._in_closure = False  # while optimizer.step(closure) runs the closure: hooks record _closure_step
+        self._closure_step: int | None = None  # None: the closure's step is probed already
         self._parameters: list[tuple[str, torch.nn.Parameter, FlatSlot | None]] = []
         self._optimizer: torch.optim.Optimizer | None = None
         self._model_id: int | None = None
@@ -93,6 +110,7 @@ class GradientMonitor(SessionMonitor):
         missing = set(self.config.param_list) - {n for n, _, _ in named}
         if missing:
             self.notices.warn(f"grad_probe.param_list names parameters the model does not have: {sorted(missing)}")
+        self._start_overlap(model)
         self._optimizer = optimizer
         self._model_id = id(model)
         _monitored_models[self._model_id] = self
@@ -101,6 +119,25 @@ class GradientMonitor(SessionMonitor):
         else:
             self._hook = register_optimizer_step_pre_hook(self._on_optimizer_step)
         return self
+
+    def _start_overlap(self, model: torch.nn.Module) -> None:
+        """Hooks each parameter for the early statistics, or says why not (a warning only if asked for and off)."""
+        reason = "overlap=False" if not self._overlap_wanted else self._unsupported or \
+            why_off(model, self._parameters, level=self.config.level, writes=self._session.ranks.probes)
+        self.overlap = "on" if reason is None else f"off: {reason}"
+        if reason is None:
+            self._early = EarlyStatistics([p for _, p, _ in self._parameters], self._early_settings)
+        ranks = self._session.ranks
+        self.tag_run({OVERLAP_TAG if ranks.world_size == 1 else f"msprobe_mlflow.rank{ranks.rank}.overlap":
+                      self.overlap}, self.step)
+
+    def _early_settings(self) -> tuple | None:
+        """For the hooks: what the coming probe records, or None when it records nothing early."""
+        step = self._closure_step if self._in_closure else self.step
+        if step is None or not self.config.wants_step(step):
+            return None
+        level = step_level(self.config.level, self.directions_schedule.wants(step))
+        return level, [np.float32(b) for b in self.config.bounds]
 
     def _owns_model_parameters(self, optimizer: torch.optim.Optimizer) -> bool:
         watched = {id(p) for _, p, _ in self._parameters}
@@ -127,7 +164,11 @@ class GradientMonitor(SessionMonitor):
 
         def closure_then_probe():
             nonlocal probed
-            loss = closure()
+            self._in_closure, self._closure_step = True, None if probed else step
+            try:
+                loss = closure()
+            finally:
+                self._in_closure = False
             if not probed:
                 probed = True
                 self._probe_step(step)
@@ -148,6 +189,8 @@ class GradientMonitor(SessionMonitor):
     def _probe_step(self, step: int) -> None:
         ranks = self._session.ranks
         if not self.config.wants_step(step):
+            if self._early:
+                self._early.take()  # nothing was computed early; the hooks start afresh
             return
         try:
             self._probe(ranks.rank, step, ranks.probes)
@@ -155,10 +198,11 @@ class GradientMonitor(SessionMonitor):
             self._report_failure(step, e)
 
     def _probe(self, rank: int, step: int, writes: bool) -> None:
+        buckets = self._early.take() if self._early else {}
         if self._unsupported:
             raise NotImplementedError(self._unsupported)
-        names, grads = [], []
-        for name, parameter, slot in self._parameters:
+        names, grads, indices, originals = [], [], [], []
+        for index, (name, parameter, slot) in enumerate(self._parameters):
             if slot is not None:  # FSDP1: this rank's piece of the flattened gradient
                 piece, start, capacity = slot.piece(parameter)
                 if piece is not None:
@@ -172,6 +216,8 @@ class GradientMonitor(SessionMonitor):
                 grad = grad.to_dense()
             names.append(name)
             grads.append(grad.detach())
+            indices.append(index)
+            originals.append(grad)  # the object the overlap's hook saw
         sharded = has_sharded(grads)  # its statistics are collectives: every rank takes part, written or not
         if not (writes or sharded):
             return
@@ -179,9 +225,20 @@ class GradientMonitor(SessionMonitor):
         if unsupported:
             raise TypeError(f"gradients of {', '.join(unsupported)} have no max/min/sign statistics; expected "
                             f"real floating dtypes (leave such parameters out with grad_probe.param_list)")
-        launch = launch_sharded_statistics if sharded else launch_step_statistics
-        pending = launch(names, grads, rank=rank, step=step, level=self.config.level, bounds=self.config.bounds,
-                         checksum=self.config.checksum, directions=self.directions_schedule.wants(step))
+        directions = self.directions_schedule.wants(step)
+        if self._early is not None:
+            if self._early.hook_failure is not None:
+                self.notices.warn(f"the overlap's hook failed ({self._early.hook_failure!r}); those gradients' "
+                                  f"statistics are computed at step()")
+                self._early.hook_failure = None
+            parts = usable_parts(buckets, indices, originals, directions) if buckets else []
+            self.early_gradients += sum(len(positions) for positions, _ in parts)
+            pending = launch_with_early(names, grads, parts, rank=rank, step=step, level=self.config.level,
+                                        bounds=self.config.bounds, directions=directions)
+        else:
+            launch = launch_sharded_statistics if sharded else launch_step_statistics
+            pending = launch(names, grads, rank=rank, step=step, level=self.config.level, bounds=self.config.bounds,
+                             checksum=self.config.checksum, directions=directions)
         if writes:
             self._probed_steps += 1
             self._session.submit(pending)
@@ -208,6 +265,9 @@ class GradientMonitor(SessionMonitor):
         return self._probe_failures + super().errors
 
     def _remove_hook(self) -> None:
+        if self._early is not None:
+            self._early.close()
+            self._early = None
         if self._hook is not None:
             self._hook.remove()
             self._hook = None
