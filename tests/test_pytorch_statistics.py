@@ -1,7 +1,5 @@
 """launch_step_statistics on each device (the CUDA cases run where CUDA is, and are skipped elsewhere): the same
 rows as numpy, values taken when the step is launched, and on CUDA a training thread that never waits."""
-import time
-
 import numpy as np
 import pytest
 import torch
@@ -111,22 +109,6 @@ def test_launching_a_step_never_synchronises_the_training_thread_with_cuda(level
         torch.cuda.set_sync_debug_mode(0)
     record = pending()
     assert record.names == names and record.step == 1
-
-
-@CUDA
-@pytest.mark.parametrize("level", ["L0", "L1", "L2"])
-def test_launching_a_step_returns_while_the_gpu_is_still_busy(level):
-    grads = [torch.randn(1024, 1024, device="cuda"), torch.randn(33, device="cuda")]
-    launch_step_statistics(["a", "b"], grads, rank=0, step=0, level=level, bounds=BOUNDS)()  # warm caches
-    torch.cuda.synchronize()
-    started = time.perf_counter()
-    torch.cuda._sleep(2_000_000_000)  # about a second of GPU work queued ahead (a backward pass, say)
-    pending = launch_step_statistics(["a", "b"], grads, rank=0, step=1, level=level, bounds=BOUNDS)
-    launched = time.perf_counter() - started
-    record = pending()
-    resolved = time.perf_counter() - started
-    assert launched < 0.25 < resolved, (launched, resolved)
-    assert record.names == ["a", "b"]
 
 
 @pytest.mark.parametrize("device", DEVICES)
