@@ -56,7 +56,8 @@ confirmation). A break at the last compared step is not confirmed, so it is no v
 A bug present from the first step still trips there: it changes norms beyond rounding (a wrong operator by tens of
 percent, a magnitude bug by its factor) or flips more than half the signs. At the first suspicious step the
 parameters that break are ranked by how far beyond their own noise they moved (``score``, in deviations), each
-with its reason and numbers.
+with its reason and numbers; those whose gradient is at rounding level come last, noise or not, since any change
+anywhere in the model moves them by their whole size.
 
 The constants rest on the bounds above; :data:`DEVIATIONS`, :data:`MAGNITUDE_FLOOR` and the confirmation were
 settled on the benign pairs of ``benchmarks/divergence_benchmark.py`` (two model families, three kinds of noise,
@@ -229,7 +230,10 @@ class NoiseAwareJudge:
                     best[names[i]] = trip
         certain = "norm" in series and bool(np.any(
             breaks["norm"] & (np.abs(series["norm"] - centers["norm"]) > FIRST_STEPS_TOLERANCE)))
-        return _Finding(step, summary_trip, sorted(best.values(), key=lambda t: (-t.score, t.name)), pushes, certain,
+        # Gradients at rounding level move with any change anywhere: they come last even where nothing is noise.
+        last = {names[i] for i in np.flatnonzero(_at_rounding_level(comparison))} if "norm" in series else set()
+        return _Finding(step, summary_trip, sorted(best.values(), key=lambda t: (t.name in last, -t.score, t.name)),
+                        pushes, certain,
                         any(np.any(found) for found in differs.values()),
                         {int(places[i]): found for i, found in recognised.items()})
 
