@@ -180,9 +180,15 @@ class GradientMonitor(SessionMonitor):
 
     def record_gradients(self) -> None:
         """Records the gradients as they are now as the coming optimizer step's record (that step then records
-        nothing more): call it before ``clip_grad_norm_`` to record the unclipped gradients."""
+        nothing more): call it before ``clip_grad_norm_`` to record the unclipped gradients, whose norm is then the
+        run's ``total_norm``, as its tag ``msprobe_mlflow.gradients_recorded`` says."""
+        from msprobe_mlflow.integrations import RECORDED_TAG  # a light module; kept here, beside its one use
+
         if self._session is None or self._session.closed:
             raise RuntimeError("record_gradients() needs a monitor that is running: call monitor(model) first")
+        if self._recorded_early is None:
+            self.tag_run({RECORDED_TAG: "at record_gradients(), before clipping: total_norm is the norm before "
+                                        "clipping"})
         self._recorded_early = self.step
         self._probe_step(self.step)
 
