@@ -31,7 +31,7 @@ def test_device_path_equals_host_path(level):
     grads = awkward_gradients()
     norms = torch._foreach_norm(grads)
     bounds = [np.float32(b) for b in (-1, -0.25, 0, 0.5)]
-    host_statistics, host_signs, host_values = _host_statistics(grads, norms, LEVELS[level], bounds)
+    host_statistics, host_signs, host_values = _host_statistics(grads, LEVELS[level], bounds)
     statistics, signs, values = _device_statistics(grads, norms, LEVELS[level], bounds)()
     np.testing.assert_array_equal(statistics, host_statistics)
     if level == "L0":
@@ -43,7 +43,7 @@ def test_device_path_equals_host_path(level):
 
 def test_host_path_counts_match_numpy_by_hand():
     grad = torch.tensor([-2.0, -1.0, -0.5, 0.0, -0.0, 0.25, 1.0, 3.0, float("nan")])
-    statistics, signs, _ = _host_statistics([grad], torch._foreach_norm([grad]), LEVELS["L2"],
+    statistics, signs, _ = _host_statistics([grad], LEVELS["L2"],
                                             [np.float32(b) for b in (-1, 0, 1)])
     # max, min are NaN (NaN propagates); counts of x <= -1, <= 0, <= 1 and == 0 exclude the NaN.
     assert np.isnan(statistics[0]) and np.isnan(statistics[1])
@@ -59,7 +59,7 @@ def test_results_of_several_devices_merge_back_into_parameter_order(level):
 
     grads = awkward_gradients()
     bounds = [np.float32(b) for b in (-1, 0, 1)]
-    whole = _host_statistics(grads, torch._foreach_norm(grads), LEVELS[level], bounds)
+    whole = _host_statistics(grads, LEVELS[level], bounds)
     groups = [[0, 2, 5], [1, 3, 4, 6, 7]]
     parts = [(indices, _launch_group([grads[i] for i in indices], LEVELS[level], bounds)()) for indices in groups]
     merged = StatisticsLayout(level, bounds, [g.numel() for g in grads]).merge(parts)
@@ -80,7 +80,7 @@ def test_gradients_across_kernel_blocks_and_batched_small_ones_give_numpy_number
     sizes = [BLOCK - 1, BLOCK, BLOCK + 3, 2 * BLOCK + 9, SMALL_ARRAY - 1, SMALL_ARRAY + 1, 101, 51]
     grads = awkward_gradients()[1:] + [torch.randn(n, generator=generator) for n in sizes] + [torch.randn(3, 17)]
     bounds = [np.float32(b) for b in (-1, 0, 1)]
-    found, signs, _ = _host_statistics(grads, torch._foreach_norm(grads), LEVELS[level], bounds)
+    found, signs, _ = _host_statistics(grads, LEVELS[level], bounds)
     rows, counts, packed = [], [], []
     for grad in grads:
         values = grad.float().numpy().ravel() if grad.dtype != torch.float64 else grad.numpy().ravel()
@@ -123,6 +123,6 @@ def test_signed_zeros_order_below_and_above_each_other_on_both_paths(values, max
     """Of +0.0 and -0.0, max is +0.0 and min -0.0, whatever their order (torch.max and np.max depend on it)."""
     grads = [torch.tensor(values)]
     norms, bounds = torch._foreach_norm(grads), [np.float32(0)]
-    for statistics in (_host_statistics(grads, norms, LEVELS["L1"], bounds)[0],
+    for statistics in (_host_statistics(grads, LEVELS["L1"], bounds)[0],
                        _device_statistics(grads, norms, LEVELS["L1"], bounds)()[0]):
         assert [repr(float(v)) for v in statistics[:2]] == [maximum, minimum]

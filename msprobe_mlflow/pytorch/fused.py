@@ -1,112 +1,276 @@
 """The CPU statistics in one read of each gradient: a numba kernel, compiled once per dtype and cached on disk.
 
-numpy needs one call, and so one pass of compute, per statistic (max, min, each bound's count, the zero count,
-the sign bits); here one kernel walks each gradient in cache-sized blocks and, while a block sits in the cache,
-runs a handful of simple loops over it that the compiler vectorises: max and min as integers (see
-:func:`_order_key_to_values`), NaN and zero counts, one count per bound, the packed sign bits. It releases the GIL.
+numpy needs one call, and so one pass over memory, per statistic; here one kernel walks each gradient in blocks
+that fit the L1 cache and, while a block sits there, runs a few loops over it that the compiler vectorises: max and
+min as integer order keys in the element's own width (see :func:`_order_key_to_values`) with the zero and NaN
+counts, the sum of squares in torch's own order (:func:`_add_squares`), one count per bound, and the sign bits
+packed eight at a time by one multiplication. It releases the GIL: :func:`statistics` spreads the gradients over
+torch's intra-op thread count (both cores while the training thread waits in the optimizer's pre-hook).
 """
 from __future__ import annotations
 
+import functools
+import hashlib
+import os
+import threading
+from typing import Callable
+
 import numpy as np
+import torch
 from numba import njit
 
-BLOCK = 1 << 14  # elements per block (64 KiB of float32): every loop over a block reads it from the L2 cache
-_MAGNITUDE = {np.dtype(np.float32): np.int32(0x7FFFFFFF), np.dtype(np.float64): np.int64(0x7FFFFFFFFFFFFFFF)}
-_INFINITY_BITS = {np.dtype(np.float32): np.int32(0x7F800000), np.dtype(np.float64): np.int64(0x7FF0000000000000)}
+BLOCK = 1 << 13  # elements per block (32 KiB of float32): every loop over a block reads it from the L1 cache
+NORM_LANES = 8  # torch's CPU norm: 8 float32 partial sums of x*x, added up in lane order, then the tail
 SMALL_ARRAY = 1 << 14  # elements: smaller arrays share one kernel call, so a model of many pays one call's cost
+PARALLEL_MIN = 1 << 20  # elements: below this, threads cost more than they save
+_GATHER_BITS = np.uint64(0x8040201008040201)  # (8 bytes of 0/1) * this >> 56: byte k's bit lands at bit 7-k
+_LIMITS = {  # per dtype, in its bits' integer type: the smallest order key, the magnitude mask, +inf, the sign shift
+    np.dtype(np.float32): np.array([-(1 << 31), 0x7FFFFFFF, 0x7F800000, 31], np.int32),
+    np.dtype(np.float64): np.array([-(1 << 63), 0x7FFFFFFFFFFFFFFF, 0x7FF0000000000000, 63], np.int64)}
+CACHE_ENV = "NUMBA_CACHE_DIR"
 
 
-def _segments_statistics(values, bits, ends, rows, bounds, magnitude, infinity_bits, with_counts, with_signs,
-                         keys, counts, signs, sign_offsets):
+def _cache_folder() -> str | None:
+    """Where numba keeps the compiled kernel. Beside this file when that is writable (numba's default); else
+    (a read-only site-packages, a container image) a per-user folder, so that only the first process of a new
+    environment compiles (seconds) instead of every process. ``NUMBA_CACHE_DIR`` set by the user wins."""
+    if os.environ.get(CACHE_ENV) or os.access(os.path.dirname(os.path.abspath(__file__)), os.W_OK):
+        return None
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "msprobe-mlflow", "numba")
+
+
+def _compiled(function: Callable) -> Callable:
+    """``function`` compiled at its first call for each dtype (only the dtypes a model has: seconds each), cached on
+    disk (:func:`_cache_folder`) for the later processes; compiled in each process if no folder can be written."""
+    folder = _cache_folder()
+    if folder:
+        from numba.core import config
+        config.CACHE_DIR = folder  # read when a cached function is first compiled or loaded
+    try:
+        return njit(nogil=True, cache=True)(function)
+    except RuntimeError:  # no writable cache folder at all
+        return njit(nogil=True)(function)
+
+
+def _block_keys(words, limits):
+    """Max and min order key of a block of float bits, and its zero and NaN counts (int32 lanes: vectorised)."""
+    largest, smallest, magnitude, infinity, shift = limits[0], limits[1], limits[1], limits[2], limits[3]
+    zeros, nans = np.int32(0), np.int32(0)
+    for i in range(words.size):
+        word = words[i]
+        key = word ^ ((word >> shift) & magnitude)
+        largest, smallest = max(largest, key), min(smallest, key)
+        absolute = word & magnitude
+        zeros += np.int32(1) if absolute == 0 else np.int32(0)
+        nans += np.int32(1) if absolute > infinity else np.int32(0)
+    return largest, smallest, zeros, nans
+
+
+def _add_squares(block, lanes):
+    """Adds ``x * x`` of a block (a multiple of 8 elements) to 8 partial sums, element ``i`` to sum ``i % 8``, in
+    the block's order: exactly what ``torch.linalg.vector_norm`` does on float32 (so the norms are equal bit for
+    bit, checked once by :func:`_squares_match_torch`). One row of 8 at a time keeps the sums in a register."""
+    rows = block.reshape(-1, NORM_LANES)
+    a0, a1, a2, a3, a4, a5, a6, a7 = lanes[0], lanes[1], lanes[2], lanes[3], lanes[4], lanes[5], lanes[6], lanes[7]
+    for r in range(rows.shape[0]):
+        row = rows[r]
+        a0, a1, a2, a3 = a0 + row[0] * row[0], a1 + row[1] * row[1], a2 + row[2] * row[2], a3 + row[3] * row[3]
+        a4, a5, a6, a7 = a4 + row[4] * row[4], a5 + row[5] * row[5], a6 + row[6] * row[6], a7 + row[7] * row[7]
+    lanes[0], lanes[1], lanes[2], lanes[3], lanes[4], lanes[5], lanes[6], lanes[7] = a0, a1, a2, a3, a4, a5, a6, a7
+
+
+def _fused_square_add(x, total):
+    """float32 ``fma(x, x, total)``, rounded once: ``x * x`` is exact in float64, their sum is rounded to odd there
+    (the last bit set when the sum was inexact), so that rounding it to float32 is the correctly rounded result."""
+    product, augend = np.float64(x) * np.float64(x), np.float64(total)
+    high = product + augend
+    if np.isfinite(high):
+        virtual = high - product
+        low = (product - (high - virtual)) + (augend - virtual)  # high + low == product + augend exactly
+        word = np.array([high]).view(np.int64)
+        if low != 0 and word[0] & 1 == 0:
+            word[0] += 1 if (low > 0) == (high > 0) else -1
+        high = word.view(np.float64)[0]
+    return np.float32(high)
+
+
+def _count_below(block, bound):
+    below = np.int32(0)
+    for i in range(block.size):
+        below += np.int32(1) if block[i] <= bound else np.int32(0)
+    return below
+
+
+def _pack_signs(block, positive, out):
+    """``np.packbits(block > 0)`` into ``out``: the 0/1 bytes of 8 elements read as one little-endian word and
+    gathered into one byte by a multiplication (the last byte zero-padded)."""
+    for i in range(block.size):
+        positive[i] = 1 if block[i] > 0 else 0
+    whole = (block.size + 7) // 8
+    positive[block.size:whole * 8] = 0
+    words = positive.view(np.uint64)
+    for j in range(whole):
+        out[j] = np.uint8((words[j] * _GATHER_BITS) >> np.uint64(56))
+
+
+def _segments_statistics(values, words, ends, rows, bounds, limits, with_counts, with_signs, with_squares,
+                         keys, counts, squares, signs, sign_offsets):
     """For segment ``s = values[ends[s-1]:ends[s]]``, writes into row ``rows[s]``: ``keys`` (max and min order
-    keys), ``counts`` (``x <= b`` per bound, then ``x == 0``, then NaN), and its packed signs at
-    ``signs[sign_offsets[s]:]`` (``np.packbits(x > 0)``, the last byte zero-padded)."""
-    start = 0
+    keys), ``counts`` (``x <= b`` per bound, then ``x == 0``, then NaN), ``squares`` (the sum of ``x * x`` in
+    torch's order: see :func:`_add_squares`), and its packed signs at ``signs[sign_offsets[s]:]``."""
+    positive = np.zeros(BLOCK, np.uint8)
+    lanes = np.zeros(NORM_LANES, values.dtype)
     bound_count = bounds.size
+    start = 0
     for s in range(ends.size):
         end, row = ends[s], rows[s]
-        largest, smallest = -(1 << 63), (1 << 63) - 1
+        largest, smallest = limits[0], limits[1]
+        lanes[:] = 0
+        tail = end - (end - start) % NORM_LANES
         for low in range(start, end, BLOCK):
-            # Loops over 0-based views, so that numba drops the negative-index check and the loops vectorise.
-            block, words = values[low:min(low + BLOCK, end)], bits[low:min(low + BLOCK, end)]
-            zeros = 0
-            nans = 0
-            for i in range(words.size):
-                word = words[i]
-                key = word ^ ((word >> 63) & magnitude)
-                largest = max(largest, key)
-                smallest = min(smallest, key)
-                absolute = word & magnitude
-                zeros += absolute == 0
-                nans += absolute > infinity_bits
+            block, block_words = values[low:min(low + BLOCK, end)], words[low:min(low + BLOCK, end)]
+            high, low_key, zeros, nans = _block_keys(block_words, limits)
+            largest, smallest = max(largest, high), min(smallest, low_key)
             counts[row, bound_count] += zeros
             counts[row, bound_count + 1] += nans
+            if with_squares:
+                _add_squares(values[low:max(low, min(low + BLOCK, tail))], lanes)
             if with_counts:
                 for b in range(bound_count):
-                    bound = bounds[b]
-                    below = 0
-                    for i in range(block.size):
-                        below += block[i] <= bound
-                    counts[row, b] += below
+                    counts[row, b] += _count_below(block, bounds[b])
             if with_signs:
-                out = signs[sign_offsets[s] + (low - start) // 8:]
-                whole = block.size // 8
-                for j in range(whole):
-                    byte = 0
-                    for k in range(8):
-                        byte |= np.uint8(block[8 * j + k] > 0) << np.uint8(7 - k)
-                    out[j] = byte
-                if block.size % 8:
-                    byte = 0
-                    for k in range(block.size % 8):
-                        byte |= np.uint8(block[8 * whole + k] > 0) << np.uint8(7 - k)
-                    out[whole] = byte
+                _pack_signs(block, positive, signs[sign_offsets[s] + (low - start) // 8:])
         keys[row, 0], keys[row, 1] = largest, smallest
+        if with_squares:
+            total = lanes[0]
+            for k in range(1, NORM_LANES):
+                total += lanes[k]
+            for i in range(tail, end):  # torch's compiled tail: 4 products added in order, then fused adds
+                if end - tail >= 4 and i < tail + 4:
+                    total += values[i] * values[i]
+                else:
+                    total = _fused_square_add(values[i], total)
+            squares[row] = total
         start = end
 
 
-try:  # compiled at the first call (seconds), then loaded from numba's cache folder by later processes
-    _segments_statistics = njit(nogil=True, cache=True)(_segments_statistics)
-except RuntimeError:  # no writable cache folder: compile in each process
-    _segments_statistics = njit(nogil=True)(_segments_statistics)
+_block_keys, _add_squares, _fused_square_add, _count_below, _pack_signs, _segments_statistics = map(_compiled, (
+    _block_keys, _add_squares, _fused_square_add, _count_below, _pack_signs, _segments_statistics))
 
 
 def _order_key_to_values(keys: np.ndarray, dtype: np.dtype) -> np.ndarray:
     """The inverse of the kernel's order key: an IEEE float's bits with the magnitude bits of negatives flipped
     order as the floats do (-0.0 just below +0.0), so max and min run as integer reductions."""
-    magnitude = np.int64(_MAGNITUDE[dtype])
+    magnitude = np.int64(_LIMITS[dtype][1])
     words = keys ^ ((keys >> 63) & magnitude)
     return words.astype(np.int32).view(np.float32) if dtype == np.float32 else words.view(np.float64)
 
 
+@functools.cache
+def _squares_match_torch() -> bool:
+    """Whether the kernel's float32 sums of squares give ``torch.linalg.vector_norm`` bit for bit here (the
+    lane count of torch's CPU kernel is fixed by its build; checked once on sizes that end in a partial row)."""
+    rng = np.random.default_rng(0)
+    arrays = [(rng.standard_normal(size) * rng.uniform(0.01, 100)).astype(np.float32)
+              for size in [*range(1, 24), 3 * BLOCK + 13] * 8]
+    _, _, squares = _run(arrays, np.zeros(0, np.float32), False, False, True, [0] * len(arrays), None, 1)
+    return np.array_equal(np.sqrt(squares), torch.stack(torch._foreach_norm(list(map(torch.from_numpy, arrays)))))
+
+
+def _run(arrays, bounds, with_counts, with_signs, with_squares, sign_offsets, signs, threads):
+    """The kernel over ``arrays`` (one dtype), arrays of ``SMALL_ARRAY`` or more one call each, the rest in one
+    call, the calls spread over ``threads`` threads (the largest first). Returns ``keys, counts, squares``."""
+    count = len(arrays)
+    keys = np.zeros((count, 2), np.int64)
+    counts = np.zeros((count, len(bounds) + 2), np.int64)
+    squares = np.zeros(count, arrays[0].dtype if arrays else np.float32)
+    signs = np.zeros(0, np.uint8) if signs is None else signs
+    present = [i for i in range(count) if arrays[i].size]
+    groups = sorted([[i] for i in present if arrays[i].size >= SMALL_ARRAY], key=lambda g: -arrays[g[0]].size)
+    groups += [[i for i in present if arrays[i].size < SMALL_ARRAY]]
+    limits = _LIMITS[arrays[0].dtype] if arrays else None
+    typed_bounds = np.asarray(bounds, arrays[0].dtype if arrays else np.float32)
+
+    def call(group: list[int]) -> None:
+        flat = arrays[group[0]] if len(group) == 1 else np.concatenate([arrays[i] for i in group])
+        _segments_statistics(flat, flat.view(limits.dtype), np.cumsum([arrays[i].size for i in group]),
+                             np.array(group, np.int64), typed_bounds, limits, with_counts, with_signs, with_squares,
+                             keys, counts, squares, signs, np.array([sign_offsets[i] for i in group], np.int64))
+
+    in_parallel(call, [g for g in groups if g], threads if sum(a.size for a in arrays) >= PARALLEL_MIN else 1)
+    return keys, counts, squares
+
+
+def in_parallel(work: Callable, items: list, threads: int) -> None:
+    """``work(item)`` for every item, on this thread and up to ``threads - 1`` more, each taking the next item
+    when done with its last (``work`` must release the GIL: numba's nogil kernels, hashlib on large buffers)."""
+    pending = iter(items)
+    failures = []
+
+    def worker() -> None:
+        try:
+            for item in pending:
+                work(item)
+        except BaseException as e:  # raised again on the calling thread
+            failures.append(e)
+
+    helpers = [threading.Thread(target=worker, name="msprobe-mlflow-statistics", daemon=True)
+               for _ in range(min(threads, len(items)) - 1)]
+    for helper in helpers:
+        helper.start()
+    worker()
+    for helper in helpers:
+        helper.join()
+    if failures:
+        raise failures[0]
+
+
+def worker_threads() -> int:
+    """Threads the statistics may use: torch's intra-op thread count (what the user or the launcher gave this
+    process), as those threads idle while the training thread is in the optimizer's pre-hook."""
+    return max(1, torch.get_num_threads())
+
+
 def statistics(arrays: list[np.ndarray], bounds, *, with_counts: bool, with_signs: bool, sign_offsets: list[int],
-               signs: np.ndarray | None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """``(maxima, minima, counts)`` of 1-D float32/float64 ``arrays``, their packed signs written into ``signs``
-    at ``sign_offsets`` when ``with_signs``.
+               signs: np.ndarray | None, with_norms: bool = False) -> tuple[np.ndarray, ...]:
+    """``(maxima, minima, counts, norms)`` of 1-D float32/float64 ``arrays``, their packed signs written into
+    ``signs`` at ``sign_offsets`` when ``with_signs``.
 
     maxima, minima: float64, NaN for an empty array or one holding NaN (NaN propagates, as ``np.max``); of +0.0 and
     -0.0, max is +0.0 and min -0.0. counts: int64 ``(len(arrays), len(bounds) + 1)``, the elements ``x <= b`` for
     each bound (compared in the array's dtype; zeros when not ``with_counts``), then those ``== 0`` (-0.0 too).
+    norms (``with_norms``): float32, ``torch.linalg.vector_norm`` of each float32 array bit for bit, NaN where it
+    could not be computed so (another dtype, or a torch whose kernel sums in another order): the caller asks torch.
     """
     count = len(arrays)
-    maxima, minima = np.full(count, np.nan), np.full(count, np.nan)
-    counts = np.zeros((count, len(bounds) + 2), np.int64)
-    keys = np.zeros((count, 2), np.int64)
-    signs = np.zeros(0, np.uint8) if signs is None else signs
+    maxima, minima, norms = np.full(count, np.nan), np.full(count, np.nan), np.full(count, np.nan, np.float32)
+    counts = np.zeros((count, len(bounds) + 1), np.int64)
+    threads = worker_threads()
     for dtype in {a.dtype for a in arrays}:
-        members = [i for i, a in enumerate(arrays) if a.dtype == dtype and a.size]
-        typed_bounds = np.asarray(bounds, dtype)
-        for group in [[i] for i in members if arrays[i].size >= SMALL_ARRAY] + \
-                     [[i for i in members if arrays[i].size < SMALL_ARRAY]]:
-            if not group:
-                continue
-            flat = arrays[group[0]] if len(group) == 1 else np.concatenate([arrays[i] for i in group])
-            _segments_statistics(flat, flat.view(_MAGNITUDE[dtype].dtype), np.cumsum([arrays[i].size for i in group]),
-                                 np.array(group), typed_bounds, _MAGNITUDE[dtype], _INFINITY_BITS[dtype], with_counts,
-                                 with_signs, keys, counts, signs, np.array([sign_offsets[i] for i in group]))
-        if members:
-            found = np.array(members)
-            clean = found[counts[found, -1] == 0]
-            maxima[clean] = _order_key_to_values(keys[clean, 0], dtype)
-            minima[clean] = _order_key_to_values(keys[clean, 1], dtype)
-    return maxima, minima, counts[:, :-1]
+        members = [i for i, a in enumerate(arrays) if a.dtype == dtype]
+        with_squares = with_norms and dtype == np.float32 and _squares_match_torch()
+        keys, all_counts, squares = _run([arrays[i] for i in members], bounds, with_counts, with_signs,
+                                            with_squares, [sign_offsets[i] for i in members], signs, threads)
+        found = np.array(members, np.int64)
+        counts[found] = all_counts[:, :-1]
+        clean = (all_counts[:, -1] == 0) & np.array([arrays[i].size > 0 for i in members], bool)
+        maxima[found[clean]] = _order_key_to_values(keys[clean, 0], dtype)
+        minima[found[clean]] = _order_key_to_values(keys[clean, 1], dtype)
+        if with_squares:
+            norms[found] = np.sqrt(squares)
+    return maxima, minima, counts, norms
+
+
+def md5_digests(arrays: list[np.ndarray]) -> list[str]:
+    """Hex MD5 of each array's float32 little-endian C-order bytes (msprobe's L0 column), read where the bytes are
+    (a float32 gradient is hashed in place; another dtype is converted one array at a time), the arrays spread
+    over :func:`worker_threads` threads (hashlib releases the GIL on large buffers)."""
+    digests = [""] * len(arrays)
+
+    def digest(index: int) -> None:
+        digests[index] = hashlib.md5(np.ascontiguousarray(arrays[index], dtype="<f4")).hexdigest()
+
+    order = sorted(range(len(arrays)), key=lambda i: -arrays[i].size)
+    in_parallel(digest, order, worker_threads() if sum(a.size for a in arrays) >= PARALLEL_MIN else 1)
+    return digests

@@ -115,11 +115,10 @@ def launch_step_statistics(names: list[str], grads: list[torch.Tensor], *, rank:
 
 def _launch_group(grads: list[torch.Tensor], level: Level, bounds32, checksum: bool = False) -> Callable[[], tuple]:
     """Statistics of gradients that share a device: computed now on the CPU, queued on an accelerator."""
-    norms = torch._foreach_norm(grads)
     if grads[0].device.type == "cpu" and not checksum:
-        computed = _host_statistics(grads, norms, level, bounds32)
+        computed = _host_statistics(grads, level, bounds32)
         return lambda: computed
-    return _device_statistics(grads, norms, level, bounds32, checksum)
+    return _device_statistics(grads, torch._foreach_norm(grads), level, bounds32, checksum)
 
 
 def _refuse_non_floating(grad: torch.Tensor) -> None:
@@ -132,18 +131,22 @@ def _comparable(grad: torch.Tensor) -> torch.Tensor:
     return grad if grad.dtype in (torch.float32, torch.float64) else grad.float()
 
 
-def _host_statistics(grads, norms, level, bounds32):
+def _host_statistics(grads, level, bounds32):
     """The CPU path: :mod:`msprobe_mlflow.pytorch.fused` reads each gradient once (zero-copy numpy views; bf16
-    and fp16 are compared in float32), computing max, min, the L2 counts and the sign bits together."""
+    and fp16 are compared in float32), computing max, min, the norm, the L2 counts and the sign bits together.
+    The norms it cannot give bit for bit as torch's (bf16/fp16/float64, non-contiguous) come from torch."""
     arrays = [_comparable(g).detach().numpy().reshape(-1) for g in grads]
     layout = StatisticsLayout(level, bounds32, [a.size for a in arrays])
     signs = np.empty(layout.signs_length, np.uint8) if level.has_directions else None
-    maxima, minima, counts = fused.statistics(arrays, bounds32, with_counts=level.has_buckets,
-                                              with_signs=level.has_directions,
-                                              sign_offsets=[piece.start for piece in layout.sign_slices()],
-                                              signs=signs)
-    norm_values = torch.stack(norms).float().numpy() if norms else np.zeros(0, np.float32)
-    head = np.column_stack([maxima.astype(np.float32), minima.astype(np.float32), norm_values]).astype(np.float64)
+    maxima, minima, counts, norms = fused.statistics(arrays, bounds32, with_counts=level.has_buckets,
+                                                     with_signs=level.has_directions,
+                                                     sign_offsets=[piece.start for piece in layout.sign_slices()],
+                                                     signs=signs, with_norms=True)
+    by_torch = [i for i, grad in enumerate(grads)
+                if grad.dtype != torch.float32 or not grad.is_contiguous() or np.isnan(norms[i])]
+    if by_torch:  # torch's own kernel, in the gradient's dtype
+        norms[by_torch] = torch.stack(torch._foreach_norm([grads[i] for i in by_torch])).float().numpy()
+    head = np.column_stack([maxima.astype(np.float32), minima.astype(np.float32), norms]).astype(np.float64)
     statistics = np.concatenate(layout.in_order({EXTREMES: head, CUMULATIVE_COUNTS: counts}))
     float32_values = None
     if level.has_md5:  # a snapshot: the optimizer may change the gradients before the writer hashes them
