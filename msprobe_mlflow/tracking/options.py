@@ -4,6 +4,8 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
+MLFLOW_STEP_OFFSET_TAG = "msprobe_mlflow.mlflow_step_offset"  # a run's MLflow step - its training step (absent: 0)
+
 
 @dataclass(frozen=True)
 class TrackingOptions:
@@ -11,7 +13,9 @@ class TrackingOptions:
     local dump only). ``log_every_n_steps`` thins what is sent live; ``upload`` can still send every step.
     ``param_metrics``: parameter names or glob patterns that also get per-parameter metrics.
     ``aggregate_metrics``: rank 0 sends every rank's summary metrics (``tracking.aggregate``); None: from 64 ranks.
-    ``archive_every_n_steps``: each rank's files go up as one archive per this many sent steps (1: a file each)."""
+    ``archive_every_n_steps``: each rank's files go up as one archive per this many sent steps (1: a file each).
+    ``mlflow_step_offset``: MLflow step = training step + this, for a trainer whose own metrics count from 1 (Hugging
+    Face Trainer); the dump keeps msprobe's steps, and the run's tag ``MLFLOW_STEP_OFFSET_TAG`` tells ``upload``."""
 
     run_id: str | None = None
     tracking_uri: str | None = None
@@ -19,6 +23,7 @@ class TrackingOptions:
     param_metrics: tuple[str, ...] = ()
     aggregate_metrics: bool | None = None
     archive_every_n_steps: int = 1
+    mlflow_step_offset: int = 0
 
     def __post_init__(self):
         for name in ("log_every_n_steps", "archive_every_n_steps"):

@@ -158,8 +158,10 @@ class MlflowSink:
                 self.aggregation, failure = None, e
         if not self._refused:
             timestamp = now_ms()
-            item = QueuedStep(record.step, metric_entities(metrics, record.step, timestamp),
-                              [m for step, values in others.items() for m in metric_entities(values, step, timestamp)])
+            at = self.options.mlflow_step_offset  # MLflow step = training step + at
+            item = QueuedStep(record.step, metric_entities(metrics, record.step + at, timestamp),
+                              [m for step, values in others.items() for m in metric_entities(values, step + at,
+                                                                                              timestamp)])
             try:
                 self._queue.put_nowait(item)
             except queue.Full:
@@ -304,7 +306,8 @@ class MlflowSink:
         """One round: the steps' metrics (and ``retry``, other ranks' values of failed rounds), then their files."""
         timestamp = now_ms()
         metrics = [*retry, *(m for item in steps for m in (*item.metrics, *item.gathered))]
-        metrics += [m for a in annotations for m in metric_entities(a.metrics, a.step, timestamp)]
+        metrics += [m for a in annotations
+                    for m in metric_entities(a.metrics, a.step + self.options.mlflow_step_offset, timestamp)]
         tags = {key: value for a in annotations for key, value in a.tags.items()}  # the latest value of a key wins
         log_batched(self.client, self.run_id, metrics=metrics, tags=[tag(key, value) for key, value in tags.items()])
         every = self.options.archive_every_n_steps
@@ -370,7 +373,8 @@ class MlflowSink:
             steps = set(self.unsent_steps)
             if self._attempt("send the unsent steps", lambda: upload_dump(
                     self.config.dump_path, self.run_id, tracking_uri=self.options.tracking_uri, ranks=[self.rank],
-                    steps=steps, param_patterns=self.options.param_metrics)):
+                    steps=steps, param_patterns=self.options.param_metrics,
+                    mlflow_step_offset=self.options.mlflow_step_offset)):
                 self.unsent_steps.clear()
         gathered = self._take_unsent_gathered()
         if gathered and (self._out_of_time() or not self._attempt(

@@ -26,6 +26,7 @@ from msprobe_mlflow.dump import (RANK_PREFIX, dump_folder, findings_dir, indexed
 from msprobe_mlflow.levels import level_of_header
 from msprobe_mlflow.tracking import ARTIFACT_ROOT, TAG_PREFIX
 from msprobe_mlflow.tracking.experiments import experiment_id_for
+from msprobe_mlflow.tracking.options import MLFLOW_STEP_OFFSET_TAG
 from msprobe_mlflow.tracking.runs import created_run, log_batched, now_ms
 from msprobe_mlflow.progress import ProgressLine
 from msprobe_mlflow.metrics import step_metrics
@@ -57,9 +58,9 @@ def metric_entities(metrics: dict[str, float], step: int, timestamp_ms: int) -> 
 
 
 def metrics_for_step(dump_path: str | os.PathLike, rank: int, step: int, timestamp_ms: int,
-                     param_patterns: tuple[str, ...] = ()) -> list[Metric]:
+                     param_patterns: tuple[str, ...] = (), mlflow_step_offset: int = 0) -> list[Metric]:
     table = read_summary(summary_csv_path(dump_path, rank, step))
-    return metric_entities(step_metrics(table, rank, param_patterns), step, timestamp_ms)
+    return metric_entities(step_metrics(table, rank, param_patterns), step + mlflow_step_offset, timestamp_ms)
 
 
 def packed_directions_file(folder: Path, scratch: Path) -> Path:
@@ -117,8 +118,10 @@ def check_steps(dump_path: Path, rank: int, steps: list[int], param_patterns: tu
 
 def upload_dump(dump_path: str | os.PathLike, run_id: str | None = None, *, experiment: str | None = None,
                 tracking_uri: str | None = None, ranks: list[int] | None = None, steps: set[int] | None = None,
-                param_patterns: tuple[str, ...] = (), progress: bool = False) -> UploadReport:
-    """Makes the run hold every step of the dump (or of ``ranks``/``steps``); creates a run when ``run_id`` is None."""
+                param_patterns: tuple[str, ...] = (), progress: bool = False,
+                mlflow_step_offset: int | None = None) -> UploadReport:
+    """Makes the run hold every step of the dump (or of ``ranks``/``steps``); creates a run when ``run_id`` is None.
+    ``mlflow_step_offset``: MLflow step = dump step + this (None: as the run's ``MLFLOW_STEP_OFFSET_TAG`` says)."""
     dump_path = dump_folder(dump_path, "dump_path")
     wanted_steps = {}
     for rank in indexed_children(dump_path, RANK_PREFIX):
@@ -129,7 +132,10 @@ def upload_dump(dump_path: str | os.PathLike, run_id: str | None = None, *, expe
     client = MlflowClient(tracking_uri)
     if run_id is not None:
         tags = client.get_run(run_id).data.tags  # a wrong ID fails here, clearly, before anything is sent
-        return _upload_steps(client, run_id, dump_path, wanted_steps, saved_config, param_patterns, progress, tags)
+        if mlflow_step_offset is None:
+            mlflow_step_offset = int(tags.get(MLFLOW_STEP_OFFSET_TAG, 0))
+        return _upload_steps(client, run_id, dump_path, wanted_steps, saved_config, param_patterns, progress, tags,
+                             mlflow_step_offset)
     with created_run(client, experiment_id_for(client, experiment), run_name=f"upload {dump_path.name}", tags={
             f"{TAG_PREFIX}dump_path": str(dump_path.resolve()), f"{TAG_PREFIX}version": __version__,
             "mlflow.source.name": "msprobe-mlflow upload"}) as new_run_id:
@@ -139,7 +145,7 @@ def upload_dump(dump_path: str | os.PathLike, run_id: str | None = None, *, expe
 
 def _upload_steps(client: MlflowClient, run_id: str, dump_path: Path, wanted_steps: dict[int, list[int]],
                   saved_config: dict | None, param_patterns: tuple[str, ...], progress: bool,
-                  tags: dict[str, str]) -> UploadReport:
+                  tags: dict[str, str], mlflow_step_offset: int = 0) -> UploadReport:
     """``tags``: the run's when the upload began (a large job's run holds thousands: read once, not per rank)."""
     report = UploadReport(run_id)
     if saved_config is not None and not any(i.path.endswith("config.json")
@@ -151,11 +157,12 @@ def _upload_steps(client: MlflowClient, run_id: str, dump_path: Path, wanted_ste
             continue
         if saved_config is None:
             client.set_tag(run_id, f"{TAG_PREFIX}level", _level_of(dump_path, rank, wanted[0]))
-        logged = {m.step for m in client.get_metric_history(run_id, f"grad/rank{rank}/total_norm")}
+        logged = {m.step - mlflow_step_offset
+                  for m in client.get_metric_history(run_id, f"grad/rank{rank}/total_norm")}
         uploaded = _steps_with_csv_artifact(client, run_id, rank)
         timestamp = now_ms()
         metrics = [m for s in wanted if s not in logged
-                   for m in metrics_for_step(dump_path, rank, s, timestamp, param_patterns)]
+                   for m in metrics_for_step(dump_path, rank, s, timestamp, param_patterns, mlflow_step_offset)]
         log_batched(client, run_id, metrics=metrics)
         report.metrics_logged += len(metrics)
         missing = [s for s in wanted if s not in uploaded]
