@@ -138,6 +138,61 @@ def test_a_perturbation_is_named_at_its_step_while_training_as_compare_names_it_
     assert f"grad_probe/rank0/findings/similarities_{STEPS - 1}.csv" in artifacts
 
 
+def test_monitor_returns_with_the_baseline_open_so_a_fast_loop_gets_the_first_verdict_before_its_next_step(
+        tmp_path):
+    """The comparison process opens the baseline run (importing MLflow, reading the store) and makes its first step
+    local before ``monitor()`` returns: the store is moved away as soon as it returns, and every step is still
+    compared. The loop waits (60 s at most) for ``on_suspicious`` before the step after the diverging one, as a
+    loop that stops at the verdict would; it used to find a process that had not yet opened the baseline."""
+    store = f"sqlite:///{tmp_path / 'baseline.db'}"
+    client = MlflowClient(store)
+    experiment = client.create_experiment("baseline", artifact_location=(tmp_path / "artifacts").as_uri())
+    baseline_run = client.create_run(experiment).info.run_id
+    train(tmp_path / "baseline", run_id=baseline_run, tracking_uri=store).stop()
+    suspicious = threading.Event()
+    model = small_model()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+    config = GradProbeConfig(dump_path=str(tmp_path / "candidate"), level="L1")
+    monitor = GradientMonitor(config, log_to_mlflow=False, baseline=baseline_run, tracking_uri=store, rule="msprobe",
+                              on_suspicious=lambda verdict: suspicious.set())
+    with pytest.warns(UserWarning, match=f"step {PERTURBED_FROM} is suspicious"):
+        monitor.monitor(model, optimizer)
+        (tmp_path / "baseline.db").rename(tmp_path / "moved.db")
+        data, other_data = torch.Generator().manual_seed(1), torch.Generator().manual_seed(2)
+        for step in range(STEPS):
+            if step == PERTURBED_FROM + 1:
+                assert suspicious.wait(60), "no verdict on the diverging step before the next step"
+            x = torch.randn(16, 6, generator=other_data if step >= PERTURBED_FROM else data)
+            optimizer.zero_grad()
+            torch.nn.functional.mse_loss(model(x), torch.sin(x[:, :3])).backward()
+            optimizer.step()
+        monitor.stop()
+    saved = findings(tmp_path / "candidate")
+    assert saved["compared_steps"] == list(range(STEPS)) and saved["steps_not_compared"] == {}
+    assert saved["verdict"]["ranks"][0]["first_suspicious_step"] == PERTURBED_FROM
+
+
+def test_a_comparison_process_that_is_not_ready_in_time_is_said_and_training_starts(tmp_path, monkeypatch):
+    """A stand-in interpreter that reads its input and never answers: ``monitor()`` waits its time, warns once,
+    and the training and its dump go on."""
+    from msprobe_mlflow.sinks import baseline_process
+
+    train(tmp_path / "baseline", steps=2, log_to_mlflow=False).stop()
+    silent = tmp_path / "silent-python"
+    silent.write_text("#!/bin/sh\nexec cat > /dev/null\n")
+    silent.chmod(0o755)
+    monkeypatch.setattr(sys, "executable", str(silent))
+    monkeypatch.setattr(baseline_process, "READY_WAIT_SECONDS", 0.5)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        monitor = train(tmp_path / "candidate", steps=2, log_to_mlflow=False, baseline=str(tmp_path / "baseline"))
+        monitor.stop()
+    messages = [str(w.message) for w in caught if "msprobe-mlflow" in str(w.message)]
+    assert any("the live comparison is not ready after 0.5 s (opening baseline " in m for m in messages), messages
+    assert monitor.errors == []
+    assert summary_steps(tmp_path / "candidate" / "rank0") == [0, 1]
+
+
 def test_autolog_takes_the_baseline_and_the_callback(tmp_experiment, tmp_path):
     dumps = str(tmp_path / "dumps")
     msprobe_mlflow.autolog(dump_path=dumps)
@@ -235,7 +290,7 @@ def test_the_writer_hands_steps_over_without_waiting_for_a_paused_comparison(tmp
     os.kill(process.pid, signal.SIGSTOP)
     try:
         training_loop(model, optimizer, steps=20, perturbation="data")
-        all_written.wait()
+        assert all_written.wait(60), "step 19 never reached the sink after the live verdict"
     finally:
         os.kill(process.pid, signal.SIGCONT)
     with pytest.warns(UserWarning, match=f"step {PERTURBED_FROM} is suspicious"):
@@ -260,9 +315,9 @@ def test_a_comparison_process_killed_mid_run_costs_one_warning_and_the_run_says_
         monitor = GradientMonitor(config, baseline=baseline_run).monitor(model, optimizer)
         training_loop(model, optimizer, steps=3)
         monitor.flush()
-        process = live_comparison(monitor).process
-        process.kill()
-        process.wait()
+        sink = live_comparison(monitor)
+        sink.process.kill()
+        assert sink._ended.wait(60), "the sink never saw the process end"  # its warning is given before this
         training_loop(model, optimizer, steps=3)
         monitor.stop()
     messages = [str(w.message) for w in caught if "msprobe-mlflow" in str(w.message)]

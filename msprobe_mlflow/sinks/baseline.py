@@ -147,7 +147,8 @@ _END = object()
 class BaselinePrefetcher:
     """The baseline's steps of one rank, made local (downloaded, for a run on a tracking server) in step order on a
     thread of their own, at most ``ahead`` steps before the one being compared. The baseline is opened on that
-    thread too, so ``monitor()`` never waits for it."""
+    thread too; ``ready`` is set once it is open and its first wanted step is local (or once it is known that it
+    cannot be read), which the comparison process waits for before telling ``monitor()`` it is ready."""
 
     def __init__(self, open_: Callable[[], object], rank: int, wanted: Callable[[int], bool],
                  ahead: int = PREFETCH_STEPS):
@@ -156,6 +157,7 @@ class BaselinePrefetcher:
         self._queue: queue.Queue = queue.Queue(maxsize=ahead)
         self._next = None
         self._stopping = threading.Event()
+        self.ready = threading.Event()
         threading.Thread(target=self._prefetch, args=(open_, wanted), daemon=True,
                          name=f"msprobe-mlflow-baseline-rank{rank}").start()
 
@@ -174,7 +176,9 @@ class BaselinePrefetcher:
             except Exception as e:  # unreachable, or a damaged file: the comparison stops here
                 self.problem = f"could not be read at step {step} ({e})"
                 break
+            self.ready.set()
         self._queue.put(_END)
+        self.ready.set()
 
     def step_at(self, step: int) -> Path | None:
         """The local folder of the baseline's ``step`` (steps asked in ascending order), None when it has no such
@@ -244,6 +248,11 @@ class LiveComparison:
         self.failures: list[str] = []
         self._warned: set[str] = set()
         self._prefetcher = BaselinePrefetcher(lambda: open_baseline(options), rank, config.wants_step)
+
+    def wait_until_ready(self) -> None:
+        """Returns once the baseline is open and its first step local (see :class:`BaselinePrefetcher`), so that
+        the first step compared waits for nothing the later ones do not."""
+        self._prefetcher.ready.wait()
 
     def compare(self, step: int, layout: StepLayout) -> None:
         """Compares this run's ``step`` (in the local dump; ``layout``: its parameters' names and shapes) with the

@@ -6,7 +6,12 @@ which a thread of this sink passes on: ``annotate`` to the run, warnings to the 
 
 Why a process: comparing a step of 512 small tensors is ~1 ms of Python and small numpy calls. On a thread it
 held the interpreter that a Python-heavy training loop needs (1.04x-1.07x its iteration time, measured); in a
-process of its own it holds nothing of the training's. The process is started as ``python -m`` this module, not
+process of its own it holds nothing of the training's.
+
+When: the process is started by ``monitor()``, which returns once the process says it is ready (its imports done,
+MLflow's too for a baseline run, the baseline open and its first step local; at most ``READY_WAIT_SECONDS``), so
+step 0 is judged as soon as later steps are: a fast loop used to run several steps before the process had even
+imported MLflow. The process is started as ``python -m`` this module, not
 by ``multiprocessing`` (whose spawn would import the user's training script again); it ignores Ctrl-C (training
 closes it at ``stop()``) and ends when the training process does (its input closes). Messages are pickles over
 the process's stdin and stdout, between two processes of the same user and program.
@@ -32,6 +37,7 @@ from msprobe_mlflow.tracking import TAG_PREFIX
 
 QUEUED_MESSAGES = 100_000  # steps waiting to be handed to the process; beyond that a step is not compared
 CLOSE_WAIT_SECONDS = 60  # for the process to exit once it said it closed
+READY_WAIT_SECONDS = 120  # monitor() waits this long at most for the process to be ready; then training starts
 GOES_ON = ("Training goes on and the local dump stays complete: `msprobe-mlflow compare` judges the whole run "
            "afterwards")
 
@@ -51,7 +57,7 @@ class BaselineSink:
         self._sent_layout = None
         self._flushes_sent = self._flushes_done = 0
         self._replies = threading.Condition()
-        self._closed_cleanly = self._suspicious = False
+        self._closed_cleanly = self._suspicious = self._ready = False
         self._problem = ""  # why the process could not compare every step, when it could not
         self._ended = threading.Event()  # the process's output ended: every message it sent is handled
         if run is not None:
@@ -66,6 +72,16 @@ class BaselineSink:
         self._sender = threading.Thread(target=self._send_all, daemon=True,
                                         name=f"msprobe-mlflow-live-verdict-rank{rank}")
         self._sender.start()
+        self._wait_until_ready()
+
+    def _wait_until_ready(self) -> None:
+        """Returns once the process is ready to compare (or ended: it warned), at most ``READY_WAIT_SECONDS``."""
+        with self._replies:
+            ready = self._replies.wait_for(lambda: self._ready or self._ended.is_set(), READY_WAIT_SECONDS)
+        if not ready:
+            self.notices.warn(f"rank {self.rank}: the live comparison is not ready after {READY_WAIT_SECONDS} s "
+                              f"(opening baseline {self.options.baseline}); training starts, and the first steps "
+                              f"are judged once it is ready")
 
     def _start(self, setup: dict) -> subprocess.Popen | None:
         package_root = str(Path(msprobe_mlflow.__file__).resolve().parent.parent)
@@ -138,13 +154,13 @@ class BaselineSink:
                                                  f"could not be read ({e!r})")
             process.kill()
         finally:
-            if not self._closed_cleanly:
+            process.stdout.close()
+            if not self._closed_cleanly:  # said before _ended is set: close() returns after the warning, not before
                 self._problem = f"the live comparison process ended unexpectedly (exit code {process.wait()})"
+                self.notices.warn(f"rank {self.rank}: {self._problem}; later steps are not compared. {GOES_ON}")
             self._ended.set()
             with self._replies:
                 self._replies.notify_all()
-        if not self._closed_cleanly:
-            self.notices.warn(f"rank {self.rank}: {self._problem}; later steps are not compared. {GOES_ON}")
 
     def _dispatch(self, message: tuple) -> None:
         kind, value = message
@@ -161,6 +177,10 @@ class BaselineSink:
                     self.options.on_suspicious(value)
                 except Exception as e:
                     self.notices.failure("on_suspicious", f"on_suspicious raised {e!r}")
+        elif kind == "ready":
+            with self._replies:
+                self._ready = True
+                self._replies.notify_all()
         elif kind == "flushed":
             with self._replies:
                 self._flushes_done = value
@@ -183,12 +203,16 @@ class BaselineSink:
         run's verdict tag and description, and exits. Steps it never got are named in both."""
         self._outbox.put(("close",))
         self._sender.join()
+        if self.process is not None:
+            try:
+                self.process.stdin.close()  # after the close message: the process reads it, then its input ends
+            except OSError:
+                pass
         self._ended.wait()
         if self.process is not None:
             try:
-                self.process.stdin.close()
                 self.process.wait(CLOSE_WAIT_SECONDS)
-            except (OSError, subprocess.TimeoutExpired):
+            except subprocess.TimeoutExpired:
                 self.process.kill()
         if not self._closed_cleanly and not self._suspicious and self.run is not None and self.describe_run:
             line = (f"msprobe-mlflow live verdict: incomplete against baseline {self.options.baseline}: "
@@ -229,6 +253,8 @@ def main() -> None:
                                     run=replies if setup["has_run"] else None, notices=replies,
                                     on_suspicious=lambda verdict: replies.send("suspicious", verdict),
                                     describe_run=setup["describe_run"])
+        comparison.wait_until_ready()
+        replies.send("ready", None)
         _compare_until_closed(inbox, comparison, replies)
     except (EOFError, BrokenPipeError):  # the training process ended without closing: nobody to tell
         return
