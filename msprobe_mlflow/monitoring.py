@@ -10,7 +10,7 @@ from msprobe_mlflow.compare.verdict import (DEFAULT_DROP_THRESHOLD, DEFAULT_FIRS
 from msprobe_mlflow.config import GradProbeConfig, load_config
 from msprobe_mlflow.directions_schedule import DirectionsSchedule, directions_sinks
 from msprobe_mlflow.notices import Notices
-from msprobe_mlflow.session import ProbeSession, RankPolicy
+from msprobe_mlflow.session import ProbeSession, RankPolicy, outcome_of
 from msprobe_mlflow.sinks import StepSink, choose_sinks
 from msprobe_mlflow.sinks.anomalies import SpikeRule
 from msprobe_mlflow.sinks.baseline import BaselineOptions, SuspiciousCallback
@@ -113,7 +113,22 @@ class SessionMonitor:
     def __enter__(self):
         return self
 
-    def __exit__(self, *exc) -> None:
+    def end_as(self, status: str, reason: str = "") -> None:
+        """Says how the training ended before ``stop()`` (``failed``, ``killed``), where it cannot be seen: the
+        MLflow run then gets this rank's status and, for a failure, ends FAILED (see ``ProbeSession.close``)."""
+        if self._session and not self._session.closed:
+            self._session.end_as(status, reason)
+
+    @property
+    def failed_ranks(self) -> dict[int, str]:
+        """After ``stop()``: the ranks of this training that failed or were killed, ``{rank: status}``, as far as
+        this rank knows (rank 0 waits for the others); who ends the run ends it FAILED then."""
+        sinks = self._session.sinks if self._session else []
+        return {rank: status for sink in sinks for rank, status in getattr(sink, "failed_ranks", {}).items()}
+
+    def __exit__(self, kind, error, traceback) -> None:
+        if kind is not None:  # the with block's exception is its training's end
+            self.end_as(*outcome_of(error))
         self.stop()
 
 

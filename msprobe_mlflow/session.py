@@ -6,7 +6,11 @@ no MLflow, torch or MindSpore.
 from __future__ import annotations
 
 import atexit
+import logging
 import os
+import signal
+import sys
+import threading
 import weakref
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,6 +21,20 @@ from msprobe_mlflow.config import GradProbeConfig
 from msprobe_mlflow.dump import (new_training_id, set_aside_other_training, short_list, write_dump_config,
                                  write_step, write_training_id)
 from msprobe_mlflow.notices import Notices
+
+# How long a SIGTERM (what torchrun sends the other ranks when one fails) is held while the open sessions say
+# ``killed`` (one request each) before the process dies of it as it would have.
+KILLED_REPORT_SECONDS = float(os.environ.get("MSPROBE_MLFLOW_KILLED_REPORT_SECONDS", "5"))
+logger = logging.getLogger("msprobe_mlflow")
+
+
+def outcome_of(error: BaseException | None) -> tuple[str, str]:
+    """How the training ended, as ``(status, reason)`` (``tracking.RANK_ENDINGS``), from the exception that ends it:
+    none, ``StopIteration`` or ``sys.exit(0)``: finished; ``KeyboardInterrupt``: killed; any other: failed."""
+    if error is None or isinstance(error, (StopIteration, GeneratorExit)) or (
+            isinstance(error, SystemExit) and error.code in (0, None)):
+        return "finished", ""
+    return ("killed" if isinstance(error, KeyboardInterrupt) else "failed"), f"{type(error).__name__}: {error}"[:500]
 
 
 @dataclass(frozen=True)
@@ -94,7 +112,9 @@ class ProbeSession:
         self.sinks: list = []
         self._writer = BackgroundStepWriter([self._write_local_dump])
         self.closed = False
+        self.outcome: tuple[str, str] | None = None  # (status, reason), see end_as()
         _open_sessions.add(self)
+        _install_process_hooks()
 
     def _claim_dump_folder(self, training_id: str, from_rank_zero) -> str:
         """Makes ``dump_path`` this training's before its first step, and returns its ID (rank 0's, on every rank).
@@ -141,12 +161,26 @@ class ProbeSession:
         for sink in self.sinks:
             self._writer.guarded(f"{type(sink).__name__}.flush failed", sink.flush)
 
+    def end_as(self, status: str, reason: str = "") -> None:
+        """Records how the training ended (``outcome_of``), for the sinks to say at ``close()``; the first call
+        counts (a crash seen by the monitor's ``with`` block stays a crash when the process then exits)."""
+        if self.outcome is None:
+            self.outcome = (status, reason)
+
     def close(self) -> None:
         """Writes what is pending, then closes each sink (which delivers what it still holds). Safe to call twice;
-        ``errors`` stay readable afterwards."""
+        ``errors`` stay readable afterwards.
+
+        Sinks with ``training_ended(status, reason)`` are told first how the training ended: as recorded by
+        :meth:`end_as`, else from the exception propagating now (``stop()`` in a ``finally:`` or ``except`` block
+        while training raised), else finished."""
         if self.closed:
             return
         self.closed = True
+        self.end_as(*outcome_of(sys.exc_info()[1]))
+        for sink in self.sinks:
+            if hasattr(sink, "training_ended"):
+                sink.training_ended(*self.outcome)
         self._writer.close()
         for sink in self.sinks:
             self._writer.guarded(f"{type(sink).__name__}.close failed", sink.close)
@@ -156,6 +190,55 @@ class ProbeSession:
 
 
 _open_sessions: "weakref.WeakSet[ProbeSession]" = weakref.WeakSet()
+_fatal_hooks: list[Callable[[str, str], None]] = []
+_hooks_installed = False
+
+
+def on_fatal_end(hook: Callable[[str, str], None]) -> None:
+    """``hook(status, reason)`` runs when the process dies of an uncaught exception or a SIGTERM, after every open
+    session was marked so: what must be said at once (the MLflow sink's rank status), before the exit handlers run
+    or the launcher's SIGKILL comes."""
+    if hook not in _fatal_hooks:
+        _fatal_hooks.append(hook)
+
+
+def _end_open_sessions_as(status: str, reason: str) -> None:
+    for session in list(_open_sessions):
+        session.end_as(status, reason)
+    for hook in _fatal_hooks:
+        try:
+            hook(status, reason)
+        except Exception:  # the process is dying of something else: say so in the log, never hide that
+            logger.warning("msprobe-mlflow could not report the end of the training", exc_info=True)
+
+
+def _install_process_hooks() -> None:
+    """Once per process: an uncaught exception marks the open sessions failed (the traceback printed first), and
+    a SIGTERM marks them killed (only where SIGTERM still has Python's default action: a handler of the user's or
+    the framework's is left alone; after the report, bounded by ``KILLED_REPORT_SECONDS``, the process dies of the
+    signal as it would have)."""
+    global _hooks_installed
+    if _hooks_installed:
+        return
+    _hooks_installed = True
+    previous = sys.excepthook
+
+    def report_uncaught(kind, error, traceback) -> None:
+        previous(kind, error, traceback)
+        _end_open_sessions_as(*outcome_of(error))
+
+    sys.excepthook = report_uncaught
+    if threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+        signal.signal(signal.SIGTERM, _report_then_die)
+
+
+def _report_then_die(signum, frame) -> None:
+    signal.signal(signum, signal.SIG_DFL)
+    reporter = threading.Thread(target=_end_open_sessions_as, args=("killed", signal.Signals(signum).name),
+                                daemon=True)
+    reporter.start()
+    reporter.join(KILLED_REPORT_SECONDS)
+    os.kill(os.getpid(), signum)
 
 
 @atexit.register

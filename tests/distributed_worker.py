@@ -3,8 +3,9 @@
 Rank 0 starts the run (``--run-name``) and prints ``RUN_ID <id>``; every rank calls ``monitor()`` and so logs into
 rank 0's run. ``--perturb-from S`` scales the inputs of every rank from step S on, so gradient directions
 change from that step: the comparator must name it. ``--die-at S`` makes rank 1 exit abruptly at step S (the
-ranks then train without DDP, so the survivor is not stuck in an all-reduce with a dead peer). ``--ranks R ...``
-is the config's rank filter. ``--nan-at R S`` puts a NaN into rank R's first gradient at step S, after DDP's
+ranks then train without DDP, so the survivor is not stuck in an all-reduce with a dead peer). ``--raise-at R S``
+makes rank R's training raise at step S (under DDP: the other rank's all-reduce then fails, or torchrun stops it
+with SIGTERM). ``--ranks R ...`` is the config's rank filter. ``--nan-at R S`` puts a NaN into rank R's first gradient at step S, after DDP's
 all-reduce (so only rank R sees it at S; its weights turn NaN and every rank's gradients follow a step later).
 ``--pause-at S --resume-file F`` makes every rank wait before step S until file F exists (a test breaks something
 meanwhile); a run that cannot be ended (tracking server down) is reported on stderr, as the job's last line of
@@ -34,6 +35,7 @@ def main() -> None:
     parser.add_argument("--run-name", default="distributed")
     parser.add_argument("--perturb-from", type=int, default=None)
     parser.add_argument("--die-at", type=int, default=None)
+    parser.add_argument("--raise-at", type=int, nargs=2, default=None, metavar=("RANK", "STEP"))
     parser.add_argument("--pause-at", type=int, default=None)
     parser.add_argument("--resume-file", default=None)
     parser.add_argument("--nan-at", type=int, nargs=2, default=None, metavar=("RANK", "STEP"))
@@ -56,6 +58,8 @@ def main() -> None:
     for step in range(args.steps):
         if args.die_at is not None and rank == 1 and step == args.die_at:
             os._exit(17)
+        if args.raise_at == [rank, step]:
+            raise RuntimeError(f"training fails at step {step} on purpose")
         if step == args.pause_at:
             deadline = time.monotonic() + 300
             while not os.path.exists(args.resume_file) and time.monotonic() < deadline:

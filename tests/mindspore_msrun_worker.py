@@ -36,6 +36,7 @@ def main() -> None:
     parser.add_argument("--mode", choices=list(MODES), default="graph")
     parser.add_argument("--trainer", choices=["loop", "model"], default="loop")
     parser.add_argument("--late-rank", type=int, default=None)
+    parser.add_argument("--raise-at", type=int, nargs=2, default=None, metavar=("RANK", "STEP"))
     args = parser.parse_args()
 
     ms.set_context(mode=MODES[args.mode])
@@ -53,6 +54,8 @@ def main() -> None:
     else:
         callback = GradProbeCallback(config)
         callbacks = [callback] if args.late_rank != get_rank() else [WaitUntilTaggedMissing(callback), callback]
+        if args.raise_at is not None and args.raise_at[0] == get_rank():
+            callbacks.append(RaiseAtStep(args.raise_at[1]))
         data = dataset.NumpySlicesDataset({"x": inputs, "y": labels}, shuffle=False).batch(16)
         Model(net, loss_fn=nn.MSELoss(), optimizer=optimizer).train(1, data, callbacks=callbacks,
                                                                      dataset_sink_mode=False)
@@ -72,6 +75,17 @@ def train_in_loop(net, optimizer, config, inputs, labels) -> str:
     if run is not None:
         mlflow.end_run()
     return monitor.run_id
+
+
+class RaiseAtStep(Callback):
+    """Training fails on this rank at step ``step`` (0-based), after that step's gradients were probed."""
+
+    def __init__(self, step: int):
+        self.step = step
+
+    def on_train_step_end(self, run_context) -> None:
+        if run_context.original_args().cur_step_num - 1 == self.step:
+            raise RuntimeError(f"training fails at step {self.step} on purpose")
 
 
 class WaitUntilTaggedMissing(Callback):

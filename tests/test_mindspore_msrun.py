@@ -14,15 +14,20 @@ import pytest
 pytest.importorskip("mindspore", reason="MindSpore is not installed (the torch-only stage)")
 from mlflow.tracking import MlflowClient  # noqa: E402
 
+from click.testing import CliRunner  # noqa: E402
+
 from mlflow_server import free_port  # noqa: E402
+from msprobe_mlflow.cli import main as cli  # noqa: E402
 
 WORKER = Path(__file__).with_name("mindspore_msrun_worker.py")
 REPO = Path(__file__).resolve().parents[1]
 VENV_BIN = Path(sys.executable).parent
 
 
-def msrun(tmp_path: Path, tracking_uri: str, *worker_args: str, timeout: float = 480) -> tuple[str, str]:
-    """Runs tests/mindspore_msrun_worker.py on 2 workers; returns rank 0's and rank 1's log."""
+def msrun(tmp_path: Path, tracking_uri: str, *worker_args: str, timeout: float = 480,
+          succeeds: bool = True) -> tuple[str, str]:
+    """Runs tests/mindspore_msrun_worker.py on 2 workers; returns rank 0's and rank 1's log. ``succeeds``: whether
+    msrun must exit 0 (else non-zero: a worker failed)."""
     logs = tmp_path / "msrun_logs"
     # msrun starts `python` from PATH: this venv's, with this tree's package first
     env = {**os.environ, "PATH": f"{VENV_BIN}{os.pathsep}{os.environ['PATH']}", "MLFLOW_TRACKING_URI": tracking_uri,
@@ -32,7 +37,7 @@ def msrun(tmp_path: Path, tracking_uri: str, *worker_args: str, timeout: float =
                f"--master_port={free_port()}", f"--log_dir={logs}", "--join=True", str(WORKER), *worker_args]
     done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=timeout, cwd=tmp_path)
     worker_logs = [(logs / f"worker_{rank}.log").read_text(errors="replace") for rank in (0, 1)]
-    assert done.returncode == 0, "\n".join([done.stderr[-2000:], *(log[-3000:] for log in worker_logs)])
+    assert (done.returncode == 0) == succeeds, "\n".join([done.stderr[-2000:], *(log[-3000:] for log in worker_logs)])
     return worker_logs[0], worker_logs[1]
 
 
@@ -74,3 +79,25 @@ def test_with_the_callback_rank_0_starts_the_run_and_tags_a_rank_that_has_not_fi
     assert "ranks [1] did not finish" in rank0_log
     for rank in (0, 1):  # the late rank's steps are in the run all the same
         assert [m.step for m in client.get_metric_history(run_id, f"grad/rank{rank}/total_norm")] == [0, 1]
+
+
+def test_a_rank_that_raises_under_msrun_fails_the_run_and_upload_names_the_killed_rank_missing(tmp_path):
+    """Rank 1 raises at step 2; msrun --join=True then SIGKILLs rank 0, which can say nothing: rank 1 tags itself
+    failed and ends the run FAILED, and the next upload tags rank 0 missing."""
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    rank0_log, rank1_log = msrun(tmp_path, uri, "--dump", str(tmp_path / "dump"), "--steps", "4", "--mode",
+                                 "pynative", "--level", "L1", "--trainer", "model", "--raise-at", "1", "2",
+                                 succeeds=False)
+    assert "training fails at step 2 on purpose" in rank1_log
+    client = MlflowClient(uri)
+    (run,) = client.search_runs([client.get_experiment_by_name("Default").experiment_id])
+    tags = run.data.tags
+    assert run.info.status == "FAILED"
+    assert (tags["msprobe_mlflow.rank1.status"], tags["msprobe_mlflow.failed_ranks"]) == ("failed", "1")
+    assert tags["msprobe_mlflow.rank1.failure"] == "RuntimeError: training fails at step 2 on purpose"
+    assert tags["msprobe_mlflow.rank0.status"] == "running"  # SIGKILLed by msrun
+    result = CliRunner().invoke(cli, ["upload", str(tmp_path / "dump"), "--run-id", run.info.run_id,
+                                      "--tracking-uri", uri])
+    assert result.exit_code == 0, result.output
+    after = client.get_run(run.info.run_id).data.tags
+    assert (after["msprobe_mlflow.rank0.status"], after["msprobe_mlflow.missing_ranks"]) == ("missing", "0")

@@ -24,7 +24,8 @@ def upload(dump_path: Path, run_id: str | None, experiment: str | None, tracking
     rank and step).
 
     Completes a run whose live logging was interrupted (tracking server down): only what the run lacks is sent, so
-    running it twice adds nothing. Also imports dumps written by msprobe 1.0.3 (boolean .npy directions, either
+    running it twice adds nothing. A run left RUNNING by a job that lost ranks (a rank failed or was killed, the
+    others never said how they ended) is ended FAILED, those ranks tagged missing. Also imports dumps written by msprobe 1.0.3 (boolean .npy directions, either
     CSV header spelling), so they get the MLflow UI and `compare`.
 
     \b
@@ -34,7 +35,9 @@ def upload(dump_path: Path, run_id: str | None, experiment: str | None, tracking
     """
     from msprobe_mlflow.dump import dump_folder
     from msprobe_mlflow.tracking.server import require_existing_store, require_tracking_server
-    from msprobe_mlflow.tracking.upload import upload_dump
+    from mlflow.tracking import MlflowClient
+
+    from msprobe_mlflow.tracking.upload import close_abandoned_run, upload_dump
 
     dump_folder(dump_path, "DUMP_PATH")  # bad input is told before the server is asked
     require_tracking_server(tracking_uri)
@@ -45,3 +48,5 @@ def upload(dump_path: Path, run_id: str | None, experiment: str | None, tracking
     steps = sum(len(s) for s in report.steps_completed.values())
     click.echo(f"run {report.run_id}: {report.metrics_logged} metric values and {report.files_uploaded} files sent "
                f"({steps} step(s) completed)")
+    if run_id and (closed := close_abandoned_run(MlflowClient(tracking_uri), run_id)):
+        click.echo(closed)

@@ -24,6 +24,7 @@ from mindspore.train import Callback, RunContext
 from msprobe_mlflow.config import GradProbeConfig, load_config
 from msprobe_mlflow.mindspore.distributed import current_rank, shared_run_id
 from msprobe_mlflow.mindspore.monitor import GradientMonitor
+from msprobe_mlflow.session import outcome_of
 
 AUTOLOGGING_TAG = "mlflow.autologging"  # MLflow's tag on the runs its autologging starts
 
@@ -68,11 +69,14 @@ class GradProbeCallback(Callback):
         self.monitor.collect()
 
     def on_train_end(self, run_context: RunContext) -> None:
-        self._finish("FINISHED")
+        self._finish()
 
-    def __exit__(self, *error) -> None:
-        """Model.train leaves its callbacks' context also when training fails: the steps so far are kept."""
-        self._finish("FAILED" if error and error[0] is not None else "FINISHED")
+    def __exit__(self, kind, error, traceback) -> None:
+        """Model.train leaves its callbacks' context also when training fails: the steps so far are kept, this
+        rank is tagged ``failed`` (``killed`` for Ctrl-C) with the exception, and the run ends FAILED."""
+        if kind is not None:
+            self.monitor.end_as(*outcome_of(error))
+        self._finish(failed=kind is not None)
 
     def _warn_if_sunk(self, cb_params) -> None:
         sink_size = cb_params.get("sink_size", 1)
@@ -96,12 +100,14 @@ class GradProbeCallback(Callback):
             self.monitor.notices.failure("start_run", f"could not start an MLflow run ({e!r}); the gradients go "
                                                       f"to the local dump only")
 
-    def _finish(self, status: str) -> None:
-        """Stops the monitor (every step written and sent), then ends the run this callback started. Idempotent."""
+    def _finish(self, failed: bool = False) -> None:
+        """Stops the monitor (every step written and sent), then ends the run this callback started: FAILED when
+        this training or another rank's failed (``failed_ranks``). Idempotent."""
         self.monitor.stop()
         run, self._started_run = self._started_run, None
         if run is None:
             return
+        status = "FAILED" if failed or self.monitor.failed_ranks else "FINISHED"
         import mlflow
 
         try:

@@ -20,7 +20,7 @@ from torch.optim.optimizer import register_optimizer_step_pre_hook
 
 from msprobe_mlflow.config import GradProbeConfig
 from msprobe_mlflow.integrations import mlflow_logger_run
-from msprobe_mlflow.pytorch.distributed import is_distributed, shared_run_id
+from msprobe_mlflow.pytorch.distributed import current_rank, is_distributed, shared_run_id
 from msprobe_mlflow.pytorch.monitor import GradientMonitor, _monitored_models
 
 logger = logging.getLogger("msprobe_mlflow")
@@ -36,6 +36,7 @@ class TorchAutolog:
         self.monitors: list[GradientMonitor] = []
         self.seen: set[int] = set()
         self.models: weakref.WeakValueDictionary[int, torch.nn.Module] = weakref.WeakValueDictionary()
+        self.own_runs: dict[str, str] = {}  # a rank > 0's own active run -> rank 0's run, where its gradients go
         self.hook = register_optimizer_step_pre_hook(self.on_optimizer_step)
 
     def on_optimizer_step(self, optimizer: torch.optim.Optimizer, args, kwargs) -> None:
@@ -66,14 +67,44 @@ class TorchAutolog:
         config = self.config.replace(dump_path=os.path.join(self.config.dump_path, run_id or "no-run"))
         monitor = GradientMonitor(config, run_id=run_id, tracking_uri=tracking_uri,
                                   silent=get_autologging_config(self.flavor, "silent", False), **self.monitor_options)
+        if logger_run is None and active is not None and run_id and active.info.run_id != run_id:
+            self.own_runs[active.info.run_id] = run_id
+            monitor.notices.warn(
+                f"rank {current_rank()} started MLflow run {active.info.run_id} of its own (mlflow.start_run() on "
+                f"every rank); under torch.distributed every rank logs into rank 0's run, {run_id}: the gradients go "
+                f"there, and run {active.info.run_id} is deleted when it ends if nothing else was logged into it. "
+                f"Start the run on rank 0 only: with (mlflow.start_run() if dist.get_rank() == 0 else "
+                f"contextlib.nullcontext()):")
         self.monitors.append(monitor.monitor(model, optimizer))  # its hook runs after this one: this step counts
 
-    def stop_monitors(self) -> None:
+    def stop_monitors(self) -> dict[int, str]:
+        """Stops every monitor; returns the ranks they know failed or were killed (the run then ends FAILED)."""
         monitors, self.monitors = self.monitors, []
         self.seen.clear()
         self.models.clear()
+        failed = {}
         for monitor in monitors:
             monitor.stop()
+            failed.update(monitor.failed_ranks)
+        return failed
+
+    def delete_if_empty(self, run_id: str) -> None:
+        """After a rank > 0's own run ended: deleted (MLflow's soft delete) when it holds nothing, since its
+        gradients went into rank 0's run; kept, and said so, otherwise."""
+        into = self.own_runs.pop(run_id, None)
+        if into is None:
+            return
+        client = mlflow.MlflowClient()
+        run = client.get_run(run_id)
+        if run.data.metrics or run.data.params or client.list_artifacts(run_id) or any(
+                not key.startswith("mlflow.") for key in run.data.tags):
+            logger.warning("msprobe-mlflow autolog: rank %d's own run %s holds what the script logged into it, so it "
+                           "is kept; the gradients are in rank 0's run %s", current_rank(), run_id, into)
+            return
+        client.delete_run(run_id)
+        logger.warning("msprobe-mlflow autolog: deleted the empty run %s that rank %d started (its gradients are in "
+                       "rank 0's run %s); restore it with mlflow.MlflowClient().restore_run(%r)", run_id,
+                       current_rank(), into, run_id)
 
     def teardown(self) -> None:
         self.hook.remove()

@@ -7,6 +7,14 @@ ARTIFACT_ROOT = "grad_probe"
 TAG_PREFIX = "msprobe_mlflow."
 TAG_RANGES_LIMIT = 4000  # characters of a tag listing steps or ranks (``dump.step_ranges``); MLflow holds 8000
 
+# A rank's status (tag ``msprobe_mlflow.rank{R}.status``): ``running`` from the start, then what the rank says of its
+# own end (finished; incomplete: steps in the local dump only; failed: its training raised; killed: SIGTERM or
+# Ctrl-C), or ``missing``: rank 0 (or a later ``upload``) found that it never said.
+RANK_ENDINGS = ("finished", "incomplete", "failed", "killed")
+RANK_FAILURES = ("failed", "killed")
+FAILED_RANKS_TAG = f"{TAG_PREFIX}failed_ranks"  # the ranks whose training failed or was killed; the run is FAILED
+MISSING_RANKS_TAG = f"{TAG_PREFIX}missing_ranks"  # the ranks that never said how they ended
+
 # What the live sinks find, by kind: the tag of the parameters it names (``first_{kind}_step`` holds the step).
 FINDING_KINDS = {"suspicious": "suspicious_parameters", "nonfinite": "nonfinite_parameters",
                  "spike": "spike_parameters"}

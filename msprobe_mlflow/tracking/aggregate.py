@@ -25,6 +25,8 @@ from typing import Callable
 
 import numpy as np
 
+from msprobe_mlflow.tracking import RANK_ENDINGS
+
 # From the load test (benchmarks/results/load_test.md): at 64 ranks, one server worker no longer kept up with every
 # rank sending its own metrics, while the collective costs a few floats per rank.
 AGGREGATE_FROM_RANKS = 64
@@ -32,7 +34,7 @@ AGGREGATE_FROM_RANKS = 64
 GATHER_TIMEOUT_SECONDS = float(os.environ.get("MSPROBE_MLFLOW_GATHER_TIMEOUT_SECONDS", "300"))
 
 END_OF_RUN = -1.0  # the step field of the last exchange, at stop(): [END_OF_RUN, index in RANK_STATUSES]
-RANK_STATUSES = ("finished", "incomplete")  # incomplete: steps in the local dump but not in MLflow
+RANK_STATUSES = RANK_ENDINGS  # what a rank says of its own end (``tracking.RANK_ENDINGS``)
 
 SummaryGather = Callable[[np.ndarray], np.ndarray]
 """A collective every rank calls with its 1-D float64 vector (equal lengths); returns the ``(world_size, length)``

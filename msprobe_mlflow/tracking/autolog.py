@@ -95,9 +95,17 @@ def _integration(config, *, level, bounds, dump_path, monitor_options: dict, dis
     register_post_import_hook(_on_torch_import, "torch", overwrite=True)  # called at once if torch is imported
 
     def end_run_after_monitors(original, *args, **kwargs):
-        if _installed is not None:
-            _installed.stop_monitors()
-        return original(*args, **kwargs)
+        """The monitors stop first; a run whose ranks failed ends FAILED; a rank > 0's own run, empty since its
+        gradients went into rank 0's, is deleted once ended (``TorchAutolog.delete_if_empty``)."""
+        if _installed is None:
+            return original(*args, **kwargs)
+        ending = mlflow.active_run()
+        if _installed.stop_monitors():
+            args, kwargs = ("FAILED",), {}
+        result = original(*args, **kwargs)
+        if ending is not None:
+            _installed.delete_if_empty(ending.info.run_id)
+        return result
 
     safe_patch(FLAVOR_NAME, mlflow.tracking.fluent, "end_run", end_run_after_monitors)
     safe_patch(FLAVOR_NAME, mlflow, "end_run", end_run_after_monitors)

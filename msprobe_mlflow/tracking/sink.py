@@ -42,10 +42,12 @@ import queue
 import tempfile
 import threading
 import time
+import weakref
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+import mlflow
 from mlflow.entities import Metric
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
@@ -56,13 +58,15 @@ from msprobe_mlflow.dump import findings_dir, relative_rank_dir, step_ranges, wr
 from msprobe_mlflow.metrics import record_metrics
 from msprobe_mlflow.notices import Notices
 from msprobe_mlflow.records import StepRecord
-from msprobe_mlflow.session import RankPolicy
-from msprobe_mlflow.tracking import ARTIFACT_ROOT, TAG_PREFIX, TAG_RANGES_LIMIT, earliest_findings
+from msprobe_mlflow.session import RankPolicy, on_fatal_end
+from msprobe_mlflow.tracking import (ARTIFACT_ROOT, RANK_ENDINGS, RANK_FAILURES, TAG_PREFIX, TAG_RANGES_LIMIT,
+                                     earliest_findings)
 from msprobe_mlflow.tracking.aggregate import RankZeroMetrics, SummaryGather, aggregation_wanted
 from msprobe_mlflow.tracking.options import TrackingOptions
 from msprobe_mlflow.tracking.runs import log_batched, now_ms, param, tag
-from msprobe_mlflow.tracking.upload import (UNSENT_SUMMARY_RANKS_TAG, metric_entities, packed_directions_file,
-                                            rank_status_tag, unsent_steps_tag, upload_dump, upload_step_files)
+from msprobe_mlflow.tracking.upload import (UNSENT_SUMMARY_RANKS_TAG, end_run_failed, metric_entities,
+                                            packed_directions_file, rank_status_tag, rank_statuses, unsent_steps_tag,
+                                            upload_dump, upload_step_files)
 
 RANK_WAIT_SECONDS = float(os.environ.get("MSPROBE_MLFLOW_RANK_WAIT_SECONDS", "120"))
 START_CHECK_SECONDS = float(os.environ.get("MSPROBE_MLFLOW_START_CHECK_SECONDS", "10"))
@@ -137,6 +141,8 @@ class MlflowSink:
         self._refused: str | None = None  # set when the server refused the credentials: nothing more is sent
         self._refusal_told = False
         self._closed = False
+        self._outcome = ("finished", "")  # how this rank's training ended (training_ended)
+        self.failed_ranks: dict[int, str] = {}  # at close: the ranks known to have failed or been killed
         self._start_checked = threading.Event()
         self._closing = threading.Event()
         self._wake = threading.Event()  # ends the wait between rounds early: flush() and close()
@@ -146,6 +152,8 @@ class MlflowSink:
         self._thread.start()
         self._start_checked.wait(START_CHECK_SECONDS)
         self._tell_refusal()
+        _sinks_of_this_process.add(self)
+        _runs_of_this_process.add(run_id)
 
     def handle(self, record: StepRecord) -> None:
         if record.step % self.options.log_every_n_steps:
@@ -359,12 +367,32 @@ class MlflowSink:
         if not self._refused:
             self._send_leftovers()
         self._tell_refusal()
-        status = "incomplete" if self.unsent_steps or self._refused else "finished"
+        status = self._outcome[0] if self._outcome[0] in RANK_FAILURES else \
+            "incomplete" if self.unsent_steps or self._refused else "finished"
+        if status in RANK_FAILURES:  # said first: the launcher may kill this process any moment now
+            self.say_failed(*self._outcome)
         if self.aggregation is not None and self._statuses_through_rank_0(status) or self._refused:
             return
-        if self._attempt("mark the rank finished", lambda: self.client.set_tag(
+        if status not in RANK_FAILURES and self._attempt(f"mark the rank {status}", lambda: self.client.set_tag(
                 self.run_id, rank_status_tag(self.rank), status)) and self.ranks.owns_run and self.ranks.world_size > 1:
             self._attempt("check the other ranks", self._wait_for_other_ranks)
+
+    def training_ended(self, status: str, reason: str = "") -> None:
+        """How this rank's training ended (``tracking.RANK_ENDINGS``), told by the session before ``close()``."""
+        self._outcome = (status, reason)
+
+    def say_failed(self, status: str, reason: str) -> None:
+        """This rank failed or was killed: its status and the reason go into the run, which ends FAILED (one
+        rank's failure ends a launcher's whole job, often before the other ranks can say anything), with the
+        warning that names them."""
+        if self._refused or self.rank in self.failed_ranks:
+            return
+        failed: list[int] = []
+        if self._attempt(f"mark the rank {status} and end the run FAILED", lambda: failed.extend(end_run_failed(
+                self.client, self.run_id, {self.rank: status}, reason))):
+            self.failed_ranks = {**{rank: "failed" for rank in failed}, self.rank: status}
+            self.notices.warn(f"rank {self.rank}: training {status} ({reason}); MLflow run {self.run_id} is ended "
+                              f"FAILED, tagged {TAG_PREFIX}rank{self.rank}.status = {status}")
 
     def _send_leftovers(self) -> None:
         """At ``close()``: the unsent steps, other ranks' unsent summary metrics and the findings, once more; what
@@ -421,23 +449,57 @@ class MlflowSink:
     def _tag_statuses(self, statuses: dict[int, str]) -> None:
         log_batched(self.client, self.run_id, tags=[tag(rank_status_tag(r), s) for r, s in statuses.items()])
         self._tag_earliest_findings(self.client.get_run(self.run_id).data.tags, list(statuses))
+        self._end_if_ranks_failed({}, statuses)
+
+    def _end_if_ranks_failed(self, news: dict[int, str], known: dict[int, str]) -> None:
+        """Rank 0, at the end, knowing the ranks' statuses ``known``: ``news`` (missing ranks) are tagged, and the
+        run ends FAILED when a rank failed or was killed, named in a warning."""
+        if not news and not any(status in RANK_FAILURES for status in known.values()):
+            return
+        failed = end_run_failed(self.client, self.run_id, news)
+        statuses = rank_statuses(self.client.get_run(self.run_id).data.tags)
+        self.failed_ranks = {rank: statuses[rank] for rank in failed}
+        if failed:
+            self.notices.warn(f"ranks {failed} of run {self.run_id} failed or were killed (tags "
+                              f"{TAG_PREFIX}rank{{R}}.status, .failure); the run is ended FAILED")
 
     def _wait_for_other_ranks(self) -> None:
+        """Until every other wanted rank said how it ended, at most ``RANK_WAIT_SECONDS``; those that did not are
+        tagged ``missing`` (a late rank that ends later tags itself again)."""
         expected = self.ranks.wanted_ranks()
         deadline = time.monotonic() + RANK_WAIT_SECONDS
         while True:
             tags = self.client.get_run(self.run_id).data.tags
-            missing = [r for r in expected if tags.get(rank_status_tag(r)) not in ("finished", "incomplete")]
+            missing = [r for r in expected if tags.get(rank_status_tag(r)) not in RANK_ENDINGS]
             if not missing or time.monotonic() > deadline:
                 break
             time.sleep(0.5)
         self._tag_earliest_findings(tags, expected)
+        self._end_if_ranks_failed({r: "missing" for r in missing}, rank_statuses(tags))
         if missing:
-            self.client.set_tag(self.run_id, f"{TAG_PREFIX}missing_ranks", ",".join(map(str, missing)))
             self.notices.warn(f"ranks {missing} did not finish logging into run {self.run_id} within "
-                              f"{RANK_WAIT_SECONDS:.0f} s; the run is tagged {TAG_PREFIX}missing_ranks")
+                              f"{RANK_WAIT_SECONDS:.0f} s; they are tagged {TAG_PREFIX}rank{{R}}.status = missing, "
+                              f"the run {TAG_PREFIX}missing_ranks")
 
     def _tag_earliest_findings(self, tags: dict[str, str], expected: list[int]) -> None:
         findings = {key: value for key, value in earliest_findings(tags, expected).items() if tags.get(key) != value}
         if findings:  # each rank tagged its own first finding as it came: the run's is the earliest of all ranks
             log_batched(self.client, self.run_id, tags=[tag(key, value) for key, value in findings.items()])
+
+
+_sinks_of_this_process: "weakref.WeakSet[MlflowSink]" = weakref.WeakSet()
+_runs_of_this_process: set[str] = set()
+
+
+def _report_fatal_end(status: str, reason: str) -> None:
+    """The process dies (``session.on_fatal_end``): each open sink says so at once, and the active run, when this
+    process logged into it, ends FAILED (MLflow's own exit handler would end it FINISHED)."""
+    for sink in list(_sinks_of_this_process):
+        if not sink._closed:
+            sink.say_failed(status, reason)
+    active = mlflow.active_run()
+    if active is not None and active.info.run_id in _runs_of_this_process:
+        mlflow.end_run("FAILED")
+
+
+on_fatal_end(_report_fatal_end)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,14 +21,15 @@ from mlflow.tracking import MlflowClient
 
 from msprobe_mlflow import __version__
 from msprobe_mlflow.directions import PACKED_FILE_NAME, open_step_directions, read_step_directions, write_packed
-from msprobe_mlflow.dump import (RANK_PREFIX, dump_folder, findings_dir, indexed_children, parse_archive_name,
+from msprobe_mlflow.dump import (RANK_PREFIX, step_ranges, dump_folder, findings_dir, indexed_children, parse_archive_name,
                                  parse_summary_name, rank_dir, read_dump_config, read_summary, relative_rank_dir,
                                  relative_step_dir, step_dir, summary_csv_path, summary_steps)
 from msprobe_mlflow.levels import level_of_header
-from msprobe_mlflow.tracking import ARTIFACT_ROOT, TAG_PREFIX
+from msprobe_mlflow.tracking import (ARTIFACT_ROOT, FAILED_RANKS_TAG, MISSING_RANKS_TAG, RANK_FAILURES, TAG_PREFIX,
+                                     TAG_RANGES_LIMIT)
 from msprobe_mlflow.tracking.experiments import experiment_id_for
 from msprobe_mlflow.tracking.options import MLFLOW_STEP_OFFSET_TAG
-from msprobe_mlflow.tracking.runs import created_run, log_batched, now_ms
+from msprobe_mlflow.tracking.runs import created_run, log_batched, now_ms, tag
 from msprobe_mlflow.progress import ProgressLine
 from msprobe_mlflow.metrics import step_metrics
 
@@ -44,8 +46,57 @@ UNSENT_SUMMARY_RANKS_TAG = f"{TAG_PREFIX}unsent_summary_ranks"  # ranks whose va
 
 
 def rank_status_tag(rank: int) -> str:
-    """``running``, ``finished`` or ``incomplete`` (some steps are in the local dump only)."""
+    """``running``, then one of ``tracking.RANK_ENDINGS`` or ``missing`` (see there)."""
     return f"{TAG_PREFIX}rank{rank}.status"
+
+
+def rank_failure_tag(rank: int) -> str:
+    """Why a ``failed`` or ``killed`` rank ended: the exception (``RuntimeError: ...``) or the signal."""
+    return f"{TAG_PREFIX}rank{rank}.failure"
+
+
+_RANK_STATUS_KEY = re.compile(re.escape(TAG_PREFIX) + r"rank(\d+)\.status")
+
+
+def rank_statuses(tags: dict[str, str]) -> dict[int, str]:
+    """Every rank's status in a run's tags, ``{rank: status}``."""
+    return {int(match[1]): value for key, value in tags.items() if (match := _RANK_STATUS_KEY.fullmatch(key))}
+
+
+def end_run_failed(client: MlflowClient, run_id: str, news: dict[int, str], reason: str = "") -> list[int]:
+    """Tags ``news`` (``{rank: status}``: ``failed``, ``killed`` or ``missing``; ``reason`` for a failure), names
+    every rank of the run that failed or was killed in ``FAILED_RANKS_TAG`` and the missing ones in
+    ``MISSING_RANKS_TAG``, and ends the run FAILED when any failed; returns the failed ranks (empty: the run is
+    left as it is). Several ranks may fail at once: each names all the run holds by then."""
+    tags = [tag(rank_status_tag(rank), status) for rank, status in news.items()]
+    tags += [tag(rank_failure_tag(rank), reason) for rank, status in news.items() if reason and status != "missing"]
+    log_batched(client, run_id, tags=tags)
+    statuses = rank_statuses(client.get_run(run_id).data.tags)
+    failed = sorted(rank for rank, status in statuses.items() if status in RANK_FAILURES)
+    missing = sorted(rank for rank, status in statuses.items() if status == "missing")
+    named = [tag(name, step_ranges(ranks, limit=TAG_RANGES_LIMIT)) for name, ranks in (
+        (FAILED_RANKS_TAG, failed), (MISSING_RANKS_TAG, missing)) if ranks]
+    log_batched(client, run_id, tags=named)
+    if failed:
+        client.set_terminated(run_id, "FAILED")
+    return failed
+
+
+def close_abandoned_run(client: MlflowClient, run_id: str) -> str | None:
+    """A run some of whose ranks failed or were killed: the job is over, so ranks still ``running`` never said how
+    they ended (a launcher's SIGKILL: msrun's, or torchrun's after its SIGTERM): they are tagged ``missing`` and
+    the run ends FAILED. Returns what was done, or None for a run with no failed rank (it may still be training)."""
+    run = client.get_run(run_id)
+    statuses = rank_statuses(run.data.tags)
+    if not any(status in RANK_FAILURES for status in statuses.values()):
+        return None
+    gone = {rank: "missing" for rank, status in statuses.items() if status == "running"}
+    if not gone and run.info.status != "RUNNING" and FAILED_RANKS_TAG in run.data.tags:
+        return None
+    failed = end_run_failed(client, run_id, gone)
+    return (f"run {run_id} lost ranks {step_ranges(failed)} (failed or killed)"
+            + (f"; ranks {step_ranges(sorted(gone))} never said how they ended: tagged missing" if gone else "")
+            + f"; the run is ended FAILED (it was {run.info.status})")
 
 
 def unsent_steps_tag(rank: int) -> str:

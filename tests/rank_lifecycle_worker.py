@@ -1,0 +1,73 @@
+"""A PyTorch training whose process ends the way a test asks; started by tests/test_rank_lifecycle.py, alone or
+under torchrun. Prints ``RUN_ID <id>`` (rank 0's) once its run exists.
+
+``raise-uncaught``: ``mlflow.start_run()`` without a ``with`` block, the training raises at step 2 and nothing
+catches it. ``raise-in-monitor-block``: the training raises inside ``with GradientMonitor(...)``, inside ``with
+mlflow.start_run()``. ``raise-with-finally``: ``monitor.stop()`` in a ``finally:`` block, the run not in a ``with``.
+``autolog-every-rank``: under torchrun, ``msprobe_mlflow.autolog()`` and every rank runs the README's snippet
+(``with mlflow.start_run():``), a 2-step DDP training that ends normally.
+"""
+from __future__ import annotations
+
+import sys
+
+import mlflow
+import torch
+
+import msprobe_mlflow
+from msprobe_mlflow import GradProbeConfig
+from msprobe_mlflow.pytorch import GradientMonitor
+
+FAIL_AT = 2
+
+
+def train(model, optimizer, steps: int, fail_at: int | None = None) -> None:
+    generator = torch.Generator().manual_seed(0)
+    for step in range(steps):
+        if step == fail_at:
+            raise RuntimeError(f"training fails at step {step} on purpose")
+        optimizer.zero_grad()
+        model(torch.randn(16, 8, generator=generator)).sum().backward()
+        optimizer.step()
+
+
+def main(mode: str, dump: str) -> None:
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 4))
+    config = GradProbeConfig(dump_path=dump, level="L1")
+    if mode == "autolog-every-rank":
+        import torch.distributed as dist
+
+        dist.init_process_group("gloo")
+        model = torch.nn.parallel.DistributedDataParallel(model)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+        msprobe_mlflow.autolog(config)
+        with mlflow.start_run() as run:  # the README's snippet, copied onto every rank
+            train(model, optimizer, 2)
+            if dist.get_rank() == 0:
+                print("RUN_ID", run.info.run_id, flush=True)
+        dist.destroy_process_group()
+        return
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+    if mode == "raise-in-monitor-block":
+        with mlflow.start_run() as run:
+            print("RUN_ID", run.info.run_id, flush=True)
+            with GradientMonitor(config).monitor(model, optimizer):
+                train(model, optimizer, 4, FAIL_AT)
+        return
+    run = mlflow.start_run()
+    print("RUN_ID", run.info.run_id, flush=True)
+    monitor = GradientMonitor(config).monitor(model, optimizer)
+    if mode == "raise-uncaught":
+        train(model, optimizer, 4, FAIL_AT)
+    elif mode == "raise-with-finally":
+        try:
+            train(model, optimizer, 4, FAIL_AT)
+        finally:
+            monitor.stop()
+    else:
+        raise SystemExit(f"unknown mode {mode!r}")
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:])

@@ -1,0 +1,165 @@
+"""A rank's status says how its training ended (finished, incomplete, failed, killed, missing), and a run whose
+ranks failed ends FAILED, naming them: in one process (PyTorch, MindSpore's callback), under torchrun (2 gloo
+ranks), and when a later ``upload`` finds a run a launcher left RUNNING. Under ``autolog()``, a rank > 0 that starts
+its own run (the README's snippet copied into a torchrun script) leaves no empty run."""
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import mlflow
+import pytest
+from click.testing import CliRunner
+from mlflow.tracking import MlflowClient
+
+from mlflow_server import free_port
+from msprobe_mlflow.cli import main as cli
+from test_tracking_distributed import WORKER as DISTRIBUTED_WORKER, child_environment, torchrun
+
+WORKER = Path(__file__).with_name("rank_lifecycle_worker.py")
+
+
+def run_worker(tmp_path: Path, mode: str) -> tuple[subprocess.CompletedProcess, str]:
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    done = subprocess.run([sys.executable, str(WORKER), mode, str(tmp_path / "dump")], capture_output=True,
+                          text=True, env=child_environment(uri), timeout=300, cwd=tmp_path)
+    return done, uri
+
+
+def run_id_in(text: str) -> str:
+    lines = [line for line in text.splitlines() if line.startswith("RUN_ID ")]
+    assert lines, text[-3000:]
+    return lines[0].split()[1]
+
+
+@pytest.mark.parametrize("mode", ["raise-uncaught", "raise-in-monitor-block", "raise-with-finally"])
+def test_a_pytorch_training_that_raises_ends_its_run_failed_and_its_rank_failed(tmp_path, mode):
+    done, uri = run_worker(tmp_path, mode)
+    assert done.returncode == 1 and "training fails at step 2 on purpose" in done.stderr, done.stderr[-3000:]
+    run = MlflowClient(uri).get_run(run_id_in(done.stdout))
+    assert run.info.status == "FAILED"
+    assert run.data.tags["msprobe_mlflow.rank0.status"] == "failed"
+    assert run.data.tags["msprobe_mlflow.rank0.failure"] == "RuntimeError: training fails at step 2 on purpose"
+    assert run.data.tags["msprobe_mlflow.failed_ranks"] == "0"
+    # the steps before the failure are all there
+    history = MlflowClient(uri).get_metric_history(run.info.run_id, "grad/rank0/total_norm")
+    assert [m.step for m in history] == [0, 1]
+
+
+def test_a_training_that_ends_normally_is_finished(tmp_path, monkeypatch):
+    """The control: the same loop without the failure is not tagged failed."""
+    import torch
+
+    from msprobe_mlflow import GradProbeConfig
+    from msprobe_mlflow.pytorch import GradientMonitor
+
+    mlflow.set_tracking_uri(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    monkeypatch.chdir(tmp_path)
+    model = torch.nn.Linear(8, 4)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+    with mlflow.start_run() as run:
+        with GradientMonitor(GradProbeConfig(dump_path=str(tmp_path / "dump"), level="L1"),
+                             silent=True).monitor(model, optimizer) as monitor:
+            optimizer.zero_grad()
+            model(torch.ones(2, 8)).sum().backward()
+            optimizer.step()
+    assert monitor.failed_ranks == {}
+    finished = MlflowClient().get_run(run.info.run_id)
+    assert (finished.info.status, finished.data.tags["msprobe_mlflow.rank0.status"]) == ("FINISHED", "finished")
+    assert "msprobe_mlflow.failed_ranks" not in finished.data.tags
+
+
+def test_mindspore_model_train_that_raises_tags_rank_0_failed(tmp_path, monkeypatch):
+    pytest.importorskip("mindspore", reason="MindSpore is not installed (the torch-only stage)")
+    from mindspore_training import batches, dense, sgd_model
+    from msprobe_mlflow import GradProbeConfig
+    from msprobe_mlflow.mindspore import GradProbeCallback
+    from test_mindspore_callback import FailAtStep
+
+    mlflow.set_tracking_uri(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    monkeypatch.chdir(tmp_path)
+    callback = GradProbeCallback(GradProbeConfig(dump_path=str(tmp_path / "dump")), silent=True)
+    with pytest.raises(RuntimeError, match="the training failed"):
+        sgd_model(dense()).train(1, batches(), callbacks=[callback, FailAtStep(2)], dataset_sink_mode=False)
+    (run,) = MlflowClient().search_runs([mlflow.get_experiment_by_name("Default").experiment_id])
+    assert run.info.status == "FAILED"
+    assert run.data.tags["msprobe_mlflow.rank0.status"] == "failed"
+    assert run.data.tags["msprobe_mlflow.rank0.failure"] == "RuntimeError: the training failed"
+    assert callback.monitor.failed_ranks == {0: "failed"}
+
+
+def test_torchrun_rank_1_raising_ends_the_run_failed_with_both_ranks_saying_how_they_ended(tmp_path):
+    """Rank 1 raises at step 2; rank 0's all-reduce then fails (failed) or torchrun stops it with SIGTERM
+    (killed), whichever comes first: either way it says so, and the run does not end FINISHED."""
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    done = torchrun(uri, "--dump", str(tmp_path / "dump"), "--steps", "4", "--level", "L1", "--raise-at", "1", "2")
+    assert done.returncode != 0 and "training fails at step 2 on purpose" in done.stdout + done.stderr
+    run = MlflowClient(uri).get_run(run_id_in(done.stdout))
+    tags = run.data.tags
+    assert run.info.status == "FAILED"
+    assert tags["msprobe_mlflow.rank1.status"] == "failed"
+    assert tags["msprobe_mlflow.rank1.failure"] == "RuntimeError: training fails at step 2 on purpose"
+    assert tags["msprobe_mlflow.rank0.status"] in ("failed", "killed"), tags
+    assert tags["msprobe_mlflow.failed_ranks"] in ("1", "0-1")
+
+
+def crashed_job_run(tmp_path: Path) -> tuple[str, str]:
+    """A run as msrun leaves it when rank 1 raised and rank 0 was SIGKILLed: rank 1 tagged itself failed and ended
+    the run FAILED; rank 0 never said anything. Made by two real processes launched apart (rank 1 raises before its
+    step 2, rank 0 is killed by the test once rank 1 is gone)."""
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    port = str(free_port())
+    processes = []
+    for rank in (0, 1):
+        env = child_environment(uri, RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1",
+                                MASTER_PORT=port, MSPROBE_MLFLOW_RANK_WAIT_SECONDS="300")
+        processes.append(subprocess.Popen(
+            [sys.executable, str(DISTRIBUTED_WORKER), "--dump", str(tmp_path / "dump"), "--steps", "4", "--level",
+             "L1", "--die-at", "99", "--raise-at", "1", "2", "--pause-at", "3", "--resume-file",
+             str(tmp_path / "never")], env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE))
+    _, rank1_err = processes[1].communicate(timeout=300)
+    assert processes[1].returncode == 1, rank1_err[-3000:]
+    processes[0].kill()  # as msrun does: SIGKILL, nothing of rank 0 runs any more
+    rank0_out, _ = processes[0].communicate(timeout=60)
+    return uri, run_id_in(rank0_out)
+
+
+def test_upload_closes_a_run_whose_job_lost_its_ranks(tmp_path, monkeypatch):
+    uri, run_id = crashed_job_run(tmp_path)
+    client = MlflowClient(uri)
+    before = client.get_run(run_id)
+    assert (before.data.tags["msprobe_mlflow.rank0.status"], before.data.tags["msprobe_mlflow.rank1.status"]) == \
+        ("running", "failed")
+    monkeypatch.chdir(tmp_path)
+    result = CliRunner().invoke(cli, ["upload", str(tmp_path / "dump"), "--run-id", run_id, "--tracking-uri", uri])
+    assert result.exit_code == 0, result.output
+    assert "ranks 0 never said how they ended: tagged missing" in result.output
+    after = client.get_run(run_id)
+    assert after.info.status == "FAILED"
+    assert after.data.tags["msprobe_mlflow.rank0.status"] == "missing"
+    assert (after.data.tags["msprobe_mlflow.missing_ranks"], after.data.tags["msprobe_mlflow.failed_ranks"]) == \
+        ("0", "1")
+    again = CliRunner().invoke(cli, ["upload", str(tmp_path / "dump"), "--run-id", run_id, "--tracking-uri", uri])
+    assert again.exit_code == 0 and "missing" not in again.output  # nothing left to close
+
+
+def test_under_autolog_every_rank_starting_a_run_leaves_one_run_with_both_ranks(tmp_path):
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    client = MlflowClient(uri)
+    client.search_experiments()  # the store's tables exist before two ranks open it at once
+    done = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
+         "--master-port", str(free_port()), str(WORKER), "autolog-every-rank", str(tmp_path / "dump")],
+        capture_output=True, text=True, env=child_environment(uri), timeout=300, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    run_id = run_id_in(done.stdout)
+    assert "under torch.distributed every rank logs into rank 0's run" in done.stderr  # told at once
+    assert "deleted the empty run" in done.stderr
+    runs = client.search_runs([client.get_run(run_id).info.experiment_id])
+    assert [run.info.run_id for run in runs] == [run_id]  # rank 1's own run is gone (soft-deleted)
+    for rank in (0, 1):
+        assert [m.step for m in client.get_metric_history(run_id, f"grad/rank{rank}/total_norm")] == [0, 1]
+    deleted = client.search_runs([runs[0].info.experiment_id], run_view_type=mlflow.entities.ViewType.DELETED_ONLY)
+    assert len(deleted) == 1 and not deleted[0].data.metrics
+
