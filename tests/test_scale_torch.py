@@ -63,7 +63,7 @@ def test_a_rank_that_never_reaches_the_end_of_run_exchange_is_tagged_missing(tmp
     assert "end-of-run exchange of the ranks' statuses failed" in done.stderr
     tags = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}").get_run(run_id).data.tags
     assert tags["msprobe_mlflow.rank0.status"] == "finished"
-    assert tags["msprobe_mlflow.rank1.status"] == "running"  # rank 0 tagged it so at the start, and never again
+    assert tags["msprobe_mlflow.rank1.status"] == "missing"  # running from the start; rank 0 found it never ended
     assert tags["msprobe_mlflow.missing_ranks"] == "1"
 
 

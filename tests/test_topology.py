@@ -384,7 +384,7 @@ def test_a_dead_rank_is_named_in_the_run_and_the_other_rank_is_complete(topology
     client = MlflowClient(topology.uri)
     tags = client.get_run(run_id).data.tags
     assert tags["msprobe_mlflow.missing_ranks"] == "1"
-    assert (tags["msprobe_mlflow.rank0.status"], tags["msprobe_mlflow.rank1.status"]) == ("finished", "running")
+    assert (tags["msprobe_mlflow.rank0.status"], tags["msprobe_mlflow.rank1.status"]) == ("finished", "missing")
     assert "ranks [1] did not finish" in rank0.stderr
     counts = count_against_dump(client, run_id, dump, ranks=[0])
     assert counts == {0: {"steps": 4, "metric_values": 4 * METRICS_PER_STEP, "files": 4 * FILES_PER_STEP}}
