@@ -1,0 +1,194 @@
+"""The overlap (statistics computed during backward, msprobe_mlflow/pytorch/overlap.py) records what the path without
+it records, byte for byte: the same training is run with ``overlap=True`` and ``overlap=False`` and every CSV and
+direction file is compared, over the ways a gradient changes between backward and ``optimizer.step()``."""
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import mlflow
+import pytest
+import torch
+from mlflow import MlflowClient
+
+from mlflow_server import free_port
+from msprobe_mlflow import GradProbeConfig
+from msprobe_mlflow.pytorch import GradientMonitor, overlap
+
+WORKER = Path(__file__).with_name("overlap_worker.py")
+STEPS = 4
+
+
+class Model(torch.nn.Module):
+    """Three layers of 64 and one never used: its gradient stays None."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.layers = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.Tanh(), torch.nn.Linear(64, 64),
+                                          torch.nn.Tanh(), torch.nn.Linear(64, 8))
+        self.unused = torch.nn.Linear(4, 4)
+
+    def forward(self, x):
+        return self.layers(x)
+
+
+def loss_of(model, generator) -> torch.Tensor:
+    x, y = torch.randn(16, 32, generator=generator), torch.randn(16, 8, generator=generator)
+    return torch.nn.functional.mse_loss(model(x), y)
+
+
+def train(dump: Path, overlap: bool, how: str, log_to_mlflow: bool = False, **config) -> GradientMonitor:
+    """``STEPS`` steps of ``Model`` trained as ``how`` says; returns the stopped monitor."""
+    model = Model()
+    optimizer = torch.optim.LBFGS(model.parameters(), lr=0.1, max_iter=3) if how == "lbfgs" else \
+        torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 10) if how == "grad_scaler" else None
+    monitor = GradientMonitor(GradProbeConfig(dump_path=str(dump), **{"level": "L2", **config}),
+                              log_to_mlflow=log_to_mlflow,
+                              overlap=overlap).monitor(model, optimizer)
+    generator = torch.Generator().manual_seed(1)
+    for step in range(STEPS):
+        optimizer.zero_grad(set_to_none=how != "zero_grad_in_place")
+        if how == "lbfgs":
+            def closure():
+                optimizer.zero_grad()
+                loss = loss_of(model, generator)
+                loss.backward()
+                return loss
+            optimizer.step(closure)
+            continue
+        micro_batches = [2, 4, 3, 3][step] if how == "accumulation" else 1
+        for _ in range(micro_batches):
+            loss = loss_of(model, generator) / micro_batches
+            (scaler.scale(loss) if scaler else loss).backward()
+        if how == "clip":
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 0.05)
+        if how == "record_then_clip":
+            monitor.record_gradients()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 0.05)
+        if how == "data_write":  # bumps no version counter: only the norm check can see it
+            model.layers[0].weight.grad.data.mul_(0.5)
+        if scaler:
+            scaler.step(optimizer)  # unscales in place, bumping no version counter
+            scaler.update()
+        else:
+            optimizer.step()
+    monitor.stop()
+    assert not monitor.errors, monitor.errors
+    return monitor
+
+
+def dump_files(dump: Path) -> dict[str, bytes]:
+    """Every file a run wrote under its rank folders, but the training's ID (each run has its own)."""
+    return {str(path.relative_to(dump)): path.read_bytes() for path in sorted(dump.glob("rank*/**/*"))
+            if path.is_file() and path.name != "training_id"}
+
+
+def assert_same_dumps(on: Path, off: Path) -> None:
+    mine, reference = dump_files(on), dump_files(off)
+    assert sorted(mine) == sorted(reference)
+    assert any("step" in name for name in reference) and any(name.endswith(".csv") for name in reference)
+    for name in reference:
+        assert mine[name] == reference[name], f"{name} differs with the overlap"
+
+
+# how -> whether early statistics are used: True, False (every gradient changes after its hook), None (it depends
+# on whether the worker computes before or after the unversioned write; test_the_check_... checks that case)
+HOWS = {"plain": True, "accumulation": True, "zero_grad_in_place": True, "lbfgs": True, "clip": False,
+        "record_then_clip": True, "grad_scaler": None, "data_write": None}
+
+
+@pytest.mark.parametrize("bucket_elements", [1, overlap.BUCKET_ELEMENTS])
+@pytest.mark.parametrize("how", HOWS)
+def test_the_overlap_records_what_the_step_applies_byte_for_byte(tmp_path, monkeypatch, how, bucket_elements):
+    monkeypatch.setattr(overlap, "BUCKET_ELEMENTS", bucket_elements)  # 1: each gradient a bucket of its own
+    on = train(tmp_path / "on", True, how)
+    off = train(tmp_path / "off", False, how)
+    assert (on.overlap, off.overlap) == ("on", "off: overlap=False")
+    assert_same_dumps(tmp_path / "on", tmp_path / "off")
+    assert off.early_gradients == 0
+    if HOWS[how] is not None:
+        assert (on.early_gradients > 0) == HOWS[how], on.early_gradients
+
+
+@pytest.mark.parametrize("config", [dict(level="L1", directions_every_n_steps=2), dict(level="L1", step=[1, 3]),
+                                    dict(level="L2", bounds=[-0.01, 0.0, 0.01]), dict(level="L2", param_list=[
+                                        "layers.2.weight", "layers.4.bias"])])
+def test_the_overlap_keeps_the_directions_schedule_the_steps_and_the_parameters_chosen(tmp_path, config):
+    on = train(tmp_path / "on", True, "plain", **config)
+    train(tmp_path / "off", False, "plain", **config)
+    assert_same_dumps(tmp_path / "on", tmp_path / "off")
+    assert on.early_gradients > 0
+
+
+def test_the_check_keeps_only_buckets_whose_gradients_are_unchanged_since_computed(monkeypatch):
+    """Computed during backward, then each gradient changed in one way after its statistics were taken."""
+    monkeypatch.setattr(overlap, "BUCKET_ELEMENTS", 1)
+    model = Model()
+    parameters = list(model.layers.parameters())
+    with_signs = (overlap.step_level("L2", True), [torch.tensor(b).float().numpy() for b in (-1.0, 0.0, 1.0)])
+    early = overlap.EarlyStatistics(parameters, lambda: with_signs)
+
+    def nan_into(parameter):  # a NaN gradient is never trusted, whether the worker computed before the NaN or after
+        parameter.grad.data.view(-1)[0] = float("nan")
+
+    nan_after_ours = parameters[3].register_post_accumulate_grad_hook(nan_into)
+    loss_of(model, torch.Generator().manual_seed(1)).backward()
+    buckets = early.take()  # every bucket computed
+    assert sorted(buckets) == list(range(6)) and len(set(buckets.values())) == 6
+    grads = [p.grad for p in parameters]
+
+    def usable(directions=True) -> list[int]:
+        return sorted(k for positions, _ in overlap.usable_parts(buckets, list(range(6)), grads, directions)
+                      for k in positions)
+
+    assert usable() == [0, 1, 2, 4, 5]
+    grads[0].data.mul_(0.5)  # no version bump: the norm shows it
+    with torch.no_grad():
+        grads[1].add_(1.0)  # a version bump
+    grads[2] = grads[2].clone()  # another object, equal values
+    assert usable() == [4, 5]
+    early.close()
+    nan_after_ours.remove()
+    early = overlap.EarlyStatistics(parameters, lambda: (overlap.step_level("L2", False), with_signs[1]))
+    loss_of(model, torch.Generator().manual_seed(2)).backward()  # accumulated into the same gradients
+    buckets, grads = early.take(), [p.grad for p in parameters]
+    assert usable(directions=False) == [0, 1, 2, 4, 5] and usable(directions=True) == []  # 3: NaN still
+    assert overlap.usable_parts(buckets, [0, 1, 2, 4, 5], grads[:3] + grads[4:], False) != []
+    early.close()
+
+
+def test_l0_and_the_option_say_why_the_overlap_is_off_in_the_runs_tags(tmp_experiment, tmp_path):
+    with pytest.raises(ValueError, match="overlap = 'yes' is not accepted; expected True or False"):
+        GradientMonitor(GradProbeConfig(dump_path=str(tmp_path / "x")), overlap="yes")
+    for dump, level, tag in [("l0", "L0", "off: L0 hashes each gradient's bytes on the writer thread"),
+                             ("l1", "L1", "on")]:
+        with mlflow.start_run() as run:
+            monitor = train(tmp_path / dump, True, "plain", log_to_mlflow=True, level=level)
+        assert monitor.overlap == tag
+        assert MlflowClient().get_run(run.info.run_id).data.tags["msprobe_mlflow.overlap"] == tag
+        assert (monitor.early_gradients > 0) == (tag == "on")
+
+
+def torchrun(*args: str) -> str:
+    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr",
+                           "127.0.0.1", "--master-port", str(free_port()), str(WORKER), *args],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
+    return done.stdout
+
+
+@pytest.mark.parametrize("stack, status", [
+    ("ddp", "off: DDP all-reduces the gradients after backward: none is final earlier"),
+    ("allreduce", "on"),
+    ("fsdp2", "off: DTensor parameters (FSDP2): their statistics are collectives, taken at step() on every rank")])
+def test_distributed_stacks_record_the_same_with_the_overlap_or_fall_back_and_say_so(tmp_path, stack, status):
+    outputs = {overlap: torchrun("--stack", stack, "--dump", str(tmp_path / overlap), "--overlap", overlap)
+               for overlap in ("on", "off")}
+    assert outputs["on"].count(f"OVERLAP {status} EARLY") == 2, outputs["on"]
+    if status != "on":
+        assert outputs["on"].count("EARLY 0") == 2
+    assert outputs["off"].count("OVERLAP off: overlap=False EARLY 0") == 2, outputs["off"]
+    assert_same_dumps(tmp_path / "on", tmp_path / "off")
