@@ -29,28 +29,39 @@ def metric_key(*parts: str) -> str:
     return key[:MAX_KEY_LENGTH]
 
 
-_END_COMPARISON = {"(": "lt", ")": "lt", "[": "le", "]": "le"}  # an open end is "<", a closed one "<="
+BUCKETS = "share of gradient elements"  # the L2 buckets' section of a run page: its charts are titled by range
 
 
 def bucket_metric_names(labels: list[str]) -> list[str]:
-    """Metric names of msprobe's L2 columns, in their (numeric) order: ``(-inf, -1]``, ``(-1, 0]``, ...,
-    ``(1, inf)``, ``=0`` -> ``fraction/0 -inf lt g le -1``, ``fraction/1 -1 lt g le 0``, ...,
-    ``fraction/3 1 lt g lt inf``, ``zero_fraction``.
+    """Metric names of msprobe's L2 columns, in their (numeric) order, titled for a run page: ``(-inf, -1]``,
+    ``(-1, 0]``, ``(0, 1]``, ``(1, inf)``, ``=0`` -> ``share of gradient elements/1 at most -1``, ``.../2 over -1 up to
+    0``, ``.../3 over 0 up to 1``, ``.../4 over 1``, ``.../exactly 0``.
 
-    The bucket's index comes first, zero-padded, so that MLflow's alphabetical order is the numeric one; ``lt`` and
-    ``le`` say which end of the interval is open (``<``) or closed (``<=``), as MLflow keys allow no brackets.
+    MLflow's UI makes the part before the last ``/`` a section and the rest the chart's title, sorted by name: the
+    bucket's number comes first (zero-padded from 10 buckets) so that the charts stand in numeric order, and words
+    say the range, as keys allow no brackets (msprobe's buckets are open below and closed above, the last one open).
     """
-    width = len(str(sum(label != ZERO_COLUMN for label in labels) - 1))
+    width = len(str(sum(label != ZERO_COLUMN for label in labels)))
     names, index = [], 0
     for label in labels:
         if label == ZERO_COLUMN:
-            names.append("zero_fraction")
+            names.append(f"{BUCKETS}/exactly 0")
             continue
         low, high = (part.strip() for part in label[1:-1].split(","))
-        opening, closing = _END_COMPARISON[label[0]], _END_COMPARISON[label[-1]]
-        names.append(f"fraction/{index:0{width}d} {low} {opening} g {closing} {high}")
         index += 1
+        opening = "over" if label[0] == "(" else "from" if high != "inf" else "at least"
+        above = "" if low == "-inf" else f"{opening} {low}"
+        below = "" if high == "inf" else f"{'below' if label[-1] == ')' else 'up to' if above else 'at most'} {high}"
+        names.append(f"{BUCKETS}/{index:0{width}d} {' '.join(filter(None, (above, below)))}")
     return names
+
+
+NORM_BEFORE_CLIPPING = "total_norm_before_clipping"  # logged by integrations.NormsBeforeClipping
+
+
+def norm_before_clipping_key(rank: int) -> str:
+    """Beside ``total_norm`` (the recorded, applied gradients'), the norm the trainer clipped them from."""
+    return f"grad/rank{rank}/{NORM_BEFORE_CLIPPING}"
 
 
 def _finite(values: list[float]) -> list[float]:
@@ -60,9 +71,11 @@ def _finite(values: list[float]) -> list[float]:
 def step_metrics(table: SummaryTable, rank: int, param_patterns: tuple[str, ...] = ()) -> dict[str, float]:
     """Summary scalars of one ``grad_summary`` table, keyed ``grad/rank{R}/...``.
 
-    ``total_norm`` = sqrt(sum of the parameters' squared norms); ``max``/``min`` over the finite values;
-    ``nonfinite_params`` = parameters whose max, min or norm is NaN or infinite; at L2 each bucket's and the ``=0``
-    fraction over all monitored elements (weighted by element count).
+    ``total_norm`` = sqrt(sum of the parameters' squared norms); ``max``/``min`` over the finite values; at L2 each
+    bucket's and the ``=0`` share of all monitored elements (weighted by element count). Only what changes from step
+    to step: the number of parameters is the CSV's rows, and non-finite gradients are the anomaly flags'
+    (``anomalies/rank{R}/flagged_params``, tags ``msprobe_mlflow.first_nonfinite_step``...), so no chart of a run is a
+    flat line by construction.
     """
     maxima, minima, norms = table.numbers("max"), table.numbers("min"), table.numbers("norm")
     prefix = f"grad/rank{rank}"
@@ -71,9 +84,6 @@ def step_metrics(table: SummaryTable, rank: int, param_patterns: tuple[str, ...]
         f"{prefix}/total_norm": math.sqrt(math.fsum(n * n for n in norms)),
         f"{prefix}/max": max(finite_max) if finite_max else math.nan,
         f"{prefix}/min": min(finite_min) if finite_min else math.nan,
-        f"{prefix}/nonfinite_params": float(sum(not all(map(math.isfinite, values))
-                                                for values in zip(maxima, minima, norms))),
-        f"{prefix}/params": float(len(table.rows)),
     }
     bucket_columns = [h for h in table.header if h.startswith("(") or h == ZERO_COLUMN]
     if bucket_columns:

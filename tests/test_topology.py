@@ -38,9 +38,9 @@ from test_tracking_distributed import artifact_files, launch_ranks_separately, r
 pytestmark = pytest.mark.topology
 
 ADMIN, TRAINER, VIEWER = "admin", "trainer", "viewer"
-# The worker's config: L2 with the default bounds [-1, 0, 1]. Per rank and step: total_norm, max, min,
-# nonfinite_params, params, one fraction per bucket (len(bounds) + 1 = 4) and zero_fraction.
-METRICS_PER_STEP = 5 + 4 + 1
+# The worker's config: L2 with the default bounds [-1, 0, 1]. Per rank and step: total_norm, max, min, one share
+# per bucket (len(bounds) + 1 = 4) and the share of zeros.
+METRICS_PER_STEP = 3 + 4 + 1
 FILES_PER_STEP = 2  # grad_summary_{S}.csv and step{S}/directions.npz
 
 

@@ -71,11 +71,12 @@ def expected_summary(grads: dict[str, np.ndarray], bounds=(-1, 0, 1)) -> dict[st
     edges = np.float32(bounds).astype(np.float64)
     at_most = [(values <= b).sum() for b in edges]
     counts = np.diff([0, *at_most, values.size])
-    labels = ["0 -inf lt g le -1", "1 -1 lt g le 0", "2 0 lt g le 1", "3 1 lt g lt inf"]  # (-inf, -1], ..., (1, inf)
+    labels = ["1 at most -1", "2 over -1 up to 0", "3 over 0 up to 1", "4 over 1"]  # (-inf, -1], ..., (1, inf)
+    shares = "share of gradient elements"
     return {
         "total_norm": math.sqrt(sum(float(np.linalg.norm(g.astype(np.float64))) ** 2 for g in grads.values())),
-        "max": values.max(), "min": values.min(), "zero_fraction": (values == 0).sum() / values.size,
-        **{f"fraction/{label}": count / values.size for label, count in zip(labels, counts)},
+        "max": values.max(), "min": values.min(), f"{shares}/exactly 0": (values == 0).sum() / values.size,
+        **{f"{shares}/{label}": count / values.size for label, count in zip(labels, counts)},
     }
 
 
@@ -89,8 +90,7 @@ def test_autolog_logs_metrics_csv_tables_and_directions_for_every_step(experimen
         msprobe_mlflow.autolog(disable=True)
     client = MlflowClient()
     data = client.get_run(run.info.run_id).data
-    expected_keys = {f"grad/rank0/{k}" for k in expected_summary(captured[0])} | {
-        "grad/rank0/nonfinite_params", "grad/rank0/params"}
+    expected_keys = {f"grad/rank0/{k}" for k in expected_summary(captured[0])}
     assert set(data.metrics) == expected_keys
     for key in expected_keys:
         assert [m.step for m in client.get_metric_history(run.info.run_id, key)] == [0, 1, 2]
@@ -352,11 +352,13 @@ def test_the_run_holds_the_config_as_grad_probe_config_json_and_grad_probe_param
         "grad_probe.step": "[0, 1, 2]", "grad_probe.direction_format": "packed"}
 
 
-def test_params_counts_the_probed_parameters_and_nonfinite_params_those_with_nan_or_inf(experiment, tmp_path):
+def test_nonfinite_gradients_are_counted_by_the_anomaly_flags_not_by_a_flat_metric(experiment, tmp_path):
+    """``params`` and ``nonfinite_params`` drew a flat line on every run: the count of parameters is the CSV's rows,
+    and non-finite gradients are flagged at the steps that have them."""
     model = small_model()  # 0.weight, 0.bias, 2.weight, 2.bias
     optimizer = torch.optim.SGD(model.parameters(), lr=0.0)
     layers = dict(model.named_parameters())
-    steps = [  # the gradients of each step, by hand, and (params, nonfinite_params) counted here
+    steps = [  # the gradients of each step, by hand, and (probed, non-finite) parameters counted here
         ({"0.weight": math.nan, "0.bias": 1.0, "2.weight": math.inf, "2.bias": -2.0}, (4, 2)),
         ({"0.weight": 1.0, "0.bias": -math.inf, "2.weight": None, "2.bias": 0.5}, (3, 1)),  # None: not probed
         ({"0.weight": 1.0, "0.bias": 1.0, "2.weight": 1.0, "2.bias": 1.0}, (4, 0)),
@@ -372,10 +374,12 @@ def test_params_counts_the_probed_parameters_and_nonfinite_params_those_with_nan
                         parameter.grad.view(-1)[0] = value  # one element carries the value
                 optimizer.step()
     client = MlflowClient()
-    assert metric_values(client, run.info.run_id, "grad/rank0/params") == {
-        step: float(counts[0]) for step, (_, counts) in enumerate(steps)}
-    assert metric_values(client, run.info.run_id, "grad/rank0/nonfinite_params") == {
-        step: float(counts[1]) for step, (_, counts) in enumerate(steps)}
+    metrics = client.get_run(run.info.run_id).data.metrics
+    assert "grad/rank0/params" not in metrics and "grad/rank0/nonfinite_params" not in metrics
+    assert metric_values(client, run.info.run_id, "anomalies/rank0/flagged_params") == {
+        step: float(counts[1]) for step, (_, counts) in enumerate(steps) if counts[1]}
+    assert [len(read_rows(tmp_path / "dump" / "rank0" / f"grad_summary_{step}.csv")[1])
+            for step in range(len(steps))] == [counts[0] for _, counts in steps]
 
 
 def test_autolog_reads_msprobes_config_json(experiment, tmp_path):

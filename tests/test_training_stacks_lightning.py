@@ -44,6 +44,11 @@ class AppliedGradients(lightning.Callback):
 
     def __init__(self):
         self.snapshots = []
+        self.norms_before_clipping = []
+
+    def on_before_optimizer_step(self, trainer, module, optimizer):  # Lightning clips right after this hook
+        grads = [p.grad.detach().double().numpy() for p in module.parameters()]
+        self.norms_before_clipping.append(float(np.sqrt(sum(np.sum(g * g) for g in grads))))
 
     def on_train_batch_start(self, trainer, module, batch, index):
         self.snapshots.append([p.detach().double().clone() for p in module.parameters()])
@@ -100,8 +105,15 @@ def test_lightning_callback_records_the_accumulated_clipped_gradients_into_the_l
     logger, applied = fit(uri, "lightning-callback", [GradientProbeCallback(config)])
     assert_applied_gradients_recorded(tmp_path / "dump", applied)
     assert_one_run_with_every_step(uri, "lightning-callback", logger.run_id)
-    tags = MlflowClient(uri).get_run(logger.run_id).data.tags
-    assert tags["msprobe_mlflow.gradients_recorded"] == f"after clipping (gradient_clip_val={CLIP})"
+    client = MlflowClient(uri)
+    tags = client.get_run(logger.run_id).data.tags
+    assert tags["msprobe_mlflow.gradients_recorded"] == \
+        f"after clipping (gradient_clip_val={CLIP}); total_norm_before_clipping is the norm before clipping"
+    # Beside total_norm, flat at the clip value, the norm the gradients had before clipping, measured here by hand.
+    before = client.get_metric_history(logger.run_id, "grad/rank0/total_norm_before_clipping")
+    assert [m.step for m in before] == [0, 1, 2]
+    assert [m.value for m in before] == pytest.approx(applied.norms_before_clipping, rel=1e-5)
+    assert min(applied.norms_before_clipping) > 2 * CLIP  # clipped at every step: the two charts differ
 
 
 def test_autolog_finds_the_loggers_run(tmp_path):

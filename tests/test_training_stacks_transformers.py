@@ -15,6 +15,7 @@ pytest.importorskip("accelerate")
 from msprobe_mlflow import GradProbeConfig  # noqa: E402
 from msprobe_mlflow.dump import read_summary  # noqa: E402
 from msprobe_mlflow.integrations.transformers import GradientProbeCallback  # noqa: E402
+from msprobe_mlflow.tracking.upload import upload_dump  # noqa: E402
 
 LR = 0.1
 STEPS = 3
@@ -70,9 +71,21 @@ def test_trainer_callback_records_each_optimizer_step_into_trainers_run(tmp_path
         expected = applied.norms(step)
         np.testing.assert_allclose(table.numbers("norm"), [expected[n] for n in names], rtol=1e-5, atol=1e-12)
         assert np.linalg.norm(table.numbers("norm")) <= 1.0 + 1e-5  # max_grad_norm=1.0: the clipped gradients
-    assert [m.step for m in client.get_metric_history(run.info.run_id, "grad/rank0/total_norm")] == [0, 1, 2]
-    assert [m.step for m in client.get_metric_history(run.info.run_id, "grad_norm")] == [1, 2, 3]  # Trainer's
-    assert run.data.tags["msprobe_mlflow.gradients_recorded"].startswith("after clipping (max_grad_norm=1.0)")
+    # In MLflow, at Trainer's step numbers (the dump's step S is global_step S + 1): before, total_norm was at 0-2.
+    history = {key: client.get_metric_history(run.info.run_id, key) for key in (
+        "grad/rank0/total_norm", "grad/rank0/total_norm_before_clipping", "grad_norm")}
+    assert {key: [m.step for m in values] for key, values in history.items()} == {
+        key: [1, 2, 3] for key in history}
+    # Beside the flat clipped norm, the norm before clipping: Trainer's own grad_norm, step by step.
+    trainers = [m.value for m in history["grad_norm"]]
+    before = [m.value for m in history["grad/rank0/total_norm_before_clipping"]]
+    assert before == pytest.approx(trainers, rel=1e-12) and min(before) > 1.0  # every step was clipped
+    assert [m.value for m in history["grad/rank0/total_norm"]] == pytest.approx([1.0] * STEPS, rel=1e-5)
+    assert run.data.tags["msprobe_mlflow.gradients_recorded"].startswith(
+        "after clipping (max_grad_norm=1.0); total_norm_before_clipping is the norm before clipping")
+    assert torch.nn.utils.clip_grad_norm_.__module__ == "torch.nn.utils.clip_grad"  # given back at the end
+    # upload of the same dump into the run adds nothing: it reads the run's step offset (else step 0 came again)
+    assert upload_dump(tmp_path / "dump", run.info.run_id).metrics_logged == 0
     files = [f.path for f in client.list_artifacts(run.info.run_id, "grad_probe/rank0")]
     assert sum(path.endswith(".csv") for path in files) == STEPS
 

@@ -3,11 +3,15 @@
 imports neither trainer: autolog uses it to find Lightning's run."""
 from __future__ import annotations
 
+import functools
 import os
+import threading
 from typing import TYPE_CHECKING
 
 from msprobe_mlflow.config import DEFAULT_BOUNDS, GradProbeConfig, load_config
+from msprobe_mlflow.metrics import norm_before_clipping_key
 from msprobe_mlflow.parameter_names import wrapper_chain
+from msprobe_mlflow.records import StepRecord
 
 if TYPE_CHECKING:
     import torch
@@ -44,3 +48,80 @@ def mlflow_logger_run(model: "torch.nn.Module") -> tuple[str | None, str | None]
         if type(logger).__name__ == "MLFlowLogger":
             return logger.run_id, getattr(logger, "_tracking_uri", None)
     return None
+
+
+class NormsBeforeClipping:
+    """Logs each probed step's ``total_norm_before_clipping`` into the monitor's run, beside its ``total_norm``: a
+    trainer that clips by norm leaves the recorded (applied) gradients' norm flat at the clip value, so that chart
+    alone would not show the training's gradient norm.
+
+    While the trainer trains (:meth:`watch` ... :meth:`close`), ``torch.nn.utils.clip_grad_norm_`` is wrapped: the
+    norm it returns for the monitored model's parameters is the norm before clipping, computed anyway (Trainer, through
+    accelerate, and Lightning's ``gradient_clip_val`` both call it). It is kept as a tensor, so the training thread
+    never waits for the device, and read here, a sink of the monitor, when its step's record reaches the writer
+    thread; it goes to MLflow only (the dump keeps msprobe's files). ``clips_inside_step``: the trainer clips inside
+    ``optimizer.step(closure)`` (Lightning), after the monitor counted the step, not before ``step()`` (Trainer).
+    """
+
+    def __init__(self, clips_inside_step: bool):
+        self.clips_inside_step = clips_inside_step
+        self.monitor = None
+        self._run = None
+        self._norms: dict[int, "torch.Tensor"] = {}
+        self._lock = threading.Lock()  # noted on the training thread, read on the writer thread
+        self._undo = None
+
+    def watch(self, monitor, model: "torch.nn.Module") -> None:
+        """From now on, notes the norms ``clip_grad_norm_`` returns for ``model``'s parameters for ``monitor``'s
+        run (nothing without one)."""
+        import torch
+
+        self.monitor = monitor
+        self._run = next((s for s in monitor._session.sinks if hasattr(s, "annotate")), None)  # the MLflow sink
+        if self._run is None or self._undo is not None:
+            return
+        watched = {id(p) for p in model.parameters()}
+        original = torch.nn.utils.clip_grad_norm_
+
+        @functools.wraps(original)
+        def clip_grad_norm_(parameters, *args, **kwargs):
+            parameters = [parameters] if isinstance(parameters, torch.Tensor) else list(parameters)
+            norm = original(parameters, *args, **kwargs)
+            # not FSDP2's DTensor norm: reading it would be a collective on the writer thread
+            if type(norm) is torch.Tensor and any(id(p) in watched for p in parameters):
+                self._note(norm)
+            return norm
+
+        def undo():
+            if torch.nn.utils.clip_grad_norm_ is clip_grad_norm_:  # another wrapper on top stays, and calls ours
+                torch.nn.utils.clip_grad_norm_ = original
+
+        torch.nn.utils.clip_grad_norm_, self._undo = clip_grad_norm_, undo
+
+    def _note(self, norm: "torch.Tensor") -> None:
+        step = self.monitor.step - 1 if self.clips_inside_step else self.monitor.step
+        if self.monitor.config.wants_step(step):
+            with self._lock:
+                self._norms[step] = norm.detach()
+
+    def handle(self, record: StepRecord) -> None:
+        with self._lock:
+            norm = self._norms.pop(record.step, None)
+            for step in [s for s in self._norms if s < record.step]:  # clipped, but not probed (a failed probe)
+                del self._norms[step]
+        if norm is not None and not record.step % self.monitor.tracking.log_every_n_steps:
+            self._run.annotate(step=record.step, metrics={norm_before_clipping_key(record.rank): float(norm)})
+
+    def flush(self) -> None:
+        pass
+
+    def close(self) -> None:
+        """Gives ``clip_grad_norm_`` back (the monitor's ``stop()`` calls it)."""
+        if self._undo is not None:
+            self._undo()
+            self._undo = None
+
+
+def with_sink(options: dict, sink) -> dict:
+    """The monitor's ``options`` with ``sink`` added to the user's ``sinks`` (None: as they are)."""
+    return options if sink is None else {**options, "sinks": [*options.get("sinks", ()), sink]}

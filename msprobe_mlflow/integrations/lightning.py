@@ -5,14 +5,17 @@ active run finds it. :func:`~msprobe_mlflow.integrations.mlflow_logger_run` find
 it too). Under automatic optimization Lightning calls ``optimizer.step(closure)`` with a closure that runs the
 training step, the backward and the gradient clipping; the monitor probes when that closure returns, so a record
 holds the accumulated, clipped gradients the optimizer applies, one record per optimizer step whatever
-``accumulate_grad_batches``.
+``accumulate_grad_batches``; with ``gradient_clip_val`` (by norm), ``total_norm_before_clipping`` beside
+``total_norm`` is the norm Lightning clipped them from (:class:`~msprobe_mlflow.integrations.NormsBeforeClipping`).
 """
 from __future__ import annotations
 
 import os
 
 from msprobe_mlflow.config import GradProbeConfig
-from msprobe_mlflow.integrations import RECORDED_TAG, callback_config, checked_callback_config, mlflow_logger_run
+from msprobe_mlflow.integrations import (RECORDED_TAG, NormsBeforeClipping, callback_config, checked_callback_config,
+                                         mlflow_logger_run, with_sink)
+from msprobe_mlflow.metrics import NORM_BEFORE_CLIPPING
 from msprobe_mlflow.pytorch.monitor import GradientMonitor
 
 try:
@@ -43,10 +46,14 @@ class GradientProbeCallback(Callback):
         run_id, tracking_uri = mlflow_logger_run(pl_module) or (None, None)
         config = callback_config(self.config, run_id, "GradientProbeCallback")
         optimizer = trainer.optimizers[0] if len(trainer.optimizers) == 1 else None
-        self.monitor = GradientMonitor(config, run_id=run_id, tracking_uri=tracking_uri, **self.options)
+        norms = NormsBeforeClipping(clips_inside_step=True) if trainer.gradient_clip_val else None  # in the closure
+        self.monitor = GradientMonitor(config, run_id=run_id, tracking_uri=tracking_uri,
+                                       **with_sink(self.options, norms))
         self.monitor.monitor(pl_module, optimizer)
-        if trainer.gradient_clip_val:
-            self.monitor.tag_run({RECORDED_TAG: f"after clipping (gradient_clip_val={trainer.gradient_clip_val})"})
+        if norms is not None:
+            norms.watch(self.monitor, pl_module)
+            self.monitor.tag_run({RECORDED_TAG: f"after clipping (gradient_clip_val={trainer.gradient_clip_val}); "
+                                                f"{NORM_BEFORE_CLIPPING} is the norm before clipping"})
 
     def on_train_end(self, trainer, pl_module) -> None:
         if self.monitor is not None:

@@ -2,13 +2,17 @@
 MLflow run (its ``MLflowCallback`` starts it before this callback's ``on_train_begin``).
 
 One record per optimizer step, whatever ``gradient_accumulation_steps``: the monitor watches the optimizer inside
-accelerate's wrapper, which steps it only when the gradients are synchronised. Steps: our step S is Trainer's
-``global_step`` S + 1 (Trainer counts the steps done, we number them from 0). Trainer clips before ``step()``
-(``max_grad_norm``, 1.0 by default), so the recorded gradients, and ``total_norm``, are the clipped ones while
-Trainer's ``grad_norm`` is the norm before clipping: the run's tag ``msprobe_mlflow.gradients_recorded`` says so.
+accelerate's wrapper, which steps it only when the gradients are synchronised. Steps: Trainer counts the steps
+done, we number them from 0 (the dump's step S is Trainer's ``global_step`` S + 1), so in MLflow the probe's metrics
+go at step S + 1, beside Trainer's ``loss`` and ``grad_norm`` of the same step (``mlflow_step_offset``). Trainer
+clips before ``step()`` (``max_grad_norm``, 1.0 by default), so the recorded gradients, and ``total_norm``, are the
+clipped ones; ``total_norm_before_clipping`` beside it is Trainer's ``grad_norm``, at every step
+(:class:`~msprobe_mlflow.integrations.NormsBeforeClipping`); the run's tag ``msprobe_mlflow.gradients_recorded``
+says so.
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 
 import mlflow
@@ -20,8 +24,11 @@ except ImportError as missing:
                       f"pip install \"msprobe-mlflow[transformers]\"") from missing
 
 from msprobe_mlflow.config import GradProbeConfig
-from msprobe_mlflow.integrations import RECORDED_TAG, callback_config, checked_callback_config
+from msprobe_mlflow.integrations import (RECORDED_TAG, NormsBeforeClipping, callback_config, checked_callback_config,
+                                         with_sink)
+from msprobe_mlflow.metrics import NORM_BEFORE_CLIPPING
 from msprobe_mlflow.pytorch.monitor import GradientMonitor
+from msprobe_mlflow.tracking.options import MLFLOW_STEP_OFFSET_TAG
 
 
 class GradientProbeCallback(TrainerCallback):
@@ -40,11 +47,17 @@ class GradientProbeCallback(TrainerCallback):
     def on_train_begin(self, args, state, control, model=None, optimizer=None, **kwargs):
         active = mlflow.active_run()
         config = callback_config(self.config, active.info.run_id if active else None, "GradientProbeCallback")
-        self.monitor = GradientMonitor(config, **self.options)
+        norms = NormsBeforeClipping(clips_inside_step=False) if args.max_grad_norm > 0 else None  # before step
+        self.monitor = GradientMonitor(config, **with_sink(self.options, norms))
+        if self.monitor.tracking is not None:  # in MLflow, at Trainer's step numbers: its global_step after the step
+            self.monitor.tracking = dataclasses.replace(self.monitor.tracking, mlflow_step_offset=1)
         self.monitor.monitor(model, getattr(optimizer, "optimizer", optimizer))  # accelerate's wrapper holds it
-        if args.max_grad_norm:
-            self.monitor.tag_run({RECORDED_TAG: f"after clipping (max_grad_norm={args.max_grad_norm}); Trainer's "
-                                                f"grad_norm is before clipping; our step S is global_step S+1"})
+        self.monitor.tag_run({MLFLOW_STEP_OFFSET_TAG: "1"})
+        if norms is not None:
+            norms.watch(self.monitor, model)
+            self.monitor.tag_run({RECORDED_TAG: f"after clipping (max_grad_norm={args.max_grad_norm}); "
+                                                f"{NORM_BEFORE_CLIPPING} is the norm before clipping (Trainer's "
+                                                f"grad_norm); MLflow step S+1 is the dump's step S"})
 
     def on_train_end(self, args, state, control, **kwargs):
         if self.monitor is not None:
