@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from matplotlib.colors import to_rgb
 
-from msprobe_mlflow.compare.plots import MAX_HEATMAP_ROWS, heatmap_figure
+from msprobe_mlflow.compare.plots import MAX_HEATMAP_ROWS, SUSPICIOUS_COLOUR, heatmap_figure
 
 MIN_LABEL_POINTS = 9   # about 12 pixels at 100 dpi: readable without zooming
 MIN_ROW_PIXELS = 16    # a label's height and a little space
@@ -65,3 +66,24 @@ def test_over_long_names_are_shortened_in_the_middle():
     labels, _, _ = drawn_rows(heatmap_figure([long_name, "bias"], [0, 1], np.ones((2, 2))))
     assert labels[0].startswith("model.very_long") and labels[0].endswith("_name.weight") and "..." in labels[0]
     assert len(labels[0]) <= 60 and labels[1] == "bias"
+
+
+def test_the_first_suspicious_step_and_its_culprits_are_marked_in_red_on_the_heat_map():
+    names, steps, matrix = parameters(6, steps=100)  # step labels every third step: 50 is not one of them
+    figure = heatmap_figure(names, steps, matrix, suspicious_step=50, culprits={names[1], names[4]})
+    axes = figure.axes[0]
+    [outline] = [patch for patch in axes.patches if patch.get_edgecolor()[:3] == to_rgb(SUSPICIOUS_COLOUR)]
+    assert (outline.get_x(), outline.get_width()) == (steps.index(50) - 0.5, 1)  # the column of step 50, no other
+    step_labels = {label.get_text(): label for label in axes.get_xticklabels()}
+    assert to_rgb(step_labels["50"].get_color()) == to_rgb(SUSPICIOUS_COLOUR)
+    assert [to_rgb(label.get_color()) == to_rgb(SUSPICIOUS_COLOUR) for label in step_labels.values()].count(True) == 1
+    red_rows = [label.get_text() for label in axes.get_yticklabels()
+                if to_rgb(label.get_color()) == to_rgb(SUSPICIOUS_COLOUR)]
+    assert red_rows == [names[1], names[4]]
+    assert "first suspicious step 50" in axes.get_title()
+
+
+def test_a_consistent_comparison_marks_nothing_on_the_heat_map():
+    names, steps, matrix = parameters(6)
+    axes = heatmap_figure(names, steps, matrix).axes[0]
+    assert len(axes.patches) == 0 and "suspicious" not in axes.get_title()

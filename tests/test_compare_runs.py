@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import csv
+import hashlib
 import io
 import os
 import re
@@ -9,6 +10,7 @@ import subprocess
 import sys
 import uuid
 from pathlib import Path
+from urllib.parse import quote
 
 import mlflow
 import pytest
@@ -71,7 +73,7 @@ def test_compare_runs_logs_metrics_tags_and_artifacts(hand_dumps, experiment_id)
     client = MlflowClient()
     run = client.get_run(result.run_id)
     assert run.info.experiment_id == experiment_id and run.info.status == "FINISHED"
-    assert run.info.run_name == "compare baseline vs candidate"
+    assert run.info.run_name == "baseline vs candidate"
     tags = run.data.tags
     assert (tags["msprobe_mlflow.compare.run_a"], tags["msprobe_mlflow.compare.run_b"]) == (run_a, run_b)
     assert tags["msprobe_mlflow.compare.verdict"] == "suspicious"
@@ -121,13 +123,57 @@ def test_a_consistent_comparison_says_so_in_its_first_line(hand_dumps, tmp_path,
     assert f"- B: `{hand_dumps[0].resolve()}`" in description.splitlines()
 
 
+def test_repeated_comparisons_of_a_pair_share_its_key_and_each_links_the_previous_one(hand_dumps, experiment_id):
+    run_a = log_dump_run(hand_dumps[0], experiment_id, "baseline")
+    run_b = log_dump_run(hand_dumps[1], experiment_id, "candidate")
+    first = compare_runs(run_a, run_b, rule="msprobe")
+    second = compare_runs(run_a, run_b)
+    other_way = compare_runs(run_b, run_a)
+    with_folder = compare_runs(run_a, str(hand_dumps[1]))
+    tags = {result.run_id: MlflowClient().get_run(result.run_id).data.tags
+            for result in (first, second, other_way, with_folder)}
+    expected = hashlib.sha256(f"run:{run_a}\nrun:{run_b}".encode()).hexdigest()[:16]
+    assert first.pair == second.pair == expected == tags[first.run_id]["msprobe_mlflow.compare.pair"] \
+        == tags[second.run_id]["msprobe_mlflow.compare.pair"]
+    assert other_way.pair != first.pair and with_folder.pair not in (first.pair, other_way.pair)
+    assert first.previous_run_id is None and "msprobe_mlflow.compare.previous_run" not in tags[first.run_id]
+    assert second.previous_run_id == tags[second.run_id]["msprobe_mlflow.compare.previous_run"] == first.run_id
+    assert other_way.previous_run_id is None and with_folder.previous_run_id is None
+    found = MlflowClient().search_runs([experiment_id], f"tags.msprobe_mlflow.compare.pair = '{first.pair}'")
+    assert sorted(run.info.run_id for run in found) == sorted([first.run_id, second.run_id])
+    previous_line = next(line for line in tags[second.run_id]["mlflow.note.content"].splitlines()
+                         if line.startswith("- previous comparison of this pair: "))
+    assert previous_line.startswith(f"- previous comparison of this pair: [baseline vs candidate](#/experiments/"
+                                    f"{experiment_id}/runs/{first.run_id}?workflowType=machine_learning) (suspicious); "
+                                    f"[all of them](#/experiments/{experiment_id}/runs?searchFilter=")
+    assert quote(f"tags.msprobe_mlflow.compare.pair = '{first.pair}'") in previous_line
+
+
+def test_the_verdict_tag_filters_comparison_runs_in_and_out_of_the_training_runs(hand_dumps, experiment_id):
+    """The searches docs/compare.md gives for the runs table's search box, run against a real store."""
+    run_a = log_dump_run(hand_dumps[0], experiment_id, "baseline")
+    run_b = log_dump_run(hand_dumps[1], experiment_id, "candidate")
+    suspicious = compare_runs(run_a, run_b, rule="msprobe").run_id
+    consistent = compare_runs(run_a, run_a).run_id
+
+    def found(search: str) -> set[str]:
+        return {run.info.run_id for run in MlflowClient().search_runs([experiment_id], search)}
+
+    assert found("tags.msprobe_mlflow.compare.verdict IS NULL") == {run_a, run_b}
+    assert found("tags.msprobe_mlflow.compare.verdict IS NOT NULL") == {suspicious, consistent}
+    assert found("tags.msprobe_mlflow.compare.verdict = 'suspicious'") == {suspicious}
+    ordered = MlflowClient().search_runs([experiment_id], "tags.msprobe_mlflow.compare.verdict IS NOT NULL",
+                                         order_by=["tags.`msprobe_mlflow.compare.verdict` DESC"])
+    assert [run.info.run_id for run in ordered] == [suspicious, consistent]
+
+
 def test_a_long_comparison_is_cut_to_fit_mlflows_limit_inside_its_fenced_block(store, experiment_id, tmp_path):
     steps = list(range(3000))  # about 60 000 characters of printed table
     rank = RankComparison(0, steps, ["w"], {"w": [(1, 1)] * len(steps)}, [(1, 1)] * len(steps))
     comparison = DumpComparison(tmp_path / "a", tmp_path / "b", [rank],
                                 Verdict(RuleSettings("msprobe"), [RankVerdict(0)]))
     sources = [ComparisonSource("a", folder=tmp_path / "a"), ComparisonSource("b", folder=tmp_path / "b")]
-    run_id, _ = log_comparison_run(MlflowClient(), comparison, sources, experiment=mlflow.get_experiment(
+    run_id, _, _ = log_comparison_run(MlflowClient(), comparison, sources, experiment=mlflow.get_experiment(
         experiment_id).name)
     description = MlflowClient().get_run(run_id).data.tags["mlflow.note.content"]
     assert len(description) <= MAX_TAG_VAL_LENGTH
@@ -207,7 +253,11 @@ def test_cli_end_to_end_names_the_perturbed_step(store, experiment_id, tmp_path)
     assert done.returncode == 3, done.stderr
     assert "rank 0: first suspicious step 2" in done.stdout
     assert f"mlflow ui --backend-store-uri {uri}" in done.stdout
-    comparison_runs = [r for r in runs_in(experiment_id) if r.info.run_name == "compare baseline vs perturbed"]
+    pair = hashlib.sha256(f"run:{baseline}\nrun:{perturbed}".encode()).hexdigest()[:16]
+    assert f"every comparison of this pair (runs table search): tags.msprobe_mlflow.compare.pair = '{pair}'" \
+        in done.stdout.splitlines()
+    assert "previous comparison of this pair" not in done.stdout
+    comparison_runs = [r for r in runs_in(experiment_id) if r.info.run_name == "baseline vs perturbed"]
     assert len(comparison_runs) == 1
     assert comparison_runs[0].data.tags["msprobe_mlflow.compare.first_suspicious_step"] == "2"
     assert (tmp_path / "out" / "rank0" / "similarities.csv").exists()

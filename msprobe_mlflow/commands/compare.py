@@ -23,7 +23,8 @@ FOLDER = click.Path(file_okay=False)  # checked only if it exists: created when 
               help="experiment of the comparison run (created if missing; default: the experiment of the first "
                    "source run). Example: --experiment grad-compare")
 @click.option("--run-name", metavar="NAME",
-              help="name of the comparison run (default: 'compare <A> vs <B>'). Example: --run-name 'bf16 vs fp32'")
+              help="name of the comparison run (default: '<A> vs <B>', each the source run's name or the folder's). "
+                   "Example: --run-name 'bf16 vs fp32'")
 @tracking_uri_option
 @click.option("--rule", type=click.Choice(RULES), default=DEFAULT_RULE, show_default=True,
               help="how steps are judged: 'noise' against the pair's own numerical noise (runs that differ in "
@@ -62,9 +63,10 @@ def compare(a: str, b: str, output: str | None, experiment: str | None, run_name
     --rule msprobe: the first compared step below --first-threshold, or a drop of more than --drop-threshold. The
     first suspicious step per rank is printed with the parameters that moved most beyond their noise.
 
-    Outputs: a new MLflow run 'compare <A> vs <B>' (metric summary_similarity/rank<R> over training steps, the
-    verdict as tags and metrics, artifacts grad_compare/rank<R>/similarities.csv, plots, verdict.json), and with
-    --output the same files locally.
+    Outputs: a new MLflow run '<A> vs <B>' (metric summary_similarity/rank<R> over training steps, the verdict as
+    tags and metrics, artifacts grad_compare/rank<R>/similarities.csv, plots, verdict.json), and with --output the
+    same files locally. Comparing the same A and B again makes a new run with the same tag
+    msprobe_mlflow.compare.pair, linked to the previous one (printed, and in its description).
 
     \b
     Examples:
@@ -83,7 +85,7 @@ def compare(a: str, b: str, output: str | None, experiment: str | None, run_name
     options = dict(rule=rule, plots=not no_plots, per_param_plots=per_param_plots, **thresholds)
     if no_mlflow and Path(a).exists() and Path(b).exists():  # two dumps: no tracking store involved
         comparison = compare_dumps(a, b, output, **options)
-        _print_result(comparison, None, None, None)
+        _print_result(comparison)
         verdict = comparison.verdict
     else:
         from msprobe_mlflow.tracking.comparison_run import compare_runs
@@ -92,24 +94,30 @@ def compare(a: str, b: str, output: str | None, experiment: str | None, run_name
         require_tracking_server(tracking_uri)  # a side is a run ID, or the comparison run is logged
         result = compare_runs(a, b, tracking_uri=tracking_uri, experiment=experiment, run_name=run_name,
                               output_dir=output, cache_dir=cache_dir, log_run=not no_mlflow, **options)
-        _print_result(result.comparison, result.run_id, result.run_url(), result.tracking_uri, result.experiment_id)
+        _print_result(result.comparison, result)
         verdict = result.verdict
     return SUSPICIOUS_RESULT if fail_on_suspicious and verdict.suspicious else OK
 
 
-def _print_result(comparison, run_id: str | None, run_url: str | None, tracking_uri: str | None,
-                  experiment_id: str | None = None) -> None:
+def _print_result(comparison, result=None) -> None:
+    """The table and verdict; with ``result`` (a ``RunComparison`` that logged a run) the run, how to open it, and
+    how to find every comparison of the same pair."""
     click.echo(comparison.table())
     click.echo()
     click.echo(comparison.verdict.describe())
     if comparison.output_dir is not None:
         click.echo(f"\noutputs: {comparison.output_dir}")
-    if run_id:
-        click.echo(f"\ncomparison run: {run_id}")
-        if run_url:
-            click.echo(f"open: {run_url}")
-        else:
-            from msprobe_mlflow.tracking.experiments import run_page_url
+    if result is None or not result.run_id:
+        return
+    from msprobe_mlflow.tracking.comparison_run import pair_search
+    from msprobe_mlflow.tracking.experiments import run_page_url
 
-            click.echo(f"open: mlflow ui --backend-store-uri {tracking_uri}")
-            click.echo(f"      then {run_page_url('http://127.0.0.1:5000', experiment_id, run_id)}")
+    click.echo(f"\ncomparison run: {result.run_id}")
+    if result.previous_run_id:
+        click.echo(f"previous comparison of this pair: {result.previous_run_id}")
+    click.echo(f"every comparison of this pair (runs table search): {pair_search(result.pair)}")
+    if result.run_url():
+        click.echo(f"open: {result.run_url()}")
+    else:
+        click.echo(f"open: mlflow ui --backend-store-uri {result.tracking_uri}")
+        click.echo(f"      then {run_page_url('http://127.0.0.1:5000', result.experiment_id, result.run_id)}")

@@ -1,7 +1,8 @@
 """The comparison's pictures, drawn with matplotlib's object API (no pyplot state, safe off the main thread).
 
 Per rank: ``summary_similarities.png`` (x ``steps``, y ``similarities``, as msprobe draws it) and
-``similarity_heatmap.png`` (parameter x step); per parameter ``{param}_similarities.png`` only on request.
+``similarity_heatmap.png`` (parameter x step); per parameter ``{param}_similarities.png`` only on request. Both
+summary pictures mark the first suspicious step (and the heat map the parameters tripping there) in red.
 """
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from pathlib import Path
 import numpy as np
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
+from matplotlib.patches import Rectangle
 from matplotlib.ticker import MaxNLocator
 
 from msprobe_mlflow.safe_paths import param_file_stem
@@ -20,6 +22,7 @@ from msprobe_mlflow.safe_paths import param_file_stem
 MAX_HEATMAP_ROWS = 60
 MAX_LABEL_CHARACTERS = 56
 MAX_STEP_LABELS = 40
+SUSPICIOUS_COLOUR = "tab:red"  # the first suspicious step, on the curve and the heat map
 _DPI, _ROW_INCHES, _STEP_INCHES, _LABEL_POINTS = 100, 0.24, 0.3, 10
 
 
@@ -60,7 +63,7 @@ class CurvePlotter:
             extras.append(self.axes.fill_between(steps, lows, 1.0, color="tab:green", alpha=0.15, step="mid",
                                                  label="expected from noise"))
         if suspicious_step is not None:
-            extras.append(self.axes.axvline(suspicious_step, color="tab:red", linestyle="--",
+            extras.append(self.axes.axvline(suspicious_step, color=SUSPICIOUS_COLOUR, linestyle="--",
                                             label=f"first suspicious step {suspicious_step}"))
         legend = self.axes.legend(loc="lower left") if extras else None
         try:
@@ -91,11 +94,14 @@ def _shortened(name: str) -> str:
     return f"{name[:keep // 2]}...{name[len(name) - (keep - keep // 2):]}"
 
 
-def heatmap_figure(names: list[str], steps: list[int], matrix: np.ndarray) -> Figure:
-    """``matrix[i, j]``: similarity of ``names[i]`` at ``steps[j]``; NaN cells (not compared) stay blank.
+def heatmap_figure(names: list[str], steps: list[int], matrix: np.ndarray, suspicious_step: int | None = None,
+                   culprits=()) -> Figure:
+    """``matrix[i, j]``: similarity of ``names[i]`` at ``steps[j]``; NaN cells (not compared) stay blank. The
+    ``suspicious_step``'s column is outlined in red, its step label red and bold, and the rows of ``culprits`` (the
+    parameters tripping there) have red labels, so the picture says where the verdict points.
 
     Sized to what it shows: a 0.24-inch row per parameter with 10-point labels, 0.3 inch per step (at most
-    ``MAX_STEP_LABELS`` step labels), so 6 parameters and 500 read alike.
+    ``MAX_STEP_LABELS`` step labels, always the suspicious step's), so 6 parameters and 500 read alike.
     """
     rows = heatmap_rows(matrix)
     labels = [_shortened(names[i]) for i in rows]
@@ -110,12 +116,23 @@ def heatmap_figure(names: list[str], steps: list[int], matrix: np.ndarray) -> Fi
     image = axes.imshow(np.ma.masked_invalid(shown), aspect="auto", interpolation="nearest", cmap="viridis",
                         vmin=low, vmax=1.0)
     figure.colorbar(image, ax=axes, fraction=0.05, aspect=30).set_label("similarity", fontsize=_LABEL_POINTS)
-    columns = range(len(steps))[::max(1, math.ceil(len(steps) / MAX_STEP_LABELS))]
-    axes.set_xticks(list(columns), [str(steps[j]) for j in columns])
+    marked = steps.index(suspicious_step) if suspicious_step in steps else None
+    columns = list(range(len(steps))[::max(1, math.ceil(len(steps) / MAX_STEP_LABELS))])
+    if marked is not None and marked not in columns:
+        columns = sorted(columns + [marked])
+    axes.set_xticks(columns, [str(steps[j]) for j in columns])
     axes.set_yticks(range(len(rows)), labels)
     axes.tick_params(labelsize=_LABEL_POINTS)
     axes.set_xlabel("steps", fontsize=_LABEL_POINTS)
     title = "direction similarity per parameter"
+    if marked is not None:
+        axes.add_patch(Rectangle((marked - 0.5, -0.5), 1, len(rows), fill=False, edgecolor=SUSPICIOUS_COLOUR,
+                                 linewidth=2.5, clip_on=False))
+        axes.get_xticklabels()[columns.index(marked)].set(color=SUSPICIOUS_COLOUR, fontweight="bold")
+        for label, row in zip(axes.get_yticklabels(), rows):
+            if names[row] in culprits:
+                label.set(color=SUSPICIOUS_COLOUR, fontweight="bold")
+        title += f" (red: first suspicious step {suspicious_step}" + (", its culprits)" if culprits else ")")
     if len(rows) < len(names):
         title += (f"\nthe {len(rows)} of {len(names)} parameters whose similarity fell lowest, in model order "
                   f"(all in similarities.csv)")
@@ -123,8 +140,9 @@ def heatmap_figure(names: list[str], steps: list[int], matrix: np.ndarray) -> Fi
     return figure
 
 
-def heatmap(folder: Path, names: list[str], steps: list[int], matrix: np.ndarray) -> Path:
+def heatmap(folder: Path, names: list[str], steps: list[int], matrix: np.ndarray, suspicious_step: int | None = None,
+            culprits=()) -> Path:
     """Saves :func:`heatmap_figure` as ``{folder}/similarity_heatmap.png``."""
     path = folder / "similarity_heatmap.png"
-    _save(heatmap_figure(names, steps, matrix), path)
+    _save(heatmap_figure(names, steps, matrix, suspicious_step, culprits), path)
     return path

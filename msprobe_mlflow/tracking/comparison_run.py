@@ -1,9 +1,15 @@
 """``compare_runs``: compare two monitored runs (or dump folders) and log the result as a new MLflow run.
 
-The comparison run (default experiment: the first source run's; name ``compare <a> vs <b>``) holds:
+The comparison run (default experiment: the first source run's) is named by its sources, ``<a> vs <b>`` (each
+the source run's name, or the folder's), so that it reads as a comparison among training runs; its verdict is a tag
+the runs table can show as a column, sort and search. It holds:
 
 - tags ``msprobe_mlflow.compare.run_a`` / ``run_b`` (source run IDs) and ``dump_path_a`` / ``dump_path_b`` (source
-  folders), ``msprobe_mlflow.compare.verdict`` (``suspicious`` or ``consistent``), ``...rule`` (which rule judged),
+  folders), ``msprobe_mlflow.compare.pair`` (a stable key of the ordered pair: every comparison of the same A and B
+  carries the same one) and, when the experiment holds an earlier comparison of that pair,
+  ``msprobe_mlflow.compare.previous_run`` (the latest one's ID, also linked from the description: repeated
+  comparisons are new runs, linked, never overwritten), ``msprobe_mlflow.compare.verdict`` (``suspicious`` or
+  ``consistent``), ``...rule`` (which rule judged),
   ``msprobe_mlflow.compare.first_suspicious_step`` and per rank ``...rank{R}.first_suspicious_step``,
   ``...rank{R}.suspicious_parameters`` and ``...rank{R}.sign_noise``; as the run's description (Markdown), the
   verdict in one line, links to both sources, and the printed verdict and table in a fenced block;
@@ -16,13 +22,15 @@ The comparison run (default experiment: the first source run's; name ``compare <
 """
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import quote
 
-from mlflow.entities import Metric, RunTag
+from mlflow.entities import Metric, Run, RunTag
 from mlflow.tracking import MlflowClient
 
 from msprobe_mlflow import __version__
@@ -32,12 +40,15 @@ from msprobe_mlflow.compare.verdict import (DEFAULT_DROP_THRESHOLD, DEFAULT_FIRS
 from msprobe_mlflow.dump import dump_folder, indexed_children
 from msprobe_mlflow.tracking import TAG_PREFIX
 from msprobe_mlflow.metrics import metric_key
-from msprobe_mlflow.tracking.experiments import experiment_id_for, run_page_link, run_page_url
+from msprobe_mlflow.tracking.experiments import MODEL_TRAINING_VIEW, experiment_id_for, run_page_link, run_page_url
 from msprobe_mlflow.tracking.run_dump import RunDumpListing, fetch_run_dump, get_run, list_run_dump
 from msprobe_mlflow.tracking.runs import MAX_TAG_VAL_LENGTH, clipped, created_run, log_batched, now_ms, param, tag
 from msprobe_mlflow.tracking.server import require_existing_store
 
 COMPARE_TAG_PREFIX = f"{TAG_PREFIX}compare."
+VERDICT_TAG = f"{COMPARE_TAG_PREFIX}verdict"
+PAIR_TAG = f"{COMPARE_TAG_PREFIX}pair"
+PREVIOUS_TAG = f"{COMPARE_TAG_PREFIX}previous_run"
 ARTIFACT_FOLDER = "grad_compare"
 
 
@@ -51,6 +62,8 @@ class RunComparison:
     comparison: DumpComparison
     experiment_id: str | None = None
     tracking_uri: str | None = None
+    pair: str | None = None  # the PAIR_TAG value: every comparison of the same A and B has it
+    previous_run_id: str | None = None  # the latest earlier comparison of the pair in the experiment, if any
 
     def to_dataframe(self):
         """:meth:`DumpComparison.to_dataframe`: the similarities per rank, step and parameter."""
@@ -61,6 +74,7 @@ class RunComparison:
         if self.run_id and self.tracking_uri and self.tracking_uri.startswith(("http://", "https://")):
             return run_page_url(self.tracking_uri, self.experiment_id, self.run_id)
         return None
+
 
 
 @dataclass
@@ -74,6 +88,11 @@ class ComparisonSource:
     @property
     def run_id(self) -> str | None:
         return self.listing.run_id if self.listing else None
+
+    @property
+    def identity(self) -> str:
+        """What stays the same however the source is given: the run ID, or the folder's absolute path."""
+        return f"run:{self.run_id}" if self.listing else f"folder:{self.folder.resolve()}"
 
     @property
     def label(self) -> str:
@@ -144,6 +163,29 @@ def _experiment_id(client: MlflowClient, experiment: str | None, sources: list[C
     return experiment_id_for(client, experiment)
 
 
+def pair_key(sources: list[ComparisonSource]) -> str:
+    """The ordered pair's key (``PAIR_TAG``): 16 hex digits of the SHA-256 of both sources' identities, short
+    enough to read in a table and to paste into a search."""
+    return hashlib.sha256("\n".join(source.identity for source in sources).encode()).hexdigest()[:16]
+
+
+def pair_search(pair: str) -> str:
+    """The search (the runs table's search box, ``search_runs``' filter) for every comparison of ``pair``."""
+    return f"tags.{PAIR_TAG} = '{pair}'"
+
+
+def previous_comparison(client: MlflowClient, experiment_id: str, pair: str) -> Run | None:
+    """The latest comparison run of ``pair`` in the experiment, if any."""
+    runs = client.search_runs([experiment_id], filter_string=pair_search(pair), max_results=1,
+                              order_by=["attributes.start_time DESC"])
+    return runs[0] if runs else None
+
+
+def experiment_search_link(experiment_id: str, search: str) -> str:
+    """The experiment's runs table with ``search`` in its search box, relative to any page of the same MLflow UI."""
+    return f"#/experiments/{experiment_id}/runs?searchFilter={quote(search)}&{MODEL_TRAINING_VIEW}"
+
+
 def _headline(verdict: Verdict) -> str:
     """The verdict in one Markdown line: where the runs part and on what evidence, or that they do not."""
     if not verdict.suspicious:
@@ -166,9 +208,10 @@ def _headline(verdict: Verdict) -> str:
             f"[{verdict.rule} rule]")
 
 
-def _description(comparison: DumpComparison, sources: list[ComparisonSource]) -> str:
-    """The run's description in the UI (Markdown): the verdict in one line, links to both sources, then the
-    printed verdict and table in a fenced block, which keeps its columns aligned (cut to fit MLflow's limit)."""
+def _description(comparison: DumpComparison, sources: list[ComparisonSource], previous: Run | None = None) -> str:
+    """The run's description in the UI (Markdown): the verdict in one line, links to both sources (and to the
+    previous comparison of the pair), then the printed verdict and table in a fenced block, which keeps its columns
+    aligned (cut to fit MLflow's limit)."""
     lines = [_headline(comparison.verdict), ""]
     for side, source in zip("AB", sources):
         if source.run_id:
@@ -176,17 +219,26 @@ def _description(comparison: DumpComparison, sources: list[ComparisonSource]) ->
             lines.append(f"- {side}: [{source.label}]({link}) `{source.run_id}`")
         else:
             lines.append(f"- {side}: `{source.folder.resolve()}`")
+    if previous is not None:
+        experiment_id, pair = previous.info.experiment_id, previous.data.tags[PAIR_TAG]
+        lines.append(f"- previous comparison of this pair: [{previous.info.run_name}]"
+                     f"({run_page_link(experiment_id, previous.info.run_id)}) "
+                     f"({previous.data.tags.get(VERDICT_TAG, 'no verdict')}); "
+                     f"[all of them]({experiment_search_link(experiment_id, pair_search(pair))})")
     head = "\n".join([*lines, "", "```text", ""])
     printed = f"{comparison.verdict.describe()}\n\n{comparison.table()}"
     return f"{head}{clipped(printed, MAX_TAG_VAL_LENGTH - len(head) - 4)}\n```"
 
 
-def _tags(comparison: DumpComparison, sources: list[ComparisonSource]) -> list[RunTag]:
+def _tags(comparison: DumpComparison, sources: list[ComparisonSource], pair: str,
+          previous: Run | None) -> list[RunTag]:
     verdict = comparison.verdict
     tags = {"mlflow.source.name": "msprobe-mlflow compare", f"{TAG_PREFIX}version": __version__,
-            "mlflow.note.content": _description(comparison, sources),
-            f"{COMPARE_TAG_PREFIX}verdict": "suspicious" if verdict.suspicious else "consistent",
-            f"{COMPARE_TAG_PREFIX}rule": verdict.rule}
+            "mlflow.note.content": _description(comparison, sources, previous),
+            VERDICT_TAG: "suspicious" if verdict.suspicious else "consistent",
+            f"{COMPARE_TAG_PREFIX}rule": verdict.rule, PAIR_TAG: pair}
+    if previous is not None:
+        tags[PREVIOUS_TAG] = previous.info.run_id
     for side, source in zip("ab", sources):
         if source.run_id:
             tags[f"{COMPARE_TAG_PREFIX}run_{side}"] = source.run_id
@@ -222,18 +274,20 @@ def _metrics(comparison: DumpComparison) -> list[Metric]:
 
 
 def log_comparison_run(client: MlflowClient, comparison: DumpComparison, sources: list[ComparisonSource],
-                       experiment: str | None = None, run_name: str | None = None) -> tuple[str, str]:
-    """Creates the comparison run and logs tags, params, metrics and the output folder; returns its run and
-    experiment IDs."""
+                       experiment: str | None = None, run_name: str | None = None) -> tuple[str, str, Run | None]:
+    """Creates the comparison run, linked to the latest earlier comparison of the same pair in its experiment, and
+    logs tags, params, metrics and the output folder; returns its run and experiment IDs and that earlier run."""
     experiment_id = _experiment_id(client, experiment, sources)
-    run_name = run_name or f"compare {sources[0].label} vs {sources[1].label}"
+    pair = pair_key(sources)
+    previous = previous_comparison(client, experiment_id, pair)
+    run_name = run_name or f"{sources[0].label} vs {sources[1].label}"
     with created_run(client, experiment_id, run_name=run_name) as run_id:
         verdict = comparison.verdict
-        log_batched(client, run_id, metrics=_metrics(comparison), tags=_tags(comparison, sources),
+        log_batched(client, run_id, metrics=_metrics(comparison), tags=_tags(comparison, sources, pair, previous),
                     params=[param(key, value) for key, value in verdict.settings.to_dict().items()])
         if comparison.output_dir is not None:
             client.log_artifacts(run_id, str(comparison.output_dir), ARTIFACT_FOLDER)
-    return run_id, experiment_id
+    return run_id, experiment_id, previous
 
 
 def compare_runs(run_a: str | os.PathLike, run_b: str | os.PathLike, tracking_uri: str | None = None,
@@ -273,13 +327,15 @@ def compare_runs(run_a: str | os.PathLike, run_b: str | os.PathLike, tracking_ur
         comparison = compare_dumps(folder_a, folder_b, output_dir, rule=rule, first_threshold=first_threshold,
                                    drop_threshold=drop_threshold, plots=plots, per_param_plots=per_param_plots,
                                    progress=progress)
-        run_id = experiment_id = None
+        run_id = experiment_id = previous = None
         if log_run:
-            run_id, experiment_id = log_comparison_run(client_factory(), comparison, sources, experiment, run_name)
+            run_id, experiment_id, previous = log_comparison_run(client_factory(), comparison, sources, experiment,
+                                                                 run_name)
     finally:
         if scratch is not None:
             shutil.rmtree(scratch, ignore_errors=True)
     if scratch is not None:
         comparison.output_dir = None  # logged, then removed
     return RunComparison(run_id, comparison.verdict, comparison, experiment_id,
-                         client_factory().tracking_uri if log_run else None)
+                         client_factory().tracking_uri if log_run else None, pair_key(sources),
+                         previous.info.run_id if previous else None)
