@@ -1,14 +1,15 @@
 """The CPU statistics in one read of each gradient: a numba kernel, compiled once per dtype and cached on disk.
 
 numpy needs one call, and so one pass over memory, per statistic; here one kernel walks each gradient in blocks
-that fit the L1 cache and, while a block sits there, runs a few loops over it that the compiler vectorises: max and
-min as integer order keys in the element's own width (see :func:`_order_key_to_values`) with the zero and NaN
-counts, the sum of squares in torch's own order (:func:`_add_squares`), one count per bound, and the sign bits
-packed eight at a time by one multiplication. It releases the GIL: :func:`statistics` spreads the gradients over
+that fit the L1 cache: one loop over rows of 8 computes max and min as integer order keys in the element's own
+width (see :func:`_order_key_to_values`), the zero and NaN counts and the sum of squares in torch's own order, and
+while the block sits in the cache, vectorised loops count each bound and pack the sign bits eight at a time by one
+multiplication. It releases the GIL: :func:`statistics` spreads the gradients over
 torch's intra-op thread count (both cores while the training thread waits in the optimizer's pre-hook).
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import os
@@ -20,13 +21,12 @@ import torch
 from numba import njit
 
 BLOCK = 1 << 13  # elements per block (32 KiB of float32): every loop over a block reads it from the L1 cache
-NORM_LANES = 8  # torch's CPU norm: 8 float32 partial sums of x*x, added up in lane order, then the tail
 SMALL_ARRAY = 1 << 14  # elements: smaller arrays share one kernel call, so a model of many pays one call's cost
 PARALLEL_MIN = 1 << 20  # elements: below this, threads cost more than they save
 _GATHER_BITS = np.uint64(0x8040201008040201)  # (8 bytes of 0/1) * this >> 56: byte k's bit lands at bit 7-k
-_LIMITS = {  # per dtype, in its bits' integer type: the smallest order key, the magnitude mask, +inf, the sign shift
-    np.dtype(np.float32): np.array([-(1 << 31), 0x7FFFFFFF, 0x7F800000, 31], np.int32),
-    np.dtype(np.float64): np.array([-(1 << 63), 0x7FFFFFFFFFFFFFFF, 0x7FF0000000000000, 63], np.int64)}
+_LIMITS = {  # per dtype, in its bits' integer type: the smallest order key, the magnitude mask (the largest), +inf
+    np.dtype(np.float32): np.array([-(1 << 31), 0x7FFFFFFF, 0x7F800000], np.int32),
+    np.dtype(np.float64): np.array([-(1 << 63), 0x7FFFFFFFFFFFFFFF, 0x7FF0000000000000], np.int64)}
 CACHE_ENV = "NUMBA_CACHE_DIR"
 
 
@@ -53,31 +53,33 @@ def _compiled(function: Callable) -> Callable:
         return njit(nogil=True)(function)
 
 
-def _block_keys(words, limits):
-    """Max and min order key of a block of float bits, and its zero and NaN counts (int32 lanes: vectorised)."""
-    largest, smallest, magnitude, infinity, shift = limits[0], limits[1], limits[1], limits[2], limits[3]
-    zeros, nans = np.int32(0), np.int32(0)
-    for i in range(words.size):
-        word = words[i]
-        key = word ^ ((word >> shift) & magnitude)
-        largest, smallest = max(largest, key), min(smallest, key)
-        absolute = word & magnitude
-        zeros += np.int32(1) if absolute == 0 else np.int32(0)
-        nans += np.int32(1) if absolute > infinity else np.int32(0)
-    return largest, smallest, zeros, nans
+@contextlib.contextmanager
+def _slp(dtype: np.dtype):
+    """numba's superword vectoriser on while the kernel is first compiled for ``dtype`` (numba leaves it off by
+    default; without it the 8 lanes of the row loop run as scalars, 2.5 times slower). Cached code keeps it."""
+    from numba.core import config
+    if dtype in _vectorised:
+        yield
+        return
+    with _compiling:
+        previous, config.SLP_VECTORIZE = config.SLP_VECTORIZE, 1
+        try:
+            yield
+        finally:
+            config.SLP_VECTORIZE = previous
+            _vectorised.add(dtype)
 
 
-def _add_squares(block, lanes):
-    """Adds ``x * x`` of a block (a multiple of 8 elements) to 8 partial sums, element ``i`` to sum ``i % 8``, in
-    the block's order: exactly what ``torch.linalg.vector_norm`` does on float32 (so the norms are equal bit for
-    bit, checked once by :func:`_squares_match_torch`). One row of 8 at a time keeps the sums in a register."""
-    rows = block.reshape(-1, NORM_LANES)
-    a0, a1, a2, a3, a4, a5, a6, a7 = lanes[0], lanes[1], lanes[2], lanes[3], lanes[4], lanes[5], lanes[6], lanes[7]
-    for r in range(rows.shape[0]):
-        row = rows[r]
-        a0, a1, a2, a3 = a0 + row[0] * row[0], a1 + row[1] * row[1], a2 + row[2] * row[2], a3 + row[3] * row[3]
-        a4, a5, a6, a7 = a4 + row[4] * row[4], a5 + row[5] * row[5], a6 + row[6] * row[6], a7 + row[7] * row[7]
-    lanes[0], lanes[1], lanes[2], lanes[3], lanes[4], lanes[5], lanes[6], lanes[7] = a0, a1, a2, a3, a4, a5, a6, a7
+_vectorised: set = set()
+_compiling = threading.Lock()
+
+
+def _lane(x, word, high, low, zeros, nans, square, magnitude, infinity):
+    """One element into one lane's state: max and min order key, zero and NaN counts, sum of squares."""
+    absolute = word & magnitude
+    key = word if word >= 0 else word ^ magnitude
+    return (max(high, key), min(low, key), zeros + (np.int32(1) if absolute == 0 else np.int32(0)),
+            nans + (np.int32(1) if absolute > infinity else np.int32(0)), square + x * x)
 
 
 def _fused_square_add(x, total):
@@ -118,45 +120,57 @@ def _segments_statistics(values, words, ends, rows, bounds, limits, with_counts,
                          keys, counts, squares, signs, sign_offsets):
     """For segment ``s = values[ends[s-1]:ends[s]]``, writes into row ``rows[s]``: ``keys`` (max and min order
     keys), ``counts`` (``x <= b`` per bound, then ``x == 0``, then NaN), ``squares`` (the sum of ``x * x`` in
-    torch's order: see :func:`_add_squares`), and its packed signs at ``signs[sign_offsets[s]:]``."""
+    torch's order), and its packed signs at ``signs[sign_offsets[s]:]``.
+
+    One loop over rows of 8 elements does the keys, zero and NaN counts and squares, element ``i`` of a segment in
+    lane ``i % 8``: 8 named lane states that the compiler keeps in vector registers (SLP, see :func:`_slp`), and
+    8 float32 sums of squares added in the segment's order, as torch's CPU norm does (equal bit for bit, checked
+    once by :func:`_squares_match_torch`). The signs and each bound's count are loops over the block while it
+    sits in the L1 cache."""
     positive = np.zeros(BLOCK, np.uint8)
-    lanes = np.zeros(NORM_LANES, values.dtype)
-    bound_count = bounds.size
+    zero, magnitude, infinity = values.dtype.type(0), limits[1], limits[2]
     start = 0
     for s in range(ends.size):
         end, row = ends[s], rows[s]
-        largest, smallest = limits[0], limits[1]
-        lanes[:] = 0
-        tail = end - (end - start) % NORM_LANES
+        h0 = h1 = h2 = h3 = h4 = h5 = h6 = h7 = limits[0]
+        l0 = l1 = l2 = l3 = l4 = l5 = l6 = l7 = limits[1]
+        z0 = z1 = z2 = z3 = z4 = z5 = z6 = z7 = n0 = n1 = n2 = n3 = n4 = n5 = n6 = n7 = np.int32(0)
+        q0 = q1 = q2 = q3 = q4 = q5 = q6 = q7 = zero
+        tail = end - (end - start) % 8
         for low in range(start, end, BLOCK):
-            block, block_words = values[low:min(low + BLOCK, end)], words[low:min(low + BLOCK, end)]
-            high, low_key, zeros, nans = _block_keys(block_words, limits)
-            largest, smallest = max(largest, high), min(smallest, low_key)
-            counts[row, bound_count] += zeros
-            counts[row, bound_count + 1] += nans
-            if with_squares:
-                _add_squares(values[low:max(low, min(low + BLOCK, tail))], lanes)
+            block, w = values[low:min(low + BLOCK, tail)], words[low:min(low + BLOCK, tail)]
+            for r in range(block.size // 8):
+                b = 8 * r
+                h0, l0, z0, n0, q0 = _lane(block[b], w[b], h0, l0, z0, n0, q0, magnitude, infinity)
+                h1, l1, z1, n1, q1 = _lane(block[b + 1], w[b + 1], h1, l1, z1, n1, q1, magnitude, infinity)
+                h2, l2, z2, n2, q2 = _lane(block[b + 2], w[b + 2], h2, l2, z2, n2, q2, magnitude, infinity)
+                h3, l3, z3, n3, q3 = _lane(block[b + 3], w[b + 3], h3, l3, z3, n3, q3, magnitude, infinity)
+                h4, l4, z4, n4, q4 = _lane(block[b + 4], w[b + 4], h4, l4, z4, n4, q4, magnitude, infinity)
+                h5, l5, z5, n5, q5 = _lane(block[b + 5], w[b + 5], h5, l5, z5, n5, q5, magnitude, infinity)
+                h6, l6, z6, n6, q6 = _lane(block[b + 6], w[b + 6], h6, l6, z6, n6, q6, magnitude, infinity)
+                h7, l7, z7, n7, q7 = _lane(block[b + 7], w[b + 7], h7, l7, z7, n7, q7, magnitude, infinity)
+            block = values[low:min(low + BLOCK, end)]
             if with_counts:
-                for b in range(bound_count):
-                    counts[row, b] += _count_below(block, bounds[b])
+                for k in range(bounds.size):
+                    counts[row, k] += _count_below(block, bounds[k])
             if with_signs:
                 _pack_signs(block, positive, signs[sign_offsets[s] + (low - start) // 8:])
-        keys[row, 0], keys[row, 1] = largest, smallest
+        total = q0 + q1 + q2 + q3 + q4 + q5 + q6 + q7  # in lane order, then torch's compiled tail: 4 products
+        for i in range(tail, end):  # added in order, then fused adds
+            h0, l0, z0, n0, _ = _lane(values[i], words[i], h0, l0, z0, n0, zero, magnitude, infinity)
+            total = total + values[i] * values[i] if end - tail >= 4 and i < tail + 4 else \
+                _fused_square_add(values[i], total)
+        keys[row, 0], keys[row, 1] = max(h0, h1, h2, h3, h4, h5, h6, h7), min(l0, l1, l2, l3, l4, l5, l6, l7)
+        counts[row, bounds.size] += z0 + z1 + z2 + z3 + z4 + z5 + z6 + z7
+        counts[row, bounds.size + 1] += n0 + n1 + n2 + n3 + n4 + n5 + n6 + n7
         if with_squares:
-            total = lanes[0]
-            for k in range(1, NORM_LANES):
-                total += lanes[k]
-            for i in range(tail, end):  # torch's compiled tail: 4 products added in order, then fused adds
-                if end - tail >= 4 and i < tail + 4:
-                    total += values[i] * values[i]
-                else:
-                    total = _fused_square_add(values[i], total)
             squares[row] = total
         start = end
 
 
-_block_keys, _add_squares, _fused_square_add, _count_below, _pack_signs, _segments_statistics = map(_compiled, (
-    _block_keys, _add_squares, _fused_square_add, _count_below, _pack_signs, _segments_statistics))
+_lane = njit(inline="always")(_lane)  # inlined before compiling: the 8 lanes are straight-line code to vectorise
+_fused_square_add, _count_below, _pack_signs, _segments_statistics = map(_compiled, (
+    _fused_square_add, _count_below, _pack_signs, _segments_statistics))
 
 
 def _order_key_to_values(keys: np.ndarray, dtype: np.dtype) -> np.ndarray:
@@ -249,9 +263,10 @@ def statistics(arrays: list[np.ndarray], bounds, *, with_counts: bool, with_sign
     threads = worker_threads()
     for dtype in {a.dtype for a in arrays}:
         members = [i for i, a in enumerate(arrays) if a.dtype == dtype]
-        with_squares = with_norms and dtype == np.float32 and _squares_match_torch()
-        keys, all_counts, squares = _run([arrays[i] for i in members], bounds, with_counts, with_signs,
-                                            with_squares, [sign_offsets[i] for i in members], signs, threads)
+        with _slp(dtype):
+            with_squares = with_norms and dtype == np.float32 and _squares_match_torch()
+            keys, all_counts, squares = _run([arrays[i] for i in members], bounds, with_counts, with_signs,
+                                             with_squares, [sign_offsets[i] for i in members], signs, threads)
         found = np.array(members, np.int64)
         counts[found] = all_counts[:, :-1]
         clean = (all_counts[:, -1] == 0) & np.array([arrays[i].size > 0 for i in members], bool)
