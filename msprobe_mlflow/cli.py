@@ -2,9 +2,12 @@
 
 A command returns its exit code (None for 0). Any exception that ends it, click's usage errors included, becomes
 one line on stderr, ``msprobe-mlflow <command>: error: <message>``, and the exit code that
-``commands.exit_codes.exit_code_for`` gives it; never a traceback.
+``commands.exit_codes.exit_code_for`` gives it; never a traceback. The package's warnings are one line too.
 """
 from __future__ import annotations
+
+import os
+import warnings
 
 import click
 
@@ -17,15 +20,28 @@ from msprobe_mlflow.commands.upload import upload
 
 class CommandGroup(click.Group):
     def invoke(self, ctx: click.Context):
+        command_path = " ".join(filter(None, (ctx.command_path, ctx.invoked_subcommand)))
         try:
-            exit_code = super().invoke(ctx)
+            with warnings.catch_warnings():
+                warnings.showwarning = _say_ours(command_path, warnings.showwarning)
+                exit_code = super().invoke(ctx)
         except (click.exceptions.Exit, click.Abort):  # --help, and click's own interrupt handling
             raise
         except Exception as error:
-            command_path = " ".join(filter(None, (ctx.command_path, ctx.invoked_subcommand)))
             click.echo(f"{command_path}: error: {exit_codes.error_message(error)}", err=True)
             exit_code = exit_codes.exit_code_for(error)
         ctx.exit(exit_code or exit_codes.OK)
+
+
+def _say_ours(command_path: str, others):
+    """The package's warnings as one line each, ``msprobe-mlflow <command>: warning: <message>``, like its errors;
+    other libraries' as Python shows them."""
+    def show(message, category, filename, lineno, file=None, line=None):
+        if f"{os.sep}msprobe_mlflow{os.sep}" in filename:
+            click.echo(f"{command_path}: warning: {message}", err=True)
+        else:
+            others(message, category, filename, lineno, file, line)
+    return show
 
 
 @click.group("msprobe-mlflow", cls=CommandGroup, epilog=exit_codes.HELP,

@@ -163,3 +163,13 @@ def test_under_autolog_every_rank_starting_a_run_leaves_one_run_with_both_ranks(
     deleted = client.search_runs([runs[0].info.experiment_id], run_view_type=mlflow.entities.ViewType.DELETED_ONLY)
     assert len(deleted) == 1 and not deleted[0].data.metrics
 
+
+
+def test_compare_closes_a_run_whose_job_lost_its_ranks_and_says_so(tmp_path, monkeypatch):
+    uri, run_id = crashed_job_run(tmp_path)
+    monkeypatch.chdir(tmp_path)
+    result = CliRunner().invoke(cli, ["compare", run_id, run_id, "--tracking-uri", uri, "--no-mlflow", "--no-plots"])
+    assert result.exit_code == 0, result.output
+    assert "ranks 0 never said how they ended: tagged missing" in result.output
+    after = MlflowClient(uri).get_run(run_id)
+    assert after.info.status == "FAILED" and after.data.tags["msprobe_mlflow.rank0.status"] == "missing"

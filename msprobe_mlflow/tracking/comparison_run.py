@@ -26,6 +26,7 @@ import hashlib
 import os
 import shutil
 import tempfile
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import quote
@@ -44,6 +45,7 @@ from msprobe_mlflow.tracking.experiments import MODEL_TRAINING_VIEW, experiment_
 from msprobe_mlflow.tracking.run_dump import RunDumpListing, fetch_run_dump, get_run, list_run_dump
 from msprobe_mlflow.tracking.runs import MAX_TAG_VAL_LENGTH, clipped, created_run, log_batched, now_ms, param, tag
 from msprobe_mlflow.tracking.server import require_existing_store
+from msprobe_mlflow.tracking.upload import close_abandoned_run
 
 COMPARE_TAG_PREFIX = f"{TAG_PREFIX}compare."
 VERDICT_TAG = f"{COMPARE_TAG_PREFIX}verdict"
@@ -123,6 +125,9 @@ def resolve_source(given: str | os.PathLike, side: str, client_factory) -> Compa
                                 f"an MLflow run ID")
     client = client_factory(f"{side} = {str(given)!r}")
     run = get_run(client, str(given), f"{side} = {str(given)!r}")
+    closed = close_abandoned_run(client, run.info.run_id)  # a job that lost ranks left it RUNNING: say so, end it
+    if closed:
+        warnings.warn(f"{side}: {closed}", stacklevel=2)
     return ComparisonSource(str(given), listing=list_run_dump(client, run))
 
 
