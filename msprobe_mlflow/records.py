@@ -75,13 +75,14 @@ def md5_per_parameter(flat_float32: np.ndarray, numels: list[int]) -> list[str]:
 def record_from_statistics(*, rank: int, step: int, level: str, bounds, names: list[str],
                            shapes: list[tuple[int, ...]], statistics: np.ndarray, signs: np.ndarray | None = None,
                            float32_values: np.ndarray | None = None, checksum: bool = False,
-                           directions: bool = True) -> StepRecord:
+                           directions: bool = True, md5: list[str] | None = None) -> StepRecord:
     """The :class:`StepRecord` of the flat vector a monitor computes on the device, whatever the framework.
 
     ``statistics`` is laid out as :class:`msprobe_mlflow.layout.StatisticsLayout` says: ``max, min, norm`` per
     parameter, then at L2 the cumulative counts, whose differences are the buckets (so NaN and +inf land in the last
     one). ``signs`` are the packed directions (L1/L2), ``float32_values`` the flattened gradients (L0 MD5); with
-    ``checksum``, the vector's checksum section (L0) fills the MD5 column instead.
+    ``checksum``, the vector's checksum section (L0) fills the MD5 column instead; ``md5``: the digests, hashed
+    already where the gradients were (then ``float32_values`` is not needed).
     ``directions=False``: a step whose directions were not computed (``signs`` is ignored).
     """
     shapes = [tuple(s) for s in shapes]
@@ -99,6 +100,8 @@ def record_from_statistics(*, rank: int, step: int, level: str, bounds, names: l
         record.directions = np.zeros(0, np.uint8) if signs is None else np.asarray(signs, dtype=np.uint8)
     if checksum:
         record.md5 = [f"{CHECKSUM_PREFIX}{int(high):08x}{int(low):08x}" for high, low in sections[CHECKSUM]]
+    elif layout.level.has_md5 and md5 is not None:
+        record.md5 = list(md5)
     elif layout.level.has_md5:
         values = np.zeros(0, np.float32) if float32_values is None else float32_values
         record.md5 = md5_per_parameter(values, layout.numels)

@@ -94,6 +94,24 @@ def test_gradients_on_the_cpu_and_on_cuda_in_one_step(tmp_path):
         assert_row(rows["on_cpu"], header, expected_row([-0.5, 0.0, 4.0], level, BOUNDS))
 
 
+
+def test_l0_on_the_cpu_hashes_the_gradients_in_place_without_a_snapshot(tmp_path, monkeypatch):
+    import hashlib
+    from msprobe_mlflow.pytorch import statistics
+
+    def no_snapshot(size):
+        raise AssertionError(f"a snapshot of {size} elements was taken")
+
+    monkeypatch.setattr(statistics, "_snapshot_buffer", no_snapshot)
+    values = [np.linspace(-1, 1, 2_000_003, dtype=np.float32), GRADIENTS["weight"], np.float64([0.1, -2.0])]
+    grads = [torch.from_numpy(v.copy()) for v in values] + [torch.from_numpy(GRADIENTS["weight"].copy()).t()]
+    expected = [hashlib.md5(np.ascontiguousarray(v, "<f4").tobytes()).hexdigest()
+                for v in values + [GRADIENTS["weight"].T]]
+    pending = launch_step_statistics(list("abcd"), grads, rank=0, step=0, level="L0", bounds=BOUNDS)
+    for grad in grads:
+        grad.zero_()  # the optimizer may write them before the writer thread takes the step
+    assert pending().md5 == expected
+
 @CUDA
 @pytest.mark.parametrize("level", ["L0", "L1", "L2"])
 def test_launching_a_step_never_synchronises_the_training_thread_with_cuda(level):

@@ -82,7 +82,9 @@ def launch_step_statistics(names: list[str], grads: list[torch.Tensor], *, rank:
     Gradients on several devices (CPU offload) are handled per device and merged back into parameter order on the
     writer thread. ``directions=False`` skips the sign bits this step (the record then has none). ``checksum``
     (L0): ``md5``, or ``mix64``, computed where the gradients are (:func:`_row_checksums`) instead of copying
-    them to the host for MD5; it takes the device path on the CPU too.
+    them to the host for MD5; it takes the device path on the CPU too. MD5 of gradients that are all on the CPU is
+    computed here, on the training thread while torch waits (over its threads), reading the gradients in place:
+    no model-sized snapshot, and no hashing left to compete with the next steps.
     """
     if checksum not in CHECKSUMS:
         raise ValueError(f"checksum = {checksum!r} is not accepted; expected one of {', '.join(CHECKSUMS)}")
@@ -93,7 +95,11 @@ def launch_step_statistics(names: list[str], grads: list[torch.Tensor], *, rank:
     by_device: dict[torch.device, list[int]] = {}
     for index, grad in enumerate(grads):
         by_device.setdefault(grad.device, []).append(index)
-    pending = [(indices, _launch_group([grads[i] for i in indices], layout.level, bounds32, device_checksum))
+    digests = None
+    if recorded.has_md5 and not device_checksum and list(by_device) == [torch.device("cpu")]:
+        digests = fused.md5_digests([_host_array(g) for g in grads])  # in place, before the optimizer writes
+        recorded = dataclasses.replace(recorded, has_md5=False)  # so no snapshot is taken
+    pending = [(indices, _launch_group([grads[i] for i in indices], recorded, bounds32, device_checksum))
                for indices in by_device.values()]
 
     def resolve() -> StepRecord:
@@ -105,7 +111,7 @@ def launch_step_statistics(names: list[str], grads: list[torch.Tensor], *, rank:
         record = record_from_statistics(rank=rank, step=step, level=level, bounds=bounds, names=names,
                                         shapes=[g.shape for g in grads], statistics=statistics, signs=signs,
                                         float32_values=float32_values, checksum=device_checksum,
-                                        directions=directions)
+                                        directions=directions, md5=digests)
         for _, (_, _, snapshot) in parts:  # hashed: the host snapshots can serve the next steps
             release_snapshot(snapshot)
         return record
@@ -131,11 +137,16 @@ def _comparable(grad: torch.Tensor) -> torch.Tensor:
     return grad if grad.dtype in (torch.float32, torch.float64) else grad.float()
 
 
+def _host_array(grad: torch.Tensor) -> np.ndarray:
+    """A CPU gradient as a flat numpy array, a zero-copy view where it is contiguous (bf16/fp16 as float32)."""
+    return _comparable(grad).detach().numpy().reshape(-1)
+
+
 def _host_statistics(grads, level, bounds32):
     """The CPU path: :mod:`msprobe_mlflow.pytorch.fused` reads each gradient once (zero-copy numpy views; bf16
     and fp16 are compared in float32), computing max, min, the norm, the L2 counts and the sign bits together.
     The norms it cannot give bit for bit as torch's (bf16/fp16/float64, non-contiguous) come from torch."""
-    arrays = [_comparable(g).detach().numpy().reshape(-1) for g in grads]
+    arrays = [_host_array(g) for g in grads]
     layout = StatisticsLayout(level, bounds32, [a.size for a in arrays])
     signs = np.empty(layout.signs_length, np.uint8) if level.has_directions else None
     maxima, minima, counts, norms = fused.statistics(arrays, bounds32, with_counts=level.has_buckets,
