@@ -22,10 +22,36 @@ decides.
 """
 from __future__ import annotations
 
+from dataclasses import asdict, dataclass
+
 from msprobe_mlflow.config import GradProbeConfig
 from msprobe_mlflow.notices import Notices
 from msprobe_mlflow.records import StepRecord
 from msprobe_mlflow.sinks.anomalies import AnomalyFlags, SpikeRule
+
+TIER_OPTIONS_SOURCE = "monitor options"  # what an error about a tier option given to a monitor starts with
+
+
+@dataclass(frozen=True)
+class TierOptions:
+    """The always-on tier's monitor options: each one given (not None) overrides the config's ``grad_probe`` key of
+    the same name (see :class:`~msprobe_mlflow.config.GradProbeConfig`). Each value is checked here; whether the
+    combination suits the config (its level records directions, some step gets them) when :meth:`applied_to` it."""
+
+    directions_every_n_steps: int | None = None
+    directions_on_anomaly: bool | None = None
+    directions_steps_after_anomaly: int | None = None
+
+    def __post_init__(self):
+        # Alone, beside values that accept any other: the config's own checks, with the config's messages.
+        GradProbeConfig(dump_path=".", level="L1", directions_on_anomaly=True, source=TIER_OPTIONS_SOURCE) \
+            .replace(**self.given())
+
+    def given(self) -> dict:
+        return {key: value for key, value in asdict(self).items() if value is not None}
+
+    def applied_to(self, config: GradProbeConfig) -> GradProbeConfig:
+        return config.replace(**self.given(), source=TIER_OPTIONS_SOURCE) if self.given() else config
 
 
 class DirectionsSchedule:

@@ -1,19 +1,18 @@
-"""What both framework monitors offer on top of their one :class:`ProbeSession`: the options every monitor takes,
-and the edge where its sinks are chosen (:func:`msprobe_mlflow.sinks.choose_sinks`)."""
+"""What both framework monitors offer on top of their one :class:`ProbeSession`: the options every monitor takes
+(:class:`~msprobe_mlflow.options.MonitorOptions`), and the edge where its sinks are chosen
+(:func:`msprobe_mlflow.sinks.choose_sinks`)."""
 from __future__ import annotations
 
 import os
 from typing import Callable
 
-from msprobe_mlflow.compare.verdict import (DEFAULT_DROP_THRESHOLD, DEFAULT_FIRST_THRESHOLD, DEFAULT_RULE,
-                                            RuleSettings)
 from msprobe_mlflow.config import GradProbeConfig, load_config
 from msprobe_mlflow.directions_schedule import DirectionsSchedule, directions_sinks
 from msprobe_mlflow.notices import Notices
+from msprobe_mlflow.options import MonitorOptions
 from msprobe_mlflow.session import ProbeSession, RankPolicy, outcome_of
-from msprobe_mlflow.sinks import StepSink, choose_sinks
-from msprobe_mlflow.sinks.anomalies import SpikeRule
-from msprobe_mlflow.sinks.baseline import BaselineOptions, SuspiciousCallback
+from msprobe_mlflow.sinks import choose_sinks
+from msprobe_mlflow.sinks.baseline import BaselineOptions
 from msprobe_mlflow.tracking.aggregate import SummaryGather
 from msprobe_mlflow.tracking.options import TrackingOptions
 
@@ -22,60 +21,32 @@ class SessionMonitor:
     """Each framework monitor adds ``monitor()``, ``stop()`` (which must close the session) and its way of
     turning gradients into pending steps.
 
-    MLflow: into ``run_id``, else the active run (else ``MLFLOW_RUN_ID``); with none, the local dump only;
-    ``log_to_mlflow=False`` turns it off. ``metrics_file=True`` also appends each step's summary metrics to
-    ``{dump_path}/rank{R}/metrics.jsonl``. ``aggregate_metrics``: rank 0 sends every rank's summary metrics in its
-    own requests, gathered by one small collective per step (None, the default: from 64 ranks; see
-    ``msprobe_mlflow.tracking.aggregate``). ``archive_every_n_steps``: each rank's files go up as one archive per
-    this many sent steps (1, the default: two files per step). ``sinks``: more outputs (objects with
-    ``handle(record)``, ``flush()``, ``close()``), fed on the writer thread after the local dump. ``silent``:
-    problems go to the ``msprobe_mlflow`` logger only, no warnings.
-
-    Live verdicts (``msprobe_mlflow.sinks.baseline``, ``msprobe_mlflow.sinks.anomalies``): ``baseline`` (a dump
-    folder or an MLflow run ID, looked up in ``tracking_uri``) compares each step's directions with the baseline's
-    as the step lands, and ``on_suspicious(verdict)`` is called once when the comparator's ``rule`` (``"noise"``,
-    the default; ``"msprobe"`` with ``first_threshold``, ``drop_threshold``) first finds a step suspicious.
-    ``anomaly_flags`` (on by default) flags non-finite
-    gradients and gradient-norm spikes (``spike_threshold``, ``spike_window``: see ``SpikeRule``).
-
-    The always-on tier (:mod:`msprobe_mlflow.directions_schedule`): ``directions_every_n_steps``,
-    ``directions_on_anomaly`` and ``directions_steps_after_anomaly``, when given, override the config's
-    ``grad_probe`` keys of the same names; statistics stay at every probed step, directions only where chosen.
+    ``options`` (:class:`~msprobe_mlflow.options.MonitorOptions`, every option documented there and in
+    ``docs/options.md``) or their keywords (``log_every_n_steps=10``; given with ``options``, they change those),
+    checked here, before training starts. MLflow: into ``run_id``, else the active run (else ``MLFLOW_RUN_ID``);
+    with none, the local dump only.
     """
 
-    def __init__(self, config: GradProbeConfig | str | os.PathLike | dict, *, run_id: str | None = None,
-                 tracking_uri: str | None = None, log_every_n_steps: int = 1, param_metrics=(),
-                 log_to_mlflow: bool = True, silent: bool = False, metrics_file: bool = False,
-                 sinks: list[StepSink] = (), baseline: str | os.PathLike | None = None,
-                 on_suspicious: SuspiciousCallback | None = None, first_threshold: float = DEFAULT_FIRST_THRESHOLD,
-                 drop_threshold: float = DEFAULT_DROP_THRESHOLD, rule: str = DEFAULT_RULE,
-                 anomaly_flags: bool = True,
-                 spike_threshold: float = SpikeRule.threshold, spike_window: int = SpikeRule.window,
-                 directions_every_n_steps: int | None = None, directions_on_anomaly: bool | None = None,
-                 directions_steps_after_anomaly: int | None = None, aggregate_metrics: bool | None = None,
-                 archive_every_n_steps: int = 1):
-        self.config = load_config(config)
-        tier = dict(directions_every_n_steps=directions_every_n_steps, directions_on_anomaly=directions_on_anomaly,
-                    directions_steps_after_anomaly=directions_steps_after_anomaly)
-        if any(value is not None for value in tier.values()):
-            self.config = self.config.replace(**{k: v for k, v in tier.items() if v is not None},
-                                              source="monitor options")
+    def __init__(self, config: GradProbeConfig | str | os.PathLike | dict, *, options: MonitorOptions | None = None,
+                 **keywords):
+        config = load_config(config)
+        self.options = MonitorOptions.of(options, **keywords)
+        self.config = self.options.applied_to(config)
         self.directions_schedule = DirectionsSchedule.of(self.config)
-        self.tracking = TrackingOptions(run_id, tracking_uri, log_every_n_steps, param_metrics, aggregate_metrics,
-                                        archive_every_n_steps) \
-            if log_to_mlflow else None
-        self.baseline = live_baseline(self.config, baseline, on_suspicious, first_threshold, drop_threshold,
-                                      tracking_uri, rule)
-        if not isinstance(anomaly_flags, bool):
-            raise ValueError(f"anomaly_flags = {anomaly_flags!r} is not accepted; expected True or False")
-        self.trigger_rule = SpikeRule(spike_threshold, spike_window)
-        self.spike_rule = self.trigger_rule if anomaly_flags else None
-        self.notices = Notices(silent)
-        self.metrics_file = metrics_file
+        self.notices = Notices(self.options.silent)
         self.step = 0
-        self._extra_sinks = list(sinks)
         self._session: ProbeSession | None = None
         self.training_id: str | None = None  # set by the first session: what its dump records (rank 0's)
+
+    @property
+    def tracking(self) -> TrackingOptions | None:
+        """How this monitor logs to MLflow (None: ``log_to_mlflow=False``)."""
+        return self.options.mlflow
+
+    @property
+    def baseline(self) -> BaselineOptions | None:
+        """The live verdict's options (None: no baseline)."""
+        return self.options.live_verdict
 
     def _open_session(self, framework: str, ranks: RankPolicy,
                       share_run_id: Callable[[str | None], str | None] = lambda run_id: run_id,
@@ -86,12 +57,13 @@ class SessionMonitor:
         session = ProbeSession(self.config, framework=framework, ranks=ranks, notices=self.notices,
                                training_id=self.training_id, from_rank_zero=share_run_id)
         self.training_id = session.training_id
-        trigger = directions_sinks(self.directions_schedule, self.trigger_rule, ranks.rank, self.notices)
+        anomalies = self.options.anomalies
+        trigger = directions_sinks(self.directions_schedule, anomalies.rule, ranks.rank, self.notices)
         session.add_sinks(trigger + choose_sinks(self.config, ranks, framework=framework, tracking=self.tracking,
-                                                 share_run_id=share_run_id, metrics_file=self.metrics_file,
+                                                 share_run_id=share_run_id, metrics_file=self.options.metrics_file,
                                                  notices=self.notices, baseline=self.baseline,
-                                                 spike_rule=self.spike_rule, summary_gather=summary_gather)
-                          + self._extra_sinks)
+                                                 spike_rule=anomalies.flag_rule, summary_gather=summary_gather)
+                          + list(self.options.sinks))
         return session
 
     @property
@@ -131,18 +103,3 @@ class SessionMonitor:
             self.end_as(*outcome_of(error))
         self.stop()
 
-
-def live_baseline(config: GradProbeConfig, baseline, on_suspicious, first_threshold: float, drop_threshold: float,
-                  tracking_uri: str | None, rule: str = DEFAULT_RULE) -> BaselineOptions | None:
-    """The live verdict's options, refused before training starts when they cannot work."""
-    RuleSettings(rule, first_threshold, drop_threshold)
-    if baseline is None:
-        if on_suspicious is not None:
-            raise ValueError("on_suspicious is given without baseline=; it is called when a step is suspicious "
-                             "against a baseline run: pass baseline=RUN_ID_OR_DUMP_FOLDER too")
-        return None
-    options = BaselineOptions(baseline, on_suspicious, first_threshold, drop_threshold, tracking_uri, rule)
-    if not config.has_directions:
-        raise ValueError(f"baseline = {options.baseline!r} needs gradient directions, which grad_probe.grad_level "
-                         f"{config.level!r} does not record; use grad_level L1 or L2")
-    return options

@@ -3,6 +3,7 @@
 imports neither trainer: autolog uses it to find Lightning's run."""
 from __future__ import annotations
 
+import dataclasses
 import functools
 import os
 import threading
@@ -16,18 +17,21 @@ from msprobe_mlflow.records import StepRecord
 if TYPE_CHECKING:
     import torch
 
+    from msprobe_mlflow.options import MonitorOptions
+
 # Where a callback says what the recorded gradients are (after clipping: not what the trainer's own norm shows).
 RECORDED_TAG = "msprobe_mlflow.gradients_recorded"
 
 
-def checked_callback_config(config, options: dict, source: str) -> GradProbeConfig | None:
-    """The callback's ``config`` loaded, and the monitor's ``options`` checked, when the callback is made: a
+def checked_callback_config(config, options: "MonitorOptions | None", keywords: dict,
+                            source: str) -> tuple[GradProbeConfig | None, "MonitorOptions"]:
+    """The callback's ``config`` loaded, and the monitor's options made and checked, when the callback is made: a
     mistake found at ``on_train_begin`` would come after the trainer opened its MLflow run, leaving an empty one."""
     from msprobe_mlflow.pytorch.monitor import GradientMonitor  # torch: the callbacks' own dependency
 
     loaded = None if config is None else load_config(config)
-    GradientMonitor(callback_config(loaded, None, source), **options)  # checks only: opens no session, no run
-    return loaded
+    monitor = GradientMonitor(callback_config(loaded, None, source), options=options, **keywords)  # opens no run
+    return loaded, monitor.options
 
 
 def callback_config(config, run_id: str | None, source: str) -> GradProbeConfig:
@@ -122,6 +126,6 @@ class NormsBeforeClipping:
             self._undo = None
 
 
-def with_sink(options: dict, sink) -> dict:
+def with_sink(options: "MonitorOptions", sink) -> "MonitorOptions":
     """The monitor's ``options`` with ``sink`` added to the user's ``sinks`` (None: as they are)."""
-    return options if sink is None else {**options, "sinks": [*options.get("sinks", ()), sink]}
+    return options if sink is None else dataclasses.replace(options, sinks=(*options.sinks, sink))

@@ -16,6 +16,7 @@ from msprobe_mlflow.config import GradProbeConfig
 from msprobe_mlflow.integrations import (RECORDED_TAG, NormsBeforeClipping, callback_config, checked_callback_config,
                                          mlflow_logger_run, with_sink)
 from msprobe_mlflow.metrics import NORM_BEFORE_CLIPPING
+from msprobe_mlflow.options import MonitorOptions
 from msprobe_mlflow.pytorch.monitor import GradientMonitor
 
 try:
@@ -31,15 +32,15 @@ class GradientProbeCallback(Callback):
     """Probes the LightningModule's gradients at each optimizer step into the ``MLFlowLogger``'s run (else the
     active run), from ``on_train_start`` to ``on_train_end``.
 
-    ``config``: as :class:`GradientMonitor` takes it (default: L1 in ``./msprobe_dump/{run_id}``); ``options``: the
-    monitor's (``log_every_n_steps``, ``param_metrics``, ``baseline``...).
+    ``config``: as :class:`GradientMonitor` takes it (default: L1 in ``./msprobe_dump/{run_id}``); ``options`` (or
+    their keywords): the monitor's, :class:`~msprobe_mlflow.options.MonitorOptions`.
     """
 
-    def __init__(self, config: GradProbeConfig | str | os.PathLike | dict | None = None, **options):
+    def __init__(self, config: GradProbeConfig | str | os.PathLike | dict | None = None, *,
+                 options: MonitorOptions | None = None, **keywords):
         if Callback is object:
             raise ImportError('GradientProbeCallback needs Lightning: pip install "msprobe-mlflow[lightning]"')
-        self.config = checked_callback_config(config, options, "GradientProbeCallback")
-        self.options = options
+        self.config, self.options = checked_callback_config(config, options, keywords, "GradientProbeCallback")
         self.monitor: GradientMonitor | None = None
 
     def on_train_start(self, trainer, pl_module) -> None:
@@ -47,8 +48,8 @@ class GradientProbeCallback(Callback):
         config = callback_config(self.config, run_id, "GradientProbeCallback")
         optimizer = trainer.optimizers[0] if len(trainer.optimizers) == 1 else None
         norms = NormsBeforeClipping(clips_inside_step=True) if trainer.gradient_clip_val else None  # in the closure
-        self.monitor = GradientMonitor(config, run_id=run_id, tracking_uri=tracking_uri,
-                                       **with_sink(self.options, norms))
+        self.monitor = GradientMonitor(config, options=with_sink(self.options, norms), run_id=run_id,
+                                       tracking_uri=tracking_uri)
         self.monitor.monitor(pl_module, optimizer)
         if norms is not None:
             norms.watch(self.monitor, pl_module)

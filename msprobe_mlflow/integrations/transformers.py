@@ -12,7 +12,6 @@ says so.
 """
 from __future__ import annotations
 
-import dataclasses
 import os
 
 import mlflow
@@ -27,6 +26,7 @@ from msprobe_mlflow.config import GradProbeConfig
 from msprobe_mlflow.integrations import (RECORDED_TAG, NormsBeforeClipping, callback_config, checked_callback_config,
                                          with_sink)
 from msprobe_mlflow.metrics import NORM_BEFORE_CLIPPING
+from msprobe_mlflow.options import MonitorOptions
 from msprobe_mlflow.pytorch.monitor import GradientMonitor
 from msprobe_mlflow.tracking.options import MLFLOW_STEP_OFFSET_TAG
 
@@ -35,22 +35,22 @@ class GradientProbeCallback(TrainerCallback):
     """Probes the model's gradients at each optimizer step, from ``on_train_begin`` to ``on_train_end``, into the
     active MLflow run (Trainer's, with ``report_to="mlflow"``), else the local dump only.
 
-    ``config``: as :class:`GradientMonitor` takes it (default: L1 in ``./msprobe_dump/{run_id}``); ``options``: the
-    monitor's (``log_every_n_steps``, ``param_metrics``, ``baseline``...).
+    ``config``: as :class:`GradientMonitor` takes it (default: L1 in ``./msprobe_dump/{run_id}``); ``options`` (or
+    their keywords): the monitor's, :class:`~msprobe_mlflow.options.MonitorOptions` (``mlflow_step_offset`` is 1:
+    Trainer's step numbers).
     """
 
-    def __init__(self, config: GradProbeConfig | str | os.PathLike | dict | None = None, **options):
-        self.config = checked_callback_config(config, options, "GradientProbeCallback")
-        self.options = options
+    def __init__(self, config: GradProbeConfig | str | os.PathLike | dict | None = None, *,
+                 options: MonitorOptions | None = None, **keywords):
+        self.config, self.options = checked_callback_config(config, options, keywords, "GradientProbeCallback")
         self.monitor: GradientMonitor | None = None
 
     def on_train_begin(self, args, state, control, model=None, optimizer=None, **kwargs):
         active = mlflow.active_run()
         config = callback_config(self.config, active.info.run_id if active else None, "GradientProbeCallback")
         norms = NormsBeforeClipping(clips_inside_step=False) if args.max_grad_norm > 0 else None  # before step
-        self.monitor = GradientMonitor(config, **with_sink(self.options, norms))
-        if self.monitor.tracking is not None:  # in MLflow, at Trainer's step numbers: its global_step after the step
-            self.monitor.tracking = dataclasses.replace(self.monitor.tracking, mlflow_step_offset=1)
+        # in MLflow, at Trainer's step numbers: its global_step after the step
+        self.monitor = GradientMonitor(config, options=with_sink(self.options, norms), mlflow_step_offset=1)
         self.monitor.monitor(model, getattr(optimizer, "optimizer", optimizer))  # accelerate's wrapper holds it
         self.monitor.tag_run({MLFLOW_STEP_OFFSET_TAG: "1"})
         if norms is not None:

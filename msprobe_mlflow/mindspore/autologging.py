@@ -21,13 +21,14 @@ from mlflow.utils.autologging_utils import autologging_integration, get_autologg
 from mlflow.utils.import_hooks import register_post_import_hook
 
 from msprobe_mlflow.config import GradProbeConfig, autolog_config
+from msprobe_mlflow.options import MonitorOptions
 
 FLAVOR_NAME = "msprobe_mlflow_mindspore"
 
 
 def autolog(config: GradProbeConfig | str | os.PathLike | dict | None = None, *, level: str | None = None,
             bounds=None, dump_path: str | None = None, disable: bool = False, silent: bool = False,
-            **monitor_options) -> None:
+            options: MonitorOptions | None = None, **keywords) -> None:
     """Probes the gradients of every ``mindspore.train.Model.train`` into the active MLflow run.
 
     Args:
@@ -36,17 +37,16 @@ def autolog(config: GradProbeConfig | str | os.PathLike | dict | None = None, *,
             ``./msprobe_dump``; each run's dump goes to ``{dump_path}/{run_id}``.
         disable: give ``Model.train`` back its own code (MLflow's ``safe_patch`` reverts it).
         silent: no warnings from msprobe-mlflow; problems go to the ``msprobe_mlflow`` logger only.
-        monitor_options: those of :class:`msprobe_mlflow.mindspore.GradientMonitor` (``log_every_n_steps``,
-            ``param_metrics``, ``metrics_file``, ``baseline``, ``on_suspicious``, ``anomaly_flags``...).
+        options: the monitors' (:class:`~msprobe_mlflow.options.MonitorOptions`), or their keywords.
 
     A ``Model.train`` whose callbacks already hold a :class:`GradProbeCallback` is left as the user set it.
     """
-    _integration(config, level=level, bounds=bounds, dump_path=dump_path, monitor_options=monitor_options,
-                 disable=disable, silent=silent)
+    _integration(config, level=level, bounds=bounds, dump_path=dump_path,
+                 options=MonitorOptions.of(options, **keywords), disable=disable, silent=silent)
 
 
 @autologging_integration(FLAVOR_NAME)
-def _integration(config, *, level, bounds, dump_path, monitor_options: dict, disable: bool = False,
+def _integration(config, *, level, bounds, dump_path, options: MonitorOptions, disable: bool = False,
                  silent: bool = False) -> None:
     """MLflow's side of :func:`autolog`: stores the configuration, reverts the earlier patch and, unless
     ``disable``, runs this body, which patches ``Model.train``."""
@@ -55,7 +55,7 @@ def _integration(config, *, level, bounds, dump_path, monitor_options: dict, dis
     from msprobe_mlflow.mindspore.callback import GradProbeCallback
 
     base = autolog_config(config, level=level, bounds=bounds, dump_path=dump_path)
-    GradProbeCallback(base, **monitor_options)  # refuses a bad option now, not at the first training
+    GradProbeCallback(base, options=options)  # refuses a bad option now, not at the first training
     signature = inspect.signature(Model.train)
 
     def train_with_probe(original, model, *args, **kwargs):
@@ -64,9 +64,9 @@ def _integration(config, *, level, bounds, dump_path, monitor_options: dict, dis
         callbacks = [] if callbacks is None else list(callbacks) if isinstance(callbacks, (list, tuple)) \
             else [callbacks]
         if not any(isinstance(callback, GradProbeCallback) for callback in callbacks):
-            silent_now = get_autologging_config(FLAVOR_NAME, "silent", False)
-            bound.arguments["callbacks"] = callbacks + [GradProbeCallback(base, dump_per_run=True, silent=silent_now,
-                                                                    **monitor_options)]
+            silent_now = get_autologging_config(FLAVOR_NAME, "silent", False) or options.silent
+            bound.arguments["callbacks"] = callbacks + [GradProbeCallback(base, dump_per_run=True, options=options,
+                                                                          silent=silent_now)]
         return original(*bound.args, **bound.kwargs)
 
     safe_patch(FLAVOR_NAME, Model, "train", train_with_probe)

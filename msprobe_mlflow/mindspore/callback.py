@@ -24,6 +24,7 @@ from mindspore.train import Callback, RunContext
 from msprobe_mlflow.config import GradProbeConfig, load_config
 from msprobe_mlflow.mindspore.distributed import current_rank, shared_run_id
 from msprobe_mlflow.mindspore.monitor import GradientMonitor
+from msprobe_mlflow.options import MonitorOptions
 from msprobe_mlflow.session import outcome_of
 
 AUTOLOGGING_TAG = "mlflow.autologging"  # MLflow's tag on the runs its autologging starts
@@ -32,18 +33,18 @@ AUTOLOGGING_TAG = "mlflow.autologging"  # MLflow's tag on the runs its autologgi
 class GradProbeCallback(Callback):
     """``Model.train(epochs, dataset, callbacks=[GradProbeCallback(config)])`` probes every step's gradients.
 
-    ``config``: msprobe's ``config.json`` path, its dict or a :class:`GradProbeConfig`. ``options``: those of
-    :class:`GradientMonitor` (``run_id``, ``tracking_uri``, ``log_every_n_steps``, ``baseline``, ``silent``...).
+    ``config``: msprobe's ``config.json`` path, its dict or a :class:`GradProbeConfig`. ``options`` (or their
+    keywords): the monitor's, :class:`~msprobe_mlflow.options.MonitorOptions`.
     ``dump_per_run``: the dump goes to ``{dump_path}/{run_id}`` (``no-run`` without one), so that trainings into
     several runs keep separate dumps (what autolog does). ``monitor`` is the current :class:`GradientMonitor`.
     """
 
     def __init__(self, config: GradProbeConfig | str | os.PathLike | dict, *, dump_per_run: bool = False,
-                 **options):
+                 options: MonitorOptions | None = None, **keywords):
         self.config = load_config(config)
-        self.options = options
         self.dump_per_run = dump_per_run
-        self.monitor = GradientMonitor(self.config, **options)  # a bad config or option fails now, not mid-training
+        self.monitor = GradientMonitor(self.config, options=options, **keywords)  # a bad one fails now, not mid-run
+        self.options = self.monitor.options
         self._started_run = None
 
     def on_train_begin(self, run_context: RunContext) -> None:
@@ -59,7 +60,7 @@ class GradProbeCallback(Callback):
         if self.dump_per_run:
             run_id = shared_run_id(self.monitor.tracking.local_run_id() if self.monitor.tracking else None)
             config = self.config.replace(dump_path=os.path.join(self.config.dump_path, run_id or "no-run"))
-            self.monitor = GradientMonitor(config, **{**self.options, "run_id": run_id})
+            self.monitor = GradientMonitor(config, options=self.options, run_id=run_id)
         try:
             self.monitor.monitor(optimizer)
         except ValueError as e:  # already monitored (by the user's own monitor, say): training goes on without us

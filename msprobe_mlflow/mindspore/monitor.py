@@ -24,6 +24,7 @@ from msprobe_mlflow.mindspore.distributed import current_rank, shared_run_id, su
 from msprobe_mlflow.mindspore.probe import (GradientProbe, install_probe, installed_probe, probe_settings,
                                            remove_probe)
 from msprobe_mlflow.monitoring import SessionMonitor
+from msprobe_mlflow.options import MonitorOptions
 from msprobe_mlflow.records import record_from_statistics
 from msprobe_mlflow.session import RankPolicy
 
@@ -35,22 +36,22 @@ _monitored_optimizers: dict[int, "GradientMonitor"] = {}
 class GradientMonitor(SessionMonitor):
     """Probes the gradients an optimizer receives at each of its steps, writes msprobe's dump and logs into MLflow.
 
-    MLflow: into ``run_id``, else the active run (else ``MLFLOW_RUN_ID``); with none, the local dump only. Under
+    ``options`` (or their keywords): :class:`~msprobe_mlflow.options.MonitorOptions`, all but the PyTorch
+    monitor's ``overlap`` (refused: this monitor computes the statistics inside the optimizer's step). Under
     ``msrun`` (``mindspore.communication``), every rank logs into rank 0's run (call ``monitor()`` on every rank).
-    ``log_to_mlflow=False`` turns MLflow off. More outputs: ``metrics_file``, ``sinks`` (see
-    :class:`SessionMonitor`). Use as ``GradientMonitor(config).monitor(optimizer)`` ... ``stop()``, or as a context
-    manager; in graph mode add ``monitor.collect()`` after each train step (``Model.train``: use
+    Use as ``GradientMonitor(config).monitor(optimizer)`` ... ``stop()``, or as a context manager; in graph mode
+    add ``monitor.collect()`` after each train step (``Model.train``: use
     :class:`~msprobe_mlflow.mindspore.callback.GradProbeCallback` instead). ``step`` is the number of optimizer
     steps counted so far (as of the last collection).
     """
 
-    def __init__(self, config: GradProbeConfig | str | os.PathLike | dict, **options):
-        """``options``: ``run_id``, ``tracking_uri``, ``log_every_n_steps``, ``param_metrics``, ``log_to_mlflow``,
-        ``silent``, ``metrics_file``, ``sinks``; the live verdicts' ``baseline``, ``on_suspicious``,
-        ``rule``, ``first_threshold``, ``drop_threshold``, ``anomaly_flags``, ``spike_threshold``,
-        ``spike_window`` (see
-        :class:`SessionMonitor`)."""
-        super().__init__(config, **options)
+    def __init__(self, config: GradProbeConfig | str | os.PathLike | dict, *, options: MonitorOptions | None = None,
+                 **keywords):
+        super().__init__(config, options=options, **keywords)
+        if self.options.overlap is not None:
+            raise ValueError(f"overlap = {self.options.overlap!r} is not accepted by the MindSpore monitor; leave it "
+                             f"out: it is the PyTorch monitor's (statistics during backward), and this monitor "
+                             f"computes them inside the optimizer's step already")
         self.config = self.config.for_framework("mindspore")
         if self.config.checksum != "md5":  # the device checksum exists on the PyTorch path only
             raise ValueError(f"{self.config.source}: checksum = {self.config.checksum!r} is not accepted by the "

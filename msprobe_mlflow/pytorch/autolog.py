@@ -20,6 +20,7 @@ from torch.optim.optimizer import register_optimizer_step_pre_hook
 
 from msprobe_mlflow.config import GradProbeConfig
 from msprobe_mlflow.integrations import mlflow_logger_run
+from msprobe_mlflow.options import MonitorOptions
 from msprobe_mlflow.pytorch.distributed import current_rank, is_distributed, shared_run_id
 from msprobe_mlflow.pytorch.monitor import GradientMonitor, _monitored_models
 
@@ -29,9 +30,9 @@ logger = logging.getLogger("msprobe_mlflow")
 class TorchAutolog:
     """The hook autolog installed, the monitors it started, and which optimizers it has already looked at."""
 
-    def __init__(self, config: GradProbeConfig, monitor_options: dict, flavor: str):
+    def __init__(self, config: GradProbeConfig, options: MonitorOptions, flavor: str):
         self.config = config
-        self.monitor_options = monitor_options
+        self.options = options
         self.flavor = flavor  # MLflow's autologging integration, whose ``silent`` setting the monitors follow
         self.monitors: list[GradientMonitor] = []
         self.seen: set[int] = set()
@@ -65,8 +66,8 @@ class TorchAutolog:
         run_id, tracking_uri = logger_run or (active.info.run_id if active else None, None)
         run_id = shared_run_id(run_id)
         config = self.config.replace(dump_path=os.path.join(self.config.dump_path, run_id or "no-run"))
-        monitor = GradientMonitor(config, run_id=run_id, tracking_uri=tracking_uri,
-                                  silent=get_autologging_config(self.flavor, "silent", False), **self.monitor_options)
+        monitor = GradientMonitor(config, options=self.options, run_id=run_id, tracking_uri=tracking_uri,
+                                  silent=get_autologging_config(self.flavor, "silent", False) or self.options.silent)
         if logger_run is None and active is not None and run_id and active.info.run_id != run_id:
             self.own_runs[active.info.run_id] = run_id
             monitor.notices.warn(

@@ -26,6 +26,7 @@ from torch.optim.optimizer import register_optimizer_step_pre_hook
 from msprobe_mlflow.config import GradProbeConfig
 from msprobe_mlflow.dump import step_ranges
 from msprobe_mlflow.monitoring import SessionMonitor
+from msprobe_mlflow.options import MonitorOptions
 from msprobe_mlflow.parameter_names import eager_named_parameters
 from msprobe_mlflow.pytorch.distributed import current_rank, shared_run_id, summary_all_gather, world_size
 from msprobe_mlflow.pytorch.overlap import EarlyStatistics, launch_with_early, step_level, usable_parts, why_off
@@ -45,25 +46,15 @@ _monitored_models: dict[int, "GradientMonitor"] = {}
 class GradientMonitor(SessionMonitor):
     """Probes gradients at every step of one optimizer, writes msprobe's dump and logs into MLflow.
 
-    MLflow: into ``run_id``, else the active run (else ``MLFLOW_RUN_ID``); with none, the local dump only. Under
-    torch.distributed, every rank logs into rank 0's run (call ``monitor()`` on every rank). ``log_to_mlflow=False``
-    turns MLflow off. More outputs: ``metrics_file``, ``sinks`` (see :class:`SessionMonitor`). Use as
+    ``options`` (or their keywords): :class:`~msprobe_mlflow.options.MonitorOptions`, ``overlap`` included. Under
+    torch.distributed, every rank logs into rank 0's run (call ``monitor()`` on every rank). Use as
     ``GradientMonitor(config).monitor(model, optimizer)`` ... ``stop()``, or as a context manager.
     """
 
-    def __init__(self, config: GradProbeConfig | str | os.PathLike | dict, **options):
-        """``options``: ``run_id``, ``tracking_uri``, ``log_every_n_steps``, ``param_metrics``, ``log_to_mlflow``,
-        ``silent``, ``metrics_file``, ``sinks``; the live verdicts' ``baseline``, ``on_suspicious``,
-        ``rule``, ``first_threshold``, ``drop_threshold``, ``anomaly_flags``, ``spike_threshold``,
-        ``spike_window``; the
-        always-on tier's ``directions_every_n_steps``, ``directions_on_anomaly``, ``directions_steps_after_anomaly``
-        (see :class:`SessionMonitor`); ``overlap`` (default True): compute the statistics during backward where
-        that is exact (:mod:`msprobe_mlflow.pytorch.overlap`), False: all at ``step()``."""
-        overlap = options.pop("overlap", True)
-        if not isinstance(overlap, bool):
-            raise ValueError(f"overlap = {overlap!r} is not accepted; expected True or False")
-        super().__init__(config, **options)
-        self._overlap_wanted = overlap
+    def __init__(self, config: GradProbeConfig | str | os.PathLike | dict, *, options: MonitorOptions | None = None,
+                 **keywords):
+        super().__init__(config, options=options, **keywords)
+        self._overlap_wanted = self.options.overlap is not False
         self.overlap = "off: not monitoring yet"  # "on", or "off: <why>" (also the run's tag)
         self._early: EarlyStatistics | None = None
         self.early_gradients = 0  # gradients whose statistics the overlap computed during backward (all steps)

@@ -72,6 +72,31 @@ class SpikeRule:
         return self.window // 2
 
 
+@dataclass(frozen=True)
+class AnomalyOptions:
+    """The anomaly flags' monitor options. ``anomaly_flags`` turns the flags on (the default); ``spike_threshold``
+    and ``spike_window`` make the one :class:`SpikeRule` (:attr:`rule`) that both flags spikes and triggers the
+    always-on tier's directions (``msprobe_mlflow.directions_schedule``), the latter whether or not the flags are on."""
+
+    anomaly_flags: bool = True
+    spike_threshold: float = SpikeRule.threshold
+    spike_window: int = SpikeRule.window
+
+    def __post_init__(self):
+        if not isinstance(self.anomaly_flags, bool):
+            raise ValueError(f"anomaly_flags = {self.anomaly_flags!r} is not accepted; expected True or False")
+        self.rule  # a bad threshold or window is refused here
+
+    @property
+    def rule(self) -> SpikeRule:
+        return SpikeRule(self.spike_threshold, self.spike_window)
+
+    @property
+    def flag_rule(self) -> SpikeRule | None:
+        """The rule of the flags sink: None when the flags are off."""
+        return self.rule if self.anomaly_flags else None
+
+
 def robust_bands(logs: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Per row of ``logs`` (NaN: no value): the median, the scaled MAD, and the number of values."""
     count = np.isfinite(logs).sum(axis=1)

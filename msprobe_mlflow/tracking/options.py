@@ -30,6 +30,10 @@ class TrackingOptions:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} = {value!r} is not accepted; expected an integer >= 1")
+        offset = self.mlflow_step_offset
+        if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
+            raise ValueError(f"mlflow_step_offset = {offset!r} is not accepted; expected an integer >= 0 (MLflow "
+                             f"step = training step + this)")
         if self.aggregate_metrics is not None and not isinstance(self.aggregate_metrics, bool):
             raise ValueError(f"aggregate_metrics = {self.aggregate_metrics!r} is not accepted; expected True, False "
                              f"or None (on from 64 ranks)")
