@@ -16,11 +16,13 @@ from msprobe_mlflow.config import GradProbeConfig
 from msprobe_mlflow.directions import read_step_directions
 from msprobe_mlflow.metrics import record_metrics
 from msprobe_mlflow.dump import (extract_steps_archive, parse_archive_name, read_statistics_table,
-                                 relative_archive_path, step_dir, step_ranges, summary_csv_path, write_step)
+                                 relative_archive_path, step_dir, step_ranges, summary_csv_path, write_step,
+                                 write_steps_archive)
 from msprobe_mlflow.pytorch import GradientMonitor
 from msprobe_mlflow.records import StepRecord
 from msprobe_mlflow.session import RankPolicy
-from msprobe_mlflow.tracking import sink as sink_module
+from msprobe_mlflow.sinks import mlflow as sink_module
+from msprobe_mlflow.sinks.mlflow import settings as sink_settings
 from msprobe_mlflow.tracking.aggregate import END_OF_RUN, RANK_STATUSES, RankZeroMetrics, aggregation_wanted
 from msprobe_mlflow.tracking.options import TrackingOptions
 from msprobe_mlflow.tracking.run_dump import RunBaseline, read_statistics
@@ -51,7 +53,7 @@ def record(step: int, rank: int = 0) -> StepRecord:
 def test_an_archive_expands_into_the_dump_layout_byte_for_byte(tmp_path):
     for step in (0, 1, 3):
         write_step(tmp_path / "dump", record(step))
-    archive = sink_module.write_steps_archive(tmp_path / "dump", 0, [0, 1, 3], tmp_path, packed_directions_file)
+    archive = write_steps_archive(tmp_path / "dump", 0, [0, 1, 3], tmp_path, packed_directions_file)
     assert archive.name == "steps_0-1_3.zip"
     assert extract_steps_archive(archive, tmp_path / "out" / "rank0") == [0, 1, 3]
     for step in (0, 1, 3):
@@ -107,8 +109,8 @@ def test_archived_steps_read_back_through_the_run_like_the_local_dump(tmp_experi
 
 def test_a_stop_out_of_drain_time_names_the_unsent_steps_and_upload_completes_the_rank(tmp_experiment, tmp_path,
                                                                                        monkeypatch):
-    monkeypatch.setattr(sink_module, "DRAIN_SECONDS", 0.0)  # stop() may not wait at all
-    monkeypatch.setattr(sink_module, "SEND_INTERVAL_SECONDS", 600.0)  # steps after the first round wait in the queue
+    monkeypatch.setattr(sink_settings, "DRAIN_SECONDS", 0.0)  # stop() may not wait at all
+    monkeypatch.setattr(sink_settings, "SEND_INTERVAL_SECONDS", 600.0)  # steps after the first round wait in the queue
     dump = tmp_path / "dump"
     config = GradProbeConfig(dump_path=str(dump), level="L1")
     run_id = MlflowClient().create_run(tmp_experiment).info.run_id
@@ -132,9 +134,9 @@ def test_a_stop_out_of_drain_time_names_the_unsent_steps_and_upload_completes_th
 
 def test_other_ranks_values_rank_0_could_not_send_are_named_and_upload_completes_them(tmp_experiment, tmp_path,
                                                                                      monkeypatch):
-    monkeypatch.setattr(sink_module, "DRAIN_SECONDS", 0.0)
-    monkeypatch.setattr(sink_module, "SEND_INTERVAL_SECONDS", 600.0)
-    monkeypatch.setattr(sink_module, "RANK_WAIT_SECONDS", 0.0)  # rank 1 has no sink here to report itself
+    monkeypatch.setattr(sink_settings, "DRAIN_SECONDS", 0.0)
+    monkeypatch.setattr(sink_settings, "SEND_INTERVAL_SECONDS", 600.0)
+    monkeypatch.setattr(sink_settings, "RANK_WAIT_SECONDS", 0.0)  # rank 1 has no sink here to report itself
     dump = tmp_path / "dump"
     for step in range(3):
         write_step(dump, record(step, rank=1))  # rank 1's own dump, the source of truth for its values

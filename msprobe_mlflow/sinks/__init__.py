@@ -55,7 +55,7 @@ def choose_sinks(config: GradProbeConfig, ranks: RankPolicy, *, framework: str, 
     sinks: list[StepSink] = []
     run_sinks = []
     if tracking is not None:
-        from msprobe_mlflow.tracking.sink import open_mlflow_sink
+        from msprobe_mlflow.sinks.mlflow import open_mlflow_sink
 
         run_sinks = open_mlflow_sink(config, ranks, tracking, framework=framework, share_run_id=share_run_id,
                                      notices=notices, summary_gather=summary_gather)

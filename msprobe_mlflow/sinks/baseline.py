@@ -50,10 +50,9 @@ from msprobe_mlflow.dump import (DUMP_FOLDER_EXPECTED, dump_folder, findings_dir
                                  step_dir)
 from msprobe_mlflow.notices import Notices
 from msprobe_mlflow.safe_paths import atomic_write_bytes
-from msprobe_mlflow.tracking import TAG_PREFIX, finding_tags
+from msprobe_mlflow.vocabulary import DESCRIPTION_TAG, INCOMPLETE, TAG_PREFIX, finding_tags
 
 PREFETCH_STEPS = 4  # baseline steps opened (downloaded, for a remote run) ahead of the step being compared
-DESCRIPTION_TAG = "mlflow.note.content"
 VERDICT_FILE_NAME = "verdict.json"
 
 SuspiciousCallback = Callable[[RankVerdict], None]
@@ -364,6 +363,6 @@ class LiveComparison:
             return
         tags = {}
         if self.judge.verdict is None and self.describe_run:
-            tags = {f"{TAG_PREFIX}live_verdict": "incomplete" if self.not_compared else "consistent",
+            tags = {f"{TAG_PREFIX}live_verdict": INCOMPLETE if self.not_compared else "consistent",
                     DESCRIPTION_TAG: self._line()}
         self.run.annotate(tags=tags, files=[path])

@@ -14,7 +14,8 @@ step 0 is judged as soon as later steps are: a fast loop used to run several ste
 imported MLflow. The process is started as ``python -m`` this module, not
 by ``multiprocessing`` (whose spawn would import the user's training script again); it ignores Ctrl-C (training
 closes it at ``stop()``) and ends when the training process does (its input closes). Messages are pickles over
-the process's stdin and stdout, between two processes of the same user and program.
+the process's stdin and stdout, between two processes of the same user and program, of the small types in
+``sinks/baseline_messages.py`` (a module of their own: this one runs as ``__main__`` in the process).
 """
 from __future__ import annotations
 
@@ -32,8 +33,11 @@ import msprobe_mlflow
 from msprobe_mlflow.config import GradProbeConfig
 from msprobe_mlflow.notices import Notices
 from msprobe_mlflow.records import StepRecord
-from msprobe_mlflow.sinks.baseline import DESCRIPTION_TAG, BaselineOptions, LiveComparison, StepLayout
-from msprobe_mlflow.tracking import TAG_PREFIX
+from msprobe_mlflow.sinks.baseline import BaselineOptions, LiveComparison, StepLayout
+from msprobe_mlflow.sinks.baseline_messages import (Annotate, Close, Closed, Flush, Flushed, Log, Ready, Setup, Step,
+                                                    Suspicious, Warn, WithoutDirections)
+from msprobe_mlflow.tracking.server import tracking_uri_if_imported
+from msprobe_mlflow.vocabulary import DESCRIPTION_TAG, INCOMPLETE, TAG_PREFIX
 
 QUEUED_MESSAGES = 100_000  # steps waiting to be handed to the process; beyond that a step is not compared
 CLOSE_WAIT_SECONDS = 60  # for the process to exit once it said it closed
@@ -63,11 +67,10 @@ class BaselineSink:
         if run is not None:
             run.annotate(tags={f"{TAG_PREFIX}baseline": options.baseline,
                                f"{TAG_PREFIX}live_verdict_rule": options.rule})
-        mlflow = sys.modules.get("mlflow")  # a run ID is looked up where this process would look it up
+        # a run ID is looked up where this process would look it up
         in_process = dataclasses.replace(options, on_suspicious=None, tracking_uri=options.tracking_uri or (
-            mlflow.get_tracking_uri() if mlflow is not None and not options.is_folder else None))
-        self.process = self._start({"options": in_process, "config": config, "rank": rank,
-                                    "has_run": run is not None, "describe_run": describe_run})
+            None if options.is_folder else tracking_uri_if_imported()))
+        self.process = self._start(Setup(in_process, config, rank, run is not None, describe_run))
         self._outbox: queue.Queue = queue.Queue(maxsize=QUEUED_MESSAGES)
         self._sender = threading.Thread(target=self._send_all, daemon=True,
                                         name=f"msprobe-mlflow-live-verdict-rank{rank}")
@@ -83,7 +86,7 @@ class BaselineSink:
                               f"(opening baseline {self.options.baseline}); training starts, and the first steps "
                               f"are judged once it is ready")
 
-    def _start(self, setup: dict) -> subprocess.Popen | None:
+    def _start(self, setup: Setup) -> subprocess.Popen | None:
         package_root = str(Path(msprobe_mlflow.__file__).resolve().parent.parent)
         path = os.pathsep.join(filter(None, [package_root, os.environ.get("PYTHONPATH")]))
         try:
@@ -105,11 +108,11 @@ class BaselineSink:
     def handle(self, record: StepRecord) -> None:
         """Hands the step over and returns (the process reads its directions from the local dump)."""
         if record.skipped_directions:  # the always-on tier chose statistics only: by design, not a gap
-            message = ("without_directions", record.step)
+            message = WithoutDirections(record.step)
         elif (record.names, record.shapes) == self._sent_layout:
-            message = ("step", record.step, None, None)
+            message = Step(record.step)
         else:
-            message = ("step", record.step, list(record.names), list(record.shapes))
+            message = Step(record.step, list(record.names), list(record.shapes))
         try:
             self._outbox.put(message, block=False)
         except queue.Full:
@@ -118,29 +121,29 @@ class BaselineSink:
                                   f"comparison fell {QUEUED_MESSAGES} steps behind. {GOES_ON}")
             self.not_handed_over.append(record.step)
             return
-        if message[0] == "step" and message[2] is not None:  # the process knows this layout from now on
-            self._sent_layout = (message[2], message[3])
+        if isinstance(message, Step) and message.names is not None:  # the process knows this layout from now on
+            self._sent_layout = (message.names, message.shapes)
 
     # --- sender thread -----------------------------------------------------------------------------------------
     def _send_all(self) -> None:
         """Writes the queued messages into the process's input, in order, until the last (``close``)."""
         while True:
             message = self._outbox.get()
-            if message[0] == "close":  # with every step that was not handed over, now that all are known
-                message = ("close", list(self.not_handed_over))
+            if isinstance(message, Close):  # with every step that was not handed over, now that all are known
+                message = Close(tuple(self.not_handed_over))
             self._send(message)
-            if message[0] == "close":
+            if isinstance(message, Close):
                 return
 
-    def _send(self, message: tuple) -> None:
+    def _send(self, message) -> None:
         try:
             if self._ended.is_set():
                 raise BrokenPipeError
             pickle.dump(message, self.process.stdin)
             self.process.stdin.flush()
         except OSError:  # the process ended: _receive warned once, close() counts the steps in the description
-            if message[0] == "step":
-                self.not_handed_over.append(message[1])
+            if isinstance(message, Step):
+                self.not_handed_over.append(message.step)
 
     # --- the process's messages, on a thread of their own ------------------------------------------------------
     def _receive(self, process: subprocess.Popen) -> None:
@@ -162,31 +165,31 @@ class BaselineSink:
             with self._replies:
                 self._replies.notify_all()
 
-    def _dispatch(self, message: tuple) -> None:
-        kind, value = message
-        if kind == "annotate" and self.run is not None:
-            self.run.annotate(**value)
-        elif kind == "warn":
-            self.notices.warn(value)
-        elif kind == "log":
-            self.notices.log(value)
-        elif kind == "suspicious":
-            self._suspicious = True
-            if self.options.on_suspicious is not None:
-                try:
-                    self.options.on_suspicious(value)
-                except Exception as e:
-                    self.notices.failure("on_suspicious", f"on_suspicious raised {e!r}")
-        elif kind == "ready":
-            with self._replies:
-                self._ready = True
-                self._replies.notify_all()
-        elif kind == "flushed":
-            with self._replies:
-                self._flushes_done = value
-                self._replies.notify_all()
-        elif kind == "closed":
-            self._closed_cleanly = True
+    def _dispatch(self, message) -> None:
+        match message:
+            case Annotate(findings) if self.run is not None:
+                self.run.annotate(**findings)
+            case Warn(text):
+                self.notices.warn(text)
+            case Log(text):
+                self.notices.log(text)
+            case Suspicious(verdict):
+                self._suspicious = True
+                if self.options.on_suspicious is not None:
+                    try:
+                        self.options.on_suspicious(verdict)
+                    except Exception as e:
+                        self.notices.failure("on_suspicious", f"on_suspicious raised {e!r}")
+            case Ready():
+                with self._replies:
+                    self._ready = True
+                    self._replies.notify_all()
+            case Flushed(token):
+                with self._replies:
+                    self._flushes_done = token
+                    self._replies.notify_all()
+            case Closed():
+                self._closed_cleanly = True
 
     # --- the training's threads --------------------------------------------------------------------------------
     def flush(self) -> None:
@@ -194,14 +197,14 @@ class BaselineSink:
         with self._replies:
             self._flushes_sent += 1
             token = self._flushes_sent
-        self._outbox.put(("flush", token))
+        self._outbox.put(Flush(token))
         with self._replies:
             self._replies.wait_for(lambda: self._flushes_done >= token or self._ended.is_set())
 
     def close(self) -> None:
         """The process compares what is queued, writes the final ``verdict.json`` and (when nothing tripped) the
         run's verdict tag and description, and exits. Steps it never got are named in both."""
-        self._outbox.put(("close",))
+        self._outbox.put(Close())
         self._sender.join()
         if self.process is not None:
             try:
@@ -218,7 +221,7 @@ class BaselineSink:
             line = (f"msprobe-mlflow live verdict: incomplete against baseline {self.options.baseline}: "
                     f"{self._problem}, {len(self.not_handed_over)} step(s) not compared; `msprobe-mlflow compare` "
                     f"judges the whole run")
-            self.run.annotate(tags={f"{TAG_PREFIX}live_verdict": "incomplete", DESCRIPTION_TAG: line})
+            self.run.annotate(tags={f"{TAG_PREFIX}live_verdict": INCOMPLETE, DESCRIPTION_TAG: line})
 
 
 class _ToTrainingProcess:
@@ -227,18 +230,18 @@ class _ToTrainingProcess:
     def __init__(self, output):
         self.output = output
 
-    def send(self, kind: str, value) -> None:
-        pickle.dump((kind, value), self.output)
+    def send(self, message) -> None:
+        pickle.dump(message, self.output)
         self.output.flush()
 
     def annotate(self, **findings) -> None:
-        self.send("annotate", findings)
+        self.send(Annotate(findings))
 
     def warn(self, message: str) -> None:
-        self.send("warn", message)
+        self.send(Warn(message))
 
     def log(self, message: str) -> None:
-        self.send("log", message)
+        self.send(Log(message))
 
 
 def main() -> None:
@@ -248,13 +251,13 @@ def main() -> None:
     os.dup2(2, 1)  # a stray print goes to stderr, not into the messages
     inbox = sys.stdin.buffer
     try:
-        setup = pickle.load(inbox)
-        comparison = LiveComparison(setup["options"], setup["config"], setup["rank"],
-                                    run=replies if setup["has_run"] else None, notices=replies,
-                                    on_suspicious=lambda verdict: replies.send("suspicious", verdict),
-                                    describe_run=setup["describe_run"])
+        setup: Setup = pickle.load(inbox)
+        comparison = LiveComparison(setup.options, setup.config, setup.rank,
+                                    run=replies if setup.has_run else None, notices=replies,
+                                    on_suspicious=lambda verdict: replies.send(Suspicious(verdict)),
+                                    describe_run=setup.describe_run)
         comparison.wait_until_ready()
-        replies.send("ready", None)
+        replies.send(Ready())
         _compare_until_closed(inbox, comparison, replies)
     except (EOFError, BrokenPipeError):  # the training process ended without closing: nobody to tell
         return
@@ -263,24 +266,23 @@ def main() -> None:
 def _compare_until_closed(inbox, comparison: LiveComparison, replies: _ToTrainingProcess) -> None:
     layout = None
     while True:
-        kind, *fields = pickle.load(inbox)
-        if kind == "step":
-            step, names, shapes = fields
-            layout = StepLayout(names, shapes) if names is not None else layout
-            comparison.compare(step, layout)
-        elif kind == "without_directions":
-            comparison.without_directions.append(fields[0])
-        elif kind == "flush":
-            replies.send("flushed", fields[0])
-        elif kind == "close":
-            if fields[0]:
-                comparison.not_compared["not handed to the live comparison"] = fields[0]
+        message = pickle.load(inbox)
+        if isinstance(message, Step):
+            layout = StepLayout(message.names, message.shapes) if message.names is not None else layout
+            comparison.compare(message.step, layout)
+        elif isinstance(message, WithoutDirections):
+            comparison.without_directions.append(message.step)
+        elif isinstance(message, Flush):
+            replies.send(Flushed(message.token))
+        elif isinstance(message, Close):
+            if message.not_handed_over:
+                comparison.not_compared["not handed to the live comparison"] = list(message.not_handed_over)
             try:
                 comparison.close()
             except Exception as e:  # the final verdict.json could not be written: said, and the close goes on
                 replies.warn(f"rank {comparison.rank}: the live comparison could not finish its findings "
                              f"({type(e).__name__}: {e})")
-            replies.send("closed", None)
+            replies.send(Closed())
             return
 
 

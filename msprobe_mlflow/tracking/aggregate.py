@@ -25,7 +25,7 @@ from typing import Callable
 
 import numpy as np
 
-from msprobe_mlflow.tracking import RANK_ENDINGS
+from msprobe_mlflow.vocabulary import RANK_ENDINGS
 
 # From the load test (benchmarks/results/load_test.md): at 64 ranks, one server worker no longer kept up with every
 # rank sending its own metrics, while the collective costs a few floats per rank.

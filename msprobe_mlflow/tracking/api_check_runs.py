@@ -39,7 +39,7 @@ from mlflow.utils.validation import MAX_TAG_VAL_LENGTH
 from msprobe_mlflow import __version__
 from msprobe_mlflow.api_check.metrics import ERROR, PASS, STATUSES, Thresholds
 from msprobe_mlflow.api_check.results import ApiCheckReport, ApiResult
-from msprobe_mlflow.tracking import TAG_PREFIX
+from msprobe_mlflow.vocabulary import TAG_PREFIX
 from msprobe_mlflow.metrics import metric_key
 from msprobe_mlflow.tracking.experiments import experiment_id_for
 from msprobe_mlflow.tracking.runs import clipped, created_run, log_batched, now_ms, param, tag

@@ -39,7 +39,7 @@ from msprobe_mlflow.compare.engine import CompareInputError, DumpComparison, com
 from msprobe_mlflow.compare.verdict import (DEFAULT_DROP_THRESHOLD, DEFAULT_FIRST_THRESHOLD, DEFAULT_RULE, RuleSettings,
                                             Verdict, culprit_text, trip_numbers)
 from msprobe_mlflow.dump import dump_folder, indexed_children
-from msprobe_mlflow.tracking import TAG_PREFIX
+from msprobe_mlflow.vocabulary import DESCRIPTION_TAG, TAG_PREFIX
 from msprobe_mlflow.metrics import metric_key
 from msprobe_mlflow.tracking.experiments import MODEL_TRAINING_VIEW, experiment_id_for, run_page_link, run_page_url
 from msprobe_mlflow.tracking.run_dump import RunDumpListing, fetch_run_dump, get_run, list_run_dump
@@ -239,7 +239,7 @@ def _tags(comparison: DumpComparison, sources: list[ComparisonSource], pair: str
           previous: Run | None) -> list[RunTag]:
     verdict = comparison.verdict
     tags = {"mlflow.source.name": "msprobe-mlflow compare", f"{TAG_PREFIX}version": __version__,
-            "mlflow.note.content": _description(comparison, sources, previous),
+            DESCRIPTION_TAG: _description(comparison, sources, previous),
             VERDICT_TAG: "suspicious" if verdict.suspicious else "consistent",
             f"{COMPARE_TAG_PREFIX}rule": verdict.rule, PAIR_TAG: pair}
     if previous is not None:

@@ -29,7 +29,7 @@ from msprobe_mlflow.dump import (extract_steps_archive, parse_archive_name, pars
 from msprobe_mlflow.levels import LEVELS
 from msprobe_mlflow.progress import ProgressLine
 from msprobe_mlflow.safe_paths import confined_path
-from msprobe_mlflow.tracking import ARTIFACT_ROOT, TAG_PREFIX
+from msprobe_mlflow.vocabulary import ARTIFACT_ROOT, TAG_PREFIX
 from msprobe_mlflow.tracking.server import require_existing_store
 
 DOWNLOAD_WORKERS = 8

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import sys
 from urllib.parse import urlparse
 
 CHECK_TIMEOUT_SECONDS = 5
@@ -32,6 +33,13 @@ class NotATrackingServer(ConnectionError):
 
 class NoTrackingStore(ValueError):
     """Bad input (exit code 2): runs to read from a local store that does not exist."""
+
+
+def tracking_uri_if_imported() -> str | None:
+    """MLflow's current tracking URI when this process has imported MLflow (where it would look a run up), else
+    None, without importing it."""
+    mlflow = sys.modules.get("mlflow")
+    return mlflow.get_tracking_uri() if mlflow is not None else None
 
 
 def require_tracking_server(tracking_uri: str | None) -> None:

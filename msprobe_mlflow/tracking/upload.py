@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,13 +24,13 @@ from msprobe_mlflow.dump import (RANK_PREFIX, step_ranges, dump_folder, findings
                                  parse_summary_name, rank_dir, read_dump_config, read_summary, relative_rank_dir,
                                  relative_step_dir, step_dir, summary_csv_path, summary_steps)
 from msprobe_mlflow.levels import level_of_header
-from msprobe_mlflow.tracking import (ARTIFACT_ROOT, FAILED_RANKS_TAG, MISSING_RANKS_TAG, RANK_FAILURES, TAG_PREFIX,
-                                     TAG_RANGES_LIMIT)
 from msprobe_mlflow.tracking.experiments import experiment_id_for
-from msprobe_mlflow.tracking.options import MLFLOW_STEP_OFFSET_TAG
 from msprobe_mlflow.tracking.runs import created_run, log_batched, now_ms, tag
 from msprobe_mlflow.progress import ProgressLine
 from msprobe_mlflow.metrics import step_metrics
+from msprobe_mlflow.vocabulary import (ARTIFACT_ROOT, FAILED_RANKS_TAG, FINISHED, MISSING, MISSING_RANKS_TAG,
+                                       MLFLOW_STEP_OFFSET_TAG, RANK_FAILURES, RUNNING, TAG_PREFIX, TAG_RANGES_LIMIT,
+                                       grad_key, rank_failure_tag, rank_status_tag, rank_statuses, unsent_steps_tag)
 
 
 @dataclass
@@ -42,38 +41,17 @@ class UploadReport:
     steps_completed: dict[int, list[int]] = field(default_factory=dict)  # rank -> steps whose files were sent
 
 
-UNSENT_SUMMARY_RANKS_TAG = f"{TAG_PREFIX}unsent_summary_ranks"  # ranks whose values rank 0 could not send
-
-
-def rank_status_tag(rank: int) -> str:
-    """``running``, then one of ``tracking.RANK_ENDINGS`` or ``missing`` (see there)."""
-    return f"{TAG_PREFIX}rank{rank}.status"
-
-
-def rank_failure_tag(rank: int) -> str:
-    """Why a ``failed`` or ``killed`` rank ended: the exception (``RuntimeError: ...``) or the signal."""
-    return f"{TAG_PREFIX}rank{rank}.failure"
-
-
-_RANK_STATUS_KEY = re.compile(re.escape(TAG_PREFIX) + r"rank(\d+)\.status")
-
-
-def rank_statuses(tags: dict[str, str]) -> dict[int, str]:
-    """Every rank's status in a run's tags, ``{rank: status}``."""
-    return {int(match[1]): value for key, value in tags.items() if (match := _RANK_STATUS_KEY.fullmatch(key))}
-
-
 def end_run_failed(client: MlflowClient, run_id: str, news: dict[int, str], reason: str = "") -> list[int]:
     """Tags ``news`` (``{rank: status}``: ``failed``, ``killed`` or ``missing``; ``reason`` for a failure), names
     every rank of the run that failed or was killed in ``FAILED_RANKS_TAG`` and the missing ones in
     ``MISSING_RANKS_TAG``, and ends the run FAILED when any failed; returns the failed ranks (empty: the run is
     left as it is). Several ranks may fail at once: each names all the run holds by then."""
     tags = [tag(rank_status_tag(rank), status) for rank, status in news.items()]
-    tags += [tag(rank_failure_tag(rank), reason) for rank, status in news.items() if reason and status != "missing"]
+    tags += [tag(rank_failure_tag(rank), reason) for rank, status in news.items() if reason and status != MISSING]
     log_batched(client, run_id, tags=tags)
     statuses = rank_statuses(client.get_run(run_id).data.tags)
     failed = sorted(rank for rank, status in statuses.items() if status in RANK_FAILURES)
-    missing = sorted(rank for rank, status in statuses.items() if status == "missing")
+    missing = sorted(rank for rank, status in statuses.items() if status == MISSING)
     named = [tag(name, step_ranges(ranks, limit=TAG_RANGES_LIMIT)) for name, ranks in (
         (FAILED_RANKS_TAG, failed), (MISSING_RANKS_TAG, missing)) if ranks]
     log_batched(client, run_id, tags=named)
@@ -90,18 +68,13 @@ def close_abandoned_run(client: MlflowClient, run_id: str) -> str | None:
     statuses = rank_statuses(run.data.tags)
     if not any(status in RANK_FAILURES for status in statuses.values()):
         return None
-    gone = {rank: "missing" for rank, status in statuses.items() if status == "running"}
+    gone = {rank: MISSING for rank, status in statuses.items() if status == RUNNING}
     if not gone and run.info.status != "RUNNING" and FAILED_RANKS_TAG in run.data.tags:
         return None
     failed = end_run_failed(client, run_id, gone)
     return (f"run {run_id} lost ranks {step_ranges(failed)} (failed or killed)"
             + (f"; ranks {step_ranges(sorted(gone))} never said how they ended: tagged missing" if gone else "")
             + f"; the run is ended FAILED (it was {run.info.status})")
-
-
-def unsent_steps_tag(rank: int) -> str:
-    """The steps of an ``incomplete`` rank that are in the local dump only (``0-9,12``)."""
-    return f"{TAG_PREFIX}rank{rank}.unsent_steps"
 
 
 def metric_entities(metrics: dict[str, float], step: int, timestamp_ms: int) -> list[Metric]:
@@ -209,7 +182,7 @@ def _upload_steps(client: MlflowClient, run_id: str, dump_path: Path, wanted_ste
         if saved_config is None:
             client.set_tag(run_id, f"{TAG_PREFIX}level", _level_of(dump_path, rank, wanted[0]))
         logged = {m.step - mlflow_step_offset
-                  for m in client.get_metric_history(run_id, f"grad/rank{rank}/total_norm")}
+                  for m in client.get_metric_history(run_id, grad_key(rank, "total_norm"))}
         uploaded = _steps_with_csv_artifact(client, run_id, rank)
         timestamp = now_ms()
         metrics = [m for s in wanted if s not in logged
@@ -224,7 +197,7 @@ def _upload_steps(client: MlflowClient, run_id: str, dump_path: Path, wanted_ste
         line.close()
         report.steps_completed[rank] = missing
         if tags.get(rank_status_tag(rank)) == "incomplete":  # the live sink left it so: it is whole now
-            client.set_tag(run_id, rank_status_tag(rank), "finished")
+            client.set_tag(run_id, rank_status_tag(rank), FINISHED)
             client.delete_tag(run_id, unsent_steps_tag(rank))
     for rank in wanted_steps:
         report.files_uploaded += _upload_findings(client, run_id, dump_path, rank)

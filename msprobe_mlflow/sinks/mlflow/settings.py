@@ -1,0 +1,9 @@
+"""The live MLflow sink's waits, read from the environment once (tests and benchmarks set them here)."""
+import os
+
+RANK_WAIT_SECONDS = float(os.environ.get("MSPROBE_MLFLOW_RANK_WAIT_SECONDS", "120"))
+START_CHECK_SECONDS = float(os.environ.get("MSPROBE_MLFLOW_START_CHECK_SECONDS", "10"))
+DRAIN_SECONDS = float(os.environ.get("MSPROBE_MLFLOW_DRAIN_SECONDS", "300"))
+# Each round of requests costs the tracking store a commit (10-15 ms of CPU with SQLite): with fast steps, one
+# round per step costs more than the step itself (benchmarks/), so steps are gathered for up to a second.
+SEND_INTERVAL_SECONDS = 1.0

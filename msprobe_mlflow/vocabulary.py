@@ -1,0 +1,104 @@
+"""The run's vocabulary: the names a monitored MLflow run is written and read with (tags, metric keys, rank
+statuses, artifact and dump folders), in one place at the bottom of the package, so that the writers (the sinks,
+``upload``, the monitors) and the readers (``compare``, ``read_statistics``) cannot drift apart. Plain strings and
+string builders: it imports nothing of the package.
+
+Artifact layout of a monitored run: ``grad_probe/`` mirrors the local dump (``grad_probe/rank{R}/grad_summary_{S}.csv``,
+``grad_probe/rank{R}/step{S}/directions.npz``) plus ``grad_probe/config.json``.
+"""
+from __future__ import annotations
+
+import os
+import re
+
+ARTIFACT_ROOT = "grad_probe"
+TAG_PREFIX = "msprobe_mlflow."
+TAG_RANGES_LIMIT = 4000  # characters of a tag listing steps or ranks (``dump.step_ranges``); MLflow holds 8000
+DESCRIPTION_TAG = "mlflow.note.content"  # MLflow's run description, shown on the run page
+NO_RUN = "no-run"  # the dump folder of a monitor that found no run, beside the ``{run_id}`` folders
+
+# A rank's status (tag ``msprobe_mlflow.rank{R}.status``): ``running`` from the start, then what the rank says of its
+# own end (finished; incomplete: steps in the local dump only; failed: its training raised; killed: SIGTERM or
+# Ctrl-C), or ``missing``: rank 0 (or a later ``upload``) found that it never said.
+RUNNING, FINISHED, INCOMPLETE, FAILED, KILLED, MISSING = "running", "finished", "incomplete", "failed", "killed", \
+    "missing"
+RANK_ENDINGS = (FINISHED, INCOMPLETE, FAILED, KILLED)
+RANK_FAILURES = (FAILED, KILLED)
+FAILED_RANKS_TAG = f"{TAG_PREFIX}failed_ranks"  # the ranks whose training failed or was killed; the run is FAILED
+MISSING_RANKS_TAG = f"{TAG_PREFIX}missing_ranks"  # the ranks that never said how they ended
+UNSENT_SUMMARY_RANKS_TAG = f"{TAG_PREFIX}unsent_summary_ranks"  # ranks whose values rank 0 could not send
+MLFLOW_STEP_OFFSET_TAG = f"{TAG_PREFIX}mlflow_step_offset"  # added to the dump's steps for MLflow's
+RECORDED_TAG = f"{TAG_PREFIX}gradients_recorded"  # what the recorded gradients are (before or after clipping)
+OVERLAP_TAG = f"{TAG_PREFIX}overlap"  # whether the probe overlapped backward, or why not
+FAILED_STEPS_TAG = f"{TAG_PREFIX}failed_steps"  # steps whose probe failed
+
+# What the live sinks find, by kind: the tag of the parameters it names (``first_{kind}_step`` holds the step).
+FINDING_KINDS = {"suspicious": "suspicious_parameters", "nonfinite": "nonfinite_parameters",
+                 "spike": "spike_parameters"}
+
+
+def rank_tag(rank: int, name: str) -> str:
+    """``msprobe_mlflow.rank{R}.{name}``: a tag one rank of a run owns."""
+    return f"{TAG_PREFIX}rank{rank}.{name}"
+
+
+def rank_status_tag(rank: int) -> str:
+    """The tag holding how ``rank`` ended (``running`` until it says)."""
+    return rank_tag(rank, "status")
+
+
+def rank_failure_tag(rank: int) -> str:
+    """The exception a failed rank's training raised, or the signal that ended a killed one."""
+    return rank_tag(rank, "failure")
+
+
+def unsent_steps_tag(rank: int) -> str:
+    """The steps of an ``incomplete`` rank that are in the local dump only (``0-9,12``)."""
+    return rank_tag(rank, "unsent_steps")
+
+
+_RANK_STATUS_KEY = re.compile(re.escape(TAG_PREFIX) + r"rank(\d+)\.status")
+
+
+def rank_statuses(tags: dict[str, str]) -> dict[int, str]:
+    """Every rank's status in a run's tags, ``{rank: status}``."""
+    return {int(match[1]): value for key, value in tags.items() if (match := _RANK_STATUS_KEY.fullmatch(key))}
+
+
+def grad_key(rank: int, *parts: str) -> str:
+    """``grad/rank{R}/...``: a gradient metric of one rank (``grad_key(0, "total_norm")``); no part: the prefix."""
+    return "/".join((f"grad/rank{rank}", *parts)) if parts else f"grad/rank{rank}/"
+
+
+def anomaly_key(rank: int, name: str) -> str:
+    """``anomalies/rank{R}/{name}``: an anomaly-flag metric of one rank."""
+    return f"anomalies/rank{rank}/{name}"
+
+
+def run_dump_folder(dump_path: str, run_id: str | None) -> str:
+    """A run's own dump folder under ``dump_path`` (autolog, callbacks): ``{dump_path}/{run_id}``, or ``no-run``."""
+    return os.path.join(dump_path, run_id or NO_RUN)
+
+
+def finding_tags(kind: str, rank: int, step: int, parameters: str, several_ranks: bool) -> dict[str, str]:
+    """A rank's first finding of ``kind``: the run-level tags and, with ``several_ranks``, the same under
+    ``rank{R}.``, so that the run end can set the run-level ones to the earliest rank's (:func:`earliest_findings`)."""
+    tags = {}
+    for prefix in (TAG_PREFIX, f"{TAG_PREFIX}rank{rank}.")[:2 if several_ranks else 1]:
+        tags[f"{prefix}first_{kind}_step"] = str(step)
+        tags[f"{prefix}{FINDING_KINDS[kind]}"] = parameters
+    return tags
+
+
+def earliest_findings(run_tags: dict[str, str], ranks: list[int]) -> dict[str, str]:
+    """The run-level finding tags as the earliest step over ``ranks`` (the lowest rank on a tie), from their
+    ``rank{R}.`` tags; kinds no rank found are left out."""
+    tags = {}
+    for kind, parameters_tag in FINDING_KINDS.items():
+        found = [(int(run_tags[rank_tag(r, f"first_{kind}_step")]), r) for r in ranks
+                 if rank_tag(r, f"first_{kind}_step") in run_tags]
+        if found:
+            step, rank = min(found)
+            tags[f"{TAG_PREFIX}first_{kind}_step"] = str(step)
+            tags[f"{TAG_PREFIX}{parameters_tag}"] = run_tags.get(rank_tag(rank, parameters_tag), "")
+    return tags
