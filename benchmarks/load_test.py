@@ -2,7 +2,7 @@
 
 The service is what docker/ deploys: ``mlflow server --workers W`` backed by PostgreSQL (a cluster of its own, from
 the OS packages, as the topology tests start it) with its artifact proxy (``--serve-artifacts``). Each simulated
-rank is a real :class:`~msprobe_mlflow.tracking.sink.MlflowSink` with its own sender thread and client, fed at a
+rank is a real :class:`~msprobe_mlflow.sinks.mlflow.MlflowSink` with its own sender thread and client, fed at a
 fixed step rate with synthetic L1 step records (4 parameters, 2,762 elements: two files per step, the CSV and the
 packed directions), each written to the local dump first as the monitor does. Ranks live in ``--processes`` driver
 processes, one driver thread each, that write the dump and call ``handle`` for their ranks at every tick.
@@ -155,7 +155,7 @@ def drive(job: DriverJob) -> dict:
     from msprobe_mlflow.notices import Notices
     from msprobe_mlflow.session import RankPolicy
     from msprobe_mlflow.tracking.options import TrackingOptions
-    from msprobe_mlflow.tracking.sink import MlflowSink
+    from msprobe_mlflow.sinks.mlflow import MlflowSink
 
     latencies: list[tuple[str, float]] = []
     timed_requests(latencies)
