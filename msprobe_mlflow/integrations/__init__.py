@@ -1,26 +1,22 @@
 """Callbacks for the trainers most users run (optional extras: ``pip install "msprobe-mlflow[lightning]"`` or
 ``[transformers]``): one line in the trainer's callbacks, the run of the trainer's own MLflow logging. This module
-imports neither trainer: autolog uses it to find Lightning's run."""
+imports neither trainer."""
 from __future__ import annotations
 
 import dataclasses
 import functools
-import os
 import threading
 from typing import TYPE_CHECKING
 
 from msprobe_mlflow.config import DEFAULT_BOUNDS, GradProbeConfig, load_config
 from msprobe_mlflow.metrics import norm_before_clipping_key
-from msprobe_mlflow.parameter_names import wrapper_chain
 from msprobe_mlflow.records import StepRecord
+from msprobe_mlflow.vocabulary import run_dump_folder
 
 if TYPE_CHECKING:
     import torch
 
     from msprobe_mlflow.options import MonitorOptions
-
-# Where a callback says what the recorded gradients are (after clipping: not what the trainer's own norm shows).
-RECORDED_TAG = "msprobe_mlflow.gradients_recorded"
 
 
 def checked_callback_config(config, options: "MonitorOptions | None", keywords: dict,
@@ -39,19 +35,8 @@ def callback_config(config, run_id: str | None, source: str) -> GradProbeConfig:
     ``[-1, 0, 1]``, dump in ``./msprobe_dump/{run_id}``."""
     if config is not None:
         return load_config(config)
-    return GradProbeConfig(dump_path=os.path.join("msprobe_dump", run_id or "no-run"), bounds=DEFAULT_BOUNDS,
+    return GradProbeConfig(dump_path=run_dump_folder("msprobe_dump", run_id), bounds=DEFAULT_BOUNDS,
                            source=source)
-
-
-def mlflow_logger_run(model: "torch.nn.Module") -> tuple[str | None, str | None] | None:
-    """``(run_id, tracking_uri)`` of the ``MLFlowLogger`` of the Lightning trainer ``model`` (or the module its
-    wrappers wrap) is attached to; None without one. Ranks other than 0 get ``(None, uri)``: Lightning logs on rank 0
-    only."""
-    trainer = next((t for m in wrapper_chain(model) if (t := getattr(m, "_trainer", None)) is not None), None)
-    for logger in getattr(trainer, "loggers", None) or []:
-        if type(logger).__name__ == "MLFlowLogger":
-            return logger.run_id, getattr(logger, "_tracking_uri", None)
-    return None
 
 
 class NormsBeforeClipping:

@@ -1,7 +1,7 @@
 """Lightning: ``Trainer(logger=MLFlowLogger(...), callbacks=[GradientProbeCallback()])`` probes into the logger's run.
 
 ``MLFlowLogger`` creates its run with ``MlflowClient.create_run``: no run is active, so nothing that looks for the
-active run finds it. :func:`~msprobe_mlflow.integrations.mlflow_logger_run` finds it from the model (autolog uses
+active run finds it. :func:`~msprobe_mlflow.pytorch.trainers.mlflow_logger_run` finds it from the model (autolog uses
 it too). Under automatic optimization Lightning calls ``optimizer.step(closure)`` with a closure that runs the
 training step, the backward and the gradient clipping; the monitor probes when that closure returns, so a record
 holds the accumulated, clipped gradients the optimizer applies, one record per optimizer step whatever
@@ -13,11 +13,12 @@ from __future__ import annotations
 import os
 
 from msprobe_mlflow.config import GradProbeConfig
-from msprobe_mlflow.integrations import (RECORDED_TAG, NormsBeforeClipping, callback_config, checked_callback_config,
-                                         mlflow_logger_run, with_sink)
+from msprobe_mlflow.integrations import NormsBeforeClipping, callback_config, checked_callback_config, with_sink
 from msprobe_mlflow.metrics import NORM_BEFORE_CLIPPING
 from msprobe_mlflow.options import MonitorOptions
 from msprobe_mlflow.pytorch.monitor import GradientMonitor
+from msprobe_mlflow.pytorch.trainers import mlflow_logger_run
+from msprobe_mlflow.vocabulary import RECORDED_TAG
 
 try:
     from lightning.pytorch import Callback

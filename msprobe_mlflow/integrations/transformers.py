@@ -23,12 +23,12 @@ except ImportError as missing:
                       f"pip install \"msprobe-mlflow[transformers]\"") from missing
 
 from msprobe_mlflow.config import GradProbeConfig
-from msprobe_mlflow.integrations import (RECORDED_TAG, NormsBeforeClipping, callback_config, checked_callback_config,
+from msprobe_mlflow.integrations import (NormsBeforeClipping, callback_config, checked_callback_config,
                                          with_sink)
 from msprobe_mlflow.metrics import NORM_BEFORE_CLIPPING
 from msprobe_mlflow.options import MonitorOptions
 from msprobe_mlflow.pytorch.monitor import GradientMonitor
-from msprobe_mlflow.tracking.options import MLFLOW_STEP_OFFSET_TAG
+from msprobe_mlflow.vocabulary import MLFLOW_STEP_OFFSET_TAG, RECORDED_TAG
 
 
 class GradientProbeCallback(TrainerCallback):

@@ -26,6 +26,7 @@ from msprobe_mlflow.mindspore.distributed import current_rank, shared_run_id
 from msprobe_mlflow.mindspore.monitor import GradientMonitor
 from msprobe_mlflow.options import MonitorOptions
 from msprobe_mlflow.session import outcome_of
+from msprobe_mlflow.vocabulary import run_dump_folder
 
 AUTOLOGGING_TAG = "mlflow.autologging"  # MLflow's tag on the runs its autologging starts
 
@@ -59,7 +60,7 @@ class GradProbeCallback(Callback):
         self._start_run_if_none(cb_params.get("network"))  # the user's network (Model(network, ...))
         if self.dump_per_run:
             run_id = shared_run_id(self.monitor.tracking.local_run_id() if self.monitor.tracking else None)
-            config = self.config.replace(dump_path=os.path.join(self.config.dump_path, run_id or "no-run"))
+            config = self.config.replace(dump_path=run_dump_folder(self.config.dump_path, run_id))
             self.monitor = GradientMonitor(config, options=self.options, run_id=run_id)
         try:
             self.monitor.monitor(optimizer)

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import gc
 import logging
-import os
 import weakref
 
 import mlflow
@@ -19,10 +18,11 @@ from mlflow.utils.autologging_utils import get_autologging_config
 from torch.optim.optimizer import register_optimizer_step_pre_hook
 
 from msprobe_mlflow.config import GradProbeConfig
-from msprobe_mlflow.integrations import mlflow_logger_run
 from msprobe_mlflow.options import MonitorOptions
 from msprobe_mlflow.pytorch.distributed import current_rank, is_distributed, shared_run_id
 from msprobe_mlflow.pytorch.monitor import GradientMonitor, _monitored_models
+from msprobe_mlflow.pytorch.trainers import mlflow_logger_run
+from msprobe_mlflow.vocabulary import run_dump_folder
 
 logger = logging.getLogger("msprobe_mlflow")
 
@@ -65,7 +65,7 @@ class TorchAutolog:
         self.seen.add(id(optimizer))
         run_id, tracking_uri = logger_run or (active.info.run_id if active else None, None)
         run_id = shared_run_id(run_id)
-        config = self.config.replace(dump_path=os.path.join(self.config.dump_path, run_id or "no-run"))
+        config = self.config.replace(dump_path=run_dump_folder(self.config.dump_path, run_id))
         monitor = GradientMonitor(config, options=self.options, run_id=run_id, tracking_uri=tracking_uri,
                                   silent=get_autologging_config(self.flavor, "silent", False) or self.options.silent)
         if logger_run is None and active is not None and run_id and active.info.run_id != run_id:

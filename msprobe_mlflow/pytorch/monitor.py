@@ -34,7 +34,7 @@ from msprobe_mlflow.pytorch.fsdp1 import FlatSlot, fsdp1_named_parameters, has_f
 from msprobe_mlflow.pytorch.sharded import FlatPiece, has_sharded, launch_sharded_statistics
 from msprobe_mlflow.pytorch.statistics import launch_step_statistics, prepare_snapshots
 from msprobe_mlflow.session import RankPolicy
-from msprobe_mlflow.tracking import TAG_RANGES_LIMIT
+from msprobe_mlflow.vocabulary import RECORDED_TAG, TAG_RANGES_LIMIT
 
 FAILED_STEPS_TAG = "msprobe_mlflow.failed_steps"
 OVERLAP_TAG = "msprobe_mlflow.overlap"
@@ -173,7 +173,6 @@ class GradientMonitor(SessionMonitor):
         """Records the gradients as they are now as the coming optimizer step's record (that step then records
         nothing more): call it before ``clip_grad_norm_`` to record the unclipped gradients, whose norm is then the
         run's ``total_norm``, as its tag ``msprobe_mlflow.gradients_recorded`` says."""
-        from msprobe_mlflow.integrations import RECORDED_TAG  # a light module; kept here, beside its one use
 
         if self._session is None or self._session.closed:
             raise RuntimeError("record_gradients() needs a monitor that is running: call monitor(model) first")

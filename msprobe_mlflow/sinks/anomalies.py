@@ -28,7 +28,7 @@ from msprobe_mlflow.background import BackgroundStepWriter
 from msprobe_mlflow.dump import findings_dir
 from msprobe_mlflow.notices import Notices
 from msprobe_mlflow.records import StepRecord
-from msprobe_mlflow.tracking import finding_tags
+from msprobe_mlflow.vocabulary import finding_tags
 
 ANOMALIES_FILE_NAME = "anomalies.csv"
 CSV_HEADER = ["step", "scope", "parameter", "kind", "norm", "median_norm", "band_low", "band_high"]

@@ -4,7 +4,9 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-MLFLOW_STEP_OFFSET_TAG = "msprobe_mlflow.mlflow_step_offset"  # a run's MLflow step - its training step (absent: 0)
+from msprobe_mlflow.vocabulary import MLFLOW_STEP_OFFSET_TAG  # a run's MLflow step - its training step
+
+__all__ = ["MLFLOW_STEP_OFFSET_TAG", "TrackingOptions"]
 
 
 @dataclass(frozen=True)
