@@ -153,8 +153,9 @@ def _host_statistics(grads, level, bounds32):
                                                      with_signs=level.has_directions,
                                                      sign_offsets=[piece.start for piece in layout.sign_slices()],
                                                      signs=signs, with_norms=True)
+    unknown = np.isnan(norms)
     by_torch = [i for i, grad in enumerate(grads)
-                if grad.dtype != torch.float32 or not grad.is_contiguous() or np.isnan(norms[i])]
+                if unknown[i] or grad.dtype != torch.float32 or not grad.is_contiguous()]
     if by_torch:  # torch's own kernel, in the gradient's dtype
         norms[by_torch] = torch.stack(torch._foreach_norm([grads[i] for i in by_torch])).float().numpy()
     head = np.column_stack([maxima.astype(np.float32), minima.astype(np.float32), norms]).astype(np.float64)
