@@ -32,6 +32,10 @@ RECORDED_TAG = f"{TAG_PREFIX}gradients_recorded"  # what the recorded gradients 
 OVERLAP_TAG = f"{TAG_PREFIX}overlap"  # whether the probe overlapped backward, or why not
 FAILED_STEPS_TAG = f"{TAG_PREFIX}failed_steps"  # steps whose probe failed
 
+# An API's status in an API check: msprobe's words, used as they are in the CSVs, the tags, the metrics and the CLI.
+PASS, ERROR, SKIP = "pass", "error", "skip"
+API_CHECK_STATUSES = (PASS, ERROR, SKIP)
+
 # What the live sinks find, by kind: the tag of the parameters it names (``first_{kind}_step`` holds the step).
 FINDING_KINDS = {"suspicious": "suspicious_parameters", "nonfinite": "nonfinite_parameters",
                  "spike": "spike_parameters"}

@@ -2,12 +2,10 @@
 JSON-lines metrics sink as the proof that adding an output is one module."""
 from __future__ import annotations
 
-import ast
 import json
 import math
 import subprocess
 import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -19,7 +17,6 @@ from msprobe_mlflow.pytorch import GradientMonitor
 from msprobe_mlflow.session import RankPolicy
 from msprobe_mlflow.sinks import StepSink
 
-PACKAGE = Path(__file__).resolve().parents[1] / "msprobe_mlflow"
 CORE_MODULES = ["msprobe_mlflow.session", "msprobe_mlflow.sinks", "msprobe_mlflow.sinks.jsonl",
                 "msprobe_mlflow.metrics", "msprobe_mlflow.records", "msprobe_mlflow.dump",
                 "msprobe_mlflow.directions", "msprobe_mlflow.config", "msprobe_mlflow.notices"]
@@ -31,44 +28,6 @@ def test_the_core_modules_import_no_mlflow_torch_or_mindspore():
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "[]"
-
-
-def _package_imports() -> dict[str, set[str]]:
-    """Module -> the package modules it imports, anywhere in its file (lazy imports in functions included)."""
-    modules = {}
-    for path in PACKAGE.rglob("*.py"):
-        parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
-        modules[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
-    graph = {}
-    for name, path in modules.items():
-        imported = set()
-        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-            if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("msprobe_mlflow"):
-                for alias in node.names:  # "from pkg import module" imports the module
-                    child = f"{node.module}.{alias.name}"
-                    imported.add(child if child in modules else node.module)
-            elif isinstance(node, ast.Import):
-                imported.update(a.name for a in node.names if a.name in modules)
-        graph[name] = {module for module in imported if module in modules and module != name}
-    return graph
-
-
-def test_the_package_import_graph_has_no_cycle():
-    graph = _package_imports()
-    assert graph["msprobe_mlflow.sinks"] and graph["msprobe_mlflow.sinks.mlflow"]  # the walk found imports
-    state: dict[str, str] = {}
-
-    def visit(module: str, path: list[str]) -> None:
-        state[module] = "open"
-        for imported in sorted(graph[module]):
-            assert state.get(imported) != "open", f"import cycle: {' -> '.join(path + [imported])}"
-            if imported not in state:
-                visit(imported, path + [imported])
-        state[module] = "done"
-
-    for module in sorted(graph):
-        if module not in state:
-            visit(module, [module])
 
 
 def test_the_rank_policy_says_who_probes_and_who_owns_the_run():

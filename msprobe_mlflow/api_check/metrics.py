@@ -12,9 +12,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from msprobe_mlflow.vocabulary import API_CHECK_STATUSES as STATUSES, ERROR, PASS, SKIP
+
+__all__ = ["STATUSES", "ERROR", "PASS", "SKIP", "EPSILON", "Thresholds", "Comparison", "compare_arrays",
+           "cosine_similarity", "max_abs_err", "max_relative_err"]
+
 EPSILON = 1e-8
-PASS, ERROR, SKIP = "pass", "error", "skip"
-STATUSES = (PASS, ERROR, SKIP)  # msprobe's words, used as they are in the CSVs, the tags, the metrics and the CLI
 
 
 def cosine_similarity(bench: np.ndarray, tested: np.ndarray) -> float:

@@ -35,9 +35,7 @@ def upload(dump_path: Path, run_id: str | None, experiment: str | None, tracking
     """
     from msprobe_mlflow.dump import dump_folder
     from msprobe_mlflow.tracking.server import require_existing_store, require_tracking_server
-    from mlflow.tracking import MlflowClient
-
-    from msprobe_mlflow.tracking.upload import close_abandoned_run, upload_dump
+    from msprobe_mlflow.tracking.upload import close_abandoned_run_at, upload_dump
 
     dump_folder(dump_path, "DUMP_PATH")  # bad input is told before the server is asked
     require_tracking_server(tracking_uri)
@@ -48,5 +46,5 @@ def upload(dump_path: Path, run_id: str | None, experiment: str | None, tracking
     steps = sum(len(s) for s in report.steps_completed.values())
     click.echo(f"run {report.run_id}: {report.metrics_logged} metric values and {report.files_uploaded} files sent "
                f"({steps} step(s) completed)")
-    if run_id and (closed := close_abandoned_run(MlflowClient(tracking_uri), run_id)):
+    if run_id and (closed := close_abandoned_run_at(tracking_uri, run_id)):
         click.echo(closed)

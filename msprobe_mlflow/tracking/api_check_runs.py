@@ -37,9 +37,7 @@ from mlflow.utils.mlflow_tags import MLFLOW_PARENT_RUN_ID, MLFLOW_RUN_NAME
 from mlflow.utils.validation import MAX_TAG_VAL_LENGTH
 
 from msprobe_mlflow import __version__
-from msprobe_mlflow.api_check.metrics import ERROR, PASS, STATUSES, Thresholds
-from msprobe_mlflow.api_check.results import ApiCheckReport, ApiResult
-from msprobe_mlflow.vocabulary import TAG_PREFIX
+from msprobe_mlflow.vocabulary import API_CHECK_STATUSES as STATUSES, ERROR, PASS, TAG_PREFIX
 from msprobe_mlflow.metrics import metric_key
 from msprobe_mlflow.tracking.experiments import experiment_id_for
 from msprobe_mlflow.tracking.runs import clipped, created_run, log_batched, now_ms, param, tag
@@ -53,7 +51,7 @@ NESTED_RUNS_AT_ONCE = 8
 _MSPROBE_FOLDER = re.compile(r"^(step\d+|rank\d*)$")  # the folders msprobe puts under its dump_path
 
 
-def summary_metrics(report: ApiCheckReport) -> dict[str, float]:
+def summary_metrics(report) -> dict[str, float]:
     counts = {status: report.count(status) for status in STATUSES}
     metrics = {"apis_total": len(report.results), "apis_checked": counts[PASS] + counts[ERROR],
                **{f"apis_{status}": count for status, count in counts.items()}}
@@ -105,7 +103,7 @@ class CheckRun:
     run_id: str
     nested: bool
 
-    def log(self, report: ApiCheckReport) -> None:
+    def log(self, report) -> None:
         """The check's results: summary metrics, the ``error_apis`` tag, the CSVs, one nested run per API."""
         error_apis = ", ".join(result.name for result in report.with_status(ERROR))
         _log_values(self.client, self.run_id, summary_metrics(report), {}, {ERROR_APIS_TAG: error_apis})
@@ -117,7 +115,7 @@ class CheckRun:
 
 
 @contextmanager
-def check_run(target: CheckRunTarget, *, api_info: Path, task: str, thresholds: Thresholds,
+def check_run(target: CheckRunTarget, *, api_info: Path, task: str, thresholds,
               api_filter: str | None = None, nested: bool = True) -> Iterator[CheckRun]:
     """The check's run, created as the block starts and ended as it ends (FAILED if it raises), so that the
     run's duration is the check's; it holds the options (``api_info`` as the resolved path of the dump file) from
@@ -137,8 +135,8 @@ def check_run(target: CheckRunTarget, *, api_info: Path, task: str, thresholds: 
         yield CheckRun(client, experiment_id, run_id, nested)
 
 
-def log_api_check(report: ApiCheckReport, target: CheckRunTarget, *, api_info: Path, task: str,
-                  thresholds: Thresholds, api_filter: str | None = None, nested: bool = True) -> str:
+def log_api_check(report, target: CheckRunTarget, *, api_info: Path, task: str,
+                  thresholds, api_filter: str | None = None, nested: bool = True) -> str:
     """Records a check already done in one go (its run lasts as long as the logging); returns the run's ID."""
     with check_run(target, api_info=api_info, task=task, thresholds=thresholds, api_filter=api_filter,
                    nested=nested) as run:
@@ -158,7 +156,7 @@ def run_name(api_info: Path) -> str:
             f"{now:%Y%m%d-%H%M%S}.{now.microsecond // 1000:03d}")
 
 
-def _log_api_runs(client: MlflowClient, experiment_id: str, parent_run_id: str, results: list[ApiResult]) -> None:
+def _log_api_runs(client: MlflowClient, experiment_id: str, parent_run_id: str, results: list) -> None:
     """One nested run per API: ``NESTED_RUNS_AT_ONCE`` at a time for a tracking server, else one by one. The first
     failure stops the runs not yet started and is raised."""
     if not client.tracking_uri.startswith(("http://", "https://")):
@@ -192,7 +190,7 @@ def _run_links_not_printed() -> Iterator[None]:
             os.environ[name] = previous
 
 
-def _log_api_run(client: MlflowClient, experiment_id: str, parent_run_id: str, result: ApiResult) -> None:
+def _log_api_run(client: MlflowClient, experiment_id: str, parent_run_id: str, result) -> None:
     name = result.name if result.status == PASS else f"[{result.status}] {result.name}"
     tags = {MLFLOW_PARENT_RUN_ID: parent_run_id, MLFLOW_RUN_NAME: clipped(name, MAX_RUN_NAME_LENGTH),
             "api_name": clipped(result.name, MAX_TAG_VAL_LENGTH), "status": result.status,

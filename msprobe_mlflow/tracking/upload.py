@@ -77,6 +77,11 @@ def close_abandoned_run(client: MlflowClient, run_id: str) -> str | None:
             + f"; the run is ended FAILED (it was {run.info.status})")
 
 
+def close_abandoned_run_at(tracking_uri: str | None, run_id: str) -> str | None:
+    """:func:`close_abandoned_run` on the store at ``tracking_uri`` (None: MLflow's current one)."""
+    return close_abandoned_run(MlflowClient(tracking_uri), run_id)
+
+
 def metric_entities(metrics: dict[str, float], step: int, timestamp_ms: int) -> list[Metric]:
     return [Metric(key, value, timestamp_ms, step) for key, value in metrics.items()]
 
