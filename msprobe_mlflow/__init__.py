@@ -7,7 +7,7 @@ __version__ = "0.1.0"
 
 # Imported on first use, so that ``import msprobe_mlflow`` stays light (no torch, mlflow, matplotlib or pandas).
 _LAZY_EXPORTS = {
-    "autolog": "msprobe_mlflow.tracking.autolog",
+    "autolog": "msprobe_mlflow.integrations.autolog",
     "upload_dump": "msprobe_mlflow.tracking.upload",
     "compare_dumps": "msprobe_mlflow.compare.engine",
     "compare_runs": "msprobe_mlflow.tracking.comparison_run",

@@ -38,7 +38,7 @@ def test_the_documented_mindspore_autolog_is_the_function_and_importing_it_is_li
             "assert inspect.isfunction(msprobe_mlflow.mindspore.autolog), msprobe_mlflow.mindspore.autolog\n"
             "from msprobe_mlflow.mindspore import autolog\n"
             "assert autolog is msprobe_mlflow.mindspore.autolog\n"
-            "import msprobe_mlflow.tracking.autolog  # what msprobe_mlflow.autolog() imports\n"
+            "import msprobe_mlflow.integrations.autolog  # what msprobe_mlflow.autolog() imports\n"
             "assert msprobe_mlflow.mindspore.autolog is autolog")
     assert heavy_modules_after(code) == ["mlflow"]
 

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import os
 
-import mlflow
 
 try:
     from transformers import TrainerCallback
@@ -28,6 +27,7 @@ from msprobe_mlflow.integrations import (NormsBeforeClipping, callback_config, c
 from msprobe_mlflow.metrics import NORM_BEFORE_CLIPPING
 from msprobe_mlflow.options import MonitorOptions
 from msprobe_mlflow.pytorch.monitor import GradientMonitor
+from msprobe_mlflow.tracking.autologging import active_run_id
 from msprobe_mlflow.vocabulary import MLFLOW_STEP_OFFSET_TAG, RECORDED_TAG
 
 
@@ -46,8 +46,7 @@ class GradientProbeCallback(TrainerCallback):
         self.monitor: GradientMonitor | None = None
 
     def on_train_begin(self, args, state, control, model=None, optimizer=None, **kwargs):
-        active = mlflow.active_run()
-        config = callback_config(self.config, active.info.run_id if active else None, "GradientProbeCallback")
+        config = callback_config(self.config, active_run_id(), "GradientProbeCallback")
         norms = NormsBeforeClipping(clips_inside_step=False) if args.max_grad_norm > 0 else None  # before step
         # in MLflow, at Trainer's step numbers: its global_step after the step
         self.monitor = GradientMonitor(config, options=with_sink(self.options, norms), mlflow_step_offset=1)

@@ -17,11 +17,9 @@ from __future__ import annotations
 import inspect
 import os
 
-from mlflow.utils.autologging_utils import autologging_integration, get_autologging_config, safe_patch
-from mlflow.utils.import_hooks import register_post_import_hook
-
 from msprobe_mlflow.config import GradProbeConfig, autolog_config
 from msprobe_mlflow.options import MonitorOptions
+from msprobe_mlflow.tracking import autologging
 
 FLAVOR_NAME = "msprobe_mlflow_mindspore"
 
@@ -45,7 +43,7 @@ def autolog(config: GradProbeConfig | str | os.PathLike | dict | None = None, *,
                  options=MonitorOptions.of(options, **keywords), disable=disable, silent=silent)
 
 
-@autologging_integration(FLAVOR_NAME)
+@autologging.integration(FLAVOR_NAME)
 def _integration(config, *, level, bounds, dump_path, options: MonitorOptions, disable: bool = False,
                  silent: bool = False) -> None:
     """MLflow's side of :func:`autolog`: stores the configuration, reverts the earlier patch and, unless
@@ -64,12 +62,12 @@ def _integration(config, *, level, bounds, dump_path, options: MonitorOptions, d
         callbacks = [] if callbacks is None else list(callbacks) if isinstance(callbacks, (list, tuple)) \
             else [callbacks]
         if not any(isinstance(callback, GradProbeCallback) for callback in callbacks):
-            silent_now = get_autologging_config(FLAVOR_NAME, "silent", False) or options.silent
+            silent_now = autologging.silent(FLAVOR_NAME) or options.silent
             bound.arguments["callbacks"] = callbacks + [GradProbeCallback(base, dump_per_run=True, options=options,
                                                                           silent=silent_now)]
         return original(*bound.args, **bound.kwargs)
 
-    safe_patch(FLAVOR_NAME, Model, "train", train_with_probe)
+    autologging.patch(FLAVOR_NAME, Model, "train", train_with_probe)
 
 
 _pending_call: dict | None = None
@@ -84,7 +82,7 @@ def autolog_when_imported(**arguments) -> None:
     MindSpore modules that need the half-made package (a circular import that killed the interpreter)."""
     global _pending_call
     _pending_call = arguments
-    register_post_import_hook(_on_import, "mindspore", overwrite=True)
+    autologging.when_imported(_on_import, "mindspore")
 
 
 def _on_import(module) -> None:

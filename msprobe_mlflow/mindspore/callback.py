@@ -94,10 +94,10 @@ class GradProbeCallback(Callback):
         tracking = self.monitor.tracking
         if tracking is None or tracking.tracking_uri or tracking.local_run_id() or current_rank() != 0:
             return
-        import mlflow
+        from msprobe_mlflow.tracking.autologging import start_run
 
         try:
-            self._started_run = mlflow.start_run(run_name=run_name(network), tags={AUTOLOGGING_TAG: "msprobe_mlflow"})
+            self._started_run = start_run(run_name(network), {AUTOLOGGING_TAG: "msprobe_mlflow"})
         except Exception as e:  # observability must never break training
             self.monitor.notices.failure("start_run", f"could not start an MLflow run ({e!r}); the gradients go "
                                                       f"to the local dump only")
@@ -106,20 +106,16 @@ class GradProbeCallback(Callback):
         """Stops the monitor (every step written and sent), then ends the run this callback started: FAILED when
         this training or another rank's failed (``failed_ranks``). Idempotent."""
         self.monitor.stop()
-        run, self._started_run = self._started_run, None
-        if run is None:
+        run_id, self._started_run = self._started_run, None  # the ID of the run this callback started
+        if run_id is None:
             return
         status = "FAILED" if failed or self.monitor.failed_ranks else "FINISHED"
-        import mlflow
+        from msprobe_mlflow.tracking.autologging import end_run
 
         try:
-            active = mlflow.active_run()
-            if active is not None and active.info.run_id == run.info.run_id:
-                mlflow.end_run(status)
-            else:  # the user switched runs meanwhile: end ours without touching theirs
-                mlflow.MlflowClient().set_terminated(run.info.run_id, status)
+            end_run(run_id, status)  # the user may have switched runs meanwhile: theirs is left alone
         except Exception as e:  # observability must never break training
-            self.monitor.notices.failure("end_run", f"could not end MLflow run {run.info.run_id} ({e!r})")
+            self.monitor.notices.failure("end_run", f"could not end MLflow run {run_id} ({e!r})")
 
 
 def run_name(network: nn.Cell | None) -> str:

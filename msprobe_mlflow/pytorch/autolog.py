@@ -12,9 +12,7 @@ import gc
 import logging
 import weakref
 
-import mlflow
 import torch
-from mlflow.utils.autologging_utils import get_autologging_config
 from torch.optim.optimizer import register_optimizer_step_pre_hook
 
 from msprobe_mlflow.config import GradProbeConfig
@@ -22,6 +20,7 @@ from msprobe_mlflow.options import MonitorOptions
 from msprobe_mlflow.pytorch.distributed import current_rank, is_distributed, shared_run_id
 from msprobe_mlflow.pytorch.monitor import GradientMonitor, _monitored_models
 from msprobe_mlflow.pytorch.trainers import mlflow_logger_run
+from msprobe_mlflow.tracking import autologging
 from msprobe_mlflow.vocabulary import run_dump_folder
 
 logger = logging.getLogger("msprobe_mlflow")
@@ -58,22 +57,22 @@ class TorchAutolog:
                 self.seen.add(id(optimizer))
                 return
             self.models[id(optimizer)] = model
-        active = mlflow.active_run()
+        active = autologging.active_run_id()
         logger_run = mlflow_logger_run(model)
         if logger_run is None and active is None and not is_distributed():
             return  # looked at again at the next step: a run may start later
         self.seen.add(id(optimizer))
-        run_id, tracking_uri = logger_run or (active.info.run_id if active else None, None)
+        run_id, tracking_uri = logger_run or (active, None)
         run_id = shared_run_id(run_id)
         config = self.config.replace(dump_path=run_dump_folder(self.config.dump_path, run_id))
         monitor = GradientMonitor(config, options=self.options, run_id=run_id, tracking_uri=tracking_uri,
-                                  silent=get_autologging_config(self.flavor, "silent", False) or self.options.silent)
-        if logger_run is None and active is not None and run_id and active.info.run_id != run_id:
-            self.own_runs[active.info.run_id] = run_id
+                                  silent=autologging.silent(self.flavor) or self.options.silent)
+        if logger_run is None and active is not None and run_id and active != run_id:
+            self.own_runs[active] = run_id
             monitor.notices.warn(
-                f"rank {current_rank()} started MLflow run {active.info.run_id} of its own (mlflow.start_run() on "
+                f"rank {current_rank()} started MLflow run {active} of its own (mlflow.start_run() on "
                 f"every rank); under torch.distributed every rank logs into rank 0's run, {run_id}: the gradients go "
-                f"there, and run {active.info.run_id} is deleted when it ends if nothing else was logged into it. "
+                f"there, and run {active} is deleted when it ends if nothing else was logged into it. "
                 f"Start the run on rank 0 only: with (mlflow.start_run() if dist.get_rank() == 0 else "
                 f"contextlib.nullcontext()):")
         self.monitors.append(monitor.monitor(model, optimizer))  # its hook runs after this one: this step counts
@@ -95,14 +94,10 @@ class TorchAutolog:
         into = self.own_runs.pop(run_id, None)
         if into is None:
             return
-        client = mlflow.MlflowClient()
-        run = client.get_run(run_id)
-        if run.data.metrics or run.data.params or client.list_artifacts(run_id) or any(
-                not key.startswith("mlflow.") for key in run.data.tags):
+        if not autologging.delete_if_empty(run_id):
             logger.warning("msprobe-mlflow autolog: rank %d's own run %s holds what the script logged into it, so it "
                            "is kept; the gradients are in rank 0's run %s", current_rank(), run_id, into)
             return
-        client.delete_run(run_id)
         logger.warning("msprobe-mlflow autolog: deleted the empty run %s that rank %d started (its gradients are in "
                        "rank 0's run %s); restore it with mlflow.MlflowClient().restore_run(%r)", run_id,
                        current_rank(), into, run_id)

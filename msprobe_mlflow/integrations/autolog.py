@@ -13,14 +13,10 @@ from __future__ import annotations
 import os
 from dataclasses import replace
 
-import mlflow
-import mlflow.tracking.fluent
-from mlflow.utils.autologging_utils import autologging_integration, safe_patch
-from mlflow.utils.import_hooks import register_post_import_hook
-
 from msprobe_mlflow.config import GradProbeConfig, autolog_config
 from msprobe_mlflow.mindspore.autologging import autolog_when_imported
 from msprobe_mlflow.options import MonitorOptions
+from msprobe_mlflow.tracking import autologging
 
 FLAVOR_NAME = "msprobe_mlflow"
 NOT_FOR_AUTOLOG = ("run_id", "tracking_uri", "log_to_mlflow", "sinks")  # autolog's choice: each training's run
@@ -62,7 +58,7 @@ def autolog(config: GradProbeConfig | str | os.PathLike | dict | None = None, *,
                           silent=silent, options=replace(options, overlap=None))
 
 
-@autologging_integration(FLAVOR_NAME)
+@autologging.integration(FLAVOR_NAME)
 def _integration(config, *, level, bounds, dump_path, options: MonitorOptions, disable: bool = False,
                  silent: bool = False) -> None:
     """MLflow's side of :func:`autolog`: stores the configuration, reverts earlier patches and, unless ``disable``,
@@ -71,23 +67,22 @@ def _integration(config, *, level, bounds, dump_path, options: MonitorOptions, d
     base = autolog_config(config, level=level, bounds=bounds, dump_path=dump_path)
     options.applied_to(base)  # refuses what cannot work with the config now, not at the first step
     _waiting_for_torch = (base, options)
-    register_post_import_hook(_on_torch_import, "torch", overwrite=True)  # called at once if torch is imported
+    autologging.when_imported(_on_torch_import, "torch")  # called at once if torch is imported
 
     def end_run_after_monitors(original, *args, **kwargs):
         """The monitors stop first; a run whose ranks failed ends FAILED; a rank > 0's own run, empty since its
         gradients went into rank 0's, is deleted once ended (``TorchAutolog.delete_if_empty``)."""
         if _installed is None:
             return original(*args, **kwargs)
-        ending = mlflow.active_run()
+        ending = autologging.active_run_id()
         if _installed.stop_monitors():
             args, kwargs = ("FAILED",), {}
         result = original(*args, **kwargs)
         if ending is not None:
-            _installed.delete_if_empty(ending.info.run_id)
+            _installed.delete_if_empty(ending)
         return result
 
-    safe_patch(FLAVOR_NAME, mlflow.tracking.fluent, "end_run", end_run_after_monitors)
-    safe_patch(FLAVOR_NAME, mlflow, "end_run", end_run_after_monitors)
+    autologging.patch_end_run(FLAVOR_NAME, end_run_after_monitors)
 
 
 def _on_torch_import(torch_module) -> None:
