@@ -19,6 +19,7 @@ from msprobe_mlflow.directions_schedule import TierOptions
 from msprobe_mlflow.options import KEYWORDS
 from msprobe_mlflow.pytorch import GradientMonitor
 from msprobe_mlflow.sinks.anomalies import AnomalyOptions, SpikeRule
+from msprobe_mlflow.sinks.baseline import BaselineOptions
 from msprobe_mlflow.tracking.options import TrackingOptions
 
 DOCS = Path(__file__).resolve().parents[1] / "docs" / "options.md"
@@ -74,6 +75,14 @@ def test_keywords_beside_options_change_those_options_only():
     assert changed.changed() == {"log_every_n_steps": 5, "metrics_file": True, "silent": True}
     assert options.tracking.log_every_n_steps == 3  # the object given is left as it was
     assert MonitorOptions.of(options) is options
+
+
+def test_a_baseline_run_is_looked_up_where_the_monitor_logs_unless_told_otherwise():
+    here = MonitorOptions(tracking=TrackingOptions(tracking_uri="sqlite:///a.db"), live_verdict=BaselineOptions("abc"))
+    there = MonitorOptions.of(tracking_uri="sqlite:///a.db", baseline="abc")
+    assert here == there and here.live_verdict.tracking_uri == "sqlite:///a.db"
+    elsewhere = BaselineOptions("abc", tracking_uri="sqlite:///b.db")
+    assert MonitorOptions(live_verdict=elsewhere, tracking=here.tracking).live_verdict is elsewhere
 
 
 def train(dump: Path, steps: int = 3, **how) -> GradientMonitor:
