@@ -16,6 +16,7 @@ import re
 from msprobe_mlflow.dump import SummaryTable, csv_text
 from msprobe_mlflow.levels import ZERO_COLUMN, csv_header
 from msprobe_mlflow.records import StepRecord
+from msprobe_mlflow.vocabulary import grad_key
 
 MAX_KEY_LENGTH = 250  # MLflow's limit (mlflow.utils.validation.MAX_ENTITY_KEY_LENGTH)
 _NOT_ALLOWED = re.compile(r"[^/\w.\- :]")
@@ -61,7 +62,7 @@ NORM_BEFORE_CLIPPING = "total_norm_before_clipping"  # logged by integrations.No
 
 def norm_before_clipping_key(rank: int) -> str:
     """Beside ``total_norm`` (the recorded, applied gradients'), the norm the trainer clipped them from."""
-    return f"grad/rank{rank}/{NORM_BEFORE_CLIPPING}"
+    return grad_key(rank, NORM_BEFORE_CLIPPING)
 
 
 def _finite(values: list[float]) -> list[float]:
@@ -78,7 +79,7 @@ def step_metrics(table: SummaryTable, rank: int, param_patterns: tuple[str, ...]
     flat line by construction.
     """
     maxima, minima, norms = table.numbers("max"), table.numbers("min"), table.numbers("norm")
-    prefix = f"grad/rank{rank}"
+    prefix = grad_key(rank).rstrip("/")
     finite_max, finite_min = _finite(maxima), _finite(minima)
     metrics = {
         f"{prefix}/total_norm": math.sqrt(math.fsum(n * n for n in norms)),

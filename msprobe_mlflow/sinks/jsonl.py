@@ -16,6 +16,7 @@ import time
 from msprobe_mlflow.dump import rank_dir
 from msprobe_mlflow.metrics import record_metrics
 from msprobe_mlflow.records import StepRecord
+from msprobe_mlflow.vocabulary import grad_key
 
 FILE_NAME = "metrics.jsonl"
 
@@ -31,7 +32,7 @@ class JsonLinesMetricsSink:
         self._files = {}  # rank -> open file
 
     def handle(self, record: StepRecord) -> None:
-        prefix = f"grad/rank{record.rank}/"
+        prefix = grad_key(record.rank)
         line = {"step": record.step, "rank": record.rank, "timestamp_ms": int(time.time() * 1000)}
         line.update((key.removeprefix(prefix), _json_number(value))
                     for key, value in record_metrics(record, self.param_patterns).items())

@@ -25,7 +25,7 @@ from typing import Callable
 
 import numpy as np
 
-from msprobe_mlflow.vocabulary import RANK_ENDINGS
+from msprobe_mlflow.vocabulary import RANK_ENDINGS, grad_key
 
 # From the load test (benchmarks/results/load_test.md): at 64 ranks, one server worker no longer kept up with every
 # rank sending its own metrics, while the collective costs a few floats per rank.
@@ -47,12 +47,12 @@ def aggregation_wanted(option: bool | None, world_size: int) -> bool:
 
 
 def _suffix(key: str, rank: int) -> str:
-    return key[len(f"grad/rank{rank}/"):]
+    return key[len(grad_key(rank)):]
 
 
 def is_summary_key(key: str, rank: int) -> bool:
     """A fixed per-rank key (gathered), not a per-parameter one (``grad/rank{R}/param/...``, sent by the rank)."""
-    return key.startswith(f"grad/rank{rank}/") and not _suffix(key, rank).startswith("param/")
+    return key.startswith(grad_key(rank)) and not _suffix(key, rank).startswith("param/")
 
 
 class RankZeroMetrics:
@@ -70,7 +70,7 @@ class RankZeroMetrics:
         Returns what this rank sends at ``step``: all of its metrics on rank 0, its per-parameter ones elsewhere;
         and on rank 0 the other ranks' summary metrics by their step, ``{step: {key: value}}`` (empty elsewhere)."""
         suffixes = sorted(_suffix(k, self.rank) for k in metrics if is_summary_key(k, self.rank))
-        vector = np.array([step, *(metrics[f"grad/rank{self.rank}/{s}"] for s in suffixes)], dtype=np.float64)
+        vector = np.array([step, *(metrics[grad_key(self.rank, s)] for s in suffixes)], dtype=np.float64)
         self.length = len(vector)
         matrix = np.asarray(self.gather(vector), dtype=np.float64)
         if self.rank != 0:
@@ -83,7 +83,7 @@ class RankZeroMetrics:
         others: dict[int, dict[str, float]] = {}
         for rank, row in enumerate(matrix[1:], start=1):
             values = others.setdefault(int(row[0]), {})
-            values.update({f"grad/rank{rank}/{s}": float(v) for s, v in zip(suffixes, row[1:])})
+            values.update({grad_key(rank, s): float(v) for s, v in zip(suffixes, row[1:])})
         return metrics, others
 
     def exchange_statuses(self, status: str) -> dict[int, str]:
