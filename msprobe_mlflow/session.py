@@ -21,6 +21,7 @@ from msprobe_mlflow.config import GradProbeConfig
 from msprobe_mlflow.dump import (new_training_id, set_aside_other_training, short_list, write_dump_config,
                                  write_step, write_training_id)
 from msprobe_mlflow.notices import Notices
+from msprobe_mlflow.vocabulary import FAILED, FINISHED, KILLED
 
 # How long a SIGTERM (what torchrun sends the other ranks when one fails) is held while the open sessions say
 # ``killed`` (one request each) before the process dies of it as it would have.
@@ -33,8 +34,8 @@ def outcome_of(error: BaseException | None) -> tuple[str, str]:
     none, ``StopIteration`` or ``sys.exit(0)``: finished; ``KeyboardInterrupt``: killed; any other: failed."""
     if error is None or isinstance(error, (StopIteration, GeneratorExit)) or (
             isinstance(error, SystemExit) and error.code in (0, None)):
-        return "finished", ""
-    return ("killed" if isinstance(error, KeyboardInterrupt) else "failed"), f"{type(error).__name__}: {error}"[:500]
+        return FINISHED, ""
+    return (KILLED if isinstance(error, KeyboardInterrupt) else FAILED), f"{type(error).__name__}: {error}"[:500]
 
 
 @dataclass(frozen=True)
@@ -234,7 +235,7 @@ def _install_process_hooks() -> None:
 
 def _report_then_die(signum, frame) -> None:
     signal.signal(signum, signal.SIG_DFL)
-    reporter = threading.Thread(target=_end_open_sessions_as, args=("killed", signal.Signals(signum).name),
+    reporter = threading.Thread(target=_end_open_sessions_as, args=(KILLED, signal.Signals(signum).name),
                                 daemon=True)
     reporter.start()
     reporter.join(KILLED_REPORT_SECONDS)

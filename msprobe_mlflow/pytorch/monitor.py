@@ -34,10 +34,8 @@ from msprobe_mlflow.pytorch.fsdp1 import FlatSlot, fsdp1_named_parameters, has_f
 from msprobe_mlflow.pytorch.sharded import FlatPiece, has_sharded, launch_sharded_statistics
 from msprobe_mlflow.pytorch.statistics import launch_step_statistics, prepare_snapshots
 from msprobe_mlflow.session import RankPolicy
-from msprobe_mlflow.vocabulary import RECORDED_TAG, TAG_RANGES_LIMIT
+from msprobe_mlflow.vocabulary import FAILED_STEPS_TAG, OVERLAP_TAG, RECORDED_TAG, TAG_RANGES_LIMIT, rank_tag
 
-FAILED_STEPS_TAG = "msprobe_mlflow.failed_steps"
-OVERLAP_TAG = "msprobe_mlflow.overlap"
 
 # model id -> the monitor watching it, so two monitors never probe one model by accident.
 _monitored_models: dict[int, "GradientMonitor"] = {}
@@ -119,7 +117,7 @@ class GradientMonitor(SessionMonitor):
         if reason is None:
             self._early = EarlyStatistics([p for _, p, _ in self._parameters], self._early_settings)
         ranks = self._session.ranks
-        self.tag_run({OVERLAP_TAG if ranks.world_size == 1 else f"msprobe_mlflow.rank{ranks.rank}.overlap":
+        self.tag_run({OVERLAP_TAG if ranks.world_size == 1 else rank_tag(ranks.rank, "overlap"):
                       self.overlap}, self.step)
 
     def _early_settings(self) -> tuple | None:
@@ -246,7 +244,7 @@ class GradientMonitor(SessionMonitor):
         self._probe_failures.append(f"probing step {step} failed: {error!r}")
         self.notices.failure("probe", f"probing step {step} failed ({error!r})")
         tag = FAILED_STEPS_TAG if self._session.ranks.world_size == 1 else \
-            f"msprobe_mlflow.rank{self._session.ranks.rank}.failed_steps"
+            rank_tag(self._session.ranks.rank, "failed_steps")
         self.tag_run({tag: step_ranges(self._failed_steps, limit=TAG_RANGES_LIMIT)}, step)
 
     def tag_run(self, tags: dict[str, str], step: int = 0) -> None:
