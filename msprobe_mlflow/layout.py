@@ -10,6 +10,8 @@ order:
 - ``cumulative_counts`` (levels with buckets: L2): the number of elements ``x <= b`` for each float32 bound ``b``,
   then the number ``x == 0`` (``-0.0`` included). Buckets are differences of those counts, so NaN and +inf land in
   the last bucket.
+- ``extra`` (only with opt-in statistics, ``extra`` names from
+  :data:`msprobe_mlflow.statistics_table.EXTRA`): each one's reduced value, in the order of the names;
 - ``checksum`` (only with ``checksum=True``, at L0): the device checksum of the float32 values (see
   :data:`CHECKSUM_PREFIX`), as its high and low 32 bits.
 
@@ -17,12 +19,9 @@ Beside it: the packed signs (levels with directions: ``grad > 0`` in ``np.packbi
 to a whole byte, ``packed_length(numel)`` bytes, concatenated in model order) and the float32 values (levels with
 MD5: ``numel`` values per parameter, concatenated).
 
-Adding a statistic (say an opt-in count of non-finite elements): give :class:`StatisticsLayout` a field that
-switches it on, off by default so that the default vector and msprobe's CSVs stay byte-identical, and return its
-:class:`Section` from :attr:`~StatisticsLayout.sections` when on; then compute it in both compute paths
-(``pytorch/statistics.py``, ``mindspore/statistics.py``), which give the sections in this order. The buffer
-lengths, the merge of per-device results and :meth:`~StatisticsLayout.split` (the decoder) follow from the
-layout, and a reader takes the new section by its name.
+Adding a statistic: an entry in :mod:`msprobe_mlflow.statistics_table` (see there); every backend computes the
+``extra`` section from it. The buffer lengths, the merge of per-device results and :meth:`~StatisticsLayout.split`
+(the decoder) follow from the layout, and a reader takes a section by its name.
 """
 from __future__ import annotations
 
@@ -32,9 +31,11 @@ from typing import Iterable
 import numpy as np
 
 from msprobe_mlflow.levels import LEVELS, Level
+from msprobe_mlflow.statistics_table import extra_statistics, packed_length
 
 EXTREMES = "extremes"
 CUMULATIVE_COUNTS = "cumulative_counts"
+EXTRA = "extra"
 CHECKSUM = "checksum"
 CHECKSUMS = ("md5", "mix64")  # what L0's MD5 column holds: msprobe's MD5 (on the host), or the device checksum
 CHECKSUM_PREFIX = "mix64:"  # how the MD5 column tells a device checksum (16 hex digits follow) from an MD5
@@ -47,11 +48,6 @@ def consecutive_slices(lengths: Iterable[int]) -> list[slice]:
         slices.append(slice(start, start + length))
         start += length
     return slices
-
-
-def packed_length(numel: int) -> int:
-    """Bytes that ``numel`` sign bits take when packed, each parameter padded to a whole byte."""
-    return (numel + 7) // 8
 
 
 def packed_slices(numels: Iterable[int]) -> list[slice]:
@@ -70,18 +66,22 @@ class Section:
 @dataclass(frozen=True)
 class StatisticsLayout:
     """The layout of one step's results for parameters of ``numels`` elements at ``level`` (a :class:`Level` or its
-    name) with bucket ``bounds``, with the device ``checksum`` section or not; see the module docstring."""
+    name) with bucket ``bounds``, with the device ``checksum`` section or not, and the opt-in ``extra`` statistics (their names); see
+    the module docstring."""
 
     level: Level
     bounds: tuple
     numels: tuple[int, ...]
     checksum: bool = False
+    extra: tuple[str, ...] = ()
 
     def __post_init__(self):
         if isinstance(self.level, str):
             object.__setattr__(self, "level", LEVELS[self.level])
         object.__setattr__(self, "bounds", tuple(self.bounds))
         object.__setattr__(self, "numels", tuple(int(n) for n in self.numels))
+        object.__setattr__(self, "extra", tuple(self.extra))
+        extra_statistics(self.extra)  # an unknown name is refused here
 
     @property
     def count(self) -> int:
@@ -94,6 +94,8 @@ class StatisticsLayout:
         sections = [Section(EXTREMES, 3)]
         if self.level.has_buckets:
             sections.append(Section(CUMULATIVE_COUNTS, len(self.bounds) + 1))
+        if self.extra:
+            sections.append(Section(EXTRA, len(self.extra)))
         if self.checksum:
             sections.append(Section(CHECKSUM, 2))
         return tuple(sections)
@@ -130,7 +132,8 @@ class StatisticsLayout:
 
     def subset(self, indices: Iterable[int]) -> "StatisticsLayout":
         """The layout of some of the parameters (those on one device, say), in the order of ``indices``."""
-        return StatisticsLayout(self.level, self.bounds, [self.numels[i] for i in indices], self.checksum)
+        return StatisticsLayout(self.level, self.bounds, [self.numels[i] for i in indices], self.checksum,
+                                self.extra)
 
     def merge(self, parts: list[tuple[list[int], tuple]]) -> tuple:
         """Results computed apart for groups of parameters, ``(indices, (statistics, signs, float32_values))``

@@ -52,11 +52,12 @@ LEVELS: dict[str, Level] = {level.name: level for level in (
 )}
 
 
-def csv_header(level: str, bounds) -> list[str]:
-    """The ``grad_summary`` header of ``level`` (a ``grad_level`` name) with these bucket ``bounds``."""
+def csv_header(level: str, bounds, extra=()) -> list[str]:
+    """The ``grad_summary`` header of ``level`` (a ``grad_level`` name) with these bucket ``bounds``, and the
+    columns of the opt-in ``extra`` statistics (:mod:`msprobe_mlflow.statistics_table`) after ``norm``."""
     recorded = LEVELS[level]
     return ["param_name", *([MD5_COLUMN] if recorded.has_md5 else []),
-            *(bucket_labels(bounds) if recorded.has_buckets else []), "max", "min", "norm", "shape"]
+            *(bucket_labels(bounds) if recorded.has_buckets else []), "max", "min", "norm", *extra, "shape"]
 
 
 def level_of_header(header: list[str]) -> Level:

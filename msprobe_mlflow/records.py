@@ -11,9 +11,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from msprobe_mlflow.layout import (CHECKSUM, CHECKSUM_PREFIX, CUMULATIVE_COUNTS, EXTREMES, StatisticsLayout,
+from msprobe_mlflow.layout import (CHECKSUM, CHECKSUM_PREFIX, CUMULATIVE_COUNTS, EXTRA, EXTREMES, StatisticsLayout,
                                    consecutive_slices, packed_slices)
-from msprobe_mlflow.levels import LEVELS
+from msprobe_mlflow.levels import LEVELS, csv_header
+from msprobe_mlflow.statistics_table import extra_statistics
 
 
 @dataclass
@@ -28,6 +29,7 @@ class StepRecord:
     ``directions`` holds ``grad > 0`` bit-packed (``np.packbits`` order) per parameter, each padded to a byte,
     concatenated in model order (L1 and L2 only). ``skipped_directions``: the level records directions but this
     step has none (a statistics-only step of the always-on tier, ``msprobe_mlflow.directions_schedule``).
+    ``extra``: each opt-in statistic's float32 column (:mod:`msprobe_mlflow.statistics_table`), by name.
     """
 
     rank: int
@@ -42,6 +44,7 @@ class StepRecord:
     md5: list[str] | None = None
     directions: np.ndarray | None = None
     skipped_directions: bool = False
+    extra: dict[str, np.ndarray] | None = None
 
     @property
     def numels(self) -> list[int]:
@@ -50,6 +53,9 @@ class StepRecord:
     def packed_directions(self) -> dict[str, np.ndarray]:
         """Each parameter's packed sign bits (views into ``directions``), by name."""
         return {name: self.directions[piece] for name, piece in zip(self.names, packed_slices(self.numels))}
+
+    def csv_header(self) -> list[str]:
+        return csv_header(self.level, self.bounds, list(self.extra or ()))
 
     def csv_rows(self) -> list[list]:
         """Rows in msprobe's cell types: ``csv`` writes floats with ``repr`` and the shape as ``[2, 3]``."""
@@ -62,7 +68,8 @@ class StepRecord:
             if level.has_buckets:
                 counts = [*self.bucket_counts[i].tolist(), int(self.zero_counts[i])]
                 row += [count / numel if numel else 0 for count in counts]
-            rows.append([*row, *(float(v) for v in self.values[i]), list(shape)])
+            extra = [float(values[i]) for values in (self.extra or {}).values()]
+            rows.append([*row, *(float(v) for v in self.values[i]), *extra, list(shape)])
         return rows
 
 
@@ -75,7 +82,7 @@ def md5_per_parameter(flat_float32: np.ndarray, numels: list[int]) -> list[str]:
 def record_from_statistics(*, rank: int, step: int, level: str, bounds, names: list[str],
                            shapes: list[tuple[int, ...]], statistics: np.ndarray, signs: np.ndarray | None = None,
                            float32_values: np.ndarray | None = None, checksum: bool = False,
-                           directions: bool = True, md5: list[str] | None = None) -> StepRecord:
+                           directions: bool = True, md5: list[str] | None = None, extra=()) -> StepRecord:
     """The :class:`StepRecord` of the flat vector a monitor computes on the device, whatever the framework.
 
     ``statistics`` is laid out as :class:`msprobe_mlflow.layout.StatisticsLayout` says: ``max, min, norm`` per
@@ -83,10 +90,11 @@ def record_from_statistics(*, rank: int, step: int, level: str, bounds, names: l
     one). ``signs`` are the packed directions (L1/L2), ``float32_values`` the flattened gradients (L0 MD5); with
     ``checksum``, the vector's checksum section (L0) fills the MD5 column instead; ``md5``: the digests, hashed
     already where the gradients were (then ``float32_values`` is not needed).
-    ``directions=False``: a step whose directions were not computed (``signs`` is ignored).
+    ``directions=False``: a step whose directions were not computed (``signs`` is ignored). ``extra``: the names
+    of the opt-in statistics in the vector (their ``finish`` gives the record's values).
     """
     shapes = [tuple(s) for s in shapes]
-    layout = StatisticsLayout(level, bounds, [math.prod(shape) for shape in shapes], checksum)
+    layout = StatisticsLayout(level, bounds, [math.prod(shape) for shape in shapes], checksum, extra)
     sections = layout.split(np.asarray(statistics, dtype=np.float64))
     record = StepRecord(rank=rank, step=step, level=level, bounds=tuple(bounds), names=list(names), shapes=shapes,
                         values=sections[EXTREMES].astype(np.float32))
@@ -95,6 +103,10 @@ def record_from_statistics(*, rank: int, step: int, level: str, bounds, names: l
         numels = np.array(layout.numels, dtype=np.int64)[:, None]
         record.bucket_counts = np.diff(cumulative[:, :-1], axis=1, prepend=0, append=numels)
         record.zero_counts = cumulative[:, -1]
+    if layout.extra:
+        record.extra = {statistic.name: np.array([statistic.finish(float(reduced), numel) for reduced, numel
+                                                  in zip(sections[EXTRA][:, column], layout.numels)], np.float32)
+                        for column, statistic in enumerate(extra_statistics(layout.extra))}
     record.skipped_directions = layout.level.has_directions and not directions
     if layout.level.has_directions and directions:
         record.directions = np.zeros(0, np.uint8) if signs is None else np.asarray(signs, dtype=np.uint8)
