@@ -14,8 +14,9 @@ import math
 import re
 
 from msprobe_mlflow.dump import SummaryTable, csv_text
-from msprobe_mlflow.levels import ZERO_COLUMN, csv_header
+from msprobe_mlflow.levels import ZERO_COLUMN
 from msprobe_mlflow.records import StepRecord
+from msprobe_mlflow.statistics_table import EXTRA
 from msprobe_mlflow.vocabulary import grad_key
 
 MAX_KEY_LENGTH = 250  # MLflow's limit (mlflow.utils.validation.MAX_ENTITY_KEY_LENGTH)
@@ -93,6 +94,9 @@ def step_metrics(table: SummaryTable, rank: int, param_patterns: tuple[str, ...]
         for column, name in zip(bucket_columns, bucket_metric_names(bucket_columns)):
             counts = (round(f * n) for f, n in zip(table.numbers(column), numels))
             metrics[metric_key(prefix, name)] = sum(counts) / total if total else 0.0
+    for statistic in (EXTRA[column] for column in table.header if column in EXTRA):  # opt-in statistics
+        numels = [math.prod(shape) for shape in table.shapes()]
+        metrics[metric_key(prefix, statistic.name)] = statistic.summary(table.numbers(statistic.name), numels)
     if param_patterns:
         for name, high, low, norm in zip(table.column("param_name"), maxima, minima, norms):
             if any(fnmatch.fnmatchcase(name, pattern) for pattern in param_patterns):
@@ -103,7 +107,7 @@ def step_metrics(table: SummaryTable, rank: int, param_patterns: tuple[str, ...]
 
 def record_metrics(record: StepRecord, param_patterns: tuple[str, ...] = ()) -> dict[str, float]:
     """:func:`step_metrics` of a live record, read from the very CSV text the dump holds for it."""
-    text = csv_text([csv_header(record.level, record.bounds), *record.csv_rows()]).decode("utf-8-sig")
+    text = csv_text([record.csv_header(), *record.csv_rows()]).decode("utf-8-sig")
     header, *rows = csv.reader(io.StringIO(text, newline=""))
     table = SummaryTable(f"rank{record.rank} step {record.step}", header, rows)
     return step_metrics(table, record.rank, param_patterns)
