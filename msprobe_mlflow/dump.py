@@ -37,7 +37,7 @@ from pathlib import Path
 
 from msprobe_mlflow.config import GradProbeConfig
 from msprobe_mlflow.directions import PACKED_FILE_NAME, write_npy, write_packed
-from msprobe_mlflow.levels import MD5_COLUMN, csv_header
+from msprobe_mlflow.levels import MD5_COLUMN
 from msprobe_mlflow.records import StepRecord
 from msprobe_mlflow.safe_paths import atomic_write_bytes, confined_path, refuse_symlink
 
@@ -183,7 +183,7 @@ def write_step(dump_path: str | os.PathLike, record: StepRecord, direction_forma
             write_npy(folder, record.names, record.shapes, record.directions)
             written.append(folder)
     csv_path = summary_csv_path(dump_path, record.rank, record.step)
-    write_csv(csv_path, [csv_header(record.level, record.bounds), *record.csv_rows()])
+    write_csv(csv_path, [record.csv_header(), *record.csv_rows()])
     return [csv_path, *written]
 
 
