@@ -163,7 +163,7 @@ def test_the_check_keeps_only_buckets_whose_gradients_are_unchanged_since_comput
 def test_l0_and_the_option_say_why_the_overlap_is_off_in_the_runs_tags(tmp_experiment, tmp_path):
     with pytest.raises(ValueError, match="overlap = 'yes' is not accepted; expected True or False"):
         GradientMonitor(GradProbeConfig(dump_path=str(tmp_path / "x")), overlap="yes")
-    for dump, level, tag in [("l0", "L0", "off: L0 hashes each gradient's bytes on the writer thread"),
+    for dump, level, tag in [("l0", "L0", "off: L0 hashes each gradient's bytes in the optimizer's pre-hook, where they are final"),
                              ("l1", "L1", "on")]:
         with mlflow.start_run() as run:
             monitor = train(tmp_path / dump, True, "plain", log_to_mlflow=True, level=level)

@@ -746,9 +746,9 @@ def test_each_rank_writes_its_own_folder_and_the_rank_filter_applies(tmp_path):
             assert rows["weight"][1:] == [str(rank + 1.0), str(-(rank + 1.0)), str(norm), "[1, 2]"]
 
 
-def test_l0_snapshots_come_from_buffers_faulted_in_off_the_training_thread(tmp_path):
-    """monitor() at L0 on the CPU prepares the snapshot buffers the writer hashes; a step of fewer elements than
-    the model (a parameter without a gradient) hashes a view of one, and the MD5s are those of the gradients."""
+def test_l0_on_the_cpu_hashes_the_gradients_where_they_are(tmp_path):
+    """L0 on the CPU hashes each gradient in place in the optimizer's pre-hook (no model-sized snapshot), a
+    parameter without a gradient included: the MD5s are those of the gradients the optimizer applied."""
     from msprobe_mlflow.pytorch import statistics
 
     statistics._free_snapshots.clear()
@@ -756,20 +756,12 @@ def test_l0_snapshots_come_from_buffers_faulted_in_off_the_training_thread(tmp_p
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     monitor = GradientMonitor(GradProbeConfig(dump_path=str(tmp_path), level="L0"), log_to_mlflow=False)
     monitor.monitor(model, optimizer)
-    preparing = [t for t in threading.enumerate() if t.name == "msprobe-mlflow-l0-snapshots"]
-    for thread in preparing:
-        thread.join()
-    prepared = {id(buffer) for buffer in statistics._free_snapshots}
-    total = sum(p.numel() for p in model.parameters())
-    assert [b.size for b in statistics._free_snapshots] == [total, total]
-    smaller = statistics._snapshot_buffer(total - 2)
-    assert smaller.size == total - 2 and id(smaller.base) in prepared
-    statistics.release_snapshot(smaller)  # goes back whole
     model(torch.randn(2, 4)).sum().backward()
-    model[1].bias.grad = None  # this step has fewer elements than the prepared buffers
+    model[1].bias.grad = None  # this step has fewer gradients than the model has parameters
     optimizer.step()
     monitor.stop()
-    assert {id(buffer) for buffer in statistics._free_snapshots} == prepared  # no buffer allocated on the way
+    assert statistics._free_snapshots == []  # no snapshot made, none prepared
     header, rows = read_rows(tmp_path / "rank0" / "grad_summary_0.csv")
-    assert {name: row[header.index("MD5")] for name, row in rows.items()} == {name: hashlib.md5(p.grad.float().numpy().tobytes()).hexdigest()
-                      for name, p in model.named_parameters() if p.grad is not None}
+    assert {name: row[header.index("MD5")] for name, row in rows.items()} == {
+        name: hashlib.md5(p.grad.float().numpy().tobytes()).hexdigest()
+        for name, p in model.named_parameters() if p.grad is not None}

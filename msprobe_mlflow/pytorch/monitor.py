@@ -32,7 +32,7 @@ from msprobe_mlflow.pytorch.distributed import current_rank, shared_run_id, summ
 from msprobe_mlflow.pytorch.overlap import EarlyStatistics, launch_with_early, step_level, usable_parts, why_off
 from msprobe_mlflow.pytorch.fsdp1 import FlatSlot, fsdp1_named_parameters, has_fsdp1
 from msprobe_mlflow.pytorch.sharded import FlatPiece, has_sharded, launch_sharded_statistics
-from msprobe_mlflow.pytorch.statistics import launch_step_statistics, prepare_snapshots
+from msprobe_mlflow.pytorch.statistics import launch_step_statistics
 from msprobe_mlflow.session import RankPolicy
 from msprobe_mlflow.vocabulary import FAILED_STEPS_TAG, OVERLAP_TAG, RECORDED_TAG, TAG_RANGES_LIMIT, rank_tag
 
@@ -92,10 +92,6 @@ class GradientMonitor(SessionMonitor):
                                      f"(torch.distributed.fsdp.fully_shard)")
                 self.notices.warn(self._unsupported)
         self._parameters = [(n, p, slot) for n, p, slot in named if self.config.wants_param(n)]
-        plain = [p for _, p, slot in self._parameters if slot is None and type(p.data) is torch.Tensor]
-        if self.config.level == "L0" and self.config.checksum == "md5" and self._session.ranks.probes and plain \
-                and all(p.device.type == "cpu" for p in plain):  # L0 hashes a snapshot of the CPU gradients
-            prepare_snapshots(sum(p.numel() for p in plain))
         missing = set(self.config.param_list) - {n for n, _, _ in named}
         if missing:
             self.notices.warn(f"grad_probe.param_list names parameters the model does not have: {sorted(missing)}")

@@ -51,7 +51,7 @@ def why_off(model: torch.nn.Module, parameters: list, *, level: str, writes: boo
     if not writes:
         return "this rank writes no statistics"
     if level == "L0":
-        return "L0 hashes each gradient's bytes on the writer thread"
+        return "L0 hashes each gradient's bytes in the optimizer's pre-hook, where they are final"
     if any(slot is not None for _, _, slot in parameters):
         return "FSDP1 flat parameters (statistics of pieces of a flat gradient, known only at step())"
     if has_sharded([p for _, p, _ in parameters]):
