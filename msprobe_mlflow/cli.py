@@ -20,25 +20,29 @@ from msprobe_mlflow.commands.upload import upload
 
 class CommandGroup(click.Group):
     def invoke(self, ctx: click.Context):
-        command_path = " ".join(filter(None, (ctx.command_path, ctx.invoked_subcommand)))
         try:
             with warnings.catch_warnings():
-                warnings.showwarning = _say_ours(command_path, warnings.showwarning)
+                warnings.showwarning = _say_ours(ctx, warnings.showwarning)
                 exit_code = super().invoke(ctx)
         except (click.exceptions.Exit, click.Abort):  # --help, and click's own interrupt handling
             raise
         except Exception as error:
-            click.echo(f"{command_path}: error: {exit_codes.error_message(error)}", err=True)
+            click.echo(f"{_command_path(ctx)}: error: {exit_codes.error_message(error)}", err=True)
             exit_code = exit_codes.exit_code_for(error)
         ctx.exit(exit_code or exit_codes.OK)
 
 
-def _say_ours(command_path: str, others):
+def _command_path(ctx: click.Context) -> str:
+    """``msprobe-mlflow <command>``: click knows the sub-command only once it is being invoked."""
+    return " ".join(filter(None, (ctx.command_path, ctx.invoked_subcommand)))
+
+
+def _say_ours(ctx: click.Context, others):
     """The package's warnings as one line each, ``msprobe-mlflow <command>: warning: <message>``, like its errors;
     other libraries' as Python shows them."""
     def show(message, category, filename, lineno, file=None, line=None):
         if f"{os.sep}msprobe_mlflow{os.sep}" in filename:
-            click.echo(f"{command_path}: warning: {message}", err=True)
+            click.echo(f"{_command_path(ctx)}: warning: {message}", err=True)
         else:
             others(message, category, filename, lineno, file, line)
     return show
