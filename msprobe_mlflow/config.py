@@ -20,7 +20,7 @@ DEFAULT_BOUNDS = (-1, 0, 1)  # msprobe's PyTorch default
 # msprobe's MindSpore default (``grad_probe/global_context.py``): 13 distribution columns
 MINDSPORE_DEFAULT_BOUNDS = (-10, -1, -0.1, -0.01, -0.001, 0, 0.001, 0.01, 0.1, 1, 10)
 FRAMEWORK_DEFAULT_BOUNDS = {"pytorch": DEFAULT_BOUNDS, "mindspore": MINDSPORE_DEFAULT_BOUNDS}
-# Ours, the always-on tier (msprobe_mlflow.directions_schedule): key -> default, the default being msprobe's behaviour.
+# Ours, the always-on tier (monitoring/directions_schedule.py): key -> default, the default being msprobe's behaviour.
 TIER_DEFAULTS = {"directions_every_n_steps": 1, "directions_on_anomaly": False, "directions_steps_after_anomaly": 10}
 GRAD_PROBE_KEYS = ("grad_level", "param_list", "bounds", *TIER_DEFAULTS)
 
@@ -96,7 +96,7 @@ class GradProbeConfig:
     The always-on tier (ours; the defaults are msprobe's behaviour, directions at every step): statistics at every
     probed step, directions only at steps ``0, N, 2N...`` (``directions_every_n_steps`` = N; 0: none on schedule)
     and, with ``directions_on_anomaly``, at the ``directions_steps_after_anomaly`` steps that follow a non-finite
-    gradient or a gradient-norm spike (see :mod:`msprobe_mlflow.directions_schedule`).
+    gradient or a gradient-norm spike (see :mod:`msprobe_mlflow.monitoring.directions_schedule`).
     """
 
     dump_path: str

@@ -28,7 +28,7 @@ class StepRecord:
     device checksum option ``mix64:`` and its 16 hex digits.
     ``directions`` holds ``grad > 0`` bit-packed (``np.packbits`` order) per parameter, each padded to a byte,
     concatenated in model order (L1 and L2 only). ``skipped_directions``: the level records directions but this
-    step has none (a statistics-only step of the always-on tier, ``msprobe_mlflow.directions_schedule``).
+    step has none (a statistics-only step of the always-on tier, ``msprobe_mlflow.monitoring.directions_schedule``).
     ``extra``: each opt-in statistic's float32 column (:mod:`msprobe_mlflow.statistics_table`), by name.
     """
 

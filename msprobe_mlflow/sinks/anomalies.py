@@ -76,7 +76,8 @@ class SpikeRule:
 class AnomalyOptions:
     """The anomaly flags' monitor options. ``anomaly_flags`` turns the flags on (the default); ``spike_threshold``
     and ``spike_window`` make the one :class:`SpikeRule` (:attr:`rule`) that both flags spikes and triggers the
-    always-on tier's directions (``msprobe_mlflow.directions_schedule``), the latter whether or not the flags are on."""
+    always-on tier's directions (``msprobe_mlflow.monitoring.directions_schedule``), the latter whether or not the
+    flags are on."""
 
     anomaly_flags: bool = True
     spike_threshold: float = SpikeRule.threshold

@@ -19,7 +19,7 @@ What lands where (the local dump first, ``{dump}/rank{R}/findings/``; MLflow thr
   is judged (not held back by MLflow's batching);
 - at the end, ``verdict.json`` again, and when nothing tripped ``live_verdict = consistent`` (every probed step
   compared) or ``incomplete`` (some were not: the baseline lacks them, or became unreachable). Steps this run
-  probed without directions (the always-on tier, ``msprobe_mlflow.directions_schedule``) are not compared, by
+  probed without directions (the always-on tier, ``msprobe_mlflow.monitoring.directions_schedule``) are not compared, by
   design: ``verdict.json`` lists them under ``steps_without_directions`` and they do not make the verdict
   incomplete.
 
