@@ -12,7 +12,7 @@ _LAZY_EXPORTS = {
     "compare_dumps": "msprobe_mlflow.compare.engine",
     "compare_runs": "msprobe_mlflow.tracking.comparison_run",
     "read_statistics": "msprobe_mlflow.tracking.run_dump",
-    "MonitorOptions": "msprobe_mlflow.options",
+    "MonitorOptions": "msprobe_mlflow.monitoring.options",
 }
 __all__ = ["GradProbeConfig", "__version__", *_LAZY_EXPORTS]
 

@@ -1,3 +1,3 @@
-from msprobe_mlflow.cli import main
+from msprobe_mlflow.commands.cli import main
 
 main(prog_name=main.name)

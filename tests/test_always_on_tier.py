@@ -17,7 +17,7 @@ import msprobe_mlflow
 from msprobe_mlflow import GradProbeConfig, compare_dumps
 from msprobe_mlflow.compare.engine import CompareInputError
 from msprobe_mlflow.directions import read_step_directions
-from msprobe_mlflow.directions_schedule import DirectionsSchedule
+from msprobe_mlflow.monitoring.directions_schedule import DirectionsSchedule
 from msprobe_mlflow.dump import (csv_text, findings_dir, indexed_children, rank_dir, read_summary, summary_csv_path,
                                  summary_steps)
 from msprobe_mlflow.layout import StatisticsLayout

@@ -14,7 +14,7 @@ from click.testing import CliRunner
 from mindspore import mint
 from mlflow import MlflowClient
 
-from msprobe_mlflow.cli import main
+from msprobe_mlflow.commands.cli import main
 from msprobe_mlflow.dump import read_csv
 
 REPO = Path(__file__).resolve().parents[1]

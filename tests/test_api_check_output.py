@@ -15,7 +15,7 @@ from mlflow import MlflowClient
 
 from msprobe_mlflow.api_check import check_api_accuracy
 from msprobe_mlflow.api_check.results import NO_KERNEL, NOT_MINT
-from msprobe_mlflow.cli import main
+from msprobe_mlflow.commands.cli import main
 from msprobe_mlflow.tracking.runs import now_ms
 
 REPO = Path(__file__).resolve().parents[1]

@@ -17,7 +17,7 @@ from msprobe_mlflow.api_check import check_api_accuracy
 from msprobe_mlflow.api_check.inputs import InputCache, regenerate
 from msprobe_mlflow.api_check.parser import TensorArg
 from msprobe_mlflow.api_check.replay import core_shares
-from msprobe_mlflow.cli import main as cli
+from msprobe_mlflow.commands.cli import main as cli
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "examples" / "mindspore_api_dump" / "statistics" / "api_info.json"

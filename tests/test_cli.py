@@ -14,7 +14,7 @@ from mlflow.exceptions import MlflowException, RestException
 from mlflow.protos.databricks_pb2 import RESOURCE_DOES_NOT_EXIST
 from mlflow.tracking import MlflowClient
 
-from msprobe_mlflow.cli import main
+from msprobe_mlflow.commands.cli import main
 from msprobe_mlflow.commands.exit_codes import exit_code_for
 from test_compare_dumps import FLIPS, base_signs, write_ours
 

@@ -23,7 +23,7 @@ from msprobe_mlflow import GradProbeConfig, compare_runs
 from msprobe_mlflow.compare.engine import DumpComparison, RankComparison
 from msprobe_mlflow.compare.verdict import RankVerdict, RuleSettings, Verdict
 from msprobe_mlflow.tracking.comparison_run import ComparisonSource, log_comparison_run
-from msprobe_mlflow.cli import main
+from msprobe_mlflow.commands.cli import main
 from msprobe_mlflow.pytorch import GradientMonitor
 from mlflow_server import MlflowServer
 from test_compare_dumps import FLIPS, base_signs, flipped, write_msprobe_style, write_ours

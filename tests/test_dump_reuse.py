@@ -16,7 +16,7 @@ from click.testing import CliRunner
 from mlflow.tracking import MlflowClient
 
 from msprobe_mlflow import GradProbeConfig
-from msprobe_mlflow.cli import main
+from msprobe_mlflow.commands.cli import main
 from msprobe_mlflow.compare.engine import compare_dumps
 from msprobe_mlflow.dump import read_summary, summary_csv_path, summary_steps, write_csv
 from msprobe_mlflow.pytorch import GradientMonitor

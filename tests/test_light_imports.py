@@ -44,7 +44,7 @@ def test_the_documented_mindspore_autolog_is_the_function_and_importing_it_is_li
 
 
 def test_command_line_help_imports_nothing_heavy():
-    code = ("from click.testing import CliRunner\nfrom msprobe_mlflow.cli import main\n"
+    code = ("from click.testing import CliRunner\nfrom msprobe_mlflow.commands.cli import main\n"
             "for command in ([], ['upload'], ['compare'], ['api-check']):\n"
             "    assert CliRunner().invoke(main, [*command, '--help']).exit_code == 0")
     assert heavy_modules_after(code) == []
@@ -53,7 +53,7 @@ def test_command_line_help_imports_nothing_heavy():
 def test_bad_api_check_input_is_refused_before_any_framework_loads(tmp_path):
     broken = tmp_path / "api_info.json"
     broken.write_text('{"task": "statistics"}', encoding="utf-8")  # no data
-    code = ("from click.testing import CliRunner\nfrom msprobe_mlflow.cli import main\n"
+    code = ("from click.testing import CliRunner\nfrom msprobe_mlflow.commands.cli import main\n"
             f"result = CliRunner().invoke(main, ['api-check', {str(broken)!r}, '--output', {str(tmp_path)!r}])\n"
             "assert result.exit_code == 2 and 'data = None is not accepted' in result.stderr, result.stderr")
     assert heavy_modules_after(code) == []

@@ -17,7 +17,7 @@ from mlflow.tracking import MlflowClient  # noqa: E402
 from click.testing import CliRunner  # noqa: E402
 
 from mlflow_server import free_port  # noqa: E402
-from msprobe_mlflow.cli import main as cli  # noqa: E402
+from msprobe_mlflow.commands.cli import main as cli  # noqa: E402
 
 WORKER = Path(__file__).with_name("mindspore_msrun_worker.py")
 REPO = Path(__file__).resolve().parents[1]

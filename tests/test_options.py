@@ -1,4 +1,4 @@
-"""The monitor options as one checked object (``msprobe_mlflow.options.MonitorOptions``): the keywords and the
+"""The monitor options as one checked object (``msprobe_mlflow.MonitorOptions``): the keywords and the
 object make the same monitor and the same dump, keywords beside ``options=`` change those, every bad or unknown
 option is refused naming it, its value and what is accepted, autolog refuses what it chooses itself, and
 docs/options.md lists exactly the options there are (real torch and MLflow)."""
@@ -15,8 +15,8 @@ from mlflow.tracking import MlflowClient
 import msprobe_mlflow
 from msprobe_mlflow import MonitorOptions
 from msprobe_mlflow.config import GradProbeConfig
-from msprobe_mlflow.directions_schedule import TierOptions
-from msprobe_mlflow.options import KEYWORDS
+from msprobe_mlflow.monitoring.directions_schedule import TierOptions
+from msprobe_mlflow.monitoring.options import KEYWORDS
 from msprobe_mlflow.pytorch import GradientMonitor
 from msprobe_mlflow.sinks.anomalies import AnomalyOptions, SpikeRule
 from msprobe_mlflow.sinks.baseline import BaselineOptions

@@ -14,7 +14,7 @@ from click.testing import CliRunner
 from mlflow.tracking import MlflowClient
 
 from mlflow_server import free_port
-from msprobe_mlflow.cli import main as cli
+from msprobe_mlflow.commands.cli import main as cli
 from test_tracking_distributed import WORKER as DISTRIBUTED_WORKER, child_environment, torchrun
 
 WORKER = Path(__file__).with_name("rank_lifecycle_worker.py")

@@ -22,7 +22,7 @@ import msprobe_mlflow
 from fresh_interpreter import run_and_read_logged_steps
 from gradient_expectations import read_rows
 from msprobe_mlflow import GradProbeConfig
-from msprobe_mlflow.cli import main
+from msprobe_mlflow.commands.cli import main
 from msprobe_mlflow.directions import read_packed
 from msprobe_mlflow.dump import write_csv
 from msprobe_mlflow.pytorch import GradientMonitor

@@ -11,7 +11,7 @@ import pytest
 from click.testing import CliRunner
 
 from mlflow_server import free_port
-from msprobe_mlflow.cli import main
+from msprobe_mlflow.commands.cli import main
 from msprobe_mlflow.compare.engine import compare_dumps
 from msprobe_mlflow.dump import read_summary
 

@@ -1,4 +1,4 @@
-"""Sub-commands of the ``msprobe-mlflow`` CLI (see ``msprobe_mlflow.cli``) and what they share.
+"""Sub-commands of the ``msprobe-mlflow`` CLI (see ``msprobe_mlflow.commands.cli``) and what they share.
 
 Command modules import heavy libraries (MLflow, torch, MindSpore, matplotlib) inside the command body, so that
 ``--help`` stays fast.

@@ -16,7 +16,7 @@ from msprobe_mlflow.vocabulary import run_dump_folder
 if TYPE_CHECKING:
     import torch
 
-    from msprobe_mlflow.options import MonitorOptions
+    from msprobe_mlflow.monitoring.options import MonitorOptions
 
 
 def checked_callback_config(config, options: "MonitorOptions | None", keywords: dict,

@@ -15,7 +15,7 @@ from dataclasses import replace
 
 from msprobe_mlflow.config import GradProbeConfig, autolog_config
 from msprobe_mlflow.mindspore.autologging import autolog_when_imported
-from msprobe_mlflow.options import MonitorOptions
+from msprobe_mlflow.monitoring.options import MonitorOptions
 from msprobe_mlflow.tracking import autologging
 
 FLAVOR_NAME = "msprobe_mlflow"
@@ -37,7 +37,7 @@ def autolog(config: GradProbeConfig | str | os.PathLike | dict | None = None, *,
             Each run's local dump goes to ``{dump_path}/{run_id}``.
         disable: remove the hook and the patches; monitors already running are stopped (flushed).
         silent: no warnings from msprobe-mlflow; problems go to the ``msprobe_mlflow`` logger only.
-        options: the monitors' (:class:`~msprobe_mlflow.options.MonitorOptions`), or their keywords, but for
+        options: the monitors' (:class:`~msprobe_mlflow.MonitorOptions`), or their keywords, but for
             those autolog chooses itself (``NOT_FOR_AUTOLOG``); ``overlap`` is the PyTorch monitors'.
     """
     global _installed, _waiting_for_torch

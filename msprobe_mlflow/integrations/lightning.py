@@ -15,7 +15,7 @@ import os
 from msprobe_mlflow.config import GradProbeConfig
 from msprobe_mlflow.integrations import NormsBeforeClipping, callback_config, checked_callback_config, with_sink
 from msprobe_mlflow.metrics import NORM_BEFORE_CLIPPING
-from msprobe_mlflow.options import MonitorOptions
+from msprobe_mlflow.monitoring.options import MonitorOptions
 from msprobe_mlflow.pytorch.monitor import GradientMonitor
 from msprobe_mlflow.pytorch.trainers import mlflow_logger_run
 from msprobe_mlflow.vocabulary import RECORDED_TAG
@@ -34,7 +34,7 @@ class GradientProbeCallback(Callback):
     active run), from ``on_train_start`` to ``on_train_end``.
 
     ``config``: as :class:`GradientMonitor` takes it (default: L1 in ``./msprobe_dump/{run_id}``); ``options`` (or
-    their keywords): the monitor's, :class:`~msprobe_mlflow.options.MonitorOptions`.
+    their keywords): the monitor's, :class:`~msprobe_mlflow.MonitorOptions`.
     """
 
     def __init__(self, config: GradProbeConfig | str | os.PathLike | dict | None = None, *,

@@ -25,7 +25,7 @@ from msprobe_mlflow.config import GradProbeConfig
 from msprobe_mlflow.integrations import (NormsBeforeClipping, callback_config, checked_callback_config,
                                          with_sink)
 from msprobe_mlflow.metrics import NORM_BEFORE_CLIPPING
-from msprobe_mlflow.options import MonitorOptions
+from msprobe_mlflow.monitoring.options import MonitorOptions
 from msprobe_mlflow.pytorch.monitor import GradientMonitor
 from msprobe_mlflow.tracking.autologging import active_run_id
 from msprobe_mlflow.vocabulary import MLFLOW_STEP_OFFSET_TAG, RECORDED_TAG
@@ -36,7 +36,7 @@ class GradientProbeCallback(TrainerCallback):
     active MLflow run (Trainer's, with ``report_to="mlflow"``), else the local dump only.
 
     ``config``: as :class:`GradientMonitor` takes it (default: L1 in ``./msprobe_dump/{run_id}``); ``options`` (or
-    their keywords): the monitor's, :class:`~msprobe_mlflow.options.MonitorOptions` (``mlflow_step_offset`` is 1:
+    their keywords): the monitor's, :class:`~msprobe_mlflow.MonitorOptions` (``mlflow_step_offset`` is 1:
     Trainer's step numbers).
     """
 

@@ -18,7 +18,7 @@ import inspect
 import os
 
 from msprobe_mlflow.config import GradProbeConfig, autolog_config
-from msprobe_mlflow.options import MonitorOptions
+from msprobe_mlflow.monitoring.options import MonitorOptions
 from msprobe_mlflow.tracking import autologging
 
 FLAVOR_NAME = "msprobe_mlflow_mindspore"
@@ -35,7 +35,7 @@ def autolog(config: GradProbeConfig | str | os.PathLike | dict | None = None, *,
             ``./msprobe_dump``; each run's dump goes to ``{dump_path}/{run_id}``.
         disable: give ``Model.train`` back its own code (MLflow's ``safe_patch`` reverts it).
         silent: no warnings from msprobe-mlflow; problems go to the ``msprobe_mlflow`` logger only.
-        options: the monitors' (:class:`~msprobe_mlflow.options.MonitorOptions`), or their keywords.
+        options: the monitors' (:class:`~msprobe_mlflow.MonitorOptions`), or their keywords.
 
     A ``Model.train`` whose callbacks already hold a :class:`GradProbeCallback` is left as the user set it.
     """

@@ -24,7 +24,7 @@ from mindspore.train import Callback, RunContext
 from msprobe_mlflow.config import GradProbeConfig, load_config
 from msprobe_mlflow.mindspore.distributed import current_rank, shared_run_id
 from msprobe_mlflow.mindspore.monitor import GradientMonitor
-from msprobe_mlflow.options import MonitorOptions
+from msprobe_mlflow.monitoring.options import MonitorOptions
 from msprobe_mlflow.session import outcome_of
 from msprobe_mlflow.vocabulary import run_dump_folder
 
@@ -35,7 +35,7 @@ class GradProbeCallback(Callback):
     """``Model.train(epochs, dataset, callbacks=[GradProbeCallback(config)])`` probes every step's gradients.
 
     ``config``: msprobe's ``config.json`` path, its dict or a :class:`GradProbeConfig`. ``options`` (or their
-    keywords): the monitor's, :class:`~msprobe_mlflow.options.MonitorOptions`.
+    keywords): the monitor's, :class:`~msprobe_mlflow.MonitorOptions`.
     ``dump_per_run``: the dump goes to ``{dump_path}/{run_id}`` (``no-run`` without one), so that trainings into
     several runs keep separate dumps (what autolog does). ``monitor`` is the current :class:`GradientMonitor`.
     """

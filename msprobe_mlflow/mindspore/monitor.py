@@ -23,8 +23,8 @@ from msprobe_mlflow.config import GradProbeConfig
 from msprobe_mlflow.mindspore.distributed import current_rank, shared_run_id, summary_all_gather, world_size
 from msprobe_mlflow.mindspore.probe import (GradientProbe, install_probe, installed_probe, probe_settings,
                                            remove_probe)
-from msprobe_mlflow.monitoring import SessionMonitor
-from msprobe_mlflow.options import MonitorOptions
+from msprobe_mlflow.monitoring.options import MonitorOptions
+from msprobe_mlflow.monitoring.session_monitor import SessionMonitor
 from msprobe_mlflow.records import record_from_statistics
 from msprobe_mlflow.session import RankPolicy
 
@@ -36,7 +36,7 @@ _monitored_optimizers: dict[int, "GradientMonitor"] = {}
 class GradientMonitor(SessionMonitor):
     """Probes the gradients an optimizer receives at each of its steps, writes msprobe's dump and logs into MLflow.
 
-    ``options`` (or their keywords): :class:`~msprobe_mlflow.options.MonitorOptions`, all but the PyTorch
+    ``options`` (or their keywords): :class:`~msprobe_mlflow.MonitorOptions`, all but the PyTorch
     monitor's ``overlap`` (refused: this monitor computes the statistics inside the optimizer's step). Under
     ``msrun`` (``mindspore.communication``), every rank logs into rank 0's run (call ``monitor()`` on every rank).
     Use as ``GradientMonitor(config).monitor(optimizer)`` ... ``stop()``, or as a context manager; in graph mode

@@ -16,7 +16,7 @@ import torch
 from torch.optim.optimizer import register_optimizer_step_pre_hook
 
 from msprobe_mlflow.config import GradProbeConfig
-from msprobe_mlflow.options import MonitorOptions
+from msprobe_mlflow.monitoring.options import MonitorOptions
 from msprobe_mlflow.pytorch.distributed import current_rank, is_distributed, shared_run_id
 from msprobe_mlflow.pytorch.monitor import GradientMonitor, _monitored_models
 from msprobe_mlflow.pytorch.trainers import mlflow_logger_run

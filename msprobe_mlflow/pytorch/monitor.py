@@ -25,8 +25,8 @@ from torch.optim.optimizer import register_optimizer_step_pre_hook
 
 from msprobe_mlflow.config import GradProbeConfig
 from msprobe_mlflow.dump import step_ranges
-from msprobe_mlflow.monitoring import SessionMonitor
-from msprobe_mlflow.options import MonitorOptions
+from msprobe_mlflow.monitoring.options import MonitorOptions
+from msprobe_mlflow.monitoring.session_monitor import SessionMonitor
 from msprobe_mlflow.parameter_names import eager_named_parameters
 from msprobe_mlflow.pytorch.distributed import current_rank, shared_run_id, summary_all_gather, world_size
 from msprobe_mlflow.pytorch.overlap import EarlyStatistics, launch_with_early, step_level, usable_parts, why_off
@@ -44,7 +44,7 @@ _monitored_models: dict[int, "GradientMonitor"] = {}
 class GradientMonitor(SessionMonitor):
     """Probes gradients at every step of one optimizer, writes msprobe's dump and logs into MLflow.
 
-    ``options`` (or their keywords): :class:`~msprobe_mlflow.options.MonitorOptions`, ``overlap`` included. Under
+    ``options`` (or their keywords): :class:`~msprobe_mlflow.MonitorOptions`, ``overlap`` included. Under
     torch.distributed, every rank logs into rank 0's run (call ``monitor()`` on every rank). Use as
     ``GradientMonitor(config).monitor(model, optimizer)`` ... ``stop()``, or as a context manager.
     """

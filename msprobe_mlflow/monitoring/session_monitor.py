@@ -1,5 +1,5 @@
 """What both framework monitors offer on top of their one :class:`ProbeSession`: the options every monitor takes
-(:class:`~msprobe_mlflow.options.MonitorOptions`), and the edge where its sinks are chosen
+(:class:`~msprobe_mlflow.MonitorOptions`), and the edge where its sinks are chosen
 (:func:`msprobe_mlflow.sinks.choose_sinks`)."""
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ import os
 from typing import Callable
 
 from msprobe_mlflow.config import GradProbeConfig, load_config
-from msprobe_mlflow.directions_schedule import DirectionsSchedule, directions_sinks
+from msprobe_mlflow.monitoring.directions_schedule import DirectionsSchedule, directions_sinks
 from msprobe_mlflow.notices import Notices
-from msprobe_mlflow.options import MonitorOptions
+from msprobe_mlflow.monitoring.options import MonitorOptions
 from msprobe_mlflow.session import ProbeSession, RankPolicy, outcome_of
 from msprobe_mlflow.sinks import choose_sinks
 from msprobe_mlflow.sinks.baseline import BaselineOptions
@@ -21,7 +21,7 @@ class SessionMonitor:
     """Each framework monitor adds ``monitor()``, ``stop()`` (which must close the session) and its way of
     turning gradients into pending steps.
 
-    ``options`` (:class:`~msprobe_mlflow.options.MonitorOptions`, every option documented there and in
+    ``options`` (:class:`~msprobe_mlflow.MonitorOptions`, every option documented there and in
     ``docs/options.md``) or their keywords (``log_every_n_steps=10``; given with ``options``, they change those),
     checked here, before training starts. MLflow: into ``run_id``, else the active run (else ``MLFLOW_RUN_ID``);
     with none, the local dump only.

@@ -9,7 +9,7 @@ from dataclasses import MISSING, dataclass, fields, replace
 
 from msprobe_mlflow.compare.verdict import RuleSettings
 from msprobe_mlflow.config import GradProbeConfig
-from msprobe_mlflow.directions_schedule import TierOptions
+from msprobe_mlflow.monitoring.directions_schedule import TierOptions
 from msprobe_mlflow.sinks import StepSink
 from msprobe_mlflow.sinks.anomalies import AnomalyOptions
 from msprobe_mlflow.sinks.baseline import BaselineOptions
@@ -30,7 +30,7 @@ class MonitorOptions:
     - ``live_verdict`` (:class:`~msprobe_mlflow.sinks.baseline.BaselineOptions`, None: none): each step's
       directions compared with a baseline's as the step lands.
     - ``anomalies`` (:class:`~msprobe_mlflow.sinks.anomalies.AnomalyOptions`): the anomaly flags and their rule.
-    - ``tier`` (:class:`~msprobe_mlflow.directions_schedule.TierOptions`): the always-on tier, over the config's.
+    - ``tier`` (:class:`~.directions_schedule.TierOptions`): the always-on tier, over the config's.
     - ``metrics_file``: also each step's summary metrics in ``{dump_path}/rank{R}/metrics.jsonl``; ``sinks``: more
       outputs (``handle(record)``, ``flush()``, ``close()``), fed after the local dump; ``silent``: problems go to
       the ``msprobe_mlflow`` logger only, no warnings.
