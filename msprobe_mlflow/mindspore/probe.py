@@ -20,10 +20,11 @@ import numpy as np
 import mindspore as ms
 from mindspore import Parameter, mint, nn, ops
 
-from msprobe_mlflow.mindspore.statistics import (float32_bounds, float32_values, gradient_statistics, pack_signs,
+from msprobe_mlflow.mindspore.statistics import (float32_values, gradient_statistics, pack_signs, prepare_extra,
                                                  propagate_nan)
 from msprobe_mlflow.layout import StatisticsLayout
 from msprobe_mlflow.notices import Notices
+from msprobe_mlflow.statistics_table import float32_bounds
 
 _LAST_STEP = np.iinfo(np.int32).max
 _probe_numbers = itertools.count()
@@ -36,8 +37,9 @@ class GradientProbe(nn.Cell):
     ``selected`` says, per gradient of the optimizer's gradient tuple (``shapes`` are all of theirs), whether it
     is monitored. A step is wanted when the probe is active, ``rank_wanted`` and the step (counted by
     ``steps_run`` from ``first_step``) is in ``steps`` (empty: every step). After a wanted step, ``probed_step``
-    holds its number and the buffers its statistics, sized and laid out by ``layout``: ``statistics`` (float64),
-    ``signs`` (packed directions, L1/L2), ``float32_values`` (L0, for MD5). The construct is compiled (``@jit``)
+    holds its number and the buffers its statistics, sized and laid out by ``layout``: ``statistics`` (float64,
+    with the opt-in ``extra`` statistics' section), ``signs`` (packed directions, L1/L2), ``float32_values`` (L0,
+    for MD5). The construct is compiled (``@jit``)
     even in PyNative, so both modes run the same kernels.
 
     The always-on tier: with ``directions_every`` N other than 1, the signs are computed only at steps that are
@@ -47,13 +49,14 @@ class GradientProbe(nn.Cell):
 
     def __init__(self, selected: list[bool], shapes: list[tuple[int, ...]], *, level: str, bounds,
                  steps: tuple[int, ...], rank_wanted: bool, first_step: int = 0, notices: Notices | None = None,
-                 directions_every: int = 1):
+                 directions_every: int = 1, extra: tuple[str, ...] = ()):
         super().__init__(auto_prefix=False)
         self.settings = probe_settings(selected, shapes, level=level, bounds=bounds, steps=steps,
-                                       rank_wanted=rank_wanted, directions_every=directions_every)
+                                       rank_wanted=rank_wanted, directions_every=directions_every, extra=extra)
         tag = f"msprobe_mlflow_{next(_probe_numbers)}"
         numels = [math.prod(shape) for shape, wanted in zip(shapes, selected) if wanted]
-        self.layout = StatisticsLayout(level, bounds, numels)
+        self.layout = StatisticsLayout(level, bounds, numels, extra=extra)
+        self.extra = prepare_extra(self.layout.extra)
         self.selected = tuple(bool(s) for s in selected)
         self.has_md5 = self.layout.level.has_md5
         self.has_directions = self.layout.level.has_directions
@@ -102,7 +105,7 @@ class GradientProbe(nn.Cell):
     def _write(self, gradients, step):
         if self.has_parameters:
             ops.assign(self.statistics, gradient_statistics(gradients, self.selected, self.has_buckets,
-                                                            self.bounds32))
+                                                            self.bounds32, self.extra))
             if self.has_values:
                 if self.has_md5:
                     ops.assign(self.float32_values, float32_values(gradients, self.selected))
@@ -130,7 +133,8 @@ class GradientProbe(nn.Cell):
         cannot run fails here, where the monitor can refuse to start, not inside the training graph."""
         samples = tuple(ms.Tensor(np.linspace(-2.0, 2.0, 9), dtype) for dtype in dict.fromkeys(dtypes))
         if samples:
-            _statistics_graph(ms.mutable(samples), (True,) * len(samples), self.has_buckets, self.bounds32)
+            _statistics_graph(ms.mutable(samples), (True,) * len(samples), self.has_buckets, self.bounds32,
+                              self.extra)
 
     def read_progress(self) -> tuple[int, int]:
         """``(steps_run, probed_step)`` as the last finished step left them."""
@@ -168,16 +172,16 @@ class GradientProbe(nn.Cell):
 
 
 def probe_settings(selected, shapes, *, level: str, bounds, steps, rank_wanted: bool,
-                   directions_every: int = 1) -> tuple:
+                   directions_every: int = 1, extra=()) -> tuple:
     """What a compiled graph keeps of a probe as constants: a stopped probe with equal settings can be restarted
     instead of making a new one, which graphs compiled before would never call."""
     return (tuple(bool(s) for s in selected), tuple(tuple(shape) for shape in shapes), level, float32_bounds(bounds),
-            tuple(steps), bool(rank_wanted), directions_every)
+            tuple(steps), bool(rank_wanted), directions_every, tuple(extra))
 
 
 @ms.jit
-def _statistics_graph(grads, selected, has_buckets, bounds32):
-    return (gradient_statistics(grads, selected, has_buckets, bounds32), pack_signs(grads, selected),
+def _statistics_graph(grads, selected, has_buckets, bounds32, extra=()):
+    return (gradient_statistics(grads, selected, has_buckets, bounds32, extra), pack_signs(grads, selected),
             float32_values(grads, selected))
 
 

@@ -21,14 +21,10 @@ import mindspore as ms
 from mindspore import mint, ops
 
 from msprobe_mlflow.layout import EXTREMES, StatisticsLayout
+from msprobe_mlflow.statistics_table import BIT_WEIGHTS, EXTRA as EXTRA_STATISTICS, Statistic, byte_padding
 
-_BIT_WEIGHTS = (128, 64, 32, 16, 8, 4, 2, 1)  # np.packbits order: first element in the high bit
 _COMPARISON_MATRIX_LIMIT = 1 << 24  # booleans: a 16 MiB temporary
-
-
-def float32_bounds(bounds) -> tuple[float, ...]:
-    """The bucket bounds as the float32 values every comparison uses (``0.1`` is ``0.10000000149011612``)."""
-    return tuple(float(np.float32(b)) for b in bounds)
+_NAN = ms.Tensor(np.nan, ms.float64)
 
 
 def _as_float32(grad):
@@ -94,7 +90,7 @@ def _sign_bits_of(selected, grad):
     if not selected or grad.size == 0:
         return mint.zeros((0,), dtype=ms.uint8)
     bits = ops.reshape(_comparable(grad) > 0, (-1,)).astype(ms.uint8)
-    padding = -grad.size % 8
+    padding = byte_padding(grad.size)
     if padding:
         bits = mint.cat((bits, mint.zeros((padding,), dtype=ms.uint8)))
     return bits
@@ -107,15 +103,51 @@ def _flat_float32_of(selected, grad):
     return ops.reshape(_as_float32(grad), (-1,))
 
 
-def gradient_statistics(grads: tuple, selected: tuple, has_buckets: bool, bounds32: tuple) -> ms.Tensor:
+def _extra_graph(statistic: Statistic) -> ops.MultitypeFuncGraph:
+    """An opt-in statistic of one gradient (:mod:`msprobe_mlflow.statistics_table`): its element map on the
+    compared values, then its reduction, as one float64 number (a max or min of an empty gradient: NaN)."""
+    graph = ops.MultitypeFuncGraph(f"msprobe_mlflow_{statistic.name}")
+    element, reduction = statistic.element, statistic.reduction
+
+    @graph.register("Bool", "Tensor")
+    def _of(selected, grad):
+        if not selected:
+            return mint.zeros((0,), dtype=ms.float64)
+        if grad.size == 0:  # MindSpore's CPU sum of an empty tensor is not 0
+            return mint.zeros((1,), dtype=ms.float64) / (1.0 if reduction == "sum" else 0.0)
+        mapped = element(_comparable(grad)).astype(ms.float64)
+        if reduction == "sum":
+            return _scalar64(mint.sum(mapped))
+        reduced = mint.max(mapped) if reduction == "max" else mint.min(mapped)  # these skip NaN: NaN propagates
+        return _scalar64(mint.where(mint.any(mint.isnan(mapped)), _NAN, reduced))
+    return graph
+
+
+_extra_graphs: dict[str, ops.MultitypeFuncGraph] = {}  # read by name in the compiled graph
+
+
+def prepare_extra(names) -> tuple[str, ...]:
+    """Makes the graphs of the ``extra`` statistics (names) that :func:`gradient_statistics` will look up: call it
+    on the host before compiling."""
+    for name in names:
+        if name not in _extra_graphs:
+            _extra_graphs[name] = _extra_graph(EXTRA_STATISTICS[name])
+    return tuple(names)
+
+
+def gradient_statistics(grads: tuple, selected: tuple, has_buckets: bool, bounds32: tuple,
+                        extra: tuple = ()) -> ms.Tensor:
     """One float64 vector: ``max, min, norm`` of each selected gradient (float32 values), then with buckets
     (``Level.has_buckets``, L2), per selected gradient, the number of elements ``x <= b`` for each float32 bound
-    ``b`` and the number equal to zero (``-0.0`` included). MindSpore's max and min skip NaN: :func:`propagate_nan`
-    makes them NaN on the host."""
+    ``b`` and the number equal to zero (``-0.0`` included), then the reductions of the ``extra`` statistics (their
+    names), per gradient. MindSpore's max and min skip NaN: :func:`propagate_nan` makes them NaN on the host."""
     statistics = mint.cat(_map(_extremes_and_norm, selected, grads))
     if has_buckets:
         counts = mint.cat(_map(ops.partial(_bucket_counts, bounds32), selected, grads)).astype(ms.float64)
         statistics = mint.cat((statistics, counts))
+    if extra:
+        columns = [ops.reshape(mint.cat(_map(_extra_graphs[name], selected, grads)), (-1, 1)) for name in extra]
+        statistics = mint.cat((statistics, ops.reshape(mint.cat(columns, dim=1), (-1,))))  # per gradient
     return statistics
 
 
@@ -123,7 +155,7 @@ def pack_signs(grads: tuple, selected: tuple) -> ms.Tensor:
     """``grad > 0`` of each selected gradient bit-packed like ``np.packbits``, each padded to a whole byte,
     concatenated. Zero, -0.0 and NaN give 0 bits, as msprobe's ``np.save(grad > 0)``."""
     bits = ops.reshape(mint.cat(_map(_sign_bits, selected, grads)), (-1, 8))
-    return mint.sum(bits * ms.Tensor(_BIT_WEIGHTS, ms.uint8), dim=1, dtype=ms.uint8)
+    return mint.sum(bits * ms.Tensor(BIT_WEIGHTS, ms.uint8), dim=1, dtype=ms.uint8)
 
 
 def float32_values(grads: tuple, selected: tuple) -> ms.Tensor:

@@ -24,11 +24,12 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from msprobe_mlflow.layout import CUMULATIVE_COUNTS, EXTREMES, StatisticsLayout, packed_length
+from msprobe_mlflow.layout import CUMULATIVE_COUNTS, EXTRA, EXTREMES, StatisticsLayout, packed_length
 from msprobe_mlflow.levels import LEVELS
 from msprobe_mlflow.pytorch.host_copy import start_host_copy
-from msprobe_mlflow.pytorch.statistics import launch_step_statistics, pack_bits
+from msprobe_mlflow.pytorch.statistics import launch_step_statistics, pack_signs
 from msprobe_mlflow.records import StepRecord, record_from_statistics
+from msprobe_mlflow.statistics_table import Statistic, extra_statistics, float32_bounds
 
 
 def _dtensor_type():
@@ -105,7 +106,7 @@ def _sharding(grad: torch.Tensor, name: str) -> _Sharding:
 
 
 def launch_sharded_statistics(names: list[str], grads: list[torch.Tensor], *, rank: int, step: int, level: str,
-                              bounds: tuple, checksum: str = "md5", directions: bool = True
+                              bounds: tuple, checksum: str = "md5", directions: bool = True, extra=()
                               ) -> Callable[[], StepRecord]:
     """Like :func:`~msprobe_mlflow.pytorch.statistics.launch_step_statistics`, for gradients of which some are
     DTensors: the record holds each full gradient's statistics. A collective: every rank of each gradient's
@@ -114,7 +115,7 @@ def launch_sharded_statistics(names: list[str], grads: list[torch.Tensor], *, ra
         full = [_gather_flat(g) if isinstance(g, FlatPiece) else
                 g.full_tensor() if isinstance(g, _dtensor_type()) else g for g in grads]
         return launch_step_statistics(names, full, rank=rank, step=step, level=level, bounds=bounds,
-                                      checksum=checksum, directions=directions)
+                                      checksum=checksum, directions=directions, extra=extra)
     shardings = [g if isinstance(g, FlatPiece) else _sharding(g, n) for g, n in zip(grads, names)]
     locals_ = [g.piece if isinstance(g, FlatPiece) else g.to_local() if isinstance(g, _dtensor_type()) else g
                for g in grads]
@@ -123,8 +124,8 @@ def launch_sharded_statistics(names: list[str], grads: list[torch.Tensor], *, ra
     for index, sharding in enumerate(shardings):
         groups.setdefault((isinstance(sharding, FlatPiece), sharding.group), []).append(index)
     order = [i for members in groups.values() for i in members]  # each group's rows contiguous
-    bounds32 = [np.float32(b) for b in bounds]
-    extremes, sums = _partials([locals_[i] for i in order], bounds32, LEVELS[level].has_buckets)
+    bounds32, statistics = float32_bounds(bounds), extra_statistics(extra)
+    extremes, sums = _partials([locals_[i] for i in order], bounds32, LEVELS[level].has_buckets, statistics)
     start, gathered = 0, []
     for group, members in groups.items():
         rows = slice(start, start + len(members))
@@ -135,13 +136,13 @@ def launch_sharded_statistics(names: list[str], grads: list[torch.Tensor], *, ra
         if LEVELS[level].has_directions and directions:
             gathered.append(_gather_flat_signs([shardings[i] for i in members]) if group[0] else
                             _gather_signs([(locals_[i], grads[i].shape, shardings[i]) for i in members]))
-    statistics = _full_statistics(extremes, sums, [grads[i] for i in order], level, bounds32)
-    statistics_host = start_host_copy(statistics)
+    statistics_host = start_host_copy(_full_statistics(extremes, sums, [grads[i] for i in order], level, bounds32,
+                                                       statistics))
     signs_host = [(members, start_host_copy(bits), assemble) for members, (bits, assemble)
                   in zip(groups.values(), gathered)]
 
     def resolve() -> StepRecord:
-        layout = StatisticsLayout(level, bounds32, [g.numel() for g in grads])
+        layout = StatisticsLayout(level, bounds32, [g.numel() for g in grads], extra=extra)
         signs = {}
         for members, bits, assemble in signs_host:
             signs.update(zip(members, assemble(bits())))
@@ -149,40 +150,60 @@ def launch_sharded_statistics(names: list[str], grads: list[torch.Tensor], *, ra
         statistics, packed, _ = layout.merge([(order, (statistics_host(), ordered_signs, None))])
         return record_from_statistics(rank=rank, step=step, level=level, bounds=bounds, names=names,
                                       shapes=[g.shape for g in grads], statistics=statistics, signs=packed,
-                                      directions=directions)
+                                      directions=directions, extra=extra)
 
     return resolve
 
 
-def _partials(shards: list[torch.Tensor], bounds32, buckets: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per shard, ``(max, -min)`` (reduced with MAX) and ``(sum of squares, [counts x <= b..., x == 0], NaNs)``
-    (reduced with SUM), float64 on the shards' device. An empty shard gives ``(-inf, -inf)`` and zeros."""
+def _partials(shards: list[torch.Tensor], bounds32, buckets: bool, extra: tuple[Statistic, ...] = ()
+              ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per shard, ``(max, -min, extra maxima or -minima...)`` (reduced with MAX) and ``(sum of squares, [counts
+    x <= b..., x == 0], extra sums..., NaN flags of the extra maxima and minima..., +0.0s, -0.0s, NaNs)`` (reduced
+    with SUM), float64 on the shards' device. An empty shard gives ``-inf`` extremes and zeros."""
     extremes, sums = [], []
     for shard in shards:
         wide = shard.dtype in (torch.float32, torch.float64)
         values = shard if wide else shard.float()
         norm = torch.linalg.vector_norm(shard, dtype=None if wide else torch.float32)  # bf16/fp16: not yet rounded
+        mapped = [s.element(values).double() for s in extra]
+        added = [m.sum() for m, s in zip(mapped, extra) if s.reduction == "sum"]
+        nowhere = torch.full((), -math.inf, dtype=torch.float64, device=shard.device)  # an empty shard's
+        largest = [nowhere if not values.numel() else m.amax() if s.reduction == "max" else -m.amin()
+                   for m, s in zip(mapped, extra) if s.reduction != "sum"]
         if values.numel():
             minimum, maximum = torch.aminmax(shard)
-            extremes.append(torch.stack([maximum.float().double(), -minimum.float().double()]))
+            extremes.append(torch.stack([maximum.float().double(), -minimum.float().double(),
+                                         *(torch.where(v.isnan(), nowhere, v) for v in largest)]))
         else:
-            extremes.append(torch.full((2,), -math.inf, dtype=torch.float64, device=shard.device))
+            extremes.append(torch.stack([nowhere, nowhere, *largest]))
         counts = [(values <= float(b)).sum() for b in bounds32] + [(values == 0).sum()] if buckets else []
-        sums.append(torch.stack([norm.double() ** 2, *[c.double() for c in counts],
+        sums.append(torch.stack([norm.double() ** 2, *[c.double() for c in counts], *added,
+                                 *(v.isnan().double() for v in largest), *_signed_zeros(values),
                                  values.isnan().sum().double()]))
     return torch.stack(extremes), torch.stack(sums)
 
 
+def _signed_zeros(values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The numbers of +0.0 and of -0.0 elements (``aminmax`` does not order them; the record does)."""
+    zeros = values == 0
+    negative = (zeros & values.signbit()).sum().double()
+    return zeros.sum().double() - negative, negative
+
+
 def _full_statistics(extremes: torch.Tensor, sums: torch.Tensor, grads: list[torch.Tensor], level: str,
-                     bounds32) -> torch.Tensor:
+                     bounds32, extra: tuple[Statistic, ...] = ()) -> torch.Tensor:
     """The layout's flat vector from the reduced partials: max and min NaN where a NaN was seen (as
-    ``aminmax`` over the full gradient gives) or the parameter is empty; the norm rounded as the unsharded path
-    rounds it (to the gradient's dtype when narrower, then to float32)."""
-    layout = StatisticsLayout(level, bounds32, [g.numel() for g in grads])
+    ``aminmax`` over the full gradient gives) or the parameter is empty, a zero max +0.0 and a zero min -0.0 when
+    the gradient holds one (as the unsharded paths order them); the norm rounded as the unsharded path rounds it
+    (to the gradient's dtype when narrower, then to float32)."""
+    layout = StatisticsLayout(level, bounds32, [g.numel() for g in grads], extra=[s.name for s in extra])
     undefined = (sums[:, -1] > 0) | (extremes[:, 0] == -math.inf)
     nan = torch.full_like(extremes[:, 0], math.nan)
-    maximum = torch.where(undefined, nan, extremes[:, 0])
-    minimum = torch.where(undefined, nan, -extremes[:, 1])
+    positive_zeros, negative_zeros = sums[:, -3] > 0, sums[:, -2] > 0
+    zero = torch.zeros_like(nan)
+    maximum = torch.where(extremes[:, 0] == 0, torch.where(positive_zeros, zero, -zero), extremes[:, 0])
+    minimum = torch.where(extremes[:, 1] == 0, torch.where(negative_zeros, -zero, zero), -extremes[:, 1])
+    maximum, minimum = torch.where(undefined, nan, maximum), torch.where(undefined, nan, minimum)
     norm = sums[:, 0].sqrt()
     narrow = [(i, g.dtype) for i, g in enumerate(grads) if g.dtype not in (torch.float32, torch.float64)]
     if len(narrow) == len(grads) and len({dtype for _, dtype in narrow}) == 1:  # one kernel for a bf16 model
@@ -193,7 +214,26 @@ def _full_statistics(extremes: torch.Tensor, sums: torch.Tensor, grads: list[tor
             norm[i:i + 1] = norm[i:i + 1].to(dtype).double()
     norm = norm.float().double()
     rows = torch.stack([maximum, minimum, norm], dim=1)
-    return torch.cat(layout.in_order({EXTREMES: rows, CUMULATIVE_COUNTS: sums[:, 1:-1]}))
+    added = sum(s.reduction == "sum" for s in extra)
+    counted = sums.shape[1] - 4 - len(extra)  # the bucket and zero counts
+    extras = _extra_columns(extremes[:, 2:], sums[:, 1 + counted:1 + counted + added],
+                            sums[:, 1 + counted + added:-3], extra)
+    return torch.cat(layout.in_order({EXTREMES: rows, CUMULATIVE_COUNTS: sums[:, 1:1 + counted], EXTRA: extras}))
+
+
+def _extra_columns(largest: torch.Tensor, added: torch.Tensor, nan_flags: torch.Tensor,
+                   extra: tuple[Statistic, ...]) -> torch.Tensor:
+    """The extra statistics' values, in their order, from the reduced partials: sums as they are; maxima (minima
+    negated back) NaN where a shard's was NaN or every shard was empty."""
+    sums, extremes, columns = iter(added.T), iter(zip(largest.T, nan_flags.T)), []
+    for statistic in extra:
+        if statistic.reduction == "sum":
+            columns.append(next(sums))
+            continue
+        value, flag = next(extremes)
+        signed = value if statistic.reduction == "max" else -value
+        columns.append(torch.where((flag > 0) | (value == -math.inf), math.nan, signed))
+    return torch.stack(columns, dim=1) if columns else added
 
 
 def _gather_signs(members: list[tuple[torch.Tensor, torch.Size, _Sharding]]):
@@ -204,14 +244,10 @@ def _gather_signs(members: list[tuple[torch.Tensor, torch.Size, _Sharding]]):
     widths, padded = [], []
     for local, shape, sharding in members:
         width = max(packed_length(math.prod(sharding.shard_shape(shape, r))) for r in range(world))
-        bits = pack_bits(_whole_bytes(local.reshape(-1) > 0))
+        bits = pack_signs([local])
         padded.append(torch.cat([bits, bits.new_zeros(width - bits.numel())]))
         widths.append(width)
-    everyone = mine = torch.cat(padded)
-    if world > 1:
-        everyone = mine.new_empty(world * mine.numel())
-        gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor  # its newer name
-        gather(everyone, mine, group=group)
+    everyone = _all_gather(torch.cat(padded), group, world)
 
     def assemble(host: np.ndarray) -> list[np.ndarray]:
         per_rank, full, offset = host.reshape(world, -1), [], 0
@@ -228,9 +264,14 @@ def _gather_signs(members: list[tuple[torch.Tensor, torch.Size, _Sharding]]):
     return everyone, assemble
 
 
-def _whole_bytes(bits: torch.Tensor) -> torch.Tensor:
-    padding = -bits.numel() % 8
-    return torch.cat([bits, bits.new_zeros(padding)]) if padding else bits
+def _all_gather(mine: torch.Tensor, group, world: int) -> torch.Tensor:
+    """Every rank's ``mine`` (the same length on each), concatenated in group rank order: one collective."""
+    if world == 1:
+        return mine
+    everyone = mine.new_empty(world * mine.numel())
+    gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor  # its newer name
+    gather(everyone, mine, group=group)
+    return everyone
 
 
 _HEADER = 16  # bytes before each piece's bits: its start and its length, int64 each
@@ -246,15 +287,10 @@ def _gather_flat_signs(pieces: list[FlatPiece]):
     headers = headers.view(torch.uint8).to(pieces[0].piece.device)  # one copy to the device per step, not per piece
     for flat, header in zip(pieces, headers):
         width = _HEADER + packed_length(min(flat.capacity, math.prod(flat.shape)))
-        bits = pack_bits(_whole_bytes(flat.piece.reshape(-1) > 0))
-        row = torch.cat([header, bits])
+        row = torch.cat([header, pack_signs([flat.piece])])
         padded.append(torch.cat([row, row.new_zeros(width - row.numel())]))
         widths.append(width)
-    everyone = mine = torch.cat(padded)
-    if world > 1:
-        everyone = mine.new_empty(world * mine.numel())
-        gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
-        gather(everyone, mine, group=group)
+    everyone = _all_gather(torch.cat(padded), group, world)
 
     def assemble(host: np.ndarray) -> list[np.ndarray]:
         per_rank, full, offset = host.reshape(world, -1), [], 0

@@ -20,14 +20,13 @@ from typing import Callable
 import numpy as np
 import torch
 
-from msprobe_mlflow.layout import CHECKSUM, CHECKSUMS, CUMULATIVE_COUNTS, EXTREMES, StatisticsLayout, packed_length
+from msprobe_mlflow.layout import (CHECKSUM, CHECKSUMS, CUMULATIVE_COUNTS, EXTRA, EXTREMES, StatisticsLayout,
+                                   packed_length)
 from msprobe_mlflow.levels import LEVELS, Level
 from msprobe_mlflow.pytorch import fused
 from msprobe_mlflow.pytorch.host_copy import pinned, start_host_copy as _to_host  # any accelerator, no sync
 from msprobe_mlflow.records import StepRecord, record_from_statistics
-
-_BIT_WEIGHTS = (128, 64, 32, 16, 8, 4, 2, 1)  # np.packbits order: first element in the high bit
-
+from msprobe_mlflow.statistics_table import BIT_WEIGHTS, Statistic, byte_padding, extra_statistics, float32_bounds
 
 _constants: dict[tuple, torch.Tensor] = {}
 
@@ -49,7 +48,7 @@ def _copied_to(device: torch.device, values, dtype: torch.dtype) -> torch.Tensor
 
 def pack_bits(bits: torch.Tensor) -> torch.Tensor:
     """A bool vector whose length is a multiple of 8, packed like ``np.packbits`` (first element, high bit)."""
-    weights = _device_constant(_BIT_WEIGHTS, torch.uint8, bits.device)
+    weights = _device_constant(BIT_WEIGHTS, torch.uint8, bits.device)
     return (bits.view(-1, 8).to(torch.uint8) * weights).sum(dim=1, dtype=torch.uint8)
 
 
@@ -65,14 +64,15 @@ def pack_signs(grads: list[torch.Tensor]) -> torch.Tensor:
 
 def _padded(vector: torch.Tensor) -> list[torch.Tensor]:
     """``vector`` and the zeros that pad it to a whole byte of bits (cached zeros: no kernel per parameter)."""
-    padding = -vector.numel() % 8
+    padding = byte_padding(vector.numel())
     if not padding:
         return [vector]
     return [vector, _device_constant([0] * padding, vector.dtype, vector.device)]
 
 
 def launch_step_statistics(names: list[str], grads: list[torch.Tensor], *, rank: int, step: int, level: str,
-                           bounds: tuple, directions: bool = True, checksum: str = "md5") -> Callable[[], StepRecord]:
+                           bounds: tuple, directions: bool = True, checksum: str = "md5",
+                           extra=()) -> Callable[[], StepRecord]:
     """Computes (CPU) or queues (other devices) the statistics of ``grads``; returns the pending step.
 
     The flat result is laid out as :class:`msprobe_mlflow.layout.StatisticsLayout` says: ``max, min, norm`` per
@@ -84,14 +84,15 @@ def launch_step_statistics(names: list[str], grads: list[torch.Tensor], *, rank:
     (L0): ``md5``, or ``mix64``, computed where the gradients are (:func:`_row_checksums`) instead of copying
     them to the host for MD5; it takes the device path on the CPU too. MD5 of gradients that are all on the CPU is
     computed here, on the training thread while torch waits (over its threads), reading the gradients in place:
-    no model-sized snapshot, and no hashing left to compete with the next steps.
+    no model-sized snapshot, and no hashing left to compete with the next steps. ``extra``: the names of opt-in
+    statistics (:mod:`msprobe_mlflow.statistics_table`) to compute too.
     """
     if checksum not in CHECKSUMS:
         raise ValueError(f"checksum = {checksum!r} is not accepted; expected one of {', '.join(CHECKSUMS)}")
     recorded = LEVELS[level] if directions else dataclasses.replace(LEVELS[level], has_directions=False)
     device_checksum = checksum == "mix64" and recorded.has_md5
-    layout = StatisticsLayout(recorded, bounds, [g.numel() for g in grads], device_checksum)
-    bounds32 = [np.float32(b) for b in bounds]
+    layout = StatisticsLayout(recorded, bounds, [g.numel() for g in grads], device_checksum, extra)
+    bounds32, statistics = float32_bounds(bounds), extra_statistics(extra)
     by_device: dict[torch.device, list[int]] = {}
     for index, grad in enumerate(grads):
         by_device.setdefault(grad.device, []).append(index)
@@ -99,7 +100,7 @@ def launch_step_statistics(names: list[str], grads: list[torch.Tensor], *, rank:
     if recorded.has_md5 and not device_checksum and list(by_device) == [torch.device("cpu")]:
         digests = fused.md5_digests([_host_array(g) for g in grads])  # in place, before the optimizer writes
         recorded = dataclasses.replace(recorded, has_md5=False)  # so no snapshot is taken
-    pending = [(indices, _launch_group([grads[i] for i in indices], recorded, bounds32, device_checksum))
+    pending = [(indices, _launch_group([grads[i] for i in indices], recorded, bounds32, device_checksum, statistics))
                for indices in by_device.values()]
 
     def resolve() -> StepRecord:
@@ -111,7 +112,7 @@ def launch_step_statistics(names: list[str], grads: list[torch.Tensor], *, rank:
         record = record_from_statistics(rank=rank, step=step, level=level, bounds=bounds, names=names,
                                         shapes=[g.shape for g in grads], statistics=statistics, signs=signs,
                                         float32_values=float32_values, checksum=device_checksum,
-                                        directions=directions, md5=digests)
+                                        directions=directions, md5=digests, extra=extra)
         for _, (_, _, snapshot) in parts:  # hashed: the host snapshots can serve the next steps
             release_snapshot(snapshot)
         return record
@@ -119,12 +120,13 @@ def launch_step_statistics(names: list[str], grads: list[torch.Tensor], *, rank:
     return resolve
 
 
-def _launch_group(grads: list[torch.Tensor], level: Level, bounds32, checksum: bool = False) -> Callable[[], tuple]:
+def _launch_group(grads: list[torch.Tensor], level: Level, bounds32, checksum: bool = False,
+                  extra: tuple[Statistic, ...] = ()) -> Callable[[], tuple]:
     """Statistics of gradients that share a device: computed now on the CPU, queued on an accelerator."""
     if grads[0].device.type == "cpu" and not checksum:
-        computed = _host_statistics(grads, level, bounds32)
+        computed = _host_statistics(grads, level, bounds32, extra)
         return lambda: computed
-    return _device_statistics(grads, torch._foreach_norm(grads), level, bounds32, checksum)
+    return _device_statistics(grads, torch._foreach_norm(grads), level, bounds32, checksum, extra)
 
 
 def _refuse_non_floating(grad: torch.Tensor) -> None:
@@ -142,12 +144,13 @@ def _host_array(grad: torch.Tensor) -> np.ndarray:
     return _comparable(grad).detach().numpy().reshape(-1)
 
 
-def _host_statistics(grads, level, bounds32):
+def _host_statistics(grads, level, bounds32, extra: tuple[Statistic, ...] = ()):
     """The CPU path: :mod:`msprobe_mlflow.pytorch.fused` reads each gradient once (zero-copy numpy views; bf16
     and fp16 are compared in float32), computing max, min, the norm, the L2 counts and the sign bits together.
-    The norms it cannot give bit for bit as torch's (bf16/fp16/float64, non-contiguous) come from torch."""
+    The norms it cannot give bit for bit as torch's (bf16/fp16/float64, non-contiguous) come from torch. Opt-in
+    ``extra`` statistics are their numpy reference, one more read each."""
     arrays = [_host_array(g) for g in grads]
-    layout = StatisticsLayout(level, bounds32, [a.size for a in arrays])
+    layout = StatisticsLayout(level, bounds32, [a.size for a in arrays], extra=[s.name for s in extra])
     signs = np.empty(layout.signs_length, np.uint8) if level.has_directions else None
     maxima, minima, counts, norms = fused.statistics(arrays, bounds32, with_counts=level.has_buckets,
                                                      with_signs=level.has_directions,
@@ -159,7 +162,8 @@ def _host_statistics(grads, level, bounds32):
     if by_torch:  # torch's own kernel, in the gradient's dtype
         norms[by_torch] = torch.stack(torch._foreach_norm([grads[i] for i in by_torch])).float().numpy()
     head = np.column_stack([maxima.astype(np.float32), minima.astype(np.float32), norms]).astype(np.float64)
-    statistics = np.concatenate(layout.in_order({EXTREMES: head, CUMULATIVE_COUNTS: counts}))
+    extras = np.array([[statistic.reduce(array) for statistic in extra] for array in arrays]).reshape(len(arrays), -1)
+    statistics = np.concatenate(layout.in_order({EXTREMES: head, CUMULATIVE_COUNTS: counts, EXTRA: extras}))
     float32_values = None
     if level.has_md5:  # a snapshot: the optimizer may change the gradients before the writer hashes them
         float32_values = _snapshot_buffer(layout.values_length)
@@ -273,11 +277,11 @@ def _order_keys(words: torch.Tensor) -> torch.Tensor:
 
 
 def _row_statistics(flat: torch.Tensor, row_valid: torch.Tensor, row_first_index: torch.Tensor, bounds: tuple,
-                    with_counts: bool, with_signs: bool, with_checksum: bool) -> tuple:
+                    with_counts: bool, with_signs: bool, with_checksum: bool, extra: tuple = ()) -> tuple:
     """Per row of ``flat`` (``ROW`` elements, the first ``row_valid`` of them a gradient's): max and min (as
     :func:`_order_keys`), whether it holds a NaN, the counts of ``x <= b`` per bound and of ``x == 0`` (float64),
-    the packed ``x > 0`` bits, and :func:`_row_checksums`. The same few whole-buffer ops whatever the number of
-    gradients."""
+    the packed ``x > 0`` bits, :func:`_row_checksums`, and each ``extra`` statistic's reduction (float64, one
+    column each). The same few whole-buffer ops whatever the number of gradients."""
     rows = flat.view(-1, ROW)
     rows = rows if rows.dtype == torch.float64 else rows.float()  # bf16/fp16 compare in float32, exactly
     valid = torch.arange(ROW, device=flat.device) < row_valid[:, None]
@@ -292,11 +296,21 @@ def _row_statistics(flat: torch.Tensor, row_valid: torch.Tensor, row_first_index
                              + [(valid & (rows == 0)).sum(dim=1, dtype=torch.float64)], dim=1)
     bits = None
     if with_signs:
-        weights = _device_constant(_BIT_WEIGHTS, torch.uint8, flat.device)
+        weights = _device_constant(BIT_WEIGHTS, torch.uint8, flat.device)
         positive = (valid & (rows > 0)).view(rows.shape[0], ROW // 8, 8).to(torch.uint8)
         bits = (positive * weights).sum(dim=2, dtype=torch.uint8).reshape(-1)
     checksums = _row_checksums(flat, valid, row_first_index) if with_checksum else None
-    return maxima, minima, has_nan, counts, bits, checksums
+    extras = torch.stack([_row_reduction(statistic, rows, valid) for statistic in extra], dim=1) if extra else None
+    return maxima, minima, has_nan, counts, bits, checksums, extras
+
+
+_NEUTRAL = {"sum": 0.0, "max": -math.inf, "min": math.inf}  # what padding contributes to each reduction
+
+
+def _row_reduction(statistic: Statistic, rows: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+    """An opt-in statistic per row: its element map, then its reduction over the valid elements, in float64."""
+    mapped = torch.where(valid, statistic.element(rows).double(), _NEUTRAL[statistic.reduction])
+    return {"sum": mapped.sum, "max": mapped.amax, "min": mapped.amin}[statistic.reduction](dim=1)
 
 
 COMPILED_DEVICES = {"cuda"}  # device types where torch.compile fuses _row_statistics into a read or two of the buffer
@@ -320,13 +334,14 @@ def _fused_row_statistics(flat: torch.Tensor, *args) -> tuple:
         return _row_statistics(flat, *args)
 
 
-def _device_statistics(grads, norms, level, bounds32, checksum: bool = False) -> Callable[[], tuple]:
+def _device_statistics(grads, norms, level, bounds32, checksum: bool = False,
+                       extra: tuple[Statistic, ...] = ()) -> Callable[[], tuple]:
     """Any other device: the gradients of each dtype are copied into one reused buffer (one ``_foreach_copy_``),
     reduced per row by :func:`_row_statistics`, then per gradient over its rows (``segment_reduce``,
     ``scatter_reduce_``); each
     result is copied to the host asynchronously. The ops dispatched per step do not grow with the number of
     gradients. Each gradient's packed signs (and L0 values) are cut out of its rows on the writer thread."""
-    layout = StatisticsLayout(level, bounds32, [g.numel() for g in grads], checksum)
+    layout = StatisticsLayout(level, bounds32, [g.numel() for g in grads], checksum, [s.name for s in extra])
     groups: dict[torch.dtype, list[int]] = {}
     for index, grad in enumerate(grads):
         _refuse_non_floating(grad)
@@ -336,9 +351,9 @@ def _device_statistics(grads, norms, level, bounds32, checksum: bool = False) ->
         members = [grads[i] for i in indices]
         buffer = _row_buffer(members)
         torch._foreach_copy_(buffer.targets, members)
-        maxima, minima, has_nan, counts, bits, checksums = _fused_row_statistics(
+        maxima, minima, has_nan, counts, bits, checksums, extras = _fused_row_statistics(
             buffer.flat, buffer.row_valid, buffer.row_first_index, tuple(map(float, bounds32)), level.has_buckets,
-            level.has_directions, checksum)
+            level.has_directions, checksum, extra)
         nan = torch.full((), math.nan, dtype=torch.float64, device=buffer.flat.device)
 
         def per_gradient(rows: torch.Tensor, reduction: str) -> torch.Tensor:
@@ -361,6 +376,10 @@ def _device_statistics(grads, norms, level, bounds32, checksum: bool = False) ->
             sums = torch.zeros(len(indices), dtype=torch.int64, device=checksums.device)
             sums.index_add_(0, buffer.row_owner, checksums)
             sections[CHECKSUM] = torch.stack([(sums >> 32) & 0xFFFFFFFF, sums & 0xFFFFFFFF], dim=1).double()
+        if extras is not None:  # an empty gradient has no rows: its max and min are NaN
+            sections[EXTRA] = torch.stack([
+                torch.where(buffer.empty, 0.0 if s.reduction == "sum" else nan, per_gradient(extras[:, i], s.reduction))
+                for i, s in enumerate(extra)], dim=1)
         statistics = _to_host(torch.cat(layout.subset(indices).in_order(sections)))
         signs = _to_host(bits) if bits is not None else None
         values = None
