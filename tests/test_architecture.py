@@ -83,7 +83,8 @@ def test_no_package_imports_a_package_that_imports_it_back():
 
 
 def test_mlflow_is_imported_in_tracking_only():
-    """What talks to MLflow is in ``tracking/``; the rest calls its functions."""
+    """What talks to MLflow is in ``tracking/``; the rest calls its functions. One exception: ``compat.py``, the one
+    place for every library's private names, reads MLflow's one private function there (called from tracking/)."""
     outside = []
     for path in PACKAGE.rglob("*.py"):
         if path.relative_to(PACKAGE).parts[0] == "tracking":
@@ -91,5 +92,6 @@ def test_mlflow_is_imported_in_tracking_only():
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
             names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
                 [node.module] if isinstance(node, ast.ImportFrom) and node.module else []
-            outside += [f"{path.relative_to(PACKAGE)}: {n}" for n in names if n.split(".")[0] == "mlflow"]
+            outside += [f"{path.relative_to(PACKAGE)}: {n}" for n in names if n.split(".")[0] == "mlflow"
+                        and not (path.name == "compat.py" and n == "mlflow.tracking")]
     assert outside == []

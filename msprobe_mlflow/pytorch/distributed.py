@@ -37,13 +37,14 @@ def summary_all_gather():
 
     import numpy as np
 
+    from msprobe_mlflow.compat import default_store
     from msprobe_mlflow.tracking.aggregate import END_OF_RUN, GATHER_TIMEOUT_SECONDS
 
     global _gathers_made
     _gathers_made += 1
     timeout = timedelta(seconds=GATHER_TIMEOUT_SECONDS)
     group = torch.distributed.new_group(backend="gloo", timeout=timeout)
-    store = torch.distributed.distributed_c10d._get_default_store()
+    store = default_store()
     size, rank = world_size(), current_rank()
     keys = [f"msprobe_mlflow/end_of_run/{_gathers_made}/{r}" for r in range(size)]  # one set per monitor
 

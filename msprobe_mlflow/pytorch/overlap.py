@@ -34,6 +34,7 @@ from typing import Callable
 import numpy as np
 import torch
 
+from msprobe_mlflow.compat import foreach_norm, tensor_version
 from msprobe_mlflow.layout import EXTREMES, StatisticsLayout
 from msprobe_mlflow.levels import LEVELS, Level
 from msprobe_mlflow.pytorch.statistics import _launch_group, launch_step_statistics
@@ -132,7 +133,7 @@ class EarlyStatistics:
             if bucket is None or (bucket.level, bucket.bounds32) != settings:
                 self._submit()
                 bucket = self._open = _Bucket(*settings)
-            bucket.members.append((index, grad, grad._version, grad.data_ptr()))
+            bucket.members.append((index, grad, tensor_version(grad), grad.data_ptr()))
             bucket.elements += grad.numel()
             self._buckets[index] = bucket
             if bucket.elements >= BUCKET_ELEMENTS:
@@ -199,14 +200,14 @@ def usable_parts(buckets: dict[int, _Bucket], indices: list[int], grads: list[to
         if bucket.result is None or (directions and not bucket.level.has_directions):
             continue
         positions = [position.get(index) for index, _, _, _ in bucket.members]
-        if all(k is not None and buckets.get(index) is bucket and grads[k] is grad and grad._version == version
+        if all(k is not None and buckets.get(index) is bucket and grads[k] is grad and tensor_version(grad) == version
                and grad.data_ptr() == pointer
                for k, (index, grad, version, pointer) in zip(positions, bucket.members)):
             candidates.append((positions, bucket))
     if not candidates:
         return []
     with torch.no_grad():
-        now = torch._foreach_norm([grads[k] for positions, _ in candidates for k in positions])
+        now = foreach_norm([grads[k] for positions, _ in candidates for k in positions])
     now = torch.stack(now).float().numpy().view(np.uint32)
     parts, start = [], 0
     for positions, bucket in candidates:

@@ -5,9 +5,8 @@ from __future__ import annotations
 import mlflow
 from mlflow.tracking import MlflowClient
 from mlflow.tracking.default_experiment import DEFAULT_EXPERIMENT_ID
-# Private, with no public equivalent: it honours set_experiment and MLFLOW_EXPERIMENT_NAME / _ID. Checked against
-# MLflow 3.x, the range pyproject.toml allows.
-from mlflow.tracking.fluent import _get_experiment_id
+
+from msprobe_mlflow.compat import current_experiment_id
 
 # MLflow 3's UI opens an experiment in its GenAI view unless told otherwise. MLflow 3.7's UI reads this experiment
 # tag (what its own "experiment type" selector writes); 3.17's chooses by its "GenAI / Model training" switch, which
@@ -26,7 +25,7 @@ def experiment_id_for(client: MlflowClient, name: str | None) -> str:
             return found.experiment_id
         return client.create_experiment(name, tags={EXPERIMENT_KIND_TAG: MODEL_TRAINING_KIND})
     if client.tracking_uri == mlflow.get_tracking_uri():
-        return _get_experiment_id()
+        return current_experiment_id()
     return DEFAULT_EXPERIMENT_ID
 
 

@@ -1,0 +1,81 @@
+"""Every private or internal name of the libraries we run on, in one place: what it is for, the versions it was
+checked with (pyproject.toml's ranges; ``tests/test_compat.py`` runs each against the installed library) and what
+happens when a newer version drops it (a fallback that keeps the result right, else an error that says so).
+
+Imports nothing at import time: each function imports its library when called. FSDP1's internals (its
+``FlatParameter`` bookkeeping) stay in :mod:`msprobe_mlflow.pytorch.fsdp1`, FSDP1's own compatibility layer: they
+are read in one place there, by class and attribute name. The numba kernel's settings and ``torch._foreach_norm``
+in ``pytorch/statistics.py`` and ``pytorch/fused.py`` are not behind this module yet.
+"""
+from __future__ import annotations
+
+# The ranges pyproject.toml accepts; tests/test_compat.py has run every name here with torch 2.13, mlflow 3.17 and
+# lightning 2.6 (and runs it with whatever is installed).
+CHECKED_WITH = {"torch": ">=2.1", "mlflow": ">=3.7,<4", "lightning": ">=2.2,<3"}
+
+
+class MissingPrivateApi(RuntimeError):
+    """A private name this package needs is gone from the installed library (a version newer than checked)."""
+
+    def __init__(self, library: str, name: str, used_for: str):
+        import importlib.metadata
+
+        try:
+            version = importlib.metadata.version(library)
+        except importlib.metadata.PackageNotFoundError:
+            version = "(unknown version)"
+        super().__init__(f"{library} {version} has no {name}, which msprobe-mlflow uses {used_for}; it was checked "
+                         f"with {library}{CHECKED_WITH[library]}: install a version in that range")
+
+
+def default_store():
+    """torch.distributed's rendezvous store (``distributed_c10d._get_default_store``, no public equivalent): the
+    end-of-run exchange goes through it, not through a collective (see ``pytorch.distributed.summary_all_gather``)."""
+    from torch.distributed import distributed_c10d
+
+    getter = getattr(distributed_c10d, "_get_default_store", None)
+    if getter is None:
+        raise MissingPrivateApi("torch", "torch.distributed.distributed_c10d._get_default_store",
+                                "for the ranks' end-of-run exchange (aggregate_metrics)")
+    return getter()
+
+
+def current_experiment_id() -> str:
+    """MLflow's current experiment (``mlflow.tracking.fluent._get_experiment_id``, no public equivalent): it honours
+    ``set_experiment`` and ``MLFLOW_EXPERIMENT_NAME`` / ``_ID``."""
+    from mlflow.tracking import fluent
+
+    getter = getattr(fluent, "_get_experiment_id", None)
+    if getter is None:
+        raise MissingPrivateApi("mlflow", "mlflow.tracking.fluent._get_experiment_id",
+                                "to find the current experiment of the runs it creates")
+    return getter()
+
+
+def lightning_trainer(module):
+    """The Lightning trainer a ``LightningModule`` is attached to (its ``_trainer``; the public ``trainer`` raises
+    when there is none), None for another module or where Lightning keeps it elsewhere."""
+    return getattr(module, "_trainer", None)
+
+
+def mlflow_logger_tracking_uri(logger) -> str | None:
+    """The tracking URI a Lightning ``MLFlowLogger`` was given (``_tracking_uri``; the public ``experiment`` would
+    start its run). None where Lightning drops it: the caller then logs to MLflow's active tracking URI."""
+    return getattr(logger, "_tracking_uri", None)
+
+
+def tensor_version(tensor):
+    """The tensor's in-place version counter (``Tensor._version``), which every in-place op bumps. Where torch has
+    none, a value equal to no other: every gradient then counts as changed, so the overlap's records stay exact and
+    it only gains nothing (``pytorch/overlap.py``)."""
+    return getattr(tensor, "_version", object())
+
+
+def foreach_norm(tensors: list) -> list:
+    """Each tensor's 2-norm in one call (``torch._foreach_norm``, as ``clip_grad_norm_`` uses); where torch drops
+    it, ``torch.linalg.vector_norm`` one tensor at a time (slower; a norm that differs in its last bit only makes the overlap compute that gradient again)."""
+    import torch
+
+    if hasattr(torch, "_foreach_norm"):
+        return list(torch._foreach_norm(tensors))
+    return [torch.linalg.vector_norm(tensor) for tensor in tensors]
