@@ -5,7 +5,6 @@ MLflow sink and the comparator only ever see this.
 """
 from __future__ import annotations
 
-import hashlib
 import math
 from dataclasses import dataclass
 
@@ -14,7 +13,7 @@ import numpy as np
 from msprobe_mlflow.layout import (CHECKSUM, CHECKSUM_PREFIX, CUMULATIVE_COUNTS, EXTRA, EXTREMES, StatisticsLayout,
                                    consecutive_slices, packed_slices)
 from msprobe_mlflow.levels import LEVELS, csv_header
-from msprobe_mlflow.statistics_table import extra_statistics
+from msprobe_mlflow.statistics_table import extra_statistics, md5_hex
 
 
 @dataclass
@@ -76,7 +75,7 @@ class StepRecord:
 def md5_per_parameter(flat_float32: np.ndarray, numels: list[int]) -> list[str]:
     """Hex MD5 of each parameter's float32 little-endian C-order bytes (msprobe's L0 ``MD5`` column)."""
     flat = np.ascontiguousarray(flat_float32, dtype="<f4")
-    return [hashlib.md5(flat[piece]).hexdigest() for piece in consecutive_slices(numels)]  # no copy: hashes the view
+    return [md5_hex(flat[piece]) for piece in consecutive_slices(numels)]  # no copy: hashes the view
 
 
 def record_from_statistics(*, rank: int, step: int, level: str, bounds, names: list[str],

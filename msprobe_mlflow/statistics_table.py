@@ -51,6 +51,12 @@ def float32_bounds(bounds) -> tuple[float, ...]:
     return tuple(float(np.float32(b)) for b in bounds)
 
 
+def md5_hex(values: np.ndarray) -> str:
+    """msprobe's L0 ``MD5`` column: the hex MD5 of the values' float32 little-endian C-order bytes (a float32
+    contiguous array is hashed in place, without a copy)."""
+    return hashlib.md5(np.ascontiguousarray(values, dtype="<f4")).hexdigest()
+
+
 def _weighted_mean(values: list[float], numels: list[int]) -> float:
     total = sum(numels)
     return math.fsum(v * n for v, n in zip(values, numels) if n) / total if total else math.nan
@@ -133,7 +139,7 @@ def reference(values: np.ndarray, bounds, extra=(), dtype: str | None = None) ->
         "bucket_counts": np.diff(cumulative, prepend=0, append=values.size).tolist(),
         "zero_count": int(np.sum(compared == 0)),
         "signs": np.packbits(compared > 0),
-        "md5": hashlib.md5(compared.astype("<f4").tobytes()).hexdigest(),
+        "md5": md5_hex(compared),
     }
     for statistic in extra_statistics(extra):
         result[statistic.name] = np.float32(statistic.finish(statistic.reduce(compared), values.size))

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import hashlib
 import os
 import threading
 from typing import Callable
@@ -19,6 +18,8 @@ from typing import Callable
 import numpy as np
 import torch
 from numba import njit
+
+from msprobe_mlflow.statistics_table import md5_hex
 
 BLOCK = 1 << 13  # elements per block (32 KiB of float32): every loop over a block reads it from the L1 cache
 SMALL_ARRAY = 1 << 14  # elements: smaller arrays share one kernel call, so a model of many pays one call's cost
@@ -284,7 +285,7 @@ def md5_digests(arrays: list[np.ndarray]) -> list[str]:
     digests = [""] * len(arrays)
 
     def digest(index: int) -> None:
-        digests[index] = hashlib.md5(np.ascontiguousarray(arrays[index], dtype="<f4")).hexdigest()
+        digests[index] = md5_hex(arrays[index])
 
     order = sorted(range(len(arrays)), key=lambda i: -arrays[i].size)
     in_parallel(digest, order, worker_threads() if sum(a.size for a in arrays) >= PARALLEL_MIN else 1)

@@ -27,7 +27,7 @@ import torch.distributed as dist
 from msprobe_mlflow.layout import CUMULATIVE_COUNTS, EXTRA, EXTREMES, StatisticsLayout, packed_length
 from msprobe_mlflow.levels import LEVELS
 from msprobe_mlflow.pytorch.host_copy import start_host_copy
-from msprobe_mlflow.pytorch.statistics import launch_step_statistics, pack_signs
+from msprobe_mlflow.pytorch.statistics import _comparable, launch_step_statistics, pack_signs
 from msprobe_mlflow.records import StepRecord, record_from_statistics
 from msprobe_mlflow.statistics_table import Statistic, extra_statistics, float32_bounds
 
@@ -162,9 +162,8 @@ def _partials(shards: list[torch.Tensor], bounds32, buckets: bool, extra: tuple[
     with SUM), float64 on the shards' device. An empty shard gives ``-inf`` extremes and zeros."""
     extremes, sums = [], []
     for shard in shards:
-        wide = shard.dtype in (torch.float32, torch.float64)
-        values = shard if wide else shard.float()
-        norm = torch.linalg.vector_norm(shard, dtype=None if wide else torch.float32)  # bf16/fp16: not yet rounded
+        values = _comparable(shard)
+        norm = torch.linalg.vector_norm(shard, dtype=None if values is shard else torch.float32)  # not yet rounded
         mapped = [s.element(values).double() for s in extra]
         added = [m.sum() for m, s in zip(mapped, extra) if s.reduction == "sum"]
         nowhere = torch.full((), -math.inf, dtype=torch.float64, device=shard.device)  # an empty shard's
