@@ -66,8 +66,8 @@ class Section:
 @dataclass(frozen=True)
 class StatisticsLayout:
     """The layout of one step's results for parameters of ``numels`` elements at ``level`` (a :class:`Level` or its
-    name) with bucket ``bounds``, with the device ``checksum`` section or not, and the opt-in ``extra`` statistics (their names); see
-    the module docstring."""
+    name) with bucket ``bounds``, with the device ``checksum`` section or not, and the opt-in ``extra``
+    statistics (their names); see the module docstring."""
 
     level: Level
     bounds: tuple
