@@ -12,8 +12,8 @@ and the helpers all backends share (bit weights, padding to a byte, float32 boun
 | md5          | float32 values      | float32 x   | MD5       | ``MD5``               |                             |
 
 Elements are compared in float32 (bf16/fp16 widened exactly) or float64; max and min are NaN for an empty gradient
-or one holding NaN, and +0.0 is above -0.0; the norm is float32, rounded to a bf16/fp16 gradient's dtype, as
-``torch._foreach_norm``. These built-in statistics have a hand-written kernel per backend (the CPU's numba kernel,
+or one holding NaN, and +0.0 is above -0.0 (MindSpore's max and min give either zero: a known difference); the
+norm is float32, rounded to a bf16/fp16 gradient's dtype, as ``torch._foreach_norm``. These built-in statistics have a hand-written kernel per backend (the CPU's numba kernel,
 the accelerator's row buffer, the sharded partials, MindSpore's graph) for speed and torch's exact bits.
 
 :data:`EXTRA` statistics are generic and opt-in (``StatisticsLayout(extra=names)``, off by default, so msprobe's
@@ -66,7 +66,9 @@ def _weighted_mean(values: list[float], numels: list[int]) -> float:
 class Statistic:
     """An opt-in statistic: ``element`` maps each element (float32, float64 for a float64 gradient); ``reduction``
     (``sum``, ``max``, ``min``, NaN-propagating) gives one float64 per parameter; ``finish(reduced, numel)`` the
-    column's value, written as float32; ``summary(values, numels)`` the run-page metric over the parameters."""
+    column's value, written as float32; ``summary(values, numels)`` the run-page metric over the parameters.
+    ``element`` is a ``def`` function or a builtin (``abs``): MindSpore's graph parser refuses a lambda written
+    among other code on its line."""
 
     name: str
     element: Callable
