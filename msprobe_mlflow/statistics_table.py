@@ -13,8 +13,9 @@ and the helpers all backends share (bit weights, padding to a byte, float32 boun
 
 Elements are compared in float32 (bf16/fp16 widened exactly) or float64; max and min are NaN for an empty gradient
 or one holding NaN, and +0.0 is above -0.0 (MindSpore's max and min give either zero: a known difference); the
-norm is float32, rounded to a bf16/fp16 gradient's dtype, as ``torch._foreach_norm``. These built-in statistics have a hand-written kernel per backend (the CPU's numba kernel,
-the accelerator's row buffer, the sharded partials, MindSpore's graph) for speed and torch's exact bits.
+norm is float32, rounded to a bf16/fp16 gradient's dtype, as ``torch._foreach_norm``. These built-in statistics
+have a hand-written kernel per backend (the CPU's numba kernel, the accelerator's row buffer, the sharded partials,
+MindSpore's graph) for speed and torch's exact bits.
 
 :data:`EXTRA` statistics are generic and opt-in (``StatisticsLayout(extra=names)``, off by default, so msprobe's
 CSVs stay byte-identical): each backend maps every element with ``element`` (written with operators numpy, torch
