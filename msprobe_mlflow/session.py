@@ -111,6 +111,7 @@ class ProbeSession:
         self.notices = notices or Notices()
         self.training_id = self._claim_dump_folder(training_id or new_training_id(), from_rank_zero)
         self.sinks: list = []
+        self._after_sinks: list[Callable[[], None]] = []
         self._writer = BackgroundStepWriter([self._write_local_dump])
         self.closed = False
         self.outcome: tuple[str, str] | None = None  # (status, reason), see end_as()
@@ -139,6 +140,11 @@ class ProbeSession:
         if moved:
             self.notices.warn(set_aside_message(dump_path, moved, training_id))
         return training_id
+
+    def close_after_sinks(self, release: Callable[[], None]) -> None:
+        """``release()`` runs at :meth:`close`, once every sink is closed: what the sinks used to the end (the
+        aggregation's collective group, whose last exchange is in a sink's ``close``)."""
+        self._after_sinks.append(release)
 
     def add_sinks(self, sinks: list) -> None:
         """Sinks get the steps submitted from now on, after the local dump."""
@@ -185,6 +191,8 @@ class ProbeSession:
         self._writer.close()
         for sink in self.sinks:
             self._writer.guarded(f"{type(sink).__name__}.close failed", sink.close)
+        for release in self._after_sinks:
+            self._writer.guarded(f"releasing {release.__qualname__} failed", release)
         _open_sessions.discard(self)
         if self._writer.errors:
             self.notices.warn(f"{len(self._writer.errors)} write failure(s); first: {self._writer.errors[0]}")

@@ -56,17 +56,26 @@ def shared_run_id(local_run_id: str | None) -> str | None:
     return bytes(received[1:1 + received[0]].astype(np.uint8)).decode() or None
 
 
-def summary_all_gather():
-    """The all-gather of rank-0 aggregated metrics (``tracking.aggregate``), on the world group, called on the
-    writer thread. The float64 values travel as their bytes (int32 pairs): the CPU backend's AllGather rounds
-    float64 to float32."""
-    from mindspore import Tensor, ops
+def summary_all_gather() -> "SummaryAllGather":
+    """The all-gather of rank-0 aggregated metrics (``tracking.aggregate``): see :class:`SummaryAllGather`."""
+    return SummaryAllGather()
 
-    all_gather = ops.AllGather()
-    size = world_size()
 
-    def gather(vector: np.ndarray) -> np.ndarray:
+class SummaryAllGather:
+    """Gathers every rank's vector on the world group, called on the writer thread. The float64 values travel as their bytes (int32 pairs): the CPU backend's AllGather rounds
+    float64 to float32. :meth:`close` (at ``stop()``) has nothing to release: the world group is the job's."""
+
+    def __init__(self):
+        from mindspore import ops
+
+        self.all_gather, self.size = ops.AllGather(), world_size()
+
+    def __call__(self, vector: np.ndarray) -> np.ndarray:
+        from mindspore import Tensor
+
         words = np.ascontiguousarray(vector, dtype=np.float64).view(np.int32)
-        return np.ascontiguousarray(all_gather(Tensor(words)).asnumpy()).view(np.float64).reshape(size, -1)
+        gathered = self.all_gather(Tensor(words)).asnumpy()
+        return np.ascontiguousarray(gathered).view(np.float64).reshape(self.size, -1)
 
-    return gather
+    def close(self) -> None:
+        pass

@@ -53,17 +53,27 @@ class SessionMonitor:
                       summary_gather: Callable[[], SummaryGather] | None = None) -> ProbeSession:
         """The session first (a bad dump_path fails before anything is sent; another training's steps in it are
         set aside, see :class:`ProbeSession`), then its sinks (``share_run_id`` and ``summary_gather``: the
-        framework's collectives, see :func:`choose_sinks`; ``share_run_id`` shares the training ID too)."""
+        framework's collectives, see :func:`choose_sinks`; ``share_run_id`` shares the training ID too; each
+        gather made is closed once the session's sinks are, its collective group released)."""
         session = ProbeSession(self.config, framework=framework, ranks=ranks, notices=self.notices,
                                training_id=self.training_id, from_rank_zero=share_run_id)
         self.training_id = session.training_id
         anomalies = self.options.anomalies
         trigger = directions_sinks(self.directions_schedule, anomalies.rule, ranks.rank, self.notices)
+        gathers = []
+
+        def make_gather() -> SummaryGather:
+            gathers.append(summary_gather())
+            return gathers[-1]
+
         session.add_sinks(trigger + choose_sinks(self.config, ranks, framework=framework, tracking=self.tracking,
                                                  share_run_id=share_run_id, metrics_file=self.options.metrics_file,
                                                  notices=self.notices, baseline=self.baseline,
-                                                 spike_rule=anomalies.flag_rule, summary_gather=summary_gather)
+                                                 spike_rule=anomalies.flag_rule,
+                                                 summary_gather=make_gather if summary_gather else None)
                           + list(self.options.sinks))
+        for gather in gathers:  # its group, once the sinks' end-of-run exchange is done
+            session.close_after_sinks(gather.close)
         return session
 
     @property
