@@ -32,7 +32,7 @@ from msprobe_mlflow.pytorch.distributed import current_rank, shared_run_id, summ
 from msprobe_mlflow.pytorch.overlap import EarlyStatistics, launch_with_early, step_level, usable_parts, why_off
 from msprobe_mlflow.pytorch.fsdp1 import FlatSlot, fsdp1_named_parameters, has_fsdp1
 from msprobe_mlflow.pytorch.sharded import FlatPiece, has_sharded, launch_sharded_statistics
-from msprobe_mlflow.pytorch.statistics import launch_step_statistics
+from msprobe_mlflow.pytorch.statistics import launch_step_statistics, release_caches
 from msprobe_mlflow.session import RankPolicy
 from msprobe_mlflow.vocabulary import FAILED_STEPS_TAG, OVERLAP_TAG, RECORDED_TAG, TAG_RANGES_LIMIT, rank_tag
 
@@ -272,6 +272,7 @@ class GradientMonitor(SessionMonitor):
                 self.notices.warn(f"every probed step ({self._probed_steps}) failed, nothing was recorded; first "
                                   f"failure: {self._probe_failures[0]}")
             self._session.close()
+            release_caches()
 
 
 class PrecisionDebugger:

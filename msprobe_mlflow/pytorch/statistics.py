@@ -206,6 +206,22 @@ def prepare_snapshots(size: int) -> threading.Thread:
     return thread
 
 
+def release_caches() -> None:
+    """Drops what the statistics keep between steps (the small device constants, the gradient-sized row buffers,
+    the L0 host snapshots): a monitor's ``stop()`` calls it, and the next monitor makes them again at its first step.
+    What torch.compile made, and where it failed, stays: neither holds gradient memory."""
+    _constants.clear()
+    _row_buffers.clear()
+    _free_snapshots.clear()
+
+
+def cached_bytes() -> int:
+    """The bytes :func:`release_caches` frees (each row buffer's tensors; its ``targets`` are views of ``flat``)."""
+    tensors = [*_constants.values(), *(getattr(buffer, f.name) for buffer in _row_buffers.values()
+                                       for f in dataclasses.fields(buffer) if f.name != "targets")]
+    return sum(t.nbytes for t in tensors if isinstance(t, torch.Tensor)) + sum(b.nbytes for b in _free_snapshots)
+
+
 ROW = 512  # elements: the device buffer's rows; each gradient starts a row, so a row's statistics are one gradient's
 
 
@@ -313,22 +329,24 @@ def _row_reduction(statistic: Statistic, rows: torch.Tensor, valid: torch.Tensor
     return {"sum": mapped.sum, "max": mapped.amax, "min": mapped.amin}[statistic.reduction](dim=1)
 
 
-COMPILED_DEVICES = {"cuda"}  # device types where torch.compile fuses _row_statistics into a read or two of the buffer
+COMPILED_DEVICES = frozenset({"cuda"})  # device types where torch.compile fuses _row_statistics into a read or two
 _compiled: dict[str, Callable] = {}
+_compile_failed: set[str] = set()  # device types where torch.compile failed in this process: eager from then on
 
 
 def _fused_row_statistics(flat: torch.Tensor, *args) -> tuple:
     """:func:`_row_statistics`, compiled (once per device type; the first probed step pays the compilation) where
-    ``COMPILED_DEVICES`` says; eager elsewhere, and from the first compilation failure on, with a warning."""
+    ``COMPILED_DEVICES`` says; eager elsewhere, and from the first compilation failure on (``_compile_failed``),
+    with one warning."""
     device = flat.device.type
-    if device not in COMPILED_DEVICES:
+    if device not in COMPILED_DEVICES or device in _compile_failed:
         return _row_statistics(flat, *args)
     try:
         if device not in _compiled:
             _compiled[device] = torch.compile(_row_statistics, dynamic=True)
         return _compiled[device](flat, *args)
     except Exception as e:  # a missing compiler or an unsupported device must not cost the statistics
-        COMPILED_DEVICES.discard(device)
+        _compile_failed.add(device)
         warnings.warn(f"msprobe-mlflow: torch.compile of the {device} statistics failed ({e!r}); "
                       f"using eager torch ops, several reads of each gradient per step")
         return _row_statistics(flat, *args)
