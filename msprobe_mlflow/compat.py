@@ -4,14 +4,15 @@ happens when a newer version drops it (a fallback that keeps the result right, e
 
 Imports nothing at import time: each function imports its library when called. FSDP1's internals (its
 ``FlatParameter`` bookkeeping) stay in :mod:`msprobe_mlflow.pytorch.fsdp1`, FSDP1's own compatibility layer: they
-are read in one place there, by class and attribute name. The numba kernel's settings and ``torch._foreach_norm``
-in ``pytorch/statistics.py`` and ``pytorch/fused.py`` are not behind this module yet.
+are read in one place there, by class and attribute name.
 """
 from __future__ import annotations
 
-# The ranges pyproject.toml accepts; tests/test_compat.py has run every name here with torch 2.13, mlflow 3.17 and
-# lightning 2.6 (and runs it with whatever is installed).
-CHECKED_WITH = {"torch": ">=2.1", "mlflow": ">=3.7,<4", "lightning": ">=2.2,<3"}
+import contextlib
+
+# The ranges pyproject.toml accepts; tests/test_compat.py has run every name here with torch 2.13, mlflow 3.17,
+# lightning 2.6 and numba 0.68 (and runs it with whatever is installed).
+CHECKED_WITH = {"torch": ">=2.1", "mlflow": ">=3.7,<4", "lightning": ">=2.2,<3", "numba": ">=0.60"}
 
 
 class MissingPrivateApi(RuntimeError):
@@ -73,9 +74,38 @@ def tensor_version(tensor):
 
 def foreach_norm(tensors: list) -> list:
     """Each tensor's 2-norm in one call (``torch._foreach_norm``, as ``clip_grad_norm_`` uses); where torch drops
-    it, ``torch.linalg.vector_norm`` one tensor at a time (slower; a norm that differs in its last bit only makes the overlap compute that gradient again)."""
+    it, ``torch.linalg.vector_norm`` one tensor at a time: slower, and a norm may differ from ``_foreach_norm``'s in
+    its last bit (the overlap then computes that gradient again; a recorded norm may change in that bit)."""
     import torch
 
     if hasattr(torch, "_foreach_norm"):
         return list(torch._foreach_norm(tensors))
     return [torch.linalg.vector_norm(tensor) for tensor in tensors]
+
+
+def set_numba_cache_dir(folder: str) -> bool:
+    """Where numba caches compiled kernels from now on (``numba.core.config.CACHE_DIR``, read when a cached function
+    is first compiled or loaded). False where numba has no such setting: it keeps its default folder (each process
+    may then compile again, seconds, with the same kernel)."""
+    from numba.core import config
+
+    if not hasattr(config, "CACHE_DIR"):
+        return False
+    config.CACHE_DIR = folder
+    return True
+
+
+@contextlib.contextmanager
+def numba_slp_vectorize():
+    """numba's superword vectoriser on for the compilations inside (``numba.core.config.SLP_VECTORIZE``, off by
+    default), then as it was. Where numba has no such setting nothing changes: the kernel is slower, not different."""
+    from numba.core import config
+
+    if not hasattr(config, "SLP_VECTORIZE"):
+        yield
+        return
+    previous, config.SLP_VECTORIZE = config.SLP_VECTORIZE, 1
+    try:
+        yield
+    finally:
+        config.SLP_VECTORIZE = previous

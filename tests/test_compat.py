@@ -36,7 +36,7 @@ def test_the_ranges_checked_are_pyprojects_and_hold_the_installed_versions():
 
 def test_compat_imports_no_library_at_import_time():
     code = ("import sys, msprobe_mlflow.compat\n"
-            "print([m for m in ('torch', 'mlflow', 'lightning') if m in sys.modules])")
+            "print([m for m in ('torch', 'mlflow', 'lightning', 'numba') if m in sys.modules])")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert done.stdout.strip() == "[]"
 
@@ -125,3 +125,26 @@ def test_foreach_norm_is_each_tensors_norm_with_and_without_torchs(dtype, monkey
     np.testing.assert_allclose([norm.item() for norm in compat.foreach_norm(tensors)], expected, rtol=tolerance)
     monkeypatch.delattr(torch, "_foreach_norm")
     np.testing.assert_allclose([norm.item() for norm in compat.foreach_norm(tensors)], expected, rtol=tolerance)
+
+
+def test_numba_cache_dir_is_set_and_a_numba_without_it_keeps_its_own(tmp_path, monkeypatch):
+    from numba.core import config
+
+    monkeypatch.setattr(config, "CACHE_DIR", config.CACHE_DIR)  # restored after the test
+    assert compat.set_numba_cache_dir(str(tmp_path)) is True
+    assert config.CACHE_DIR == str(tmp_path)
+    monkeypatch.delattr(config, "CACHE_DIR")
+    assert compat.set_numba_cache_dir(str(tmp_path / "other")) is False
+    assert not hasattr(config, "CACHE_DIR")
+
+
+def test_numba_slp_vectorize_is_on_inside_only_and_a_numba_without_it_is_left_alone(monkeypatch):
+    from numba.core import config
+
+    monkeypatch.setattr(config, "SLP_VECTORIZE", 0)
+    with compat.numba_slp_vectorize():
+        assert config.SLP_VECTORIZE == 1
+    assert config.SLP_VECTORIZE == 0
+    monkeypatch.delattr(config, "SLP_VECTORIZE")
+    with compat.numba_slp_vectorize():
+        assert not hasattr(config, "SLP_VECTORIZE")

@@ -19,6 +19,7 @@ import numpy as np
 import torch
 from numba import njit
 
+from msprobe_mlflow.compat import foreach_norm, numba_slp_vectorize, set_numba_cache_dir
 from msprobe_mlflow.statistics_table import md5_hex
 
 BLOCK = 1 << 13  # elements per block (32 KiB of float32): every loop over a block reads it from the L1 cache
@@ -46,8 +47,7 @@ def _compiled(function: Callable) -> Callable:
     disk (:func:`_cache_folder`) for the later processes; compiled in each process if no folder can be written."""
     folder = _cache_folder()
     if folder:
-        from numba.core import config
-        config.CACHE_DIR = folder  # read when a cached function is first compiled or loaded
+        set_numba_cache_dir(folder)
     try:
         return njit(nogil=True, cache=True)(function)
     except RuntimeError:  # no writable cache folder at all
@@ -58,16 +58,13 @@ def _compiled(function: Callable) -> Callable:
 def _slp(dtype: np.dtype):
     """numba's superword vectoriser on while the kernel is first compiled for ``dtype`` (numba leaves it off by
     default; without it the 8 lanes of the row loop run as scalars, 2.5 times slower). Cached code keeps it."""
-    from numba.core import config
     if dtype in _vectorised:
         yield
         return
-    with _compiling:
-        previous, config.SLP_VECTORIZE = config.SLP_VECTORIZE, 1
+    with _compiling, numba_slp_vectorize():
         try:
             yield
         finally:
-            config.SLP_VECTORIZE = previous
             _vectorised.add(dtype)
 
 
@@ -190,7 +187,7 @@ def _squares_match_torch() -> bool:
     arrays = [(rng.standard_normal(size) * rng.uniform(0.01, 100)).astype(np.float32)
               for size in [*range(1, 24), 3 * BLOCK + 13] * 8]
     _, _, squares = _run(arrays, np.zeros(0, np.float32), False, False, True, [0] * len(arrays), None, 1)
-    return np.array_equal(np.sqrt(squares), torch.stack(torch._foreach_norm(list(map(torch.from_numpy, arrays)))))
+    return np.array_equal(np.sqrt(squares), torch.stack(foreach_norm(list(map(torch.from_numpy, arrays)))))
 
 
 def _run(arrays, bounds, with_counts, with_signs, with_squares, sign_offsets, signs, threads):

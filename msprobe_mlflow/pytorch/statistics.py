@@ -20,6 +20,7 @@ from typing import Callable
 import numpy as np
 import torch
 
+from msprobe_mlflow.compat import foreach_norm
 from msprobe_mlflow.layout import (CHECKSUM, CHECKSUMS, CUMULATIVE_COUNTS, EXTRA, EXTREMES, StatisticsLayout,
                                    packed_length)
 from msprobe_mlflow.levels import LEVELS, Level
@@ -126,7 +127,7 @@ def _launch_group(grads: list[torch.Tensor], level: Level, bounds32, checksum: b
     if grads[0].device.type == "cpu" and not checksum:
         computed = _host_statistics(grads, level, bounds32, extra)
         return lambda: computed
-    return _device_statistics(grads, torch._foreach_norm(grads), level, bounds32, checksum, extra)
+    return _device_statistics(grads, foreach_norm(grads), level, bounds32, checksum, extra)
 
 
 def _refuse_non_floating(grad: torch.Tensor) -> None:
@@ -160,7 +161,7 @@ def _host_statistics(grads, level, bounds32, extra: tuple[Statistic, ...] = ()):
     by_torch = [i for i, grad in enumerate(grads)
                 if unknown[i] or grad.dtype != torch.float32 or not grad.is_contiguous()]
     if by_torch:  # torch's own kernel, in the gradient's dtype
-        norms[by_torch] = torch.stack(torch._foreach_norm([grads[i] for i in by_torch])).float().numpy()
+        norms[by_torch] = torch.stack(foreach_norm([grads[i] for i in by_torch])).float().numpy()
     head = np.column_stack([maxima.astype(np.float32), minima.astype(np.float32), norms]).astype(np.float64)
     extras = np.array([[statistic.reduce(array) for statistic in extra] for array in arrays]).reshape(len(arrays), -1)
     statistics = np.concatenate(layout.in_order({EXTREMES: head, CUMULATIVE_COUNTS: counts, EXTRA: extras}))
