@@ -15,6 +15,7 @@ import numpy as np
 import torch
 
 from msprobe_mlflow.api_check.parser import FLOAT_DTYPES, TensorArg
+from msprobe_mlflow.compat import tensor_version
 from msprobe_mlflow.directions import checked_npy_header
 
 SEED = 42
@@ -125,14 +126,14 @@ class InputCache:
 
     def pair(self, spec: TensorArg, task: str, where: str) -> TensorPair:
         cached = self._pairs.get(spec)
-        if cached is not None and cached[0].torch._version == cached[1]:
+        if cached is not None and tensor_version(cached[0].torch) == cached[1]:
             self._pairs.move_to_end(spec)
             return TensorPair(spec, cached[0].mindspore, cached[0].torch)
         pair = make_pair(spec, recorded_values(spec, task, where))
         self._forget(spec)
         size = 2 * pair.torch.nbytes  # the torch tensor and MindSpore's copy
         if size <= self.max_bytes:
-            self._pairs[spec] = (pair, pair.torch._version)
+            self._pairs[spec] = (pair, tensor_version(pair.torch))
             self.held_bytes += size
             while self.held_bytes > self.max_bytes:
                 self._forget(next(iter(self._pairs)))
