@@ -34,6 +34,13 @@ class Model(torch.nn.Module):
         return self.layers(x)
 
 
+@pytest.fixture(autouse=True)
+def small_gradients_overlap_too(monkeypatch):
+    """These models are small: their gradients would take the path without overlap, which would compare it with
+    itself. The test of that rule sets it back."""
+    monkeypatch.setattr(overlap, "MIN_AVERAGE_ELEMENTS", 0)
+
+
 def loss_of(model, generator) -> torch.Tensor:
     x, y = torch.randn(16, 32, generator=generator), torch.randn(16, 8, generator=generator)
     return torch.nn.functional.mse_loss(model(x), y)
@@ -192,3 +199,15 @@ def test_distributed_stacks_record_the_same_with_the_overlap_or_fall_back_and_sa
         assert outputs["on"].count("EARLY 0") == 2
     assert outputs["off"].count("OVERLAP off: overlap=False EARLY 0") == 2, outputs["off"]
     assert_same_dumps(tmp_path / "on", tmp_path / "off")
+
+
+def test_small_gradients_take_the_path_without_overlap_and_say_why(tmp_path, monkeypatch):
+    """A hook per gradient costs more than the statistics of a small one: below MIN_AVERAGE_ELEMENTS on average,
+    the overlap is off, with the reason, and the records are the same."""
+    monkeypatch.setattr(overlap, "MIN_AVERAGE_ELEMENTS", 1 << 14)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.Linear(64, 64))
+    monitor = GradientMonitor(GradProbeConfig(dump_path=str(tmp_path), level="L1"), log_to_mlflow=False)
+    monitor.monitor(model, torch.optim.SGD(model.parameters(), lr=0.1))
+    assert monitor.overlap == ("off: gradients of 2080 elements on average: a hook per gradient would cost more "
+                               "than it saves (below 16384)")
+    monitor.stop()
