@@ -3,6 +3,7 @@ it records, byte for byte: the same training is run with ``overlap=True`` and ``
 direction file is compared, over the ways a gradient changes between backward and ``optimizer.step()``."""
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -34,11 +35,15 @@ class Model(torch.nn.Module):
         return self.layers(x)
 
 
+CORES_LEFT_TO_A_WORKER = overlap.cores_left_to_a_worker  # before the fixture below sets it aside
+
+
 @pytest.fixture(autouse=True)
 def small_gradients_overlap_too(monkeypatch):
-    """These models are small: their gradients would take the path without overlap, which would compare it with
-    itself. The test of that rule sets it back."""
+    """These models are small, and torch may use every core here: the overlap would be off, comparing the path
+    without it with itself. The tests of those rules set them back."""
     monkeypatch.setattr(overlap, "MIN_AVERAGE_ELEMENTS", 0)
+    monkeypatch.setattr(overlap, "cores_left_to_a_worker", lambda: 1)
 
 
 def loss_of(model, generator) -> torch.Tensor:
@@ -210,4 +215,16 @@ def test_small_gradients_take_the_path_without_overlap_and_say_why(tmp_path, mon
     monitor.monitor(model, torch.optim.SGD(model.parameters(), lr=0.1))
     assert monitor.overlap == ("off: gradients of 2080 elements on average: a hook per gradient would cost more "
                                "than it saves (below 16384)")
+    monitor.stop()
+
+
+def test_no_worker_beside_torch_threads_that_use_every_core(tmp_path, monkeypatch):
+    """A worker thread competing with torch's intra-op threads for the cores slows backward: with as many torch
+    threads as the process has cores, the overlap is off, saying why."""
+    monkeypatch.setattr(overlap, "cores_left_to_a_worker", CORES_LEFT_TO_A_WORKER)
+    monkeypatch.setattr(torch, "get_num_threads", lambda: len(os.sched_getaffinity(0)))
+    model = torch.nn.Linear(256, 256)
+    monitor = GradientMonitor(GradProbeConfig(dump_path=str(tmp_path), level="L1"), log_to_mlflow=False)
+    monitor.monitor(model, torch.optim.SGD(model.parameters(), lr=0.1))
+    assert monitor.overlap.startswith("off: torch's ") and "use every core of this process" in monitor.overlap
     monitor.stop()
