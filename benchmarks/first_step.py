@@ -87,8 +87,8 @@ def main() -> None:
     lines += [f"| {name} | {r['import_s']:.2f} | {r['first_step_s']:.2f} | {r['later_step_ms']:.1f} | "
               f"{r['stop_s']:.2f} |" for name, r in rows.items()]
     table = "\n".join(lines)
-    (args.out / "first_step.md").write_text(f"# The first probed step in a fresh process\n\n{__doc__.split('::')[0]}"
-                                            f"\n{table}\n")
+    intro = __doc__.split("::")[0].rstrip()
+    (args.out / "first_step.md").write_text(f"# The first probed step in a fresh process\n\n{intro}\n\n{table}\n")
     print(table)
 
 
