@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 
 import mlflow
 import torch
@@ -48,7 +49,8 @@ def main() -> None:
         monitor.flush()  # every step's all-gather done: only the end-of-run exchange misses rank 1
         os._exit(0)
     monitor.stop()
-    print("ERRORS", len(monitor.errors), flush=True)
+    sys.stdout.write(f"ERRORS {len(monitor.errors)}\n")  # one write: the ranks share the job's stdout
+    sys.stdout.flush()
     if rank == 0:
         mlflow.end_run()
     dist.destroy_process_group()

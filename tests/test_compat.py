@@ -30,7 +30,10 @@ def test_the_ranges_checked_are_pyprojects_and_hold_the_installed_versions():
         [Requirement(line) for extra in project["optional-dependencies"].values() for line in extra]
     for library, specifier in compat.CHECKED_WITH.items():
         assert {r.specifier for r in requirements if r.name == library} == {SpecifierSet(specifier)}, library
-        installed = Version(importlib.metadata.version(library))
+        try:
+            installed = Version(importlib.metadata.version(library))
+        except importlib.metadata.PackageNotFoundError:  # an extra this environment leaves out (torch-only stage)
+            continue
         assert installed in SpecifierSet(specifier), (library, installed)
 
 

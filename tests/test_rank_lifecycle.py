@@ -55,6 +55,7 @@ def test_a_training_that_ends_normally_is_finished(tmp_path, monkeypatch):
     from msprobe_mlflow.pytorch import GradientMonitor
 
     mlflow.set_tracking_uri(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    mlflow.set_experiment("control")  # not the experiment an earlier test made current in another store
     monkeypatch.chdir(tmp_path)
     model = torch.nn.Linear(8, 4)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
