@@ -4,6 +4,7 @@ unsharded order; shards split weights mid-byte and leave rank 0 no piece of laye
 from __future__ import annotations
 
 import argparse
+import sys
 
 import torch
 import torch.distributed as dist
@@ -42,7 +43,9 @@ def main() -> None:
         optimizer.step()
     monitor.stop()
     if args.inner:  # the test reads what failed
-        print(f"rank {rank} errors {len(monitor.errors)}: {monitor.errors[0] if monitor.errors else ''}", flush=True)
+        first = monitor.errors[0].replace("\n", " ") if monitor.errors else ""
+        sys.stdout.write(f"rank {rank} errors {len(monitor.errors)}: {first}\n")  # one write: the ranks share stdout
+        sys.stdout.flush()
     elif monitor.errors:
         raise SystemExit(f"rank {rank}: monitor errors {monitor.errors}")
     print(f"rank {rank} done", flush=True)

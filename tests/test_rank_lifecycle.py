@@ -79,6 +79,7 @@ def test_mindspore_model_train_that_raises_tags_rank_0_failed(tmp_path, monkeypa
     from test_mindspore_callback import FailAtStep
 
     mlflow.set_tracking_uri(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    mlflow.set_experiment("Default")  # not the experiment an earlier test made current in another store
     monkeypatch.chdir(tmp_path)
     callback = GradProbeCallback(GradProbeConfig(dump_path=str(tmp_path / "dump")), silent=True)
     with pytest.raises(RuntimeError, match="the training failed"):
