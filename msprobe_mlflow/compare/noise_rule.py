@@ -206,7 +206,8 @@ class NoiseAwareJudge:
         for name, values in series.items():
             test = self._count_breaks if name in COUNT_SERIES else self._magnitude_breaks
             breaks[name], scores[name], centers[name] = test(name, places, values, numels)
-        recognised = self._recognise_noise(comparison, places, series, breaks)
+        tiny = _at_rounding_level(comparison) if "norm" in series else np.zeros(len(names), dtype=bool)
+        recognised = self._recognise_noise(comparison, places, series, breaks, tiny)
         noise = self._noise[places].copy()
         for i, found in recognised.items():
             noise[i] = found.kind
@@ -231,15 +232,15 @@ class NoiseAwareJudge:
         certain = "norm" in series and bool(np.any(
             breaks["norm"] & (np.abs(series["norm"] - centers["norm"]) > FIRST_STEPS_TOLERANCE)))
         # Gradients at rounding level move with any change anywhere: they come last even where nothing is noise.
-        last = {names[i] for i in np.flatnonzero(_at_rounding_level(comparison))} if "norm" in series else set()
+        last = {names[i] for i in np.flatnonzero(tiny)}
         return _Finding(step, summary_trip, sorted(best.values(), key=lambda t: (t.name in last, -t.score, t.name)),
                         pushes, certain,
                         any(np.any(found) for found in differs.values()),
                         {int(places[i]): found for i, found in recognised.items()})
 
-    def _recognise_noise(self, comparison, places, series, breaks) -> dict[int, SignNoise]:
+    def _recognise_noise(self, comparison, places, series, breaks, tiny) -> dict[int, SignNoise]:
         """The parameters (by index in this step) newly recognised as noise: whose gradient is at rounding level on
-        both sides and differs (whole), and, in the first steps, whose signs break while their norm agrees
+        both sides (``tiny``) and differs (whole), and, in the first steps, whose signs break while their norm agrees
         (signs). Runs that agreed bit for bit so far have no rounding between them: nothing of theirs is noise."""
         if comparison.statistics_a is None or comparison.statistics_b is None or self._agreed_bit_for_bit:
             return {}  # without statistics nothing tells noise from a bug: every break counts
@@ -247,7 +248,7 @@ class NoiseAwareJudge:
         numels = comparison.numels
         anti_aligned = series["direction"] > 0.5 + DEVIATIONS * _binomial_spread(np.full(len(numels), 0.5), numels)
         counted = breaks["direction"] | breaks.get("distribution", False)
-        whole = _at_rounding_level(comparison) & (counted | breaks["norm"])
+        whole = tiny & (counted | breaks["norm"])
         signs = counted & ~breaks["norm"] & ~anti_aligned & ~learnt
         recognised = {}
         for kind, found in ((WHOLE, whole), (SIGNS, signs & ~whole)):
