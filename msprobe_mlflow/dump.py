@@ -25,6 +25,7 @@ A run's ``grad_probe/`` artifacts mirror this tree, so the names and their parse
 from __future__ import annotations
 
 import csv
+import functools
 import io
 import json
 import math
@@ -35,9 +36,11 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
+
 from msprobe_mlflow.config import GradProbeConfig
 from msprobe_mlflow.directions import PACKED_FILE_NAME, write_npy, write_packed
-from msprobe_mlflow.levels import MD5_COLUMN
+from msprobe_mlflow.levels import LEVELS, MD5_COLUMN
 from msprobe_mlflow.records import StepRecord
 from msprobe_mlflow.safe_paths import atomic_write_bytes, confined_path, refuse_symlink
 
@@ -158,6 +161,38 @@ def csv_cells(values: list[str]) -> list[str]:
     return cells
 
 
+def summary_csv_bytes(record: StepRecord) -> bytes:
+    """``csv_text([record.csv_header(), *record.csv_rows()])``, built at once for the writer thread (which shares
+    the interpreter lock with training): numpy formats the numbers (its float64 text is Python's ``repr``), each
+    distinct value once (shares repeat), into the layout's text (:func:`_summary_template`)."""
+    numbers = record.numbers()
+    distinct, where = np.unique(numbers.view(np.int64), return_inverse=True)  # by bits: -0.0 apart from 0.0
+    cells = distinct.view(np.float64).astype(str)[where.reshape(numbers.shape)]
+    empty = [i for i, numel in enumerate(record.numels) if not numel]
+    if empty and record.share_columns:
+        cells[empty, :record.share_columns] = "0"
+    if LEVELS[record.level].has_md5:  # hex digits (``mix64:`` too): cells that are never quoted
+        cells = np.column_stack([np.array(record.md5, dtype=str).reshape(-1), cells])
+    template = _summary_template(tuple(record.csv_header()), tuple(record.names),
+                                 tuple(tuple(shape) for shape in record.shapes), cells.shape[1])
+    return template.format(*cells.ravel().tolist()).encode("utf-8-sig")
+
+
+@functools.lru_cache(maxsize=8)
+def _summary_template(header: tuple[str, ...], names: tuple[str, ...], shapes: tuple[tuple[int, ...], ...],
+                      changing: int) -> str:
+    """A layout's CSV text with ``{}`` for each of a row's ``changing`` cells (MD5, numbers): header, names and
+    shapes quoted as Python's ``csv`` quotes them, braces doubled for ``str.format``."""
+    def fixed(cells: list[str]) -> list[str]:
+        return [cell.replace("{", "{{").replace("}", "}}") for cell in cells]
+
+    lines = [",".join(fixed(csv_cells(list(header))))]
+    row_middle = ",{}" * changing
+    lines += [f"{name}{row_middle},{shape}" for name, shape in
+              zip(fixed(csv_cells(list(names))), fixed(csv_cells([str(list(shape)) for shape in shapes])))]
+    return "\r\n".join(lines) + "\r\n"
+
+
 def write_csv(path: Path, rows: list[list]) -> None:
     atomic_write_bytes(path, csv_text(rows))
 
@@ -183,7 +218,7 @@ def write_step(dump_path: str | os.PathLike, record: StepRecord, direction_forma
             write_npy(folder, record.names, record.shapes, record.directions)
             written.append(folder)
     csv_path = summary_csv_path(dump_path, record.rank, record.step)
-    write_csv(csv_path, [record.csv_header(), *record.csv_rows()])
+    atomic_write_bytes(csv_path, summary_csv_bytes(record))
     return [csv_path, *written]
 
 

@@ -13,7 +13,7 @@ import io
 import math
 import re
 
-from msprobe_mlflow.dump import SummaryTable, csv_text
+from msprobe_mlflow.dump import SummaryTable, summary_csv_bytes
 from msprobe_mlflow.levels import ZERO_COLUMN
 from msprobe_mlflow.records import StepRecord
 from msprobe_mlflow.statistics_table import EXTRA
@@ -107,7 +107,7 @@ def step_metrics(table: SummaryTable, rank: int, param_patterns: tuple[str, ...]
 
 def record_metrics(record: StepRecord, param_patterns: tuple[str, ...] = ()) -> dict[str, float]:
     """:func:`step_metrics` of a live record, read from the very CSV text the dump holds for it."""
-    text = csv_text([record.csv_header(), *record.csv_rows()]).decode("utf-8-sig")
+    text = summary_csv_bytes(record).decode("utf-8-sig")
     header, *rows = csv.reader(io.StringIO(text, newline=""))
     table = SummaryTable(f"rank{record.rank} step {record.step}", header, rows)
     return step_metrics(table, record.rank, param_patterns)

@@ -56,19 +56,33 @@ class StepRecord:
     def csv_header(self) -> list[str]:
         return csv_header(self.level, self.bounds, list(self.extra or ()))
 
+    @property
+    def share_columns(self) -> int:
+        """How many of a row's numbers are L2 shares (each bucket's, then ``=0``): 0 below L2."""
+        return len(self.bounds) + 2 if LEVELS[self.level].has_buckets else 0
+
+    def numbers(self) -> np.ndarray:
+        """Every row's numeric cells as one float64 matrix, a row per parameter: the shares (``count / numel``,
+        rounded alike by Python's and numpy's division; 0 for an empty parameter, which msprobe writes as the
+        integer ``0``), then ``max, min, norm``, then the extra statistics."""
+        columns = []
+        if self.share_columns:
+            numels = np.array(self.numels, np.float64)[:, None]
+            counts = np.column_stack([self.bucket_counts, self.zero_counts]).astype(np.float64)
+            columns.append(np.divide(counts, numels, out=np.zeros_like(counts), where=numels > 0))
+        columns.append(np.asarray(self.values, np.float64).reshape(len(self.names), 3))
+        columns += [np.asarray(values, np.float64).reshape(-1, 1) for values in (self.extra or {}).values()]
+        return np.hstack(columns)
+
     def csv_rows(self) -> list[list]:
         """Rows in msprobe's cell types: ``csv`` writes floats with ``repr`` and the shape as ``[2, 3]``."""
-        level = LEVELS[self.level]
+        md5 = LEVELS[self.level].has_md5
         rows = []
-        for i, (name, shape, numel) in enumerate(zip(self.names, self.shapes, self.numels)):
-            row = [name]
-            if level.has_md5:
-                row.append(self.md5[i])
-            if level.has_buckets:
-                counts = [*self.bucket_counts[i].tolist(), int(self.zero_counts[i])]
-                row += [count / numel if numel else 0 for count in counts]
-            extra = [float(values[i]) for values in (self.extra or {}).values()]
-            rows.append([*row, *(float(v) for v in self.values[i]), *extra, list(shape)])
+        for i, (name, shape, numel, numbers) in enumerate(zip(self.names, self.shapes, self.numels,
+                                                               self.numbers().tolist())):
+            if not numel:
+                numbers[:self.share_columns] = [0] * self.share_columns
+            rows.append([name, *([self.md5[i]] if md5 else []), *numbers, list(shape)])
         return rows
 
 
