@@ -274,16 +274,16 @@ def device_ops_per_step(workload: Workload) -> dict[str, int]:
     from torch.profiler import ProfilerActivity, profile as torch_profile
 
     from msprobe_mlflow.levels import LEVELS as LEVEL_TABLE
-    from msprobe_mlflow.pytorch.statistics import _device_statistics
+    from msprobe_mlflow.pytorch.statistics import StatisticsCache, _device_statistics
 
     gradients = workload.gradients
     norms = torch._foreach_norm(gradients)
     bounds = [np.float32(b) for b in BOUNDS]
-    counts = {}
+    counts, cache = {}, StatisticsCache()
     for level in LEVELS:
-        _device_statistics(gradients, norms, LEVEL_TABLE[level], bounds)()  # its buffer is made once, then reused
+        _device_statistics(gradients, norms, LEVEL_TABLE[level], bounds, cache=cache)()  # its buffer made once
         with torch_profile(activities=[ProfilerActivity.CPU]) as profiler:
-            _device_statistics(gradients, norms, LEVEL_TABLE[level], bounds)
+            _device_statistics(gradients, norms, LEVEL_TABLE[level], bounds, cache=cache)
         counts[level] = sum(1 for event in profiler.events() if event.cpu_parent is None)
     return counts
 

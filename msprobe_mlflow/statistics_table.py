@@ -17,8 +17,8 @@ norm is float32, rounded to a bf16/fp16 gradient's dtype, as ``torch._foreach_no
 have a hand-written kernel per backend (the CPU's numba kernel, the accelerator's row buffer, the sharded partials,
 MindSpore's graph) for speed and torch's exact bits.
 
-:data:`EXTRA` statistics are generic and opt-in (``StatisticsLayout(extra=names)``, off by default, so msprobe's
-CSVs stay byte-identical): each backend maps every element with ``element`` (written with operators numpy, torch
+:data:`EXTRA` statistics are generic and opt-in (the monitors' ``statistics=["mean", "abs_mean"]``, off by default,
+so msprobe's CSVs stay byte-identical): each backend maps every element with ``element`` (written with operators numpy, torch
 and MindSpore share: ``abs``, ``*``, comparisons) and reduces with ``reduction`` (sum, max, min: per row, shard,
 device, then over them), into the layout's ``extra`` section; the record applies ``finish`` and writes the column
 ``name`` after ``norm``; the metrics sum it up over parameters with ``summary``. Adding one is an entry here and
@@ -92,7 +92,21 @@ class Statistic:
         return float(np.max(mapped) if self.reduction == "max" else np.min(mapped))
 
 
+def _value(x):
+    return x
+
+
+def _absolute(x):
+    return abs(x)
+
+
+def _per_element(reduced: float, numel: int) -> float:
+    return reduced / numel if numel else math.nan
+
+
 EXTRA: dict[str, Statistic] = {statistic.name: statistic for statistic in (
+    Statistic("mean", _value, "sum", finish=_per_element),  # msprobe's monitor's "mean"
+    Statistic("abs_mean", _absolute, "sum", finish=_per_element),  # the gradient's typical size, sign aside
 )}
 
 

@@ -140,7 +140,7 @@ def test_the_check_keeps_only_buckets_whose_gradients_are_unchanged_since_comput
     monkeypatch.setattr(overlap, "BUCKET_ELEMENTS", 1)
     model = Model()
     parameters = list(model.layers.parameters())
-    with_signs = (overlap.step_level("L2", True), [torch.tensor(b).float().numpy() for b in (-1.0, 0.0, 1.0)])
+    with_signs = (overlap.step_level("L2", True), [torch.tensor(b).float().numpy() for b in (-1.0, 0.0, 1.0)], ())
     early = overlap.EarlyStatistics(parameters, lambda: with_signs)
 
     def nan_into(parameter):  # a NaN gradient is never trusted, whether the worker computed before the NaN or after
@@ -164,7 +164,7 @@ def test_the_check_keeps_only_buckets_whose_gradients_are_unchanged_since_comput
     assert usable() == [4, 5]
     early.close()
     nan_after_ours.remove()
-    early = overlap.EarlyStatistics(parameters, lambda: (overlap.step_level("L2", False), with_signs[1]))
+    early = overlap.EarlyStatistics(parameters, lambda: (overlap.step_level("L2", False), with_signs[1], ()))
     loss_of(model, torch.Generator().manual_seed(2)).backward()  # accumulated into the same gradients
     buckets, grads = early.take(), [p.grad for p in parameters]
     assert usable(directions=False) == [0, 1, 2, 4, 5] and usable(directions=True) == []  # 3: NaN still

@@ -7,7 +7,7 @@ import torch
 from gradient_expectations import INF, NAN, ROUND_TO, assert_row, expected_row, read_rows
 from msprobe_mlflow.directions import read_step_directions
 from msprobe_mlflow.dump import write_step
-from msprobe_mlflow.pytorch.statistics import launch_step_statistics
+from msprobe_mlflow.pytorch.statistics import StatisticsCache, launch_step_statistics
 
 CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 DEVICES = ["cpu", pytest.param("cuda", marks=CUDA)]
@@ -99,10 +99,10 @@ def test_l0_on_the_cpu_hashes_the_gradients_in_place_without_a_snapshot(tmp_path
     import hashlib
     from msprobe_mlflow.pytorch import statistics
 
-    def no_snapshot(size):
+    def no_snapshot(cache, size):
         raise AssertionError(f"a snapshot of {size} elements was taken")
 
-    monkeypatch.setattr(statistics, "_snapshot_buffer", no_snapshot)
+    monkeypatch.setattr(statistics.StatisticsCache, "snapshot_buffer", no_snapshot)
     values = [np.linspace(-1, 1, 100_003, dtype=np.float32), GRADIENTS["weight"], np.float64([0.1, -2.0])]
     grads = [torch.from_numpy(v.copy()) for v in values] + [torch.from_numpy(GRADIENTS["weight"].copy()).t()]
     expected = [hashlib.md5(np.ascontiguousarray(v, "<f4").tobytes()).hexdigest()
@@ -118,11 +118,12 @@ def test_launching_a_step_never_synchronises_the_training_thread_with_cuda(level
     grads = [torch.randn(256, 256, device="cuda"), torch.randn(7, device="cuda").bfloat16(),
              torch.zeros(0, device="cuda"), torch.tensor(2.0, device="cuda")]
     names = ["a", "b", "c", "d"]
-    launch_step_statistics(names, grads, rank=0, step=0, level=level, bounds=BOUNDS)()  # warm caches
+    cache = StatisticsCache()
+    launch_step_statistics(names, grads, rank=0, step=0, level=level, bounds=BOUNDS, cache=cache)()  # warm caches
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error")  # any stream/device synchronisation raises
     try:
-        pending = launch_step_statistics(names, grads, rank=0, step=1, level=level, bounds=BOUNDS)
+        pending = launch_step_statistics(names, grads, rank=0, step=1, level=level, bounds=BOUNDS, cache=cache)
     finally:
         torch.cuda.set_sync_debug_mode(0)
     record = pending()

@@ -13,6 +13,7 @@ from msprobe_mlflow.monitoring.directions_schedule import TierOptions
 from msprobe_mlflow.sinks import StepSink
 from msprobe_mlflow.sinks.anomalies import AnomalyOptions
 from msprobe_mlflow.sinks.baseline import BaselineOptions
+from msprobe_mlflow.statistics_table import EXTRA, extra_statistics
 from msprobe_mlflow.tracking.options import TrackingOptions
 
 # Each group's fields are its keywords (``tracking_uri`` is both MLflow's and the baseline run's: one keyword).
@@ -36,6 +37,9 @@ class MonitorOptions:
       the ``msprobe_mlflow`` logger only, no warnings.
     - ``overlap`` (the PyTorch monitor's only; None: its default, on): statistics computed during backward where
       that is exact (``msprobe_mlflow.pytorch.overlap``); False: all at ``step()``.
+    - ``statistics``: opt-in columns after ``norm`` in the summary CSV, and their run metrics (names from
+      :data:`msprobe_mlflow.statistics_table.EXTRA`: ``mean``, ``abs_mean``); none by default, so the CSVs stay
+      msprobe's byte for byte.
 
     The keywords are the groups' field names and these (``docs/options.md``); a config-dependent check (the tier's
     combination, a baseline at a level without directions) comes when applied to a config (:meth:`applied_to`).
@@ -50,6 +54,7 @@ class MonitorOptions:
     sinks: tuple[StepSink, ...] = ()
     silent: bool = False
     overlap: bool | None = None
+    statistics: tuple[str, ...] = ()
 
     def __post_init__(self):
         for name, kind in GROUPS.items():
@@ -65,6 +70,11 @@ class MonitorOptions:
             raise ValueError(f"sinks = {self.sinks!r} is not accepted; expected a list of objects with handle(record), "
                              f"flush() and close()")
         object.__setattr__(self, "sinks", tuple(self.sinks))
+        if not isinstance(self.statistics, (list, tuple)) or not all(isinstance(n, str) for n in self.statistics):
+            raise ValueError(f"statistics = {self.statistics!r} is not accepted; expected a list of names, some of: "
+                             f"{', '.join(EXTRA)}")
+        extra_statistics(self.statistics)  # an unknown name is refused, naming those accepted
+        object.__setattr__(self, "statistics", tuple(dict.fromkeys(self.statistics)))
         live = self.live_verdict
         if live is not None and live.tracking_uri is None and self.tracking.tracking_uri is not None:
             object.__setattr__(self, "live_verdict", replace(live, tracking_uri=self.tracking.tracking_uri))

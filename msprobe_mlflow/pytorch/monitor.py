@@ -32,7 +32,7 @@ from msprobe_mlflow.pytorch.distributed import current_rank, shared_run_id, summ
 from msprobe_mlflow.pytorch.overlap import EarlyStatistics, launch_with_early, step_level, usable_parts, why_off
 from msprobe_mlflow.pytorch.fsdp1 import FlatSlot, fsdp1_named_parameters, has_fsdp1
 from msprobe_mlflow.pytorch.sharded import FlatPiece, has_sharded, launch_sharded_statistics
-from msprobe_mlflow.pytorch.statistics import launch_step_statistics, release_caches
+from msprobe_mlflow.pytorch.statistics import StatisticsCache, launch_step_statistics
 from msprobe_mlflow.session import RankPolicy
 from msprobe_mlflow.vocabulary import FAILED_STEPS_TAG, OVERLAP_TAG, RECORDED_TAG, TAG_RANGES_LIMIT, rank_tag
 
@@ -67,6 +67,7 @@ class GradientMonitor(SessionMonitor):
         self._probed_steps = 0
         self._recorded_early: int | None = None  # the step record_gradients() already recorded
         self._unsupported: str | None = None  # why this model's gradients cannot be recorded: each probe fails
+        self._cache = StatisticsCache()  # the buffers its steps reuse, released at stop()
 
     def monitor(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None) -> "GradientMonitor":
         """Starts probing ``model``'s gradients at each ``optimizer.step()``.
@@ -122,7 +123,7 @@ class GradientMonitor(SessionMonitor):
         if step is None or not self.config.wants_step(step):
             return None
         level = step_level(self.config.level, self.directions_schedule.wants(step))
-        return level, [np.float32(b) for b in self.config.bounds]
+        return level, [np.float32(b) for b in self.config.bounds], self.options.statistics
 
     def _owns_model_parameters(self, optimizer: torch.optim.Optimizer) -> bool:
         watched = {id(p) for _, p, _ in self._parameters}
@@ -224,11 +225,13 @@ class GradientMonitor(SessionMonitor):
             parts = usable_parts(buckets, indices, originals, directions) if buckets else []
             self.early_gradients += sum(len(positions) for positions, _ in parts)
             pending = launch_with_early(names, grads, parts, rank=rank, step=step, level=self.config.level,
-                                        bounds=self.config.bounds, directions=directions)
+                                        bounds=self.config.bounds, directions=directions,
+                                        extra=self.options.statistics, cache=self._cache)
         else:
             launch = launch_sharded_statistics if sharded else launch_step_statistics
             pending = launch(names, grads, rank=rank, step=step, level=self.config.level, bounds=self.config.bounds,
-                             checksum=self.config.checksum, directions=directions)
+                             checksum=self.config.checksum, directions=directions, extra=self.options.statistics,
+                             cache=self._cache)
         if writes:
             self._probed_steps += 1
             self._session.submit(pending)
@@ -272,7 +275,7 @@ class GradientMonitor(SessionMonitor):
                 self.notices.warn(f"every probed step ({self._probed_steps}) failed, nothing was recorded; first "
                                   f"failure: {self._probe_failures[0]}")
             self._session.close()
-            release_caches()
+            self._cache.release()
 
 
 class PrecisionDebugger:

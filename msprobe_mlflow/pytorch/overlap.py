@@ -38,8 +38,9 @@ import torch
 from msprobe_mlflow.compat import foreach_norm, tensor_version
 from msprobe_mlflow.layout import EXTREMES, StatisticsLayout
 from msprobe_mlflow.levels import LEVELS, Level
-from msprobe_mlflow.pytorch.statistics import _launch_group, launch_step_statistics
+from msprobe_mlflow.pytorch.statistics import StatisticsCache, _launch_group, launch_step_statistics
 from msprobe_mlflow.records import StepRecord, record_from_statistics
+from msprobe_mlflow.statistics_table import extra_statistics
 
 MIN_AVERAGE_ELEMENTS = 1 << 14  # per gradient: a hook costs ~10 us of Python, the kernel that many elements' time
 BUCKET_ELEMENTS = 1 << 21  # a bucket goes to the worker once its gradients hold this many elements (8 MB float32)
@@ -90,6 +91,7 @@ class _Bucket:
 
     level: Level
     bounds32: list
+    extra: tuple = ()  # the opt-in statistics' names
     members: list = field(default_factory=list)  # (parameter index, grad, grad._version, grad.data_ptr())
     elements: int = 0
     result: tuple | None = None  # (statistics, signs, values) as _launch_group gives them; None: failed
@@ -98,22 +100,24 @@ class _Bucket:
     def compute(self) -> None:
         try:
             with torch.no_grad():
-                self.result = _launch_group([grad for _, grad, _, _ in self.members], self.level, self.bounds32)()
+                self.result = _launch_group([grad for _, grad, _, _ in self.members], self.level, self.bounds32,
+                                            extra=extra_statistics(self.extra))()
         except Exception:  # computed again at step(), where a failure is reported as every probe failure is
             self.result = None
         finally:
             self.done.set()
 
     def norms(self) -> np.ndarray:
-        layout = StatisticsLayout(self.level, self.bounds32, [grad.numel() for _, grad, _, _ in self.members])
+        layout = StatisticsLayout(self.level, self.bounds32, [grad.numel() for _, grad, _, _ in self.members],
+                                  extra=self.extra)
         return layout.split(self.result[0])[EXTREMES][:, 2].astype(np.float32)
 
 
 class EarlyStatistics:
     """Post-accumulate-grad hooks on ``parameters`` and the worker thread computing their buckets.
 
-    ``settings()`` (called in the hooks) gives ``(level, bounds32)`` for the step the coming ``step()`` records, or
-    None when nothing is to be computed early (a step not probed, a closure already probed)."""
+    ``settings()`` (called in the hooks) gives ``(level, bounds32, extra)`` for the step the coming ``step()``
+    records, or None when nothing is to be computed early (a step not probed, a closure already probed)."""
 
     def __init__(self, parameters: list[torch.nn.Parameter], settings: Callable[[], tuple | None]):
         self._settings = settings
@@ -146,7 +150,7 @@ class EarlyStatistics:
             if passes < self._expected_passes:  # an earlier micro-batch: its gradient will be added to
                 return
             bucket = self._open
-            if bucket is None or (bucket.level, bucket.bounds32) != settings:
+            if bucket is None or (bucket.level, bucket.bounds32, bucket.extra) != settings:
                 self._submit()
                 bucket = self._open = _Bucket(*settings)
             bucket.members.append((index, grad, tensor_version(grad), grad.data_ptr()))
@@ -240,24 +244,26 @@ def step_level(level: str, directions: bool) -> Level:
 
 
 def launch_with_early(names: list[str], grads: list[torch.Tensor], parts: list, *, rank: int, step: int,
-                      level: str, bounds: tuple, directions: bool) -> Callable[[], StepRecord]:
+                      level: str, bounds: tuple, directions: bool, extra=(),
+                      cache: StatisticsCache | None = None) -> Callable[[], StepRecord]:
     """:func:`launch_step_statistics` for CPU gradients some of which ``parts`` (from :func:`usable_parts`) already
     hold: the others are computed now, the whole merged into parameter order on the writer thread."""
     if not parts:
         return launch_step_statistics(names, grads, rank=rank, step=step, level=level, bounds=bounds,
-                                      directions=directions)
+                                      directions=directions, extra=extra, cache=cache)
     recorded = step_level(level, directions)
     covered = {k for positions, _ in parts for k in positions}
     rest = [k for k in range(len(grads)) if k not in covered]
     if rest:
         bounds32 = [np.float32(b) for b in bounds]
-        parts = parts + [(rest, _launch_group([grads[k] for k in rest], recorded, bounds32)())]
-    layout = StatisticsLayout(recorded, bounds, [g.numel() for g in grads])
+        parts = parts + [(rest, _launch_group([grads[k] for k in rest], recorded, bounds32,
+                                              extra=extra_statistics(extra))())]
+    layout = StatisticsLayout(recorded, bounds, [g.numel() for g in grads], extra=extra)
     shapes = [g.shape for g in grads]
 
     def resolve() -> StepRecord:
         statistics, signs, _ = layout.merge(parts)
         return record_from_statistics(rank=rank, step=step, level=level, bounds=bounds, names=names, shapes=shapes,
-                                      statistics=statistics, signs=signs, directions=directions)
+                                      statistics=statistics, signs=signs, directions=directions, extra=extra)
 
     return resolve

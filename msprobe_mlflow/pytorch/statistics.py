@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import threading
 import warnings
 from dataclasses import dataclass
 from typing import Callable
@@ -73,7 +72,7 @@ def _padded(vector: torch.Tensor) -> list[torch.Tensor]:
 
 def launch_step_statistics(names: list[str], grads: list[torch.Tensor], *, rank: int, step: int, level: str,
                            bounds: tuple, directions: bool = True, checksum: str = "md5",
-                           extra=()) -> Callable[[], StepRecord]:
+                           extra=(), cache: "StatisticsCache | None" = None) -> Callable[[], StepRecord]:
     """Computes (CPU) or queues (other devices) the statistics of ``grads``; returns the pending step.
 
     The flat result is laid out as :class:`msprobe_mlflow.layout.StatisticsLayout` says: ``max, min, norm`` per
@@ -86,7 +85,8 @@ def launch_step_statistics(names: list[str], grads: list[torch.Tensor], *, rank:
     them to the host for MD5; it takes the device path on the CPU too. MD5 of gradients that are all on the CPU is
     computed here, on the training thread while torch waits (over its threads), reading the gradients in place:
     no model-sized snapshot, and no hashing left to compete with the next steps. ``extra``: the names of opt-in
-    statistics (:mod:`msprobe_mlflow.statistics_table`) to compute too.
+    statistics (:mod:`msprobe_mlflow.statistics_table`) to compute too. ``cache``: the buffers reused from step to
+    step (a monitor's own; None: made for this call only).
     """
     if checksum not in CHECKSUMS:
         raise ValueError(f"checksum = {checksum!r} is not accepted; expected one of {', '.join(CHECKSUMS)}")
@@ -94,6 +94,7 @@ def launch_step_statistics(names: list[str], grads: list[torch.Tensor], *, rank:
     device_checksum = checksum == "mix64" and recorded.has_md5
     layout = StatisticsLayout(recorded, bounds, [g.numel() for g in grads], device_checksum, extra)
     bounds32, statistics = float32_bounds(bounds), extra_statistics(extra)
+    cache = cache or StatisticsCache()
     by_device: dict[torch.device, list[int]] = {}
     for index, grad in enumerate(grads):
         by_device.setdefault(grad.device, []).append(index)
@@ -101,7 +102,8 @@ def launch_step_statistics(names: list[str], grads: list[torch.Tensor], *, rank:
     if recorded.has_md5 and not device_checksum and list(by_device) == [torch.device("cpu")]:
         digests = fused.md5_digests([_host_array(g) for g in grads])  # in place, before the optimizer writes
         recorded = dataclasses.replace(recorded, has_md5=False)  # so no snapshot is taken
-    pending = [(indices, _launch_group([grads[i] for i in indices], recorded, bounds32, device_checksum, statistics))
+    pending = [(indices, _launch_group([grads[i] for i in indices], recorded, bounds32, device_checksum, statistics,
+                                           cache))
                for indices in by_device.values()]
 
     def resolve() -> StepRecord:
@@ -115,19 +117,19 @@ def launch_step_statistics(names: list[str], grads: list[torch.Tensor], *, rank:
                                         float32_values=float32_values, checksum=device_checksum,
                                         directions=directions, md5=digests, extra=extra)
         for _, (_, _, snapshot) in parts:  # hashed: the host snapshots can serve the next steps
-            release_snapshot(snapshot)
+            cache.release_snapshot(snapshot)
         return record
 
     return resolve
 
 
 def _launch_group(grads: list[torch.Tensor], level: Level, bounds32, checksum: bool = False,
-                  extra: tuple[Statistic, ...] = ()) -> Callable[[], tuple]:
+                  extra: tuple[Statistic, ...] = (), cache: "StatisticsCache | None" = None) -> Callable[[], tuple]:
     """Statistics of gradients that share a device: computed now on the CPU, queued on an accelerator."""
     if grads[0].device.type == "cpu" and not checksum:
-        computed = _host_statistics(grads, level, bounds32, extra)
+        computed = _host_statistics(grads, level, bounds32, extra, cache)
         return lambda: computed
-    return _device_statistics(grads, foreach_norm(grads), level, bounds32, checksum, extra)
+    return _device_statistics(grads, foreach_norm(grads), level, bounds32, checksum, extra, cache)
 
 
 def _refuse_non_floating(grad: torch.Tensor) -> None:
@@ -145,7 +147,8 @@ def _host_array(grad: torch.Tensor) -> np.ndarray:
     return _comparable(grad).detach().numpy().reshape(-1)
 
 
-def _host_statistics(grads, level, bounds32, extra: tuple[Statistic, ...] = ()):
+def _host_statistics(grads, level, bounds32, extra: tuple[Statistic, ...] = (),
+                     cache: "StatisticsCache | None" = None):
     """The CPU path: :mod:`msprobe_mlflow.pytorch.fused` reads each gradient once (zero-copy numpy views; bf16
     and fp16 are compared in float32), computing max, min, the norm, the L2 counts and the sign bits together.
     The norms it cannot give bit for bit as torch's (bf16/fp16/float64, non-contiguous) come from torch. Opt-in
@@ -167,60 +170,58 @@ def _host_statistics(grads, level, bounds32, extra: tuple[Statistic, ...] = ()):
     statistics = np.concatenate(layout.in_order({EXTREMES: head, CUMULATIVE_COUNTS: counts, EXTRA: extras}))
     float32_values = None
     if level.has_md5:  # a snapshot: the optimizer may change the gradients before the writer hashes them
-        float32_values = _snapshot_buffer(layout.values_length)
+        float32_values = (cache or StatisticsCache()).snapshot_buffer(layout.values_length)
         for array, piece in zip(arrays, layout.value_slices()):
             float32_values[piece] = array
     return statistics, signs, float32_values
 
 
-_free_snapshots: list[np.ndarray] = []
-SNAPSHOTS_KEPT = 2  # one hashed by the writer while the next step fills the other
+class StatisticsCache:
+    """What one monitor's statistics keep from step to step: the gradient-sized row buffers of the device path and
+    the model-sized L0 host snapshots. Owned by the monitor, made as its first steps need them, and dropped at its
+    ``stop()`` (:meth:`release`): nothing gradient-sized outlives a monitor, and two monitors never share one. (The
+    few-byte device constants of :func:`_device_constant` are shared by all: no gradient memory.)"""
 
+    SNAPSHOTS_KEPT = 2  # one hashed by the writer while the next step fills the other
+    ROW_BUFFERS_KEPT = 8  # shapes that change every step (rare) must not pile up buffers
 
-def _snapshot_buffer(size: int) -> np.ndarray:
-    """A float32 buffer of ``size`` elements for an L0 snapshot: a view of a buffer the writer has hashed (see
-    ``release_snapshot``) when one is large enough; a fresh buffer of the model's size costs page faults worth
-    hundreds of milliseconds, seconds on some virtual machines."""
-    for index, buffer in enumerate(_free_snapshots):
-        if buffer.size >= size:
-            return _free_snapshots.pop(index)[:size]
-    return np.empty(size, np.float32)
+    def __init__(self):
+        self.row_buffers: dict[tuple, _RowBuffer] = {}
+        self.free_snapshots: list[np.ndarray] = []
 
+    def snapshot_buffer(self, size: int) -> np.ndarray:
+        """A float32 buffer of ``size`` elements for an L0 snapshot: a view of a buffer the writer has hashed (see
+        :meth:`release_snapshot`) when one is large enough; a fresh buffer of the model's size costs page faults
+        worth hundreds of milliseconds, seconds on some virtual machines."""
+        for index, buffer in enumerate(self.free_snapshots):
+            if buffer.size >= size:
+                return self.free_snapshots.pop(index)[:size]
+        return np.empty(size, np.float32)
 
-def release_snapshot(buffer: np.ndarray | None) -> None:
-    if buffer is not None and len(_free_snapshots) < SNAPSHOTS_KEPT:
-        _free_snapshots.append(buffer if buffer.base is None else buffer.base)
+    def release_snapshot(self, buffer: np.ndarray | None) -> None:
+        """Hands back a hashed snapshot for the next steps."""
+        if buffer is not None and len(self.free_snapshots) < self.SNAPSHOTS_KEPT:
+            self.free_snapshots.append(buffer if buffer.base is None else buffer.base)
 
+    def row_buffer(self, grads: list[torch.Tensor]) -> "_RowBuffer":
+        """The row buffer of these gradients' device, dtype and shapes, made once."""
+        key = (grads[0].device, grads[0].dtype, tuple(tuple(g.shape) for g in grads))
+        if key not in self.row_buffers:
+            if len(self.row_buffers) >= self.ROW_BUFFERS_KEPT:
+                self.row_buffers.clear()
+            self.row_buffers[key] = _RowBuffer.of(grads)
+        return self.row_buffers[key]
 
-def prepare_snapshots(size: int) -> threading.Thread:
-    """Faults in the L0 snapshot buffers (``size`` elements: every probed gradient) on a thread of its own, as
-    monitoring starts, so that the first probed steps do not pay for it on the training thread (``fill`` releases
-    the GIL). Returns the thread."""
-    def prepare() -> None:
-        for _ in range(SNAPSHOTS_KEPT - len(_free_snapshots)):
-            buffer = np.empty(size, np.float32)
-            buffer.fill(0)
-            release_snapshot(buffer)
+    def release(self) -> None:
+        self.row_buffers.clear()
+        self.free_snapshots.clear()
 
-    thread = threading.Thread(target=prepare, name="msprobe-mlflow-l0-snapshots", daemon=True)
-    thread.start()
-    return thread
-
-
-def release_caches() -> None:
-    """Drops what the statistics keep between steps (the small device constants, the gradient-sized row buffers,
-    the L0 host snapshots): a monitor's ``stop()`` calls it, and the next monitor makes them again at its first step.
-    What torch.compile made, and where it failed, stays: neither holds gradient memory."""
-    _constants.clear()
-    _row_buffers.clear()
-    _free_snapshots.clear()
-
-
-def cached_bytes() -> int:
-    """The bytes :func:`release_caches` frees (each row buffer's tensors; its ``targets`` are views of ``flat``)."""
-    tensors = [*_constants.values(), *(getattr(buffer, f.name) for buffer in _row_buffers.values()
-                                       for f in dataclasses.fields(buffer) if f.name != "targets")]
-    return sum(t.nbytes for t in tensors if isinstance(t, torch.Tensor)) + sum(b.nbytes for b in _free_snapshots)
+    def nbytes(self) -> int:
+        """The bytes :meth:`release` frees (each row buffer's tensors; its ``targets`` are views of ``flat``)."""
+        tensors = [getattr(buffer, f.name) for buffer in self.row_buffers.values()
+                   for f in dataclasses.fields(buffer) if f.name != "targets"]
+        return sum(t.nbytes for t in tensors if isinstance(t, torch.Tensor)) + \
+            sum(b.nbytes for b in self.free_snapshots)
 
 
 ROW = 512  # elements: the device buffer's rows; each gradient starts a row, so a row's statistics are one gradient's
@@ -240,21 +241,14 @@ class _RowBuffer:
     empty: torch.Tensor  # bool per gradient
     starts: list[int]  # where each gradient starts in ``flat``
 
-
-_row_buffers: dict[tuple, _RowBuffer] = {}
-
-
-def _row_buffer(grads: list[torch.Tensor]) -> _RowBuffer:
-    key = (grads[0].device, grads[0].dtype, tuple(tuple(g.shape) for g in grads))
-    if key not in _row_buffers:
-        if len(_row_buffers) >= 8:  # shapes that change every step (rare) must not pile up buffers
-            _row_buffers.clear()
+    @classmethod
+    def of(cls, grads: list[torch.Tensor]) -> "_RowBuffer":
         numels = [g.numel() for g in grads]
         rows = [-(-n // ROW) for n in numels]
         starts = np.concatenate([[0], np.cumsum(rows)[:-1]]).astype(np.int64) * ROW
         flat = torch.empty(sum(rows) * ROW, dtype=grads[0].dtype, device=grads[0].device)
         valid = np.concatenate([np.minimum(ROW, n - ROW * np.arange(r)) for n, r in zip(numels, rows)] + [[]])
-        _row_buffers[key] = _RowBuffer(
+        return cls(
             flat=flat, targets=[flat[start:start + n].view(g.shape) for start, n, g in zip(starts, numels, grads)],
             row_valid=_copied_to(flat.device, valid.astype(np.int32), torch.int32),
             row_counts=_copied_to(flat.device, rows, torch.int64),
@@ -263,7 +257,6 @@ def _row_buffer(grads: list[torch.Tensor]) -> _RowBuffer:
                                        torch.int64),
             empty=_copied_to(flat.device, [n == 0 for n in numels], torch.bool),
             starts=[int(start) for start in starts])
-    return _row_buffers[key]
 
 
 _SPLITMIX64 = [c - (1 << 64) for c in (0x9E3779B97F4A7C15, 0xBF58476D1CE4E5B9, 0x94D049BB133111EB)]  # as int64
@@ -354,13 +347,14 @@ def _fused_row_statistics(flat: torch.Tensor, *args) -> tuple:
 
 
 def _device_statistics(grads, norms, level, bounds32, checksum: bool = False,
-                       extra: tuple[Statistic, ...] = ()) -> Callable[[], tuple]:
+                       extra: tuple[Statistic, ...] = (), cache: StatisticsCache | None = None) -> Callable[[], tuple]:
     """Any other device: the gradients of each dtype are copied into one reused buffer (one ``_foreach_copy_``),
     reduced per row by :func:`_row_statistics`, then per gradient over its rows (``segment_reduce``,
     ``scatter_reduce_``); each
     result is copied to the host asynchronously. The ops dispatched per step do not grow with the number of
     gradients. Each gradient's packed signs (and L0 values) are cut out of its rows on the writer thread."""
     layout = StatisticsLayout(level, bounds32, [g.numel() for g in grads], checksum, [s.name for s in extra])
+    cache = cache or StatisticsCache()
     groups: dict[torch.dtype, list[int]] = {}
     for index, grad in enumerate(grads):
         _refuse_non_floating(grad)
@@ -368,7 +362,7 @@ def _device_statistics(grads, norms, level, bounds32, checksum: bool = False,
     pending = []
     for indices in groups.values():
         members = [grads[i] for i in indices]
-        buffer = _row_buffer(members)
+        buffer = cache.row_buffer(members)
         torch._foreach_copy_(buffer.targets, members)
         maxima, minima, has_nan, counts, bits, checksums, extras = _fused_row_statistics(
             buffer.flat, buffer.row_valid, buffer.row_first_index, tuple(map(float, bounds32)), level.has_buckets,

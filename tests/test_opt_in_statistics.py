@@ -1,0 +1,96 @@
+"""The monitors' ``statistics=`` option: the opt-in columns of the statistic table (``mean``, ``abs_mean``) in the
+summary CSV after ``norm``, and their metrics, on PyTorch with the overlap on and off (and MindSpore, real), against
+numpy's means of the gradients the optimizer applied; none by default (msprobe's columns, byte for byte)."""
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from msprobe_mlflow import MonitorOptions
+from msprobe_mlflow.config import GradProbeConfig
+from msprobe_mlflow.dump import read_summary, summary_csv_path
+from msprobe_mlflow.pytorch import GradientMonitor, overlap as overlap_module
+
+STATISTICS = ["mean", "abs_mean"]
+
+
+def expected_columns(grads: dict[str, np.ndarray]) -> dict[str, list[float]]:
+    values = [g.astype(np.float64).reshape(-1) for g in grads.values()]
+    return {"mean": [float(np.float32(v.mean())) for v in values],
+            "abs_mean": [float(np.float32(np.abs(v).mean())) for v in values]}
+
+
+def train_torch(dump, overlap: bool, monkeypatch, statistics=STATISTICS, steps: int = 3) -> list[dict]:
+    """Each step's gradients as the optimizer saw them (numpy), in parameter order."""
+    if overlap:  # this small model on a 2-core machine: forced on, as the overlap's own tests do
+        monkeypatch.setattr(overlap_module, "MIN_AVERAGE_ELEMENTS", 0)
+        monkeypatch.setattr(overlap_module, "cores_left_to_a_worker", lambda: 1)
+        monkeypatch.setattr(overlap_module, "BUCKET_ELEMENTS", 1)
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(6, 5), torch.nn.Tanh(), torch.nn.Linear(5, 3))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    seen = []
+    optimizer.register_step_pre_hook(lambda *_: seen.append(
+        {n: p.grad.detach().numpy().copy() for n, p in model.named_parameters()}))
+    monitor = GradientMonitor(GradProbeConfig(dump_path=str(dump), level="L2", bounds=[-0.1, 0, 0.1]),
+                              log_to_mlflow=False, metrics_file=True, overlap=overlap, statistics=statistics)
+    with monitor.monitor(model, optimizer):
+        for step in range(steps):
+            optimizer.zero_grad()
+            model(torch.linspace(-2, 2, 8 * 6).reshape(8, 6) * (step + 1)).pow(2).mean().backward()
+            optimizer.step()
+    assert monitor.errors == [] and monitor.overlap == ("on" if overlap else "off: overlap=False")
+    return seen
+
+
+@pytest.mark.parametrize("overlap", [True, False], ids=["overlap", "at-step"])
+def test_the_opt_in_columns_hold_each_gradients_mean_and_their_metrics_the_models(tmp_path, monkeypatch, overlap):
+    seen = train_torch(tmp_path, overlap, monkeypatch)
+    lines = [json.loads(line) for line in (tmp_path / "rank0" / "metrics.jsonl").read_text().splitlines()]
+    for step, grads in enumerate(seen):
+        table = read_summary(summary_csv_path(tmp_path, 0, step))
+        assert table.header[-4:] == ["norm", *STATISTICS, "shape"]
+        for name, expected in expected_columns(grads).items():
+            assert table.numbers(name) == pytest.approx(expected, rel=1e-6, abs=1e-12)
+        everything = np.concatenate([g.astype(np.float64).reshape(-1) for g in grads.values()])
+        assert lines[step]["mean"] == pytest.approx(everything.mean(), rel=1e-5)  # element-weighted over parameters
+        assert lines[step]["abs_mean"] == pytest.approx(np.abs(everything).mean(), rel=1e-5)
+
+
+def test_without_the_option_the_csv_has_msprobes_columns_and_no_such_metric(tmp_path, monkeypatch):
+    train_torch(tmp_path, False, monkeypatch, statistics=[], steps=1)
+    table = read_summary(summary_csv_path(tmp_path, 0, 0))
+    assert not set(STATISTICS) & set(table.header) and table.header[-2:] == ["norm", "shape"]
+    line = json.loads((tmp_path / "rank0" / "metrics.jsonl").read_text())
+    assert not set(STATISTICS) & set(line)
+
+
+@pytest.mark.parametrize("statistics, refused", [
+    (["median"], "statistics ['median'] are not known; expected some of: mean, abs_mean"),
+    ("mean", "statistics = 'mean' is not accepted; expected a list of names, some of: mean, abs_mean"),
+])
+def test_an_unknown_statistic_is_refused_naming_those_accepted(statistics, refused):
+    with pytest.raises(ValueError) as error:
+        MonitorOptions.of(statistics=statistics)
+    assert str(error.value) == refused
+
+
+def test_mindspores_monitor_writes_the_same_columns(tmp_path):
+    pytest.importorskip("mindspore", reason="MindSpore is not installed (the torch-only stage)")
+    from mindspore_training import STEPS, batches, dense, numpy_gradients, sgd_model
+    from msprobe_mlflow.mindspore import GradProbeCallback
+
+    callback = GradProbeCallback({"task": "grad_probe", "dump_path": str(tmp_path), "grad_probe": {"grad_level": "L1"}},
+                                 log_to_mlflow=False, statistics=STATISTICS)
+    sgd_model(dense()).train(1, batches(), callbacks=[callback], dataset_sink_mode=False)
+    assert callback.monitor.errors == []
+    for step in range(STEPS):
+        table = read_summary(summary_csv_path(tmp_path, 0, step))
+        assert table.header[-3:] == [*STATISTICS, "shape"]
+        for name, expected in expected_columns(numpy_gradients(step)).items():
+            assert table.numbers(name) == pytest.approx(expected, rel=1e-5, abs=1e-9)
+            assert all(math.isfinite(v) for v in table.numbers(name))
