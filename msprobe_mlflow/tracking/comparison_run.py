@@ -125,9 +125,10 @@ def resolve_source(given: str | os.PathLike, side: str, client_factory) -> Compa
                                 f"an MLflow run ID")
     client = client_factory(f"{side} = {str(given)!r}")
     run = get_run(client, str(given), f"{side} = {str(given)!r}")
-    closed = close_abandoned_run(client, run.info.run_id)  # a job that lost ranks left it RUNNING: say so, end it
+    closed = close_abandoned_run(client, run.info.run_id, run)  # a job that lost ranks left it RUNNING: end it
     if closed:
         warnings.warn(f"{side}: {closed}", stacklevel=2)
+        run = client.get_run(run.info.run_id)  # as it is now: its ranks' new statuses
     return ComparisonSource(str(given), listing=list_run_dump(client, run))
 
 

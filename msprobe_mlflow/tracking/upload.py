@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
-from mlflow.entities import Metric
+from mlflow.entities import Metric, Run
 from mlflow.tracking import MlflowClient
 
 from msprobe_mlflow import __version__
@@ -60,11 +60,12 @@ def end_run_failed(client: MlflowClient, run_id: str, news: dict[int, str], reas
     return failed
 
 
-def close_abandoned_run(client: MlflowClient, run_id: str) -> str | None:
+def close_abandoned_run(client: MlflowClient, run_id: str, run: Run | None = None) -> str | None:
     """A run some of whose ranks failed or were killed: the job is over, so ranks still ``running`` never said how
     they ended (a launcher's SIGKILL: msrun's, or torchrun's after its SIGTERM): they are tagged ``missing`` and
-    the run ends FAILED. Returns what was done, or None for a run with no failed rank (it may still be training)."""
-    run = client.get_run(run_id)
+    the run ends FAILED. Returns what was done, or None for a run with no failed rank (it may still be training).
+    ``run``: the run as the caller just fetched it (None: fetched here)."""
+    run = run or client.get_run(run_id)
     statuses = rank_statuses(run.data.tags)
     if not any(status in RANK_FAILURES for status in statuses.values()):
         return None
