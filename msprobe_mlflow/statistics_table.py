@@ -12,7 +12,8 @@ and the helpers all backends share (bit weights, padding to a byte, float32 boun
 | md5          | float32 values      | float32 x   | MD5       | ``MD5``               |                             |
 
 Elements are compared in float32 (bf16/fp16 widened exactly) or float64; max and min are NaN for an empty gradient
-or one holding NaN, and +0.0 is above -0.0 (MindSpore's max and min give either zero: a known difference); the
+or one holding NaN, and +0.0 is above -0.0; MindSpore's backend keeps MindSpore's own answer, the first zero of
+the gradient (``mint.max`` and msprobe's ``ops.amax`` agree on it), so its CSVs stay msprobe's for MindSpore; the
 norm is float32, rounded to a bf16/fp16 gradient's dtype, as ``torch._foreach_norm``. These built-in statistics
 have a hand-written kernel per backend (the CPU's numba kernel, the accelerator's row buffer, the sharded partials,
 MindSpore's graph) for speed and torch's exact bits.
