@@ -324,18 +324,19 @@ class SummaryTable:
 
     def numbers(self, name: str) -> list[float]:
         """Column ``name`` as floats (``nan`` and ``inf`` included), naming the row and cell that is no number."""
-        values = []
-        for number, cell in enumerate(self.column(name), start=2):
-            try:
-                values.append(float(cell))
-            except ValueError:
-                raise ValueError(f"{self.path}: row {number}, column {name}: {cell!r} is not a number") from None
-        return values
+        cells = self.column(name)
+        try:
+            return list(map(float, cells))
+        except ValueError:
+            number, cell = next((number, cell) for number, cell in enumerate(cells, start=2) if not _is_float(cell))
+            raise ValueError(f"{self.path}: row {number}, column {name}: {cell!r} is not a number") from None
 
     def shapes(self) -> list[tuple[int, ...]]:
         """The ``shape`` column (``[20, 8]``) as tuples of sizes."""
-        shapes = []
+        parsed: dict[str, tuple[int, ...]] = {}  # each distinct cell once: layers repeat their shapes
         for number, cell in enumerate(self.column("shape"), start=2):
+            if cell in parsed:
+                continue
             try:
                 shape = json.loads(cell)
                 if not isinstance(shape, list) or not all(isinstance(d, int) and d >= 0 for d in shape):
@@ -343,8 +344,16 @@ class SummaryTable:
             except ValueError:
                 raise ValueError(f"{self.path}: row {number}, column shape: {cell!r} is not a list of sizes "
                                  f"like [20, 8]") from None
-            shapes.append(tuple(shape))
-        return shapes
+            parsed[cell] = tuple(shape)
+        return [parsed[cell] for cell in self.column("shape")]
+
+
+def _is_float(cell: str) -> bool:
+    try:
+        float(cell)
+        return True
+    except ValueError:
+        return False
 
 
 def read_summary(path: str | os.PathLike) -> SummaryTable:

@@ -13,6 +13,8 @@ import io
 import math
 import re
 
+import numpy as np
+
 from msprobe_mlflow.dump import SummaryTable, summary_csv_bytes
 from msprobe_mlflow.levels import ZERO_COLUMN
 from msprobe_mlflow.records import StepRecord
@@ -88,14 +90,14 @@ def step_metrics(table: SummaryTable, rank: int, param_patterns: tuple[str, ...]
         f"{prefix}/min": min(finite_min) if finite_min else math.nan,
     }
     bucket_columns = [h for h in table.header if h.startswith("(") or h == ZERO_COLUMN]
+    extra = [EXTRA[column] for column in table.header if column in EXTRA]  # opt-in statistics
+    numels = [math.prod(shape) for shape in table.shapes()] if bucket_columns or extra else []
     if bucket_columns:
-        numels = [math.prod(shape) for shape in table.shapes()]
-        total = sum(numels)
+        total, sizes = sum(numels), np.array(numels, np.float64)
         for column, name in zip(bucket_columns, bucket_metric_names(bucket_columns)):
-            counts = (round(f * n) for f, n in zip(table.numbers(column), numels))
-            metrics[metric_key(prefix, name)] = sum(counts) / total if total else 0.0
-    for statistic in (EXTRA[column] for column in table.header if column in EXTRA):  # opt-in statistics
-        numels = [math.prod(shape) for shape in table.shapes()]
+            counts = np.rint(np.array(table.numbers(column)) * sizes)  # each share back to its count (as round())
+            metrics[metric_key(prefix, name)] = int(counts.sum()) / total if total else 0.0
+    for statistic in extra:
         metrics[metric_key(prefix, statistic.name)] = statistic.summary(table.numbers(statistic.name), numels)
     if param_patterns:
         for name, high, low, norm in zip(table.column("param_name"), maxima, minima, norms):

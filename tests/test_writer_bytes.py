@@ -5,12 +5,13 @@ from __future__ import annotations
 import csv
 import io
 import math
+import re
 
 import numpy as np
 import pytest
 
 from msprobe_mlflow.directions import _layout_fields, read_packed, write_packed
-from msprobe_mlflow.dump import summary_csv_bytes, write_step
+from msprobe_mlflow.dump import read_summary, summary_csv_bytes, write_step
 from msprobe_mlflow.metrics import record_metrics
 from msprobe_mlflow.records import StepRecord
 
@@ -19,6 +20,13 @@ NAMES = ["layer.weight", 'odd,"name"', "brace{0}}", "line\nbreak", "écart", "sc
 SHAPES = [(2, 3), (4,), (1, 1), (5,), (2, 2), (), (0, 3)]
 BOUNDS = (-1, 0, 1e-05)
 SPECIAL = [math.nan, math.inf, -math.inf, -0.0, 0.0, 1e-05, 1e16, 0.1, 3.4028234663852886e38, 1.4e-45]
+
+
+def msprobe_csv_rows(rows: list[list]) -> bytes:
+    """Python's ``csv.writer`` text, UTF-8 with a BOM: what msprobe writes."""
+    out = io.StringIO()
+    csv.writer(out).writerows(rows)
+    return out.getvalue().encode("utf-8-sig")
 
 
 def msprobe_csv(record: StepRecord) -> bytes:
@@ -36,9 +44,7 @@ def msprobe_csv(record: StepRecord) -> bytes:
         row += [float(v) for v in record.values[i]]
         row += [float(values[i]) for values in (record.extra or {}).values()]
         rows.append([*row, list(shape)])
-    out = io.StringIO()
-    csv.writer(out).writerows(rows)
-    return out.getvalue().encode("utf-8-sig")
+    return msprobe_csv_rows(rows)
 
 
 def make_record(level: str, seed: int) -> StepRecord:
@@ -108,3 +114,26 @@ def test_packed_archive_keeps_bits_of_any_length(tmp_path):
     assert (tmp_path / "directions.npz").read_bytes() == expected.getvalue()
     with pytest.raises(ValueError, match="field bits holds 5 bytes, the shapes need 1"):
         read_packed(tmp_path / "directions.npz")
+
+
+def test_share_metrics_are_the_counts_over_all_elements():
+    record = make_record("L2", 3)
+    metrics = record_metrics(record)
+    counts = np.column_stack([record.bucket_counts, record.zero_counts])
+    total = sum(math.prod(shape) for shape in SHAPES)
+    shares = [value for key, value in metrics.items() if "share of gradient elements" in key]
+    assert shares == [int(column.sum()) / total for column in counts.T]
+
+
+@pytest.mark.parametrize("column, cell, message", [
+    ("max", "abc", "row 3, column max: 'abc' is not a number"),
+    ("shape", "[2, -1]", "row 3, column shape: '[2, -1]' is not a list of sizes like [20, 8]")])
+def test_a_bad_cell_is_named_by_row_and_column(tmp_path, column, cell, message):
+    header = ["param_name", "max", "min", "norm", "shape"]
+    rows = [["a", "1.0", "0.5", "2.0", "[2]"], ["b", "1.0", "0.5", "2.0", "[2]"]]
+    rows[1][header.index(column)] = cell
+    path = tmp_path / "grad_summary_0.csv"
+    path.write_bytes(msprobe_csv_rows([header, *rows]))
+    table = read_summary(path)
+    with pytest.raises(ValueError, match=re.escape(f"{path}: {message}")):
+        table.shapes() if column == "shape" else table.numbers(column)
