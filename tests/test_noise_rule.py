@@ -49,6 +49,8 @@ def train(dump: Path, dtype=torch.float32, bug: str | None = None, bug_from: int
     for step in range(STEPS):
         x, target = torch.randn(8, 6, 16, generator=data), torch.randn(8, 4, generator=data)
         buggy = bug is not None and step >= bug_from
+        if bug == "weight_decay_x10" and step == bug_from:  # acts on the weights after this step's gradients
+            optimizer.param_groups[0]["weight_decay"] *= 10
         if buggy and bug == "new_batches":
             x = x.flip(0)
         out = model(x.to(dtype), causal=not (buggy and bug == "no_causal_mask"),
@@ -70,7 +72,7 @@ def train(dump: Path, dtype=torch.float32, bug: str | None = None, bug_from: int
 def runs(tmp_path_factory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("noise-rule")
     runs = {"baseline": train(root / "baseline"), "float64": train(root / "float64", torch.float64)}
-    for bug in ("new_batches", "gradients_x2", "head_gradient_zeroed"):
+    for bug in ("new_batches", "gradients_x2", "head_gradient_zeroed", "weight_decay_x10"):
         runs[bug] = train(root / bug, torch.float64, bug)
     runs["no_causal_mask_from_0"] = train(root / "no_causal_mask_from_0", torch.float64, "no_causal_mask", 0)
     runs["head_in_bf16_alone"] = train(root / "head_in_bf16_alone", torch.float32, "head_in_bf16")
@@ -126,6 +128,16 @@ def test_gradients_at_rounding_level_come_last_among_the_culprits_even_without_n
     assert found.first_suspicious_step == BUG_FROM
     assert {"conv.bias", "attention.out_proj.bias"} <= set(names[-2:])
     assert {"head.weight", "head.bias"} & set(names[:3])
+
+
+def test_a_bug_below_the_magnitude_floor_that_moves_every_norm_at_once_is_named_at_its_step(runs):
+    """A tenfold weight decay on top of float64-vs-float32 noise moves each norm far less than the 1% a single
+    parameter's break needs, but it moves all of them at once: the median norm difference grows by orders of
+    magnitude in one step, where rounding's grows smoothly. Its first different gradients are those of the step
+    after it starts."""
+    found = verdict(runs, "weight_decay_x10")
+    assert found.first_suspicious_step == BUG_FROM + 1
+    assert found.summary_trip.reason == "norm" and found.summary_trip.score > 10
 
 
 def test_a_bug_present_from_step_0_is_named_at_step_0(runs):

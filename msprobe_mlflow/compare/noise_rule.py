@@ -34,11 +34,17 @@ A series *breaks* at a step when it moves away from the median of its last :data
 :data:`DEVIATIONS` times its noise (for directions sqrt(binomial² + (1.4826 MAD)²); for norms the larger of the
 series' own and the model's robust spread) and by more than twice the largest deviation the window showed; a
 norm also by more than :data:`MAGNITUDE_FLOOR` of its scale. A slow, steady drift moves the median with it and
-trips nothing. Until a series has :data:`MIN_HISTORY` values nothing has been learnt, and only what noise cannot do
-is judged: a norm off by more than :data:`FIRST_STEPS_TOLERANCE` (26 bfloat16 units, the coarsest precision
-training uses), a summary whose signs disagree on more than 3% of the elements that are not noise (msprobe's
-documented 0.97), a rate more than doubled since the step before. Runs that agreed bit for bit so far have no
-rounding between them: there, any difference breaks.
+trips nothing. Below that floor the norms break together: rounding differences between two trajectories grow
+smoothly (on the benchmark's 18 benign pairs, over 300 steps, the median over parameters of how many times a
+parameter's |b - a| / max(a, b) exceeds the largest of its last :data:`WINDOW` values, each counted at least at
+float32's unit roundoff, never passed 4.1), while a bug that touches every parameter a little (a weight decay, a
+layer's precision) multiplies it at once by 135 to 4900; the summary breaks where that median exceeds
+:data:`NORM_JUMP`, two orders of magnitude, and the next step confirms it above ten. Until a series has
+:data:`MIN_HISTORY` values nothing has been learnt, and only what noise cannot do is judged: a norm off by more
+than :data:`FIRST_STEPS_TOLERANCE` (26 bfloat16 units, the coarsest precision training uses), a summary whose
+signs disagree on more than 3% of the elements that are not noise (msprobe's documented 0.97), a rate more than
+doubled since the step before. Runs that agreed bit for bit so far have no rounding between them: there, any
+difference breaks.
 
 A step that breaks is *suspicious* when its break persists at the next step, judged against the same past: a bug's
 does (the runs' weights have parted), a rounding spike's does not (one parameter's sum that cancels, once). The
@@ -81,6 +87,8 @@ MAGNITUDE_FLOOR = 1e-2  # scaled: a norm that moves less is no break (a float32 
 SUMMARY_FIRST_TOLERANCE = 0.03  # msprobe's documented first-step bound, on the elements that are not sign noise
 MAD_TO_SIGMA = 1.4826  # a normal distribution's standard deviation per median absolute deviation
 ROUNDING_LEVEL = 2.0 ** -8  # bfloat16's unit roundoff, relative to the model's largest gradient element
+NORM_JUMP = 100.0  # the growth in one step of the median norm difference that makes a break (benign: 4.1 at most)
+JUMP_FLOOR = 2.0 ** -24  # float32's unit roundoff: norm differences below it are counted at it
 COUNT_SERIES = ("direction", "distribution")  # fractions of elements; "norm" is a scaled difference
 SIGNS, WHOLE = "signs", "whole gradient"  # what of a parameter is noise
 
@@ -146,6 +154,7 @@ class NoiseAwareJudge:
         self._histories = {name: _History() for name in ("direction", "norm", "distribution")}
         self._summary = _History(width=1)
         self._usual_norm = _History()  # each parameter's norm, for the scale of its differences
+        self._relative_norm = _History()  # |b - a| / max(a, b) of each parameter's norms, for a model-wide jump
         self._held: _Finding | None = None  # a step that broke, until the next step says whether it persists
         self._equal_so_far = True  # every step remembered agreed bit for bit (signs and statistics)
 
@@ -187,7 +196,7 @@ class NoiseAwareJudge:
         """A step's breaks against the past, with what it adds to the past once it is known not to be a break."""
         step, names, numels = comparison.step, comparison.compared, comparison.numels
         places = slots_of(self._slots, names)
-        for history in [*self._histories.values(), self._usual_norm]:
+        for history in [*self._histories.values(), self._usual_norm, self._relative_norm]:
             history.grow(len(self._slots))
         if len(self._slots) > len(self._noise):
             self._noise = np.concatenate([self._noise, np.full(len(self._slots) - len(self._noise), "", dtype=object)])
@@ -218,6 +227,10 @@ class NoiseAwareJudge:
             for name in breaks:
                 breaks[name] |= differs[name]
         summary_trip, summary = self._summary_trip(comparison, series["direction"], noise != "")
+        if "norm" in series:
+            relative = np.abs(scaled_difference(side_a.norm, side_b.norm, np.full(len(places), np.nan)))
+            pushes.append((self._relative_norm, places, relative))
+            summary_trip = summary_trip or self._norm_jump(step, places, relative, summary)
         pushes += [(self._histories[name], places, values) for name, values in series.items()]
         pushes.append((self._summary, np.array([0]), np.array([summary])))
 
@@ -278,6 +291,29 @@ class NoiseAwareJudge:
             seen = np.nan_to_num(np.nanmax(np.abs(history.values[:, places] - center), axis=0))
         breaks, score = magnitude_break(values, center, spread, count, seen, _model_spread(history))
         return breaks & ~np.isnan(values), score, center
+
+    def _norm_jump(self, step: int, places, values, summary: float) -> Trip | None:
+        """The whole model's norm differences jumped: the median over parameters of how many times a parameter's
+        relative difference |b - a| / max(a, b) exceeds the largest of its window (each at least float32's unit
+        roundoff) is beyond :data:`NORM_JUMP`. Rounding differences grow smoothly as two trajectories part; a bug below
+        :data:`MAGNITUDE_FLOOR` that touches every parameter (a weight decay, a layer's precision) jumps at once.
+        The step after a break confirms it with a growth of sqrt(NORM_JUMP), ten, still beyond what rounding did.
+        The trip carries the summary's sign similarity and its usual value, for the lines that show them."""
+        window = self._relative_norm.values[:, places]
+        seen = ~np.isnan(values) & (np.sum(~np.isnan(window), axis=0) > 0)
+        if not np.any(seen):
+            return None
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            before = np.fmax(np.nanmax(window[:, seen], axis=0), JUMP_FLOOR)
+        now = np.fmax(values[seen], JUMP_FLOOR)
+        growth = float(np.median(now / before))
+        if growth <= (NORM_JUMP ** 0.5 if self._held is not None else NORM_JUMP):  # persisting: one order of ten
+            return None
+        usual = float(self._summary.center_and_spread(np.array([0]))[0][0])
+        return Trip("summary", step, 1 - summary, 1 - usual, "norm", DEVIATIONS * growth / NORM_JUMP,
+                    f"median norm difference {float(np.median(before)):.2g} -> {float(np.median(now)):.2g} of its "
+                    f"scale: {growth:.0f}x the largest of the last {WINDOW} steps in one step")
 
     def _summary_trip(self, comparison, disagreement, is_noise) -> tuple[Trip | None, float]:
         """The whole rank's signs (and norm) break: what no single parameter shows may show summed."""
