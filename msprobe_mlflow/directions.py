@@ -19,6 +19,7 @@ import json
 import math
 import os
 import struct
+import tempfile
 import zipfile
 import zlib
 from dataclasses import dataclass, field
@@ -94,20 +95,24 @@ class _PackedTemplate:
 @functools.lru_cache(maxsize=4)
 def _packed_template(names: tuple[str, ...], shapes: tuple[tuple[int, ...], ...], length: int) -> _PackedTemplate:
     """What ``np.savez`` writes for this layout with ``length`` zero bytes of bits (its last member), split around
-    them. The CRC-32 sits 14 bytes into a local header and 16 into a central directory entry, whose size is 46 bytes
-    and the lengths at 28 (APPNOTE.TXT 4.3.7, 4.3.12)."""
-    buffer = io.BytesIO()
-    np.savez(buffer, **_layout_fields(names, shapes), bits=np.zeros(length, np.uint8))
-    data = buffer.getvalue()
-    with zipfile.ZipFile(io.BytesIO(data)) as archive:
-        members, entry = archive.infolist(), archive.start_dir
+    them; written through a temporary file, so a large model's bits are never held twice. The CRC-32 sits 14 bytes
+    into a local header and 16 into a central directory entry, whose size is 46 bytes and the lengths at 28
+    (APPNOTE.TXT 4.3.7, 4.3.12)."""
+    with tempfile.TemporaryFile() as f:
+        np.savez(f, **_layout_fields(names, shapes), bits=np.zeros(length, np.uint8))
+        with zipfile.ZipFile(f) as archive:
+            members, entry = archive.infolist(), archive.start_dir
+        bits_member = members[-1]
+        header_at = _member_data_offset(f, bits_member)
+        bits_at = header_at + bits_member.file_size - length
+        f.seek(0)
+        head = f.read(bits_at)
+        f.seek(bits_at + length)
+        tail = f.read()
+    entry -= bits_at + length  # the central directory's place in the tail
     for _ in members[:-1]:
-        entry += 46 + sum(struct.unpack("<HHH", data[entry + 28:entry + 34]))
-    bits_member = members[-1]
-    header_at = _member_data_offset(io.BytesIO(data), bits_member)
-    bits_at = header_at + bits_member.file_size - length
-    return _PackedTemplate(data[:bits_at], data[bits_at + length:], zlib.crc32(data[header_at:bits_at]),
-                           bits_member.header_offset + 14, entry + 16 - bits_at - length)
+        entry += 46 + sum(struct.unpack("<HHH", tail[entry + 28:entry + 34]))
+    return _PackedTemplate(head, tail, zlib.crc32(head[header_at:]), bits_member.header_offset + 14, entry + 16)
 
 
 def _read_npy_header(f) -> tuple[tuple[int, ...], np.dtype]:
