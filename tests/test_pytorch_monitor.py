@@ -749,9 +749,6 @@ def test_each_rank_writes_its_own_folder_and_the_rank_filter_applies(tmp_path):
 def test_l0_on_the_cpu_hashes_the_gradients_where_they_are(tmp_path):
     """L0 on the CPU hashes each gradient in place in the optimizer's pre-hook (no model-sized snapshot), a
     parameter without a gradient included: the MD5s are those of the gradients the optimizer applied."""
-    from msprobe_mlflow.pytorch import statistics
-
-    statistics._free_snapshots.clear()
     model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.Linear(3, 2))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     monitor = GradientMonitor(GradProbeConfig(dump_path=str(tmp_path), level="L0"), log_to_mlflow=False)
@@ -759,8 +756,9 @@ def test_l0_on_the_cpu_hashes_the_gradients_where_they_are(tmp_path):
     model(torch.randn(2, 4)).sum().backward()
     model[1].bias.grad = None  # this step has fewer gradients than the model has parameters
     optimizer.step()
+    monitor.flush()
+    assert monitor._cache.free_snapshots == []  # none made (once hashed, a snapshot waits here for the next step)
     monitor.stop()
-    assert statistics._free_snapshots == []  # no snapshot made, none prepared
     header, rows = read_rows(tmp_path / "rank0" / "grad_summary_0.csv")
     assert {name: row[header.index("MD5")] for name, row in rows.items()} == {
         name: hashlib.md5(p.grad.float().numpy().tobytes()).hexdigest()
