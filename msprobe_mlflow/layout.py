@@ -127,6 +127,11 @@ class StatisticsLayout:
     def sign_slices(self) -> list[slice]:
         return packed_slices(self.numels)
 
+    def sign_offsets(self) -> np.ndarray:
+        """Where each parameter's packed sign bytes start (int64; :meth:`sign_slices`' starts, in one numpy call)."""
+        packed = (np.asarray(self.numels, np.int64) + 7) // 8
+        return np.cumsum(packed) - packed
+
     def value_slices(self) -> list[slice]:
         return consecutive_slices(self.numels)
 

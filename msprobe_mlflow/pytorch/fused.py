@@ -186,7 +186,7 @@ def _squares_match_torch() -> bool:
     rng = np.random.default_rng(0)
     arrays = [(rng.standard_normal(size) * rng.uniform(0.01, 100)).astype(np.float32)
               for size in [*range(1, 24), 3 * BLOCK + 13] * 8]
-    _, _, squares = _run(arrays, np.zeros(0, np.float32), False, False, True, [0] * len(arrays), None, 1)
+    _, _, squares = _run(arrays, np.zeros(0, np.float32), False, False, True, np.zeros(len(arrays), np.int64), None, 1)
     return np.array_equal(np.sqrt(squares), torch.stack(foreach_norm(list(map(torch.from_numpy, arrays)))))
 
 
@@ -208,7 +208,7 @@ def _run(arrays, bounds, with_counts, with_signs, with_squares, sign_offsets, si
         flat = arrays[group[0]] if len(group) == 1 else np.concatenate([arrays[i] for i in group])
         _segments_statistics(flat, flat.view(limits.dtype), np.cumsum([arrays[i].size for i in group]),
                              np.array(group, np.int64), typed_bounds, limits, with_counts, with_signs, with_squares,
-                             keys, counts, squares, signs, np.array([sign_offsets[i] for i in group], np.int64))
+                             keys, counts, squares, signs, sign_offsets[group])
 
     in_parallel(call, [g for g in groups if g], threads if sum(a.size for a in arrays) >= PARALLEL_MIN else 1)
     return keys, counts, squares
@@ -258,13 +258,13 @@ def statistics(arrays: list[np.ndarray], bounds, *, with_counts: bool, with_sign
     count = len(arrays)
     maxima, minima, norms = np.full(count, np.nan), np.full(count, np.nan), np.full(count, np.nan, np.float32)
     counts = np.zeros((count, len(bounds) + 1), np.int64)
-    threads = worker_threads()
+    threads, sign_offsets = worker_threads(), np.asarray(sign_offsets, np.int64)
     for dtype in {a.dtype for a in arrays}:
         members = [i for i, a in enumerate(arrays) if a.dtype == dtype]
         with _slp(dtype):
             with_squares = with_norms and dtype == np.float32 and _squares_match_torch()
             keys, all_counts, squares = _run([arrays[i] for i in members], bounds, with_counts, with_signs,
-                                             with_squares, [sign_offsets[i] for i in members], signs, threads)
+                                             with_squares, sign_offsets[members], signs, threads)
         found = np.array(members, np.int64)
         counts[found] = all_counts[:, :-1]
         clean = (all_counts[:, -1] == 0) & np.array([arrays[i].size > 0 for i in members], bool)

@@ -206,7 +206,7 @@ class GradientMonitor(SessionMonitor):
             if grad.is_sparse:
                 grad = grad.to_dense()
             names.append(name)
-            grads.append(grad.detach())
+            grads.append(grad.detach() if grad.requires_grad else grad)  # a seldom case: no call per gradient
             indices.append(index)
             originals.append(grad)  # the object the overlap's hook saw
         sharded = has_sharded(grads)  # its statistics are collectives: every rank takes part, written or not

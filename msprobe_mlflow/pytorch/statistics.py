@@ -143,8 +143,10 @@ def _comparable(grad: torch.Tensor) -> torch.Tensor:
 
 
 def _host_array(grad: torch.Tensor) -> np.ndarray:
-    """A CPU gradient as a flat numpy array, a zero-copy view where it is contiguous (bf16/fp16 as float32)."""
-    return _comparable(grad).detach().numpy().reshape(-1)
+    """A CPU gradient as a flat numpy array, a zero-copy view where it is contiguous (bf16/fp16 as float32).
+    Called once per gradient per step: no call it can do without (a gradient seldom requires grad)."""
+    grad = grad if grad.dtype in (torch.float32, torch.float64) else _comparable(grad)
+    return (grad.detach() if grad.requires_grad else grad).numpy().reshape(-1)
 
 
 def _host_statistics(grads, level, bounds32, extra: tuple[Statistic, ...] = (),
@@ -158,7 +160,7 @@ def _host_statistics(grads, level, bounds32, extra: tuple[Statistic, ...] = (),
     signs = np.empty(layout.signs_length, np.uint8) if level.has_directions else None
     maxima, minima, counts, norms = fused.statistics(arrays, bounds32, with_counts=level.has_buckets,
                                                      with_signs=level.has_directions,
-                                                     sign_offsets=[piece.start for piece in layout.sign_slices()],
+                                                     sign_offsets=layout.sign_offsets(),
                                                      signs=signs, with_norms=True)
     unknown = np.isnan(norms)
     by_torch = [i for i, grad in enumerate(grads)
