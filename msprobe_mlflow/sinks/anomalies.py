@@ -18,7 +18,6 @@ steps and at the end (not at every flag: a run gone NaN flags every parameter at
 from __future__ import annotations
 
 import csv
-import dataclasses
 import math
 from dataclasses import dataclass
 
@@ -101,12 +100,12 @@ class AnomalyOptions:
 def robust_bands(logs: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Per row of ``logs`` (NaN: no value): the median, the scaled MAD, and the number of values."""
     count = np.isfinite(logs).sum(axis=1)
+    rows = np.arange(len(logs))
+    low, high = np.maximum(count - 1, 0) // 2, np.minimum(count // 2, logs.shape[1] - 1)  # the middle positions
 
-    def median(rows: np.ndarray) -> np.ndarray:
-        ordered = np.sort(rows, axis=1)  # NaN last
-        low = np.take_along_axis(ordered, np.maximum(count - 1, 0)[:, None] // 2, axis=1)[:, 0]
-        high = np.take_along_axis(ordered, np.minimum(count // 2, rows.shape[1] - 1)[:, None], axis=1)[:, 0]
-        return (low + high) / 2
+    def median(values: np.ndarray) -> np.ndarray:
+        ordered = np.sort(values, axis=1)  # NaN last
+        return (ordered[rows, low] + ordered[rows, high]) / 2
 
     middle = median(logs)
     return middle, NORMAL_MAD_SCALE * median(np.abs(logs - middle[:, None])), count
@@ -119,23 +118,35 @@ class LogNormWindow:
         self.rows: dict[str, int] = {}
         self.logs = np.full((0, window), np.nan)
         self.column = 0
+        self.names: list[str] = []  # the last step's names and their rows: most steps name the same parameters
+        self.index = np.zeros(0, dtype=np.int64)
+        self.whole = True  # index is 0, 1, ..., len(logs) - 1: the bands read logs itself, no copy
 
     def push(self, names: list[str], norms: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """The bands of ``names`` before this step (see :func:`robust_bands`), then this step's positive, finite
         norms enter the window."""
-        for name in names:
-            if name not in self.rows:
-                self.rows[name] = len(self.rows)
-        if len(self.rows) > len(self.logs):
-            self.logs = np.vstack([self.logs, np.full((len(self.rows) - len(self.logs), self.logs.shape[1]), np.nan)])
-        rows = np.array([self.rows[name] for name in names], dtype=np.int64)
-        bands = robust_bands(self.logs[rows])
+        rows = self._rows(names)
+        bands = robust_bands(self.logs if self.whole else self.logs[rows])
         self.logs[:, self.column] = np.nan
         with np.errstate(divide="ignore", invalid="ignore"):
             usable = np.isfinite(norms) & (norms > 0)
             self.logs[rows[usable], self.column] = np.log(norms[usable])
         self.column = (self.column + 1) % self.logs.shape[1]
         return bands
+
+    def _rows(self, names: list[str]) -> np.ndarray:
+        """The rows of ``names`` (new names get new rows), reused while the names stay those of the last step."""
+        if names == self.names:
+            return self.index
+        for name in names:
+            if name not in self.rows:
+                self.rows[name] = len(self.rows)
+        if len(self.rows) > len(self.logs):
+            self.logs = np.vstack([self.logs, np.full((len(self.rows) - len(self.logs), self.logs.shape[1]), np.nan)])
+        self.names = list(names)
+        self.index = np.array([self.rows[name] for name in names], dtype=np.int64)
+        self.whole = np.array_equal(self.index, np.arange(len(self.logs)))
+        return self.index
 
 
 @dataclass(frozen=True)
@@ -212,8 +223,9 @@ class AnomalySink:
                                             name=f"msprobe-mlflow-anomalies-rank{rank}")
 
     def handle(self, record: StepRecord) -> None:
-        values_only = dataclasses.replace(record, directions=None, bucket_counts=None, zero_counts=None, md5=None)
-        self._worker.submit(lambda: values_only)  # small, and the queue is long: the writer never waits
+        values_only = StepRecord(record.rank, record.step, record.level, record.bounds, record.names, record.shapes,
+                                 record.values)  # what the flags read: small
+        self._worker.submit(lambda: values_only)  # the queue is long: the writer never waits
 
     def flush(self) -> None:
         self._worker.flush()
