@@ -31,6 +31,7 @@ MLFLOW_STEP_OFFSET_TAG = f"{TAG_PREFIX}mlflow_step_offset"  # added to the dump'
 RECORDED_TAG = f"{TAG_PREFIX}gradients_recorded"  # what the recorded gradients are (before or after clipping)
 OVERLAP_TAG = f"{TAG_PREFIX}overlap"  # whether the probe overlapped backward, or why not
 FAILED_STEPS_TAG = f"{TAG_PREFIX}failed_steps"  # steps whose probe failed
+TRAINING_ID_TAG = f"{TAG_PREFIX}training_id"  # the training whose dump the run holds (the dump's training ID)
 
 # An API's status in an API check: msprobe's words, used as they are in the CSVs, the tags, the metrics and the CLI.
 PASS, ERROR, SKIP = "pass", "error", "skip"

@@ -245,3 +245,34 @@ def test_a_mindspore_training_sets_an_earlier_one_aside_in_the_same_way(tmp_path
                 summary_steps(folder / "rank0")] == pytest.approx([np.linalg.norm(g) for g in gradients], rel=1e-6)
     assert files_of(dump / "previous" / first_id) == first_files
     assert str(dump / "previous" / first_id) in set_aside_warnings(caught)[0]
+
+
+def test_a_run_records_its_trainings_id_and_upload_refuses_another_trainings_dump_into_it(tmp_experiment, tmp_path):
+    client = MlflowClient()
+    with mlflow.start_run() as run:
+        torch_training(tmp_path / "first", 2, seed=1)
+    first_id, _ = training_ids(tmp_path / "first")
+    assert client.get_run(run.info.run_id).data.tags["msprobe_mlflow.training_id"] == first_id
+    torch_training(tmp_path / "second", 3, seed=2, log_to_mlflow=False)
+    second_id, _ = training_ids(tmp_path / "second")
+    before = client.get_run(run.info.run_id).data
+
+    with pytest.raises(ValueError) as refused:
+        upload_dump(tmp_path / "second", run.info.run_id)
+    assert str(refused.value) == (
+        f"--run-id {run.info.run_id} holds training {first_id} (its tag msprobe_mlflow.training_id); dump_path = "
+        f"{str(tmp_path / 'second')!r} is training {second_id}: give the run that training logged into, or leave out "
+        f"--run-id to upload it into a new run")
+    result = CliRunner().invoke(main, ["upload", str(tmp_path / "second"), "--run-id", run.info.run_id])
+    assert result.exit_code == 2 and f"is training {second_id}" in result.output
+    after = client.get_run(run.info.run_id).data
+    assert after.metrics == before.metrics and after.tags == before.tags  # nothing sent
+    assert [m.step for m in client.get_metric_history(run.info.run_id, "grad/rank0/total_norm")] == [0, 1]
+
+    upload_dump(tmp_path / "first", run.info.run_id)  # its own training: completes it, as before
+    new = upload_dump(tmp_path / "second")  # a run of its own, which records the training
+    assert client.get_run(new.run_id).data.tags["msprobe_mlflow.training_id"] == second_id
+    untagged = client.create_run(tmp_experiment).info.run_id  # a run made by hand takes the dump and its ID
+    upload_dump(tmp_path / "second", untagged)
+    assert client.get_run(untagged).data.tags["msprobe_mlflow.training_id"] == second_id
+    assert len(client.get_metric_history(untagged, "grad/rank0/total_norm")) == 3

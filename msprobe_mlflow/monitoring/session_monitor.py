@@ -15,6 +15,7 @@ from msprobe_mlflow.sinks import choose_sinks
 from msprobe_mlflow.sinks.baseline import BaselineOptions
 from msprobe_mlflow.tracking.aggregate import SummaryGather
 from msprobe_mlflow.tracking.options import TrackingOptions
+from msprobe_mlflow.vocabulary import TRAINING_ID_TAG
 
 
 class SessionMonitor:
@@ -74,7 +75,20 @@ class SessionMonitor:
                           + list(self.options.sinks))
         for gather in gathers:  # its group, once the sinks' end-of-run exchange is done
             session.close_after_sinks(gather.close)
+        if ranks.owns_run and session.training_id:  # so that `upload --run-id` refuses another training's dump
+            self._tag_sinks(session, {TRAINING_ID_TAG: session.training_id})
         return session
+
+    def tag_run(self, tags: dict[str, str], step: int = 0) -> None:
+        """Sets ``tags`` on the MLflow run this monitor logs into (queued, sent off the training thread)."""
+        if self._session:
+            self._tag_sinks(self._session, tags, step)
+
+    @staticmethod
+    def _tag_sinks(session: ProbeSession, tags: dict[str, str], step: int = 0) -> None:
+        for sink in session.sinks:
+            if hasattr(sink, "annotate"):
+                sink.annotate(step=step, tags=tags)
 
     @property
     def run_id(self) -> str | None:

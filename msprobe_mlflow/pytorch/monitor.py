@@ -246,12 +246,6 @@ class GradientMonitor(SessionMonitor):
             rank_tag(self._session.ranks.rank, "failed_steps")
         self.tag_run({tag: step_ranges(self._failed_steps, limit=TAG_RANGES_LIMIT)}, step)
 
-    def tag_run(self, tags: dict[str, str], step: int = 0) -> None:
-        """Sets ``tags`` on the MLflow run this monitor logs into (queued, sent off the training thread)."""
-        for sink in self._session.sinks if self._session else []:
-            if hasattr(sink, "annotate"):
-                sink.annotate(step=step, tags=tags)
-
     @property
     def errors(self) -> list[str]:
         """Probe failures (training thread), then what the writer thread and the sinks could not do."""

@@ -20,9 +20,10 @@ from mlflow.tracking import MlflowClient
 
 from msprobe_mlflow import __version__
 from msprobe_mlflow.directions import PACKED_FILE_NAME, open_step_directions, read_step_directions, write_packed
-from msprobe_mlflow.dump import (RANK_PREFIX, step_ranges, dump_folder, findings_dir, indexed_children, parse_archive_name,
-                                 parse_summary_name, rank_dir, read_dump_config, read_summary, relative_rank_dir,
-                                 relative_step_dir, step_dir, summary_csv_path, summary_steps)
+from msprobe_mlflow.dump import (RANK_PREFIX, dump_folder, dump_trainings, findings_dir, indexed_children,
+                                 parse_archive_name, parse_summary_name, rank_dir, read_dump_config, read_summary,
+                                 relative_rank_dir, relative_step_dir, step_dir, step_ranges, summary_csv_path,
+                                 summary_steps)
 from msprobe_mlflow.levels import level_of_header
 from msprobe_mlflow.tracking.experiments import experiment_id_for
 from msprobe_mlflow.tracking.runs import created_run, log_batched, now_ms, tag
@@ -30,7 +31,8 @@ from msprobe_mlflow.progress import ProgressLine
 from msprobe_mlflow.metrics import step_metrics
 from msprobe_mlflow.vocabulary import (ARTIFACT_ROOT, FAILED_RANKS_TAG, FINISHED, MISSING, MISSING_RANKS_TAG,
                                        MLFLOW_STEP_OFFSET_TAG, RANK_FAILURES, RUNNING, TAG_PREFIX, TAG_RANGES_LIMIT,
-                                       grad_key, rank_failure_tag, rank_status_tag, rank_statuses, unsent_steps_tag)
+                                       TRAINING_ID_TAG, grad_key, rank_failure_tag, rank_status_tag, rank_statuses,
+                                       unsent_steps_tag)
 
 
 @dataclass
@@ -159,18 +161,31 @@ def upload_dump(dump_path: str | os.PathLike, run_id: str | None = None, *, expe
             wanted_steps[rank] = [s for s in summary_steps(rank_dir(dump_path, rank)) if steps is None or s in steps]
             check_steps(dump_path, rank, wanted_steps[rank], param_patterns)
     saved_config = read_dump_config(dump_path)
+    training_id = next(iter(dump_trainings(dump_path)), None)  # one at most: dump_folder refuses a mixed dump
     client = MlflowClient(tracking_uri)
     if run_id is not None:
         tags = client.get_run(run_id).data.tags  # a wrong ID fails here, clearly, before anything is sent
+        _check_same_training(run_id, tags.get(TRAINING_ID_TAG), dump_path, training_id)
+        if training_id and TRAINING_ID_TAG not in tags:
+            client.set_tag(run_id, TRAINING_ID_TAG, training_id)
         if mlflow_step_offset is None:
             mlflow_step_offset = int(tags.get(MLFLOW_STEP_OFFSET_TAG, 0))
         return _upload_steps(client, run_id, dump_path, wanted_steps, saved_config, param_patterns, progress, tags,
                              mlflow_step_offset)
     with created_run(client, experiment_id_for(client, experiment), run_name=f"upload {dump_path.name}", tags={
             f"{TAG_PREFIX}dump_path": str(dump_path.resolve()), f"{TAG_PREFIX}version": __version__,
-            "mlflow.source.name": "msprobe-mlflow upload"}) as new_run_id:
+            "mlflow.source.name": "msprobe-mlflow upload", **({TRAINING_ID_TAG: training_id} if training_id else {})
+    }) as new_run_id:
         return _upload_steps(client, new_run_id, dump_path, wanted_steps, saved_config, param_patterns, progress,
                              {})
+
+
+def _check_same_training(run_id: str, recorded: str | None, dump_path: Path, training_id: str | None) -> None:
+    """Refuses to complete a run with another training's dump: its steps would be mixed with the run's own."""
+    if recorded and training_id and recorded != training_id:
+        raise ValueError(f"--run-id {run_id} holds training {recorded} (its tag {TRAINING_ID_TAG}); dump_path = "
+                         f"{str(dump_path)!r} is training {training_id}: give the run that training logged into, or "
+                         f"leave out --run-id to upload it into a new run")
 
 
 def _upload_steps(client: MlflowClient, run_id: str, dump_path: Path, wanted_steps: dict[int, list[int]],
