@@ -140,6 +140,19 @@ def test_a_bug_below_the_magnitude_floor_that_moves_every_norm_at_once_is_named_
     assert found.summary_trip.reason == "norm" and found.summary_trip.score > 10
 
 
+def test_the_comparison_runs_first_line_says_that_the_norms_jumped(runs, tmp_experiment):
+    """The UI's one line: a break of the norms leaves the sign similarity as it was, so it names what moved."""
+    from mlflow.tracking import MlflowClient
+
+    from msprobe_mlflow import compare_runs
+
+    result = compare_runs(runs["baseline"], runs["weight_decay_x10"], plots=False)
+    headline = MlflowClient().get_run(result.run_id).data.tags["mlflow.note.content"].splitlines()[0]
+    assert headline.startswith(f"**Suspicious**: the runs part at step {BUG_FROM + 1} on rank 0 (summary norm: "
+                               f"median norm difference ")
+    assert "x the largest of the last 20 steps in one step" in headline and headline.endswith("[noise rule]")
+
+
 def test_a_bug_present_from_step_0_is_named_at_step_0(runs):
     found = verdict(runs, "no_causal_mask_from_0")
     assert found.first_suspicious_step == 0

@@ -278,9 +278,7 @@ class Verdict:
             else:
                 line = f"rank {rank.rank}: first suspicious step {rank.first_suspicious_step}"
                 if rank.summary_trip:
-                    summary = rank.summary_trip
-                    line += (f" (summary {summary.previous:.4f} -> {summary.similarity:.4f})"
-                             if summary.reason in ("first", "drop") else f" (summary {trip_numbers(summary)})")
+                    line += f" (summary {summary_numbers(rank.summary_trip)})"
                 lines.append(line)
                 shown = rank.parameter_trips[:max_parameters]
                 lines += [f"    {trip.name}: {trip_numbers(trip)}" for trip in shown]
@@ -300,6 +298,14 @@ def culprit_text(trip: Trip) -> str:
     if trip.reason in ("first", "drop"):
         return f"{trip.name} (fell {trip.fall:.4f})"
     return f"{trip.name} ({trip.reason}, {trip.score:.0f} deviations)"
+
+
+def summary_numbers(trip: Trip) -> str:
+    """The summary's trip for a person: msprobe's ``1.0000 -> 0.9565``, or the noise rule's reason and numbers
+    (a break of the norms leaves the similarity as it was: the numbers say what moved)."""
+    if trip.reason in ("first", "drop"):
+        return f"{trip.previous:.4f} -> {trip.similarity:.4f}"
+    return trip_numbers(trip)
 
 
 def trip_numbers(trip: Trip) -> str:

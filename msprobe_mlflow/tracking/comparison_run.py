@@ -37,7 +37,7 @@ from mlflow.tracking import MlflowClient
 from msprobe_mlflow import __version__
 from msprobe_mlflow.compare.engine import CompareInputError, DumpComparison, compare_dumps, direction_steps
 from msprobe_mlflow.compare.verdict import (DEFAULT_DROP_THRESHOLD, DEFAULT_FIRST_THRESHOLD, DEFAULT_RULE, RuleSettings,
-                                            Verdict, culprit_text, trip_numbers)
+                                            Verdict, culprit_text, summary_numbers, trip_numbers)
 from msprobe_mlflow.dump import dump_folder, indexed_children
 from msprobe_mlflow.vocabulary import DESCRIPTION_TAG, TAG_PREFIX
 from msprobe_mlflow.metrics import metric_key
@@ -204,7 +204,7 @@ def _headline(verdict: Verdict) -> str:
     ranks = [rank for rank in verdict.ranks if rank.first_suspicious_step == step]
     where = ", ".join(str(rank.rank) for rank in ranks)
     summary = ranks[0].summary_trip
-    details = [f"summary {summary.previous:.4f} -> {summary.similarity:.4f}"] if summary else []
+    details = [f"summary {summary_numbers(summary)}"] if summary else []
     trips = sorted((trip for rank in ranks for trip in rank.parameter_trips), key=lambda trip: -trip.score)
     if trips:
         more = f", and {len(trips) - 1} more parameters" if len(trips) > 1 else ""
