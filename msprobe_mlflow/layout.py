@@ -129,7 +129,7 @@ class StatisticsLayout:
 
     def sign_offsets(self) -> np.ndarray:
         """Where each parameter's packed sign bytes start (int64; :meth:`sign_slices`' starts, in one numpy call)."""
-        packed = (np.asarray(self.numels, np.int64) + 7) // 8
+        packed = packed_length(np.asarray(self.numels, np.int64))
         return np.cumsum(packed) - packed
 
     def value_slices(self) -> list[slice]:

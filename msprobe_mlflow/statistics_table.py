@@ -19,11 +19,11 @@ have a hand-written kernel per backend (the CPU's numba kernel, the accelerator'
 MindSpore's graph) for speed and torch's exact bits.
 
 :data:`EXTRA` statistics are generic and opt-in (the monitors' ``statistics=["mean", "abs_mean"]``, off by default,
-so msprobe's CSVs stay byte-identical): each backend maps every element with ``element`` (written with operators numpy, torch
-and MindSpore share: ``abs``, ``*``, comparisons) and reduces with ``reduction`` (sum, max, min: per row, shard,
-device, then over them), into the layout's ``extra`` section; the record applies ``finish`` and writes the column
-``name`` after ``norm``; the metrics sum it up over parameters with ``summary``. Adding one is an entry here and
-its expectations in ``tests/test_statistic_table.py``.
+so msprobe's CSVs stay byte-identical): each backend maps every element with ``element`` (written with operators
+numpy, torch and MindSpore share: ``abs``, ``*``, comparisons) and reduces with ``reduction`` (sum, max, min: per
+row, shard, device, then over them), into the layout's ``extra`` section; the record applies ``finish`` and writes
+the column ``name`` after ``norm``; the metrics sum it up over parameters with ``summary``. Adding one is an entry
+here and its expectations in ``tests/test_statistic_table.py``.
 """
 from __future__ import annotations
 
