@@ -164,7 +164,14 @@ def csv_cells(values: list[str]) -> list[str]:
 def summary_csv_bytes(record: StepRecord) -> bytes:
     """``csv_text([record.csv_header(), *record.csv_rows()])``, built at once for the writer thread (which shares
     the interpreter lock with training): numpy formats the numbers (its float64 text is Python's ``repr``), each
-    distinct value once (shares repeat), into the layout's text (:func:`_summary_template`)."""
+    distinct value once (shares repeat), into the layout's text (:func:`_summary_template`). Made once per record:
+    the local dump writes them, the metrics read them back."""
+    if record.summary_csv is None:
+        record.summary_csv = _summary_csv(record)
+    return record.summary_csv
+
+
+def _summary_csv(record: StepRecord) -> bytes:
     numbers = record.numbers()
     distinct, where = np.unique(numbers.view(np.int64), return_inverse=True)  # by bits: -0.0 apart from 0.0
     cells = distinct.view(np.float64).astype(str)[where.reshape(numbers.shape)]

@@ -6,7 +6,7 @@ MLflow sink and the comparator only ever see this.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -29,6 +29,8 @@ class StepRecord:
     concatenated in model order (L1 and L2 only). ``skipped_directions``: the level records directions but this
     step has none (a statistics-only step of the always-on tier, ``msprobe_mlflow.monitoring.directions_schedule``).
     ``extra``: each opt-in statistic's float32 column (:mod:`msprobe_mlflow.statistics_table`), by name.
+    ``summary_csv``: the step's ``grad_summary`` bytes, kept by ``dump.summary_csv_bytes`` so that the sinks that
+    read them back (metrics) do not format them again on the writer thread.
     """
 
     rank: int
@@ -44,6 +46,7 @@ class StepRecord:
     directions: np.ndarray | None = None
     skipped_directions: bool = False
     extra: dict[str, np.ndarray] | None = None
+    summary_csv: bytes | None = field(default=None, repr=False, compare=False)  # set once written: sinks reuse it
 
     @property
     def numels(self) -> list[int]:
