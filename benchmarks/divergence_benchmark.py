@@ -500,35 +500,47 @@ def generate(work: Work, plan: Plan, note_work: Path | None) -> dict:
 # ---- rules, and the live verdict
 
 
+PRECISION_GIVEN = "noise, precision given"  # the noise rule told the coarser format each pair computed in
+PAIR_PRECISION = {"float32": "float32", "float64": "float32", "rounding": "float32", "bf16": "bfloat16"}  # by noise
+
+
 def compare_rules() -> list[str]:
-    """The rules ``compare_dumps`` offers: its default first, then msprobe's; only msprobe's before ``rule=``."""
-    parameter = inspect.signature(compare_dumps).parameters.get("rule")
-    return ["msprobe"] if parameter is None else list(dict.fromkeys([parameter.default, "msprobe"]))
+    """The rules ``compare_dumps`` offers: its default first, then msprobe's, then the noise rule told each pair's
+    precision (where ``compare_dumps`` takes ``precision=``); only msprobe's before ``rule=``."""
+    parameters = inspect.signature(compare_dumps).parameters
+    if "rule" not in parameters:
+        return ["msprobe"]
+    rules = list(dict.fromkeys([parameters["rule"].default, "msprobe"]))
+    return rules + [PRECISION_GIVEN] if "precision" in parameters else rules
 
 
-def live_takes_rule() -> bool:
+def live_takes(keyword: str) -> bool:
+    """Whether the live verdict (``GradientMonitor(baseline=...)``) takes ``keyword``."""
     try:
         from msprobe_mlflow.sinks.baseline import BaselineOptions
     except ImportError:
         BaselineOptions = None
-    return any("rule" in inspect.signature(f).parameters for f in (GradientMonitor.__init__, BaselineOptions) if f)
+    return any(keyword in inspect.signature(f).parameters for f in (GradientMonitor.__init__, BaselineOptions) if f)
 
 
-def rule_options(rule: str, takes_rule: bool) -> dict:
+def rule_options(rule: str, takes_rule: bool, noise: str) -> dict:
+    """The keywords of ``rule`` for a pair whose candidate has ``noise`` (what its precision is)."""
+    if rule == PRECISION_GIVEN:
+        return {"rule": "noise", "precision": PAIR_PRECISION[noise]}
     return {"rule": rule} if takes_rule else {}
 
 
-def verdict_of(baseline: Path, candidate: Path, rule: str) -> dict:
+def verdict_of(baseline: Path, candidate: Path, rule: str, noise: str) -> dict:
     result = compare_dumps(baseline, candidate, None, plots=False, progress=False,
-                           **rule_options(rule, "rule" in inspect.signature(compare_dumps).parameters))
+                           **rule_options(rule, "rule" in inspect.signature(compare_dumps).parameters, noise))
     rank = result.verdict.ranks[0]
     return {"step": rank.first_suspicious_step, "culprits": [t.name for t in rank.parameter_trips]}
 
 
 def live(work: Work, plan: Plan, rules: list[str]) -> dict:
     """The on-noise cases of the first seed trained again with ``baseline=``, per rule the live verdict takes."""
-    takes_rule = live_takes_rule()
-    rules = rules if takes_rule else ["msprobe"]
+    takes_rule = live_takes("rule")
+    rules = [r for r in rules if r != PRECISION_GIVEN or live_takes("precision")] if takes_rule else ["msprobe"]
     load_before, start, rows = os.getloadavg(), time.perf_counter(), []
     cases = live_cases(plan)
     for rule in rules:
@@ -536,14 +548,14 @@ def live(work: Work, plan: Plan, rules: list[str]) -> dict:
             spec, baseline = case["bug"], work.dump(baseline_spec(case["family"], case["seed"], plan))
             if work.record(baseline_spec(case["family"], case["seed"], plan)) is None:
                 raise SystemExit(f"{baseline}: the baseline dump is missing or incomplete; run generate first")
-            dump = work.folder / "live" / rule / spec.name
+            dump = work.folder / "live" / rule.replace(" ", "_").replace(",", "") / spec.name
             shutil.rmtree(dump, ignore_errors=True)
             fired = []
 
             def on_suspicious(verdict, fired=fired):
                 fired.append((time.perf_counter(), verdict.first_suspicious_step))
             record = train(spec, dump, baseline=str(baseline), on_suspicious=on_suspicious,
-                           **rule_options(rule, takes_rule))
+                           **rule_options(rule, takes_rule, spec.noise))
             written = findings_dir(dump, 0) / "verdict.json"
             row = {"family": case["family"], "seed": case["seed"], "scenario": case["scenario"], "rule": rule}
             if written.exists():
@@ -551,7 +563,7 @@ def live(work: Work, plan: Plan, rules: list[str]) -> dict:
             else:  # counted as a live verdict unequal to compare's, and said
                 live_step, row["error"] = None, f"{written} not written: the live comparison did not finish"
                 progress(row["error"])
-            row.update(live_step=live_step, compare_step=verdict_of(baseline, dump, rule)["step"],
+            row.update(live_step=live_step, compare_step=verdict_of(baseline, dump, rule, spec.noise)["step"],
                        callbacks=len(fired), same_gradients_as_generated=record["gradient_digests"] == (
                            work.record(spec) or {}).get("gradient_digests"))
             if fired:
@@ -616,8 +628,8 @@ def package_provenance() -> str:
     return f"msprobe_mlflow of this repository at {commit}" + (", with uncommitted changes" if changed else "")
 
 
-def verdicts(pairs: list[tuple[Path, Path, str]], jobs: int) -> list[dict]:
-    """``verdict_of`` for every (baseline, candidate, rule), on ``jobs`` processes (the comparison is CPU-bound)."""
+def verdicts(pairs: list[tuple[Path, Path, str, str]], jobs: int) -> list[dict]:
+    """``verdict_of`` for every (baseline, candidate, rule, noise), on ``jobs`` processes (CPU-bound)."""
     found = []
     with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("fork")) as pool:
         for index, verdict in enumerate(pool.map(verdict_of, *zip(*pairs), chunksize=4), 1):
@@ -649,8 +661,8 @@ def evaluate(work: Work, plan: Plan, rules: list[str], jobs: int) -> dict:
     progress(f"evaluate: truth of {len(harmful)} harmful cases, "
              f"{sum(r['truth'] is None for r in harmful)} invalid ({time.perf_counter() - start:.0f} s)")
     judged = [(row, rule) for row in benign + [r for r in harmful if r["truth"] is not None] for rule in rules]
-    pairs = [(work.dump(baseline_spec(row["family"], row["seed"], plan)), work.dump(row["spec"]), rule)
-             for row, rule in judged]
+    pairs = [(work.dump(baseline_spec(row["family"], row["seed"], plan)), work.dump(row["spec"]), rule,
+              row["spec"].noise) for row, rule in judged]
     for (row, rule), verdict in zip(judged, verdicts(pairs, jobs)):
         if "truth" in row:
             verdict["outcome"] = outcome(row["truth"], verdict["step"])

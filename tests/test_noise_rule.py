@@ -7,6 +7,7 @@ arithmetic). Every run is trained once per module (a few seconds) and compared w
 """
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -16,7 +17,7 @@ import torch
 from msprobe_mlflow import GradProbeConfig, compare_dumps
 from msprobe_mlflow.compare.step import SideStatistics, StepComparison
 from msprobe_mlflow.compare.noise_rule import NoiseAwareJudge
-from msprobe_mlflow.dump import read_summary, summary_csv_path
+from msprobe_mlflow.dump import findings_dir, read_summary, summary_csv_path
 from msprobe_mlflow.pytorch import GradientMonitor
 
 STEPS = 30
@@ -35,15 +36,19 @@ class Tiny(torch.nn.Module):
         mask = torch.triu(torch.ones(x.shape[1], x.shape[1], dtype=torch.bool), 1) if causal else None
         y, _ = self.attention(x, x, x, attn_mask=mask, need_weights=False)
         y = self.norm(self.conv(y.transpose(1, 2))).transpose(1, 2)
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=head_in_bf16):
-            return self.head(torch.relu(y)).to(x.dtype).mean(dim=1)
+        y = torch.relu(y)
+        if head_in_bf16:  # an explicit cast: autocast would leave a float64 model alone
+            bf16 = torch.bfloat16
+            return torch.nn.functional.linear(y.to(bf16), self.head.weight.to(bf16),
+                                              self.head.bias.to(bf16)).to(x.dtype).mean(dim=1)
+        return self.head(y).mean(dim=1)
 
 
-def train(dump: Path, dtype=torch.float32, bug: str | None = None, bug_from: int = BUG_FROM) -> Path:
+def train(dump: Path, dtype=torch.float32, bug: str | None = None, bug_from: int = BUG_FROM, **options) -> Path:
     torch.manual_seed(0)
     model = Tiny().to(dtype)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    monitor = GradientMonitor(GradProbeConfig(dump_path=str(dump), level="L2"), log_to_mlflow=False)
+    monitor = GradientMonitor(GradProbeConfig(dump_path=str(dump), level="L2"), log_to_mlflow=False, **options)
     monitor.monitor(model, optimizer)
     data = torch.Generator().manual_seed(1)
     for step in range(STEPS):
@@ -76,11 +81,13 @@ def runs(tmp_path_factory) -> dict[str, Path]:
         runs[bug] = train(root / bug, torch.float64, bug)
     runs["no_causal_mask_from_0"] = train(root / "no_causal_mask_from_0", torch.float64, "no_causal_mask", 0)
     runs["head_in_bf16_alone"] = train(root / "head_in_bf16_alone", torch.float32, "head_in_bf16")
+    runs["head_in_bf16_from_0"] = train(root / "head_in_bf16_from_0", torch.float64, "head_in_bf16", 0)
     return runs
 
 
-def verdict(runs, candidate: str, rule: str = "noise"):
-    return compare_dumps(runs["baseline"], runs[candidate], None, rule=rule, plots=False).verdict.ranks[0]
+def verdict(runs, candidate: str, rule: str = "noise", precision: str | None = None):
+    return compare_dumps(runs["baseline"], runs[candidate], None, rule=rule, precision=precision,
+                         plots=False).verdict.ranks[0]
 
 
 def test_a_pair_that_differs_in_rounding_from_step_0_is_not_suspicious(runs):
@@ -157,6 +164,42 @@ def test_a_bug_present_from_step_0_is_named_at_step_0(runs):
     found = verdict(runs, "no_causal_mask_from_0")
     assert found.first_suspicious_step == 0
     assert found.parameter_trips  # named by its parameters, whose norms differ beyond rounding
+
+
+def test_a_bug_from_step_0_below_bfloat16_rounding_is_named_there_once_the_pairs_precision_is_given(runs):
+    """The head in bfloat16 from step 0 on top of float64-vs-float32 noise moves the norms by about 1e-3 at step 0:
+    within what bfloat16 rounding can do (the tolerance when the pair's precision is not known), far beyond what
+    float32's can. Given ``precision="float32"`` (the coarser format of the pair), step 0 is named; the benign pair
+    stays quiet at that precision."""
+    unknown = verdict(runs, "head_in_bf16_from_0")
+    assert unknown.first_suspicious_step != 0
+    given = verdict(runs, "head_in_bf16_from_0", precision="float32")
+    assert given.first_suspicious_step == 0 and given.parameter_trips
+    assert verdict(runs, "float64", precision="float32").first_suspicious_step is None
+
+
+def test_the_live_verdict_takes_the_pairs_precision_and_equals_compares(runs, tmp_path):
+    train(tmp_path / "live", torch.float64, "head_in_bf16", 0, baseline=str(runs["baseline"]), precision="float32")
+    live = json.loads((findings_dir(tmp_path / "live", 0) / "verdict.json").read_text())["verdict"]
+    afterwards = compare_dumps(runs["baseline"], tmp_path / "live", None, precision="float32", plots=False).verdict
+    assert live == afterwards.to_dict() and afterwards.first_suspicious_step == 0 and live["precision"] == "float32"
+
+
+def test_the_command_takes_the_pairs_precision_and_refuses_it_with_msprobes_rule(runs, tmp_path):
+    from click.testing import CliRunner
+
+    from msprobe_mlflow.commands.cli import main
+
+    sources = [str(runs["baseline"]), str(runs["head_in_bf16_from_0"])]
+    given = CliRunner().invoke(main, ["compare", *sources, "--no-mlflow", "--precision", "float32",
+                                      "--output", str(tmp_path / "out")])
+    assert given.exit_code == 0, given.output
+    assert "first suspicious step 0" in given.output
+    saved = json.loads((tmp_path / "out" / "verdict.json").read_text())
+    assert saved["verdict"]["precision"] == "float32"
+    refused = CliRunner().invoke(main, ["compare", *sources, "--no-mlflow", "--precision", "float32", "--rule",
+                                        "msprobe"])
+    assert refused.exit_code != 0 and "--precision applies to --rule noise only" in refused.output
 
 
 def _step(step: int, agreeing, numels, norm_a, norm_b) -> StepComparison:

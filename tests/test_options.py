@@ -148,6 +148,9 @@ def test_an_unknown_option_is_refused_naming_the_closest_and_every_accepted_one(
     ({"directions_on_anomaly": False, "directions_every_n_steps": 0}, "monitor options: "
      "grad_probe.directions_every_n_steps = 0 records directions only after an anomaly"),
     ({"rule": "strict"}, "rule = 'strict' is not accepted; expected one of 'noise', 'msprobe'"),
+    ({"precision": "fp32"}, "precision = 'fp32' is not accepted; expected one of 'float64', 'float32', 'tf32', "
+                            "'float16', 'bfloat16'"),
+    ({"precision": "float32", "rule": "msprobe"}, "precision = 'float32' applies to the noise rule only"),
     ({"baseline": "./no/such/dump"}, "baseline = './no/such/dump': no such folder"),
     ({"on_suspicious": print}, "on_suspicious is given without baseline="),
 ])

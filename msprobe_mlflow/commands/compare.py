@@ -7,7 +7,7 @@ import click
 
 from msprobe_mlflow.commands import command, tracking_uri_option
 from msprobe_mlflow.commands.exit_codes import OK, SUSPICIOUS_RESULT
-from msprobe_mlflow.compare.verdict import DEFAULT_RULE, RULES
+from msprobe_mlflow.compare.verdict import DEFAULT_RULE, RULES, UNIT_ROUNDOFF
 
 FOLDER = click.Path(file_okay=False)  # checked only if it exists: created when missing
 
@@ -36,6 +36,12 @@ FOLDER = click.Path(file_okay=False)  # checked only if it exists: created when 
 @click.option("--drop-threshold", type=float, default=None, metavar="X",
               help="--rule msprobe only: a drop of more than X from one compared step to the next is suspicious "
                    "(default 0.03). Example: --rule msprobe --drop-threshold 0.05")
+@click.option("--precision", type=click.Choice(list(UNIT_ROUNDOFF)), default=None, metavar="FORMAT",
+              help="--rule noise: the coarsest floating-point format either run computed in, when you know it "
+                   "(autocast and TF32 count; one of " + ", ".join(UNIT_ROUNDOFF) + "). The first steps, before "
+                   "the pair's noise is learnt, are then judged against its rounding instead of bfloat16's, so a "
+                   "bug present from step 0 that is smaller than bfloat16 rounding is named there. Example: "
+                   "--precision float32 (fp32 on CPU against fp64, TF32 off)")
 @click.option("--no-mlflow", is_flag=True,
               help="log no comparison run: print (and with --output write) the result only; run IDs as sources "
                    "still need the tracking store")
@@ -49,7 +55,7 @@ FOLDER = click.Path(file_okay=False)  # checked only if it exists: created when 
                    "~/.cache/msprobe-mlflow/runs)")
 def compare(a: str, b: str, output: str | None, experiment: str | None, run_name: str | None,
             tracking_uri: str | None, rule: str, first_threshold: float | None, drop_threshold: float | None,
-            no_mlflow: bool,
+            precision: str | None, no_mlflow: bool,
             fail_on_suspicious: bool, per_param_plots: bool, no_plots: bool, cache_dir: str | None) -> int:
     """Compares the gradient directions (signs) of two trainings, step by step: for each rank, parameter and step
     present in both, similarity = elements whose sign agrees / elements. The summary per step weighs parameters by
@@ -82,7 +88,11 @@ def compare(a: str, b: str, output: str | None, experiment: str | None, run_name
     if thresholds and rule != "msprobe":
         raise ValueError(f"--{next(iter(thresholds)).replace('_', '-')} applies to --rule msprobe only "
                                f"(the {rule} rule learns its tolerance from the pair); add --rule msprobe")
-    options = dict(rule=rule, plots=not no_plots, per_param_plots=per_param_plots, **thresholds)
+    if precision is not None and rule != "noise":
+        raise ValueError(f"--precision applies to --rule noise only (msprobe's rule reads fixed thresholds); "
+                         f"leave it out with --rule {rule}")
+    options = dict(rule=rule, precision=precision, plots=not no_plots, per_param_plots=per_param_plots,
+                   **thresholds)
     if no_mlflow and Path(a).exists() and Path(b).exists():  # two dumps: no tracking store involved
         comparison = compare_dumps(a, b, output, **options)
         _print_result(comparison)

@@ -277,18 +277,23 @@ def write_comparison(comparison: DumpComparison, output_dir: str | os.PathLike, 
 
 def compare_dumps(dump_a: str | os.PathLike, dump_b: str | os.PathLike, output_dir: str | os.PathLike | None,
                   *, rule: str = DEFAULT_RULE, first_threshold: float = DEFAULT_FIRST_THRESHOLD,
-                  drop_threshold: float = DEFAULT_DROP_THRESHOLD, plots: bool = True, per_param_plots: bool = False,
-                  workers: int | None = None, progress: bool | None = None) -> DumpComparison:
+                  drop_threshold: float = DEFAULT_DROP_THRESHOLD, precision: str | None = None, plots: bool = True,
+                  per_param_plots: bool = False, workers: int | None = None,
+                  progress: bool | None = None) -> DumpComparison:
     """Compares two local dumps rank by rank, step by step, parameter by parameter, and judges the steps with
     ``rule`` (``"noise"``, the default, or ``"msprobe"``, whose thresholds are ``first_threshold`` and
-    ``drop_threshold``; see ``compare/verdict.py``).
+    ``drop_threshold``; see ``compare/verdict.py``). ``precision``: the coarsest floating-point format either run
+    computed in (``float64``, ``float32``, ``tf32``, ``float16``, ``bfloat16``; autocast and TF32 count), when you
+    know it: the noise rule then judges the first steps, before it has learnt the pair's noise, against that
+    format's rounding instead of bfloat16's, so a bug present from step 0 that is smaller than bfloat16 rounding is
+    named there too. A format finer than the runs really used makes their rounding look like a bug.
 
     Writes ``{output_dir}/rank{R}/similarities.csv`` (msprobe's format), ``similarities_picture/`` (the summary
     curve and the heat map; one curve per parameter with ``per_param_plots``) and ``verdict.json``; nothing when
     ``output_dir`` is None. Raises ``CompareInputError`` (or ``ValueError`` for a damaged file), naming the file
     and the reason, before anything is written. ``progress``: None shows it when stderr is a terminal.
     """
-    settings = RuleSettings(rule, first_threshold, drop_threshold)
+    settings = RuleSettings(rule, first_threshold, drop_threshold, precision)
     folder_a, folder_b = dump_folder(dump_a, "dump_a"), dump_folder(dump_b, "dump_b")
     ranks_a, ranks_b = indexed_children(folder_a, "rank"), indexed_children(folder_b, "rank")
     ranks = sorted(set(ranks_a) & set(ranks_b))

@@ -76,12 +76,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from msprobe_mlflow.compare.verdict import RankVerdict, SignNoise, Trip, judged_values, slots_of
+from msprobe_mlflow.compare.verdict import UNIT_ROUNDOFF, RankVerdict, SignNoise, Trip, judged_values, slots_of
 
 DEVIATIONS = 10.0  # robust deviations beyond the noise that make a break
 WINDOW = 20  # past values a series' noise is learnt from
 MIN_HISTORY = 5  # values a series needs before its own spread is trusted
-FIRST_STEPS_TOLERANCE = 0.1  # scaled; 26 x 2**-8, bfloat16's unit roundoff
+FIRST_STEPS_TOLERANCE = 0.1  # scaled; 26 x 2**-8, bfloat16's unit roundoff (the pair's precision not known)
 STATISTIC_FLOOR = 1e-6  # scaled: the least noise a learnt norm series is credited with
 MAGNITUDE_FLOOR = 1e-2  # scaled: a norm that moves less is no break (a float32 sum that cancels can, once)
 SUMMARY_FIRST_TOLERANCE = 0.03  # msprobe's documented first-step bound, on the elements that are not sign noise
@@ -144,8 +144,9 @@ def _binomial_spread(rate: np.ndarray, numels: np.ndarray) -> np.ndarray:
 class NoiseAwareJudge:
     """The noise-aware rule (see the module docstring), one compared step at a time."""
 
-    def __init__(self, rank: int):
+    def __init__(self, rank: int, precision: str | None = None):
         self.rank = rank
+        self.first_steps_tolerance = first_steps_tolerance(precision)
         self.verdict: RankVerdict | None = None
         self.sign_noise: dict[str, SignNoise] = {}
         self.summary_band: dict[int, float] = {}
@@ -289,7 +290,8 @@ class NoiseAwareJudge:
         with np.errstate(all="ignore"), warnings.catch_warnings():
             warnings.simplefilter("ignore", RuntimeWarning)
             seen = np.nan_to_num(np.nanmax(np.abs(history.values[:, places] - center), axis=0))
-        breaks, score = magnitude_break(values, center, spread, count, seen, _model_spread(history))
+        breaks, score = magnitude_break(values, center, spread, count, seen, _model_spread(history),
+                                        self.first_steps_tolerance)
         return breaks & ~np.isnan(values), score, center
 
     def _norm_jump(self, step: int, places, values, summary: float) -> Trip | None:
@@ -394,19 +396,29 @@ def count_break(rate, numels, center, spread, count, seen):
     return breaks, score
 
 
-def magnitude_break(values, center, spread, count, seen, model_spread: float):
+def first_steps_tolerance(precision: str | None) -> float:
+    """What rounding cannot move a scaled norm difference by in the first steps: :data:`FIRST_STEPS_TOLERANCE`
+    (26 units of bfloat16) where the pair's precision is not known, else as many units of the coarsest format
+    either run computed in. On the benchmark's benign pairs the first five steps moved by at most 20.5 units
+    (bfloat16 autocast against float32) and 18.5 units (float64, or float32 with other weights' last bits, against
+    float32) of their coarser format."""
+    return FIRST_STEPS_TOLERANCE * UNIT_ROUNDOFF[precision or "bfloat16"] / UNIT_ROUNDOFF["bfloat16"]
+
+
+def magnitude_break(values, center, spread, count, seen, model_spread: float,
+                    tolerance: float = FIRST_STEPS_TOLERANCE):
     """Where a scaled difference of norms breaks, and by how many deviations: once learnt, beyond
     :data:`DEVIATIONS` times the larger of the series' own robust spread and the model's (rounding is of one size
     across a model; never below :data:`STATISTIC_FLOOR`), beyond twice the largest deviation of the window and
-    beyond :data:`MAGNITUDE_FLOOR`; before, beyond :data:`FIRST_STEPS_TOLERANCE`, which rounding cannot reach."""
+    beyond :data:`MAGNITUDE_FLOOR`; before, beyond ``tolerance`` (:func:`first_steps_tolerance`), which rounding
+    cannot reach."""
     learnt = count >= MIN_HISTORY
     noise = np.maximum(np.where(learnt, spread, 0.0), max(model_spread, STATISTIC_FLOOR))
     with np.errstate(invalid="ignore"):
         excess = np.abs(values - center)
-        score = np.nan_to_num(np.where(learnt, excess / noise, DEVIATIONS * excess / FIRST_STEPS_TOLERANCE),
-                              posinf=1e9)
+        score = np.nan_to_num(np.where(learnt, excess / noise, DEVIATIONS * excess / tolerance), posinf=1e9)
         breaks = np.where(learnt, (score > DEVIATIONS) & (excess > 2 * seen) & (excess > MAGNITUDE_FLOOR),
-                          excess > FIRST_STEPS_TOLERANCE)
+                          excess > tolerance)
     return breaks, score
 
 

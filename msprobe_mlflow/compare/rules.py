@@ -10,4 +10,4 @@ def judge_for(settings: RuleSettings, rank: int):
     ``verdict`` once a step is suspicious, ``report()`` for the rank's verdict."""
     if settings.rule == "msprobe":
         return MsprobeJudge(rank, settings.first_threshold, settings.drop_threshold)
-    return NoiseAwareJudge(rank)
+    return NoiseAwareJudge(rank, settings.precision)

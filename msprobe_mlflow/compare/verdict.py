@@ -104,6 +104,18 @@ def check_rule(rule: str) -> None:
         raise ValueError(f"rule = {rule!r} is not accepted; expected one of {', '.join(map(repr, RULES))}")
 
 
+# Unit roundoff of each floating-point format a training computes in (half the gap between 1 and the next number).
+UNIT_ROUNDOFF = {"float64": 2.0 ** -53, "float32": 2.0 ** -24, "tf32": 2.0 ** -11, "float16": 2.0 ** -11,
+                 "bfloat16": 2.0 ** -8}
+
+
+def check_precision(precision: str | None) -> None:
+    if precision is not None and precision not in UNIT_ROUNDOFF:
+        raise ValueError(f"precision = {precision!r} is not accepted; expected one of "
+                         f"{', '.join(map(repr, UNIT_ROUNDOFF))} (the coarsest format either run computed in), or "
+                         f"None (not known: bfloat16 assumed)")
+
+
 @dataclass(frozen=True)
 class RuleSettings:
     """Which rule judges, with its settings (the thresholds are msprobe's rule's only), checked when made."""
@@ -111,22 +123,30 @@ class RuleSettings:
     rule: str = DEFAULT_RULE
     first_threshold: float = DEFAULT_FIRST_THRESHOLD
     drop_threshold: float = DEFAULT_DROP_THRESHOLD
+    precision: str | None = None  # noise rule: the coarsest format either run computed in (None: not known)
 
     def __post_init__(self):
         check_rule(self.rule)
         check_thresholds(self.first_threshold, self.drop_threshold)
+        check_precision(self.precision)
+        if self.precision is not None and self.rule != "noise":
+            raise ValueError(f"precision = {self.precision!r} applies to the noise rule only (msprobe's rule reads "
+                             f"fixed thresholds); use rule='noise' or leave precision out")
 
     def to_dict(self) -> dict:
         settings = {"rule": self.rule}
         if self.rule == "msprobe":
             settings.update(first_threshold=self.first_threshold, drop_threshold=self.drop_threshold)
+        elif self.precision is not None:
+            settings.update(precision=self.precision)
         return settings
 
     def describe(self) -> str:
         """The rule in a few words, for the verdict's lines."""
         if self.rule == "msprobe":
             return f"msprobe's rule: first < {self.first_threshold}, drop > {self.drop_threshold}"
-        return "noise-aware rule: beyond the pair's own numerical noise"
+        precision = f"; first steps judged at {self.precision} rounding" if self.precision else ""
+        return f"noise-aware rule: beyond the pair's own numerical noise{precision}"
 
 
 def trip_at(name: str, step: int, value: float, previous: float | None, first_step: bool,

@@ -84,6 +84,7 @@ class BaselineOptions:
     drop_threshold: float = DEFAULT_DROP_THRESHOLD
     tracking_uri: str | None = None  # where a run ID is looked up; None: the current tracking URI
     rule: str = DEFAULT_RULE
+    precision: str | None = None  # the noise rule's: the coarsest format either run computed in (None: not known)
 
     def __post_init__(self):
         given = self.baseline
@@ -102,7 +103,7 @@ class BaselineOptions:
 
     @property
     def settings(self) -> RuleSettings:
-        return RuleSettings(self.rule, self.first_threshold, self.drop_threshold)
+        return RuleSettings(self.rule, self.first_threshold, self.drop_threshold, self.precision)
 
     @property
     def is_folder(self) -> bool:

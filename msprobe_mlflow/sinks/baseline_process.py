@@ -65,8 +65,10 @@ class BaselineSink:
         self._problem = ""  # why the process could not compare every step, when it could not
         self._ended = threading.Event()  # the process's output ended: every message it sent is handled
         if run is not None:
-            run.annotate(tags={f"{TAG_PREFIX}baseline": options.baseline,
-                               f"{TAG_PREFIX}live_verdict_rule": options.rule})
+            tags = {f"{TAG_PREFIX}baseline": options.baseline, f"{TAG_PREFIX}live_verdict_rule": options.rule}
+            if options.precision:
+                tags[f"{TAG_PREFIX}live_verdict_precision"] = options.precision
+            run.annotate(tags=tags)
         # a run ID is looked up where this process would look it up
         in_process = dataclasses.replace(options, on_suspicious=None, tracking_uri=options.tracking_uri or (
             None if options.is_folder else tracking_uri_if_imported()))

@@ -13,7 +13,8 @@ the runs table can show as a column, sort and search. It holds:
   ``msprobe_mlflow.compare.first_suspicious_step`` and per rank ``...rank{R}.first_suspicious_step``,
   ``...rank{R}.suspicious_parameters`` and ``...rank{R}.sign_noise``; as the run's description (Markdown), the
   verdict in one line, links to both sources, and the printed verdict and table in a fenced block;
-- params ``rule`` (and msprobe's rule's ``first_threshold``, ``drop_threshold``);
+- params ``rule`` (and msprobe's rule's ``first_threshold``, ``drop_threshold``; the noise rule's ``precision``
+  when given);
 - metrics ``summary_similarity/rank{R}`` whose MLflow step is the training step (the UI draws the curve), and
   ``verdict/suspicious``, ``verdict/first_suspicious_step``, ``verdict/rank{R}/first_suspicious_step``,
   ``verdict/rank{R}/suspicious_parameters`` (a count);
@@ -299,8 +300,8 @@ def log_comparison_run(client: MlflowClient, comparison: DumpComparison, sources
 def compare_runs(run_a: str | os.PathLike, run_b: str | os.PathLike, tracking_uri: str | None = None,
                  experiment: str | None = None, run_name: str | None = None,
                  first_threshold: float = DEFAULT_FIRST_THRESHOLD, drop_threshold: float = DEFAULT_DROP_THRESHOLD,
-                 output_dir: str | os.PathLike | None = None, *, rule: str = DEFAULT_RULE, plots: bool = True,
-                 per_param_plots: bool = False,
+                 output_dir: str | os.PathLike | None = None, *, rule: str = DEFAULT_RULE,
+                 precision: str | None = None, plots: bool = True, per_param_plots: bool = False,
                  cache_dir: str | os.PathLike | None = None, log_run: bool = True,
                  progress: bool | None = None) -> RunComparison:
     """Compares two sources (each an MLflow run ID or a dump folder) and logs a comparison run.
@@ -309,10 +310,10 @@ def compare_runs(run_a: str | os.PathLike, run_b: str | os.PathLike, tracking_ur
     tracking server are downloaded only for the ranks and steps both sides hold, cached under ``cache_dir``
     (default ``~/.cache/msprobe-mlflow/runs``). ``output_dir`` None: the local outputs go to a temporary folder,
     removed once logged. ``log_run=False`` writes the local outputs only (``run_id`` is then None). ``rule``:
-    ``"noise"`` (the default) or ``"msprobe"`` (with ``first_threshold`` and ``drop_threshold``), see
-    ``compare/verdict.py``.
+    ``"noise"`` (the default, with ``precision`` as :func:`~msprobe_mlflow.compare.engine.compare_dumps` takes it)
+    or ``"msprobe"`` (with ``first_threshold`` and ``drop_threshold``), see ``compare/verdict.py``.
     """
-    RuleSettings(rule, first_threshold, drop_threshold)  # a bad rule or threshold is refused before any reading
+    RuleSettings(rule, first_threshold, drop_threshold, precision)  # bad settings are refused before any reading
     clients: list[MlflowClient] = []
 
     def client_factory(reading: str | None = None) -> MlflowClient:
@@ -331,7 +332,7 @@ def compare_runs(run_a: str | os.PathLike, run_b: str | os.PathLike, tracking_ur
         output_dir = scratch / "grad_compare"
     try:
         comparison = compare_dumps(folder_a, folder_b, output_dir, rule=rule, first_threshold=first_threshold,
-                                   drop_threshold=drop_threshold, plots=plots, per_param_plots=per_param_plots,
+                                   drop_threshold=drop_threshold, precision=precision, plots=plots, per_param_plots=per_param_plots,
                                    progress=progress)
         run_id = experiment_id = previous = None
         if log_run:
