@@ -17,7 +17,9 @@ from typing import Callable
 
 import numpy as np
 import torch
-from numba import njit
+from numba import carray, njit, types
+from numba.core import cgutils
+from numba.extending import intrinsic
 
 from msprobe_mlflow.compat import foreach_norm, numba_slp_vectorize, set_numba_cache_dir
 from msprobe_mlflow.statistics_table import md5_hex
@@ -115,7 +117,7 @@ def _pack_signs(block, positive, out):
 
 
 def _segments_statistics(values, words, ends, rows, bounds, limits, with_counts, with_signs, with_squares,
-                         keys, counts, squares, signs, sign_offsets):
+                         keys, counts, squares, signs, sign_offsets, positive):
     """For segment ``s = values[ends[s-1]:ends[s]]``, writes into row ``rows[s]``: ``keys`` (max and min order
     keys), ``counts`` (``x <= b`` per bound, then ``x == 0``, then NaN), ``squares`` (the sum of ``x * x`` in
     torch's order), and its packed signs at ``signs[sign_offsets[s]:]``.
@@ -124,8 +126,7 @@ def _segments_statistics(values, words, ends, rows, bounds, limits, with_counts,
     lane ``i % 8``: 8 named lane states that the compiler keeps in vector registers (SLP, see :func:`_slp`), and
     8 float32 sums of squares added in the segment's order, as torch's CPU norm does (equal bit for bit, checked
     once by :func:`_squares_match_torch`). The signs and each bound's count are loops over the block while it
-    sits in the L1 cache."""
-    positive = np.zeros(BLOCK, np.uint8)
+    sits in the L1 cache (``positive``: a scratch block of bytes)."""
     zero, magnitude, infinity = values.dtype.type(0), limits[1], limits[2]
     start = 0
     for s in range(ends.size):
@@ -166,9 +167,32 @@ def _segments_statistics(values, words, ends, rows, bounds, limits, with_counts,
         start = end
 
 
+@intrinsic
+def _pointer(typing_context, address):
+    """An integer address as a ``void *``, which ``carray`` reads as an array."""
+    def generate(context, builder, signature, arguments):
+        return builder.inttoptr(arguments[0], cgutils.voidptr_t)
+    return types.voidptr(address), generate
+
+
+def _addressed_statistics(addresses, sizes, rows, like, word_like, bounds, limits, with_counts, with_signs,
+                          with_squares, keys, counts, squares, signs, sign_offsets):
+    """:func:`_segments_statistics` of each array ``s``, read where it lies: ``sizes[s]`` elements of ``like``'s
+    dtype at ``addresses[s]`` (a tensor's ``data_ptr()``, kept alive by the caller), into row ``rows[s]``. No
+    copy and no Python object per array: a model of many small gradients costs what their bytes cost."""
+    ends = np.empty(1, np.int64)
+    positive = np.zeros(BLOCK, np.uint8)
+    for s in range(addresses.size):
+        ends[0] = sizes[s]
+        values = carray(_pointer(addresses[s]), (sizes[s],), like.dtype)
+        words = carray(_pointer(addresses[s]), (sizes[s],), word_like.dtype)
+        _segments_statistics(values, words, ends, rows[s:s + 1], bounds, limits, with_counts, with_signs,
+                             with_squares, keys, counts, squares, signs, sign_offsets[s:s + 1], positive)
+
+
 _lane = njit(inline="always")(_lane)  # inlined before compiling: the 8 lanes are straight-line code to vectorise
-_fused_square_add, _count_below, _pack_signs, _segments_statistics = map(_compiled, (
-    _fused_square_add, _count_below, _pack_signs, _segments_statistics))
+_fused_square_add, _count_below, _pack_signs, _segments_statistics, _addressed_statistics = map(_compiled, (
+    _fused_square_add, _count_below, _pack_signs, _segments_statistics, _addressed_statistics))
 
 
 def _order_key_to_values(keys: np.ndarray, dtype: np.dtype) -> np.ndarray:
@@ -186,31 +210,61 @@ def _squares_match_torch() -> bool:
     rng = np.random.default_rng(0)
     arrays = [(rng.standard_normal(size) * rng.uniform(0.01, 100)).astype(np.float32)
               for size in [*range(1, 24), 3 * BLOCK + 13] * 8]
-    _, _, squares = _run(arrays, np.zeros(0, np.float32), False, False, True, np.zeros(len(arrays), np.int64), None, 1)
+    _, _, squares = _run(Located.of_arrays(arrays), np.dtype(np.float32), np.zeros(0, np.float32), False, False,
+                         True, np.zeros(len(arrays), np.int64), None, 1)
     return np.array_equal(np.sqrt(squares), torch.stack(foreach_norm(list(map(torch.from_numpy, arrays)))))
 
 
-def _run(arrays, bounds, with_counts, with_signs, with_squares, sign_offsets, signs, threads):
-    """The kernel over ``arrays`` (one dtype), arrays of ``SMALL_ARRAY`` or more one call each, the rest in one
-    call, the calls spread over ``threads`` threads (the largest first). Returns ``keys, counts, squares``."""
-    count = len(arrays)
+class Located:
+    """Arrays as the kernel reads them: each one's address and element count, and whether it is float64 (else
+    float32). The caller keeps the arrays alive while the kernel runs."""
+
+    def __init__(self, addresses: np.ndarray, sizes: np.ndarray, is_float64: np.ndarray):
+        self.addresses, self.sizes, self.is_float64 = addresses, sizes, is_float64
+
+    @classmethod
+    def of_arrays(cls, arrays: list[np.ndarray]) -> "Located":
+        """Contiguous 1-D float32/float64 numpy arrays."""
+        return cls(np.array([a.__array_interface__["data"][0] for a in arrays], np.int64),
+                   np.array([a.size for a in arrays], np.int64), np.array([a.dtype == np.float64 for a in arrays]))
+
+    @classmethod
+    def of_tensors(cls, tensors: list[torch.Tensor], float64: bool = True) -> "Located":
+        """Contiguous float32/float64 CPU tensors (``float64=False``: none is float64), with a few calls made in C
+        per tensor."""
+        count = len(tensors)
+        is_float64 = np.fromiter((t.dtype is torch.float64 for t in tensors), bool, count) if float64 else \
+            np.zeros(count, bool)
+        return cls(np.fromiter(map(torch.Tensor.data_ptr, tensors), np.int64, count),
+                   np.fromiter(map(torch.Tensor.numel, tensors), np.int64, count), is_float64)
+
+
+def _run(located: Located, dtype: np.dtype, bounds, with_counts, with_signs, with_squares, sign_offsets, signs,
+         threads, members: np.ndarray | None = None):
+    """The kernel over the located arrays ``members`` (all of them when None; all of ``dtype``), each of
+    ``SMALL_ARRAY`` elements or more in a call of its own, the rest in one call, the calls spread over ``threads``
+    threads (the largest first). Returns ``keys, counts, squares``, a row per member."""
+    members = np.arange(located.sizes.size) if members is None else members
+    sizes = located.sizes[members]
+    count = members.size
     keys = np.zeros((count, 2), np.int64)
     counts = np.zeros((count, len(bounds) + 2), np.int64)
-    squares = np.zeros(count, arrays[0].dtype if arrays else np.float32)
+    squares = np.zeros(count, dtype)
     signs = np.zeros(0, np.uint8) if signs is None else signs
-    present = [i for i in range(count) if arrays[i].size]
-    groups = sorted([[i] for i in present if arrays[i].size >= SMALL_ARRAY], key=lambda g: -arrays[g[0]].size)
-    groups += [[i for i in present if arrays[i].size < SMALL_ARRAY]]
-    limits = _LIMITS[arrays[0].dtype] if arrays else None
-    typed_bounds = np.asarray(bounds, arrays[0].dtype if arrays else np.float32)
+    present = np.flatnonzero(sizes)
+    large = present[sizes[present] >= SMALL_ARRAY]
+    groups = [large[k:k + 1] for k in np.argsort(-sizes[large], kind="stable")]
+    groups += [present[sizes[present] < SMALL_ARRAY]]
+    limits = _LIMITS[dtype]
+    typed_bounds = np.asarray(bounds, dtype)
+    like, word_like = np.empty(0, dtype), np.empty(0, limits.dtype)
 
-    def call(group: list[int]) -> None:
-        flat = arrays[group[0]] if len(group) == 1 else np.concatenate([arrays[i] for i in group])
-        _segments_statistics(flat, flat.view(limits.dtype), np.cumsum([arrays[i].size for i in group]),
-                             np.array(group, np.int64), typed_bounds, limits, with_counts, with_signs, with_squares,
-                             keys, counts, squares, signs, sign_offsets[group])
+    def call(rows: np.ndarray) -> None:
+        _addressed_statistics(located.addresses[members[rows]], sizes[rows], rows, like, word_like, typed_bounds,
+                              limits, with_counts, with_signs, with_squares, keys, counts, squares, signs,
+                              sign_offsets[rows])
 
-    in_parallel(call, [g for g in groups if g], threads if sum(a.size for a in arrays) >= PARALLEL_MIN else 1)
+    in_parallel(call, [g for g in groups if g.size], threads if sizes.sum() >= PARALLEL_MIN else 1)
     return keys, counts, squares
 
 
@@ -246,8 +300,15 @@ def worker_threads() -> int:
 
 def statistics(arrays: list[np.ndarray], bounds, *, with_counts: bool, with_signs: bool, sign_offsets: list[int],
                signs: np.ndarray | None, with_norms: bool = False) -> tuple[np.ndarray, ...]:
-    """``(maxima, minima, counts, norms)`` of 1-D float32/float64 ``arrays``, their packed signs written into
-    ``signs`` at ``sign_offsets`` when ``with_signs``.
+    """:func:`located_statistics` of contiguous 1-D float32/float64 numpy ``arrays``."""
+    return located_statistics(Located.of_arrays(arrays), bounds, with_counts=with_counts, with_signs=with_signs,
+                              sign_offsets=sign_offsets, signs=signs, with_norms=with_norms)
+
+
+def located_statistics(located: Located, bounds, *, with_counts: bool, with_signs: bool, sign_offsets,
+                       signs: np.ndarray | None, with_norms: bool = False) -> tuple[np.ndarray, ...]:
+    """``(maxima, minima, counts, norms)`` of the ``located`` arrays, their packed signs written into ``signs`` at
+    ``sign_offsets`` when ``with_signs``.
 
     maxima, minima: float64, NaN for an empty array or one holding NaN (NaN propagates, as ``np.max``); of +0.0 and
     -0.0, max is +0.0 and min -0.0. counts: int64 ``(len(arrays), len(bounds) + 1)``, the elements ``x <= b`` for
@@ -255,19 +316,19 @@ def statistics(arrays: list[np.ndarray], bounds, *, with_counts: bool, with_sign
     norms (``with_norms``): float32, ``torch.linalg.vector_norm`` of each float32 array bit for bit, NaN where it
     could not be computed so (another dtype, or a torch whose kernel sums in another order): the caller asks torch.
     """
-    count = len(arrays)
+    count = located.sizes.size
     maxima, minima, norms = np.full(count, np.nan), np.full(count, np.nan), np.full(count, np.nan, np.float32)
     counts = np.zeros((count, len(bounds) + 1), np.int64)
     threads, sign_offsets = worker_threads(), np.asarray(sign_offsets, np.int64)
-    for dtype in {a.dtype for a in arrays}:
-        members = [i for i, a in enumerate(arrays) if a.dtype == dtype]
+    for is_float64 in np.unique(located.is_float64):
+        dtype = np.dtype(np.float64 if is_float64 else np.float32)
+        found = np.flatnonzero(located.is_float64 == is_float64)
         with _slp(dtype):
             with_squares = with_norms and dtype == np.float32 and _squares_match_torch()
-            keys, all_counts, squares = _run([arrays[i] for i in members], bounds, with_counts, with_signs,
-                                             with_squares, sign_offsets[members], signs, threads)
-        found = np.array(members, np.int64)
+            keys, all_counts, squares = _run(located, dtype, bounds, with_counts, with_signs, with_squares,
+                                             sign_offsets[found], signs, threads, found)
         counts[found] = all_counts[:, :-1]
-        clean = (all_counts[:, -1] == 0) & np.array([arrays[i].size > 0 for i in members], bool)
+        clean = (all_counts[:, -1] == 0) & (located.sizes[found] > 0)
         maxima[found[clean]] = _order_key_to_values(keys[clean, 0], dtype)
         minima[found[clean]] = _order_key_to_values(keys[clean, 1], dtype)
         if with_squares:

@@ -59,6 +59,8 @@ class GradientMonitor(SessionMonitor):
         self._in_closure = False  # while optimizer.step(closure) runs the closure: hooks record _closure_step
         self._closure_step: int | None = None  # None: the closure's step is probed already
         self._parameters: list[tuple[str, torch.nn.Parameter, FlatSlot | None]] = []
+        self._parameter_names: list[str] = []
+        self._plain_parameters: list[torch.nn.Parameter] = []
         self._optimizer: torch.optim.Optimizer | None = None
         self._model_id: int | None = None
         self._hook = None
@@ -93,6 +95,9 @@ class GradientMonitor(SessionMonitor):
                                      f"(torch.distributed.fsdp.fully_shard)")
                 self.notices.warn(self._unsupported)
         self._parameters = [(n, p, slot) for n, p, slot in named if self.config.wants_param(n)]
+        self._parameter_names = [n for n, _, _ in self._parameters]
+        plain = not any(slot is not None or hasattr(type(p), "main_grad") for _, p, slot in self._parameters)
+        self._plain_parameters = [p for _, p, _ in self._parameters] if plain else []  # each gradient in .grad
         missing = set(self.config.param_list) - {n for n, _, _ in named}
         if missing:
             self.notices.warn(f"grad_probe.param_list names parameters the model does not have: {sorted(missing)}")
@@ -192,28 +197,12 @@ class GradientMonitor(SessionMonitor):
         buckets = self._early.take() if self._early else {}
         if self._unsupported:
             raise NotImplementedError(self._unsupported)
-        names, grads, indices, originals = [], [], [], []
-        for index, (name, parameter, slot) in enumerate(self._parameters):
-            if slot is not None:  # FSDP1: this rank's piece of the flattened gradient
-                piece, start, capacity = slot.piece(parameter)
-                if piece is not None:
-                    names.append(name)
-                    grads.append(FlatPiece(piece.detach(), slot.shape, start, capacity, slot.group))
-                continue
-            grad = parameter.main_grad if hasattr(parameter, "main_grad") else parameter.grad
-            if grad is None:
-                continue
-            if grad.is_sparse:
-                grad = grad.to_dense()
-            names.append(name)
-            grads.append(grad.detach() if grad.requires_grad else grad)  # a seldom case: no call per gradient
-            indices.append(index)
-            originals.append(grad)  # the object the overlap's hook saw
+        names, grads, indices, originals = self._gradients()
         sharded = has_sharded(grads)  # its statistics are collectives: every rank takes part, written or not
         if not (writes or sharded):
             return
-        unsupported = [f"{n} ({g.dtype})" for n, g in zip(names, grads) if not g.dtype.is_floating_point]
-        if unsupported:
+        if not all(dtype.is_floating_point for dtype in {g.dtype for g in grads}):
+            unsupported = [f"{n} ({g.dtype})" for n, g in zip(names, grads) if not g.dtype.is_floating_point]
             raise TypeError(f"gradients of {', '.join(unsupported)} have no max/min/sign statistics; expected "
                             f"real floating dtypes (leave such parameters out with grad_probe.param_list)")
         directions = self.directions_schedule.wants(step)
@@ -235,6 +224,36 @@ class GradientMonitor(SessionMonitor):
         if writes:
             self._probed_steps += 1
             self._session.submit(pending)
+
+    def _gradients(self) -> tuple[list[str], list, list[int], list[torch.Tensor]]:
+        """The gradients to record now: their names, the gradients (FSDP1: this rank's pieces of the flat ones),
+        their parameters' indices, and the objects the parameters hold (the overlap's hooks saw those). The usual
+        case, dense gradients in ``.grad`` on every parameter, is a few list operations, not a loop in Python."""
+        parameters = self._parameters
+        plain = self._plain_parameters
+        if plain:
+            held = [parameter.grad for parameter in plain]
+            if not any(grad is None or grad.is_sparse or grad.requires_grad for grad in held) and \
+                    not any("main_grad" in parameter.__dict__ for parameter in plain):
+                return self._parameter_names, held, list(range(len(held))), held
+        names, grads, indices, originals = [], [], [], []
+        for index, (name, parameter, slot) in enumerate(parameters):
+            if slot is not None:  # FSDP1: this rank's piece of the flattened gradient
+                piece, start, capacity = slot.piece(parameter)
+                if piece is not None:
+                    names.append(name)
+                    grads.append(FlatPiece(piece.detach(), slot.shape, start, capacity, slot.group))
+                continue
+            grad = parameter.main_grad if hasattr(parameter, "main_grad") else parameter.grad
+            if grad is None:
+                continue
+            if grad.is_sparse:
+                grad = grad.to_dense()
+            names.append(name)
+            grads.append(grad.detach() if grad.requires_grad else grad)
+            indices.append(index)
+            originals.append(grad)
+        return names, grads, indices, originals
 
     def _report_failure(self, step: int, error: Exception) -> None:
         """Counted in ``errors``, tagged on the run (the failed steps), warned about once, logged each time."""

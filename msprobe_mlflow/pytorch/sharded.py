@@ -42,8 +42,8 @@ def _dtensor_type():
 
 def has_sharded(grads: list) -> bool:
     DTensor = _dtensor_type()
-    return any(isinstance(g, FlatPiece) for g in grads) or (DTensor is not None and
-                                                            any(isinstance(g, DTensor) for g in grads))
+    kinds = {type(g) for g in grads}
+    return any(issubclass(kind, FlatPiece) or (DTensor is not None and issubclass(kind, DTensor)) for kind in kinds)
 
 
 @dataclass(frozen=True)

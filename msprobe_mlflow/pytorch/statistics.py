@@ -92,12 +92,14 @@ def launch_step_statistics(names: list[str], grads: list[torch.Tensor], *, rank:
         raise ValueError(f"checksum = {checksum!r} is not accepted; expected one of {', '.join(CHECKSUMS)}")
     recorded = LEVELS[level] if directions else dataclasses.replace(LEVELS[level], has_directions=False)
     device_checksum = checksum == "mix64" and recorded.has_md5
-    layout = StatisticsLayout(recorded, bounds, [g.numel() for g in grads], device_checksum, extra)
     bounds32, statistics = float32_bounds(bounds), extra_statistics(extra)
     cache = cache or StatisticsCache()
     by_device: dict[torch.device, list[int]] = {}
-    for index, grad in enumerate(grads):
-        by_device.setdefault(grad.device, []).append(index)
+    if grads and all(grad.is_cpu for grad in grads):  # the usual CPU case, without a device object per gradient
+        by_device[torch.device("cpu")] = list(range(len(grads)))
+    else:
+        for index, grad in enumerate(grads):
+            by_device.setdefault(grad.device, []).append(index)
     digests = None
     if recorded.has_md5 and not device_checksum and list(by_device) == [torch.device("cpu")]:
         digests = fused.md5_digests([_host_array(g) for g in grads])  # in place, before the optimizer writes
@@ -111,6 +113,7 @@ def launch_step_statistics(names: list[str], grads: list[torch.Tensor], *, rank:
         if len(parts) == 1:  # the usual case: one device
             statistics, signs, float32_values = parts[0][1]
         else:
+            layout = StatisticsLayout(recorded, bounds, [g.numel() for g in grads], device_checksum, extra)
             statistics, signs, float32_values = layout.merge(parts)
         record = record_from_statistics(rank=rank, step=step, level=level, bounds=bounds, names=names,
                                         shapes=[g.shape for g in grads], statistics=statistics, signs=signs,
@@ -149,30 +152,42 @@ def _host_array(grad: torch.Tensor) -> np.ndarray:
     return (grad.detach() if grad.requires_grad else grad).numpy().reshape(-1)
 
 
+_READ_IN_PLACE = {torch.float32, torch.float64}
+
+
 def _host_statistics(grads, level, bounds32, extra: tuple[Statistic, ...] = (),
                      cache: "StatisticsCache | None" = None):
-    """The CPU path: :mod:`msprobe_mlflow.pytorch.fused` reads each gradient once (zero-copy numpy views; bf16
-    and fp16 are compared in float32), computing max, min, the norm, the L2 counts and the sign bits together.
-    The norms it cannot give bit for bit as torch's (bf16/fp16/float64, non-contiguous) come from torch. Opt-in
-    ``extra`` statistics are their numpy reference, one more read each."""
-    arrays = [_host_array(g) for g in grads]
-    layout = StatisticsLayout(level, bounds32, [a.size for a in arrays], extra=[s.name for s in extra])
+    """The CPU path: :mod:`msprobe_mlflow.pytorch.fused` reads each gradient once where it lies (bf16 and fp16
+    are compared in float32, non-contiguous gradients in a contiguous copy), computing max, min, the norm, the L2
+    counts and the sign bits together. The norms it cannot give bit for bit as torch's (bf16/fp16/float64,
+    non-contiguous) come from torch. Opt-in ``extra`` statistics are their numpy reference, one more read each."""
+    cache = cache or StatisticsCache()
+    dtypes = {g.dtype for g in grads}
+    in_place = dtypes <= _READ_IN_PLACE and all(map(torch.Tensor.is_contiguous, grads))
+    readable = grads if in_place else [g if g.dtype in _READ_IN_PLACE else _comparable(g) for g in grads]
+    readable = readable if in_place else [g.contiguous() for g in readable]  # held until the kernel is done
+    located = fused.Located.of_tensors(readable, float64=torch.float64 in dtypes)
+    layout = cache.layout(level, bounds32, located.sizes, [s.name for s in extra])
     signs = np.empty(layout.signs_length, np.uint8) if level.has_directions else None
-    maxima, minima, counts, norms = fused.statistics(arrays, bounds32, with_counts=level.has_buckets,
-                                                     with_signs=level.has_directions,
-                                                     sign_offsets=layout.sign_offsets(),
-                                                     signs=signs, with_norms=True)
-    unknown = np.isnan(norms)
-    by_torch = [i for i, grad in enumerate(grads)
-                if unknown[i] or grad.dtype != torch.float32 or not grad.is_contiguous()]
-    if by_torch:  # torch's own kernel, in the gradient's dtype
-        norms[by_torch] = torch.stack(foreach_norm([grads[i] for i in by_torch])).float().numpy()
+    maxima, minima, counts, norms = fused.located_statistics(located, bounds32, with_counts=level.has_buckets,
+                                                             with_signs=level.has_directions,
+                                                             sign_offsets=layout.sign_offsets(), signs=signs,
+                                                             with_norms=True)
+    by_torch = np.isnan(norms)
+    if not in_place:
+        by_torch |= ~np.fromiter((g.dtype is torch.float32 and g.is_contiguous() for g in grads), bool, len(grads))
+    if by_torch.any():  # torch's own kernel, in the gradient's dtype
+        at = np.flatnonzero(by_torch)
+        norms[at] = torch.stack(foreach_norm([grads[i] for i in at])).float().numpy()
     head = np.column_stack([maxima.astype(np.float32), minima.astype(np.float32), norms]).astype(np.float64)
-    extras = np.array([[statistic.reduce(array) for statistic in extra] for array in arrays]).reshape(len(arrays), -1)
-    statistics = np.concatenate(layout.in_order({EXTREMES: head, CUMULATIVE_COUNTS: counts, EXTRA: extras}))
+    sections = {EXTREMES: head, CUMULATIVE_COUNTS: counts}
+    if extra or level.has_md5:
+        arrays = [_host_array(g) for g in readable]
+        sections[EXTRA] = np.array([[s.reduce(array) for s in extra] for array in arrays]).reshape(len(arrays), -1)
+    statistics = np.concatenate(layout.in_order(sections))
     float32_values = None
     if level.has_md5:  # a snapshot: the optimizer may change the gradients before the writer hashes them
-        float32_values = (cache or StatisticsCache()).snapshot_buffer(layout.values_length)
+        float32_values = cache.snapshot_buffer(layout.values_length)
         for array, piece in zip(arrays, layout.value_slices()):
             float32_values[piece] = array
     return statistics, signs, float32_values
@@ -190,6 +205,15 @@ class StatisticsCache:
     def __init__(self):
         self.row_buffers: dict[tuple, _RowBuffer] = {}
         self.free_snapshots: list[np.ndarray] = []
+        self._layouts: dict[tuple, StatisticsLayout] = {}  # the last step's, by what makes it
+
+    def layout(self, level: Level, bounds, numels: np.ndarray, extra) -> StatisticsLayout:
+        """The step's :class:`StatisticsLayout`, made once for a model's gradients (a few microseconds per
+        gradient) and then found by its numbers."""
+        key = (level, tuple(map(float, bounds)), numels.tobytes(), tuple(extra))
+        if key not in self._layouts:
+            self._layouts = {key: StatisticsLayout(level, bounds, numels.tolist(), extra=extra)}
+        return self._layouts[key]
 
     def snapshot_buffer(self, size: int) -> np.ndarray:
         """A float32 buffer of ``size`` elements for an L0 snapshot: a view of a buffer the writer has hashed (see
@@ -217,6 +241,7 @@ class StatisticsCache:
     def release(self) -> None:
         self.row_buffers.clear()
         self.free_snapshots.clear()
+        self._layouts = {}
 
     def nbytes(self) -> int:
         """The bytes :meth:`release` frees (each row buffer's tensors; its ``targets`` are views of ``flat``)."""
