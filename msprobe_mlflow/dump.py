@@ -163,8 +163,8 @@ def csv_cells(values: list[str]) -> list[str]:
 
 def summary_csv_bytes(record: StepRecord) -> bytes:
     """``csv_text([record.csv_header(), *record.csv_rows()])``, built at once for the writer thread (which shares
-    the interpreter lock with training): numpy formats the numbers (its float64 text is Python's ``repr``), each
-    distinct value once (shares repeat), into the layout's text (:func:`_summary_template`). Made once per record:
+    the interpreter lock with training): Python's ``repr`` formats the numbers (what the ``csv`` writer writes),
+    each distinct value once (shares repeat), into the layout's text (:func:`_summary_template`). Made once per record:
     the local dump writes them, the metrics read them back."""
     if record.summary_csv is None:
         record.summary_csv = _summary_csv(record)
@@ -174,7 +174,8 @@ def summary_csv_bytes(record: StepRecord) -> bytes:
 def _summary_csv(record: StepRecord) -> bytes:
     numbers = record.numbers()
     distinct, where = np.unique(numbers.view(np.int64), return_inverse=True)  # by bits: -0.0 apart from 0.0
-    cells = distinct.view(np.float64).astype(str)[where.reshape(numbers.shape)]
+    texts = np.array(list(map(float.__repr__, distinct.view(np.float64).tolist())), dtype=object)
+    cells = texts[where.reshape(numbers.shape)]
     empty = [i for i, numel in enumerate(record.numels) if not numel]
     if empty and record.share_columns:
         cells[empty, :record.share_columns] = "0"

@@ -5,6 +5,7 @@ MLflow sink and the comparator only ever see this.
 """
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, field
 
@@ -48,7 +49,7 @@ class StepRecord:
     extra: dict[str, np.ndarray] | None = None
     summary_csv: bytes | None = field(default=None, repr=False, compare=False)  # set once written: sinks reuse it
 
-    @property
+    @functools.cached_property
     def numels(self) -> list[int]:
         return [math.prod(shape) for shape in self.shapes]
 
