@@ -64,6 +64,7 @@ NO_MONITOR = "no monitor"
 MLFLOW_VARIANT = "ours L2 + MLflow"
 REPRODUCE = "benchmarks/run"
 WARM_UP_ITERATIONS = 5  # the first iterations of a process run several times slower here (fresh pages)
+MIN_TURN_SECONDS = 0.25  # a turn times at least this long: 3 iterations of a 13 ms model swing 0.9x-2.7x
 
 
 # --- workloads --------------------------------------------------------------------------------------------------
@@ -302,7 +303,8 @@ def md5_seconds(workload: Workload, repeats: int = 3) -> float:
 
 
 def measure(workload: Workload, variant: Variant, folder: Path, iterations: int) -> dict:
-    """One turn of a variant: attach, a probed warm-up, ``iterations`` timed iterations, stop."""
+    """One turn of a variant: attach, a probed warm-up, ``iterations`` timed iterations (more until the turn
+    lasted ``MIN_TURN_SECONDS``), stop."""
     with PeakResidentMemory() as memory:
         attached = variant.attach(workload, folder) if variant.attach else None
         workload.iteration()
@@ -310,10 +312,11 @@ def measure(workload: Workload, variant: Variant, folder: Path, iterations: int)
             attached.flush()  # the warm-up step's background work stays out of the timed span
         iteration_seconds = []
         wall_start, cpu_start = time.perf_counter(), time.process_time()
-        for _ in range(iterations):
+        while len(iteration_seconds) < iterations or time.perf_counter() - wall_start < MIN_TURN_SECONDS:
             start = time.perf_counter()
             workload.iteration()
             iteration_seconds.append(time.perf_counter() - start)
+        iterations = len(iteration_seconds)
         if attached:
             attached.stop()
         wall, cpu = time.perf_counter() - wall_start, time.process_time() - cpu_start
@@ -472,7 +475,8 @@ def markdown(result: dict) -> str:
         f"{machine['torch_threads']} intra-op thread(s) (`--torch-threads`): on a small machine shared with other "
         f"work, 2 OpenMP threads stall whenever another process holds a CPU and iteration times swing tenfold; a "
         f"faster baseline would make every ratio larger. {settings['rounds']} rounds of every variant in rotating "
-        f"order, each: attach, 1 probed warm-up, {settings['iterations']} timed iterations, stop; medians over "
+        f"order, each: attach, 1 probed warm-up, {settings['iterations']} timed iterations or more, until the turn "
+        f"lasted {MIN_TURN_SECONDS} s, stop; medians over "
         f"rounds.",
         f"Same work as msprobe 1.0.3 (one step probed by both, small model): {same}.",
         "",

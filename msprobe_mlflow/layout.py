@@ -106,7 +106,7 @@ class StatisticsLayout:
 
     @property
     def signs_length(self) -> int:
-        return sum(packed_length(numel) for numel in self.numels) if self.level.has_directions else 0
+        return int(packed_length(np.asarray(self.numels, np.int64)).sum()) if self.level.has_directions else 0
 
     @property
     def values_length(self) -> int:

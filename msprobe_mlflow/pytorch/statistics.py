@@ -164,8 +164,7 @@ def _host_statistics(grads, level, bounds32, extra: tuple[Statistic, ...] = (),
     cache = cache or StatisticsCache()
     dtypes = {g.dtype for g in grads}
     in_place = dtypes <= _READ_IN_PLACE and all(map(torch.Tensor.is_contiguous, grads))
-    readable = grads if in_place else [g if g.dtype in _READ_IN_PLACE else _comparable(g) for g in grads]
-    readable = readable if in_place else [g.contiguous() for g in readable]  # held until the kernel is done
+    readable = grads if in_place else [_comparable(g).contiguous() for g in grads]  # held until the kernel is done
     located = fused.Located.of_tensors(readable, float64=torch.float64 in dtypes)
     layout = cache.layout(level, bounds32, located.sizes, [s.name for s in extra])
     signs = np.empty(layout.signs_length, np.uint8) if level.has_directions else None
