@@ -332,8 +332,8 @@ def compare_runs(run_a: str | os.PathLike, run_b: str | os.PathLike, tracking_ur
         output_dir = scratch / "grad_compare"
     try:
         comparison = compare_dumps(folder_a, folder_b, output_dir, rule=rule, first_threshold=first_threshold,
-                                   drop_threshold=drop_threshold, precision=precision, plots=plots, per_param_plots=per_param_plots,
-                                   progress=progress)
+                                   drop_threshold=drop_threshold, precision=precision, plots=plots,
+                                   per_param_plots=per_param_plots, progress=progress)
         run_id = experiment_id = previous = None
         if log_run:
             run_id, experiment_id, previous = log_comparison_run(client_factory(), comparison, sources, experiment,
