@@ -265,3 +265,13 @@ def test_runs_that_agreed_bit_for_bit_have_no_noise_so_an_early_sign_bug_is_name
         found = judge.judge_step(_step(step, [1_000 if step < 3 else 600, 1_000], numels, [1, 1], [1, 1]))
     assert found is None and judge.verdict.first_suspicious_step == 3
     assert [trip.name for trip in judge.verdict.parameter_trips] == ["w"] and judge.verdict.sign_noise == []
+
+
+def test_the_comparison_run_records_the_pairs_precision(runs, tmp_experiment):
+    from mlflow.tracking import MlflowClient
+
+    from msprobe_mlflow import compare_runs
+
+    result = compare_runs(runs["baseline"], runs["head_in_bf16_from_0"], precision="float32", plots=False)
+    params = MlflowClient().get_run(result.run_id).data.params
+    assert params == {"rule": "noise", "precision": "float32"} and result.verdict.first_suspicious_step == 0
