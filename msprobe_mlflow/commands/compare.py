@@ -66,6 +66,7 @@ def compare(a: str, b: str, output: str | None, experiment: str | None, run_name
     Verdict (--rule noise, the default): a step is suspicious when the runs differ there by more than their own
     numerical noise, learnt from the pair: in the directions, or (at L1/L2) in the gradient norms, max |g| or the
     L2 distribution. Parameters whose signs differ only at rounding level are reported as "sign is noise".
+    --precision tells it the coarsest format the runs computed in, for their first steps.
     --rule msprobe: the first compared step below --first-threshold, or a drop of more than --drop-threshold. The
     first suspicious step per rank is printed with the parameters that moved most beyond their noise.
 
@@ -80,6 +81,7 @@ def compare(a: str, b: str, output: str | None, experiment: str | None, run_name
       msprobe-mlflow compare ./dump_baseline ./dump_candidate --no-mlflow --output ./compare_out
       msprobe-mlflow compare $BASELINE_RUN $CANDIDATE_RUN --tracking-uri http://mlflow:5000 --fail-on-suspicious
       msprobe-mlflow compare ./dump_a ./dump_b --no-mlflow --rule msprobe --drop-threshold 0.05
+      msprobe-mlflow compare ./dump_cpu_fp64 ./dump_cpu_fp32 --no-mlflow --precision float32
     """
     from msprobe_mlflow.compare.engine import compare_dumps
 
