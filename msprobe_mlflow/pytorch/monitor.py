@@ -229,7 +229,6 @@ class GradientMonitor(SessionMonitor):
         """The gradients to record now: their names, the gradients (FSDP1: this rank's pieces of the flat ones),
         their parameters' indices, and the objects the parameters hold (the overlap's hooks saw those). The usual
         case, dense gradients in ``.grad`` on every parameter, is a few list operations, not a loop in Python."""
-        parameters = self._parameters
         plain = self._plain_parameters
         if plain:
             held = [parameter.grad for parameter in plain]
@@ -237,7 +236,7 @@ class GradientMonitor(SessionMonitor):
                     not any("main_grad" in parameter.__dict__ for parameter in plain):
                 return self._parameter_names, held, list(range(len(held))), held
         names, grads, indices, originals = [], [], [], []
-        for index, (name, parameter, slot) in enumerate(parameters):
+        for index, (name, parameter, slot) in enumerate(self._parameters):
             if slot is not None:  # FSDP1: this rank's piece of the flattened gradient
                 piece, start, capacity = slot.piece(parameter)
                 if piece is not None:
