@@ -175,6 +175,9 @@ def test_a_bug_from_step_0_below_bfloat16_rounding_is_named_there_once_the_pairs
     assert unknown.first_suspicious_step != 0
     given = verdict(runs, "head_in_bf16_from_0", precision="float32")
     assert given.first_suspicious_step == 0 and given.parameter_trips
+    bound = 0.1 * 2.0 ** -16  # 26 float32 units: 0.1 for 26 bfloat16 units, times 2**-24 / 2**-8
+    assert given.parameter_trips[0].detail.endswith(f"(rounding moves it by {bound * 100:.2g}% at most in the first "
+                                                     f"steps)")
     assert verdict(runs, "float64", precision="float32").first_suspicious_step is None
 
 

@@ -117,10 +117,14 @@ class _History:
             self.values = np.concatenate([self.values, np.full((WINDOW, width - self.values.shape[1]), np.nan)],
                                          axis=1)
 
+    def counts(self, places: np.ndarray) -> np.ndarray:
+        """Per place: how many values there are."""
+        return np.sum(~np.isnan(self.values[:, places]), axis=0)
+
     def center_and_spread(self, places: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Per place: the median, the robust spread (1.4826 MAD) and how many values there are."""
         window = self.values[:, places]
-        count = np.sum(~np.isnan(window), axis=0)
+        count = self.counts(places)
         with np.errstate(all="ignore"), warnings.catch_warnings():
             warnings.simplefilter("ignore", RuntimeWarning)  # a column with no values yet: expected
             center = np.nanmedian(window, axis=0)
@@ -236,11 +240,13 @@ class NoiseAwareJudge:
         pushes.append((self._summary, np.array([0]), np.array([summary])))
 
         best: dict[str, Trip] = {}  # one line per parameter: its strongest evidence
+        early = self._histories["norm"].counts(places) < MIN_HISTORY  # judged against what rounding can do
         for name, values in series.items():
             for i in np.flatnonzero(breaks[name]):
                 norms = (side_a.norm[i], side_b.norm[i]) if name == "norm" else None
+                bound = self.first_steps_tolerance if name == "norm" and early[i] else None
                 trip = _trip(name, names[i], step, similarities[i], values[i], centers[name][i], scores[name][i],
-                             norms)
+                             norms, bound)
                 if names[i] not in best or trip.score > best[names[i]].score:
                     best[names[i]] = trip
         certain = "norm" in series and bool(np.any(
@@ -438,8 +444,9 @@ def _relative_difference(comparison, index: int) -> float:
 
 
 def _trip(series: str, name: str, step: int, similarity: float, value: float, center: float, score: float,
-          norms: tuple[float, float] | None) -> Trip:
-    """One parameter's break on one series, with the numbers a person checks (``norms``: A's and B's)."""
+          norms: tuple[float, float] | None, bound: float | None = None) -> Trip:
+    """One parameter's break on one series, with the numbers a person checks (``norms``: A's and B's; ``bound``:
+    what rounding can do to a norm in the first steps, when the break was judged against it)."""
     similarity = None if np.isnan(similarity) else float(similarity)
     if series == "direction":
         return Trip(name, step, similarity, float(1 - center), series, float(score),
@@ -447,7 +454,9 @@ def _trip(series: str, name: str, step: int, similarity: float, value: float, ce
     if series == "distribution":
         detail = f"bucket fractions moved {value:.4f} (total variation; usually {center:.4f})"
     else:
-        detail = f"norm A {norms[0]:.4g}, B {norms[1]:.4g}: {value:+.2%} of its scale (usually {center:+.2%})"
+        usual = f"rounding moves it by {bound * 100:.2g}% at most in the first steps" if bound is not None else \
+            f"usually {center:+.2%}"
+        detail = f"norm A {norms[0]:.4g}, B {norms[1]:.4g}: {value:+.2%} of its scale ({usual})"
     return Trip(name, step, similarity, None, series, float(score), detail)
 
 
