@@ -180,9 +180,9 @@ def _host_statistics(grads, level, bounds32, extra: tuple[Statistic, ...] = (),
         norms[at] = torch.stack(foreach_norm([grads[i] for i in at])).float().numpy()
     head = np.column_stack([maxima.astype(np.float32), minima.astype(np.float32), norms]).astype(np.float64)
     sections = {EXTREMES: head, CUMULATIVE_COUNTS: counts}
-    if extra or level.has_md5:
-        arrays = [_host_array(g) for g in readable]
-        sections[EXTRA] = np.array([[s.reduce(array) for s in extra] for array in arrays]).reshape(len(arrays), -1)
+    arrays = [_host_array(g) for g in readable] if extra or level.has_md5 else []
+    if extra:
+        sections[EXTRA] = np.array([[s.reduce(array) for s in extra] for array in arrays])
     statistics = np.concatenate(layout.in_order(sections))
     float32_values = None
     if level.has_md5:  # a snapshot: the optimizer may change the gradients before the writer hashes them
@@ -204,15 +204,15 @@ class StatisticsCache:
     def __init__(self):
         self.row_buffers: dict[tuple, _RowBuffer] = {}
         self.free_snapshots: list[np.ndarray] = []
-        self._layouts: dict[tuple, StatisticsLayout] = {}  # the last step's, by what makes it
+        self._layout: tuple[tuple, StatisticsLayout] | None = None  # the last step's, and what made it
 
     def layout(self, level: Level, bounds, numels: np.ndarray, extra) -> StatisticsLayout:
         """The step's :class:`StatisticsLayout`, made once for a model's gradients (a few microseconds per
         gradient) and then found by its numbers."""
         key = (level, tuple(map(float, bounds)), numels.tobytes(), tuple(extra))
-        if key not in self._layouts:
-            self._layouts = {key: StatisticsLayout(level, bounds, numels.tolist(), extra=extra)}
-        return self._layouts[key]
+        if self._layout is None or self._layout[0] != key:
+            self._layout = (key, StatisticsLayout(level, bounds, numels.tolist(), extra=extra))
+        return self._layout[1]
 
     def snapshot_buffer(self, size: int) -> np.ndarray:
         """A float32 buffer of ``size`` elements for an L0 snapshot: a view of a buffer the writer has hashed (see
@@ -240,7 +240,7 @@ class StatisticsCache:
     def release(self) -> None:
         self.row_buffers.clear()
         self.free_snapshots.clear()
-        self._layouts = {}
+        self._layout = None
 
     def nbytes(self) -> int:
         """The bytes :meth:`release` frees (each row buffer's tensors; its ``targets`` are views of ``flat``)."""
