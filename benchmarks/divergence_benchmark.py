@@ -32,6 +32,7 @@ Phases (``--work`` holds the dumps; default ``/tmp/divergence``):
 from __future__ import annotations
 
 import argparse
+import csv
 import dataclasses
 import datetime
 import hashlib
@@ -57,9 +58,10 @@ from msprobe_mlflow.compare.engine import compare_dumps
 from msprobe_mlflow.directions import read_step_directions
 from msprobe_mlflow.dump import findings_dir, step_dir, summary_csv_path
 from msprobe_mlflow.pytorch import GradientMonitor
+from msprobe_mlflow.statistics_table import PARAMETER_NORM
 
 RESULTS = Path(__file__).resolve().parent / "results"
-RECIPE = 1  # bump when a training below changes: dumps cached under another recipe are trained again
+RECIPE = 2  # bump when a training below changes: dumps cached under another recipe are trained again
 NOISES = ("float64", "bf16", "rounding")
 NOISE_OF_SEED = {0: "float64", 1: "bf16", 2: "rounding"}
 VARIANTS = ("alone", "on noise", "from step 0")
@@ -389,7 +391,7 @@ def train(spec: RunSpec, dump: Path, **live) -> dict:
     """Trains ``spec`` into ``dump`` under the real monitor; ``live``: ``baseline=`` and its options."""
     training = Training(spec)
     monitor = GradientMonitor(monitor_config(dump), log_to_mlflow=False, anomaly_flags=False, silent=True,
-                              **live).monitor(training.model, training.optimizer)
+                              statistics=[PARAMETER_NORM], **live).monitor(training.model, training.optimizer)
     start = time.perf_counter()
     digests, step_ends = [], []
     for step in range(spec.steps):
@@ -504,14 +506,34 @@ PRECISION_GIVEN = "noise, precision given"  # the noise rule told the coarser fo
 PAIR_PRECISION = {"float32": "float32", "float64": "float32", "rounding": "float32", "bf16": "bfloat16"}  # by noise
 
 
+GRADIENTS_ONLY = "noise, gradients only"  # the default rule on the same dumps, the weights' norms left out
+
+
 def compare_rules() -> list[str]:
     """The rules ``compare_dumps`` offers: its default first, then msprobe's, then the noise rule told each pair's
-    precision (where ``compare_dumps`` takes ``precision=``); only msprobe's before ``rule=``."""
+    precision (where ``compare_dumps`` takes ``precision=``), then the default rule on the gradients alone; only
+    msprobe's before ``rule=``."""
     parameters = inspect.signature(compare_dumps).parameters
     if "rule" not in parameters:
         return ["msprobe"]
     rules = list(dict.fromkeys([parameters["rule"].default, "msprobe"]))
-    return rules + [PRECISION_GIVEN] if "precision" in parameters else rules
+    return rules + [PRECISION_GIVEN, GRADIENTS_ONLY] if "precision" in parameters else rules
+
+
+def gradients_only(dump: Path, folder: Path) -> Path:
+    """``folder/<dump's name>``: ``dump`` without its ``param_norm`` column (its step folders linked): compared
+    with it, a rule sees the gradients alone, as recorded without ``statistics=["param_norm"]``."""
+    copy = folder / dump.name
+    shutil.rmtree(copy, ignore_errors=True)
+    shutil.copytree(dump, copy, copy_function=os.link)  # hard links: no data copied
+    for path in (copy / "rank0").glob("grad_summary_*.csv"):
+        with path.open(newline="", encoding="utf-8-sig") as file:
+            rows = list(csv.reader(file))
+        column = rows[0].index(PARAMETER_NORM)
+        path.unlink()  # a hard link: the original stays as it is
+        with path.open("w", newline="", encoding="utf-8-sig") as file:
+            csv.writer(file).writerows([row[:column] + row[column + 1:] for row in rows])
+    return copy
 
 
 def live_takes(keyword: str) -> bool:
@@ -527,6 +549,8 @@ def rule_options(rule: str, takes_rule: bool, noise: str) -> dict:
     """The keywords of ``rule`` for a pair whose candidate has ``noise`` (what its precision is)."""
     if rule == PRECISION_GIVEN:
         return {"rule": "noise", "precision": PAIR_PRECISION[noise]}
+    if rule == GRADIENTS_ONLY:
+        return {"rule": "noise"}
     return {"rule": rule} if takes_rule else {}
 
 
@@ -540,7 +564,8 @@ def verdict_of(baseline: Path, candidate: Path, rule: str, noise: str) -> dict:
 def live(work: Work, plan: Plan, rules: list[str]) -> dict:
     """The on-noise cases of the first seed trained again with ``baseline=``, per rule the live verdict takes."""
     takes_rule = live_takes("rule")
-    rules = [r for r in rules if r != PRECISION_GIVEN or live_takes("precision")] if takes_rule else ["msprobe"]
+    rules = [r for r in rules if r != GRADIENTS_ONLY and (r != PRECISION_GIVEN or live_takes("precision"))] \
+        if takes_rule else ["msprobe"]
     load_before, start, rows = os.getloadavg(), time.perf_counter(), []
     cases = live_cases(plan)
     for rule in rules:
@@ -661,8 +686,11 @@ def evaluate(work: Work, plan: Plan, rules: list[str], jobs: int) -> dict:
     progress(f"evaluate: truth of {len(harmful)} harmful cases, "
              f"{sum(r['truth'] is None for r in harmful)} invalid ({time.perf_counter() - start:.0f} s)")
     judged = [(row, rule) for row in benign + [r for r in harmful if r["truth"] is not None] for rule in rules]
-    pairs = [(work.dump(baseline_spec(row["family"], row["seed"], plan)), work.dump(row["spec"]), rule,
-              row["spec"].noise) for row, rule in judged]
+    baselines = {(f, seed): work.dump(baseline_spec(f, seed, plan)) for f in FAMILIES for seed in plan.seeds}
+    stripped = {key: gradients_only(dump, work.folder / "gradients-only") for key, dump in baselines.items()} \
+        if GRADIENTS_ONLY in rules else {}
+    pairs = [((stripped if rule == GRADIENTS_ONLY else baselines)[row["family"], row["seed"]],
+              work.dump(row["spec"]), rule, row["spec"].noise) for row, rule in judged]
     for (row, rule), verdict in zip(judged, verdicts(pairs, jobs)):
         if "truth" in row:
             verdict["outcome"] = outcome(row["truth"], verdict["step"])

@@ -72,15 +72,16 @@ def tensor_version(tensor):
     return getattr(tensor, "_version", object())
 
 
-def foreach_norm(tensors: list) -> list:
-    """Each tensor's 2-norm in one call (``torch._foreach_norm``, as ``clip_grad_norm_`` uses); where torch drops
-    it, ``torch.linalg.vector_norm`` one tensor at a time: slower, and a norm may differ from ``_foreach_norm``'s in
-    its last bit (the overlap then computes that gradient again; a recorded norm may change in that bit)."""
+def foreach_norm(tensors: list, dtype=None) -> list:
+    """Each tensor's 2-norm in one call (``torch._foreach_norm``, as ``clip_grad_norm_`` uses), accumulated and
+    returned in ``dtype`` (None: the tensors'); where torch drops it, ``torch.linalg.vector_norm`` one tensor at a
+    time: slower, and a norm may differ from ``_foreach_norm``'s in its last bit (the overlap then computes that
+    gradient again; a recorded norm may change in that bit)."""
     import torch
 
     if hasattr(torch, "_foreach_norm"):
-        return list(torch._foreach_norm(tensors))
-    return [torch.linalg.vector_norm(tensor) for tensor in tensors]
+        return list(torch._foreach_norm(tensors, 2, dtype=dtype))
+    return [torch.linalg.vector_norm(tensor, dtype=dtype) for tensor in tensors]
 
 
 def set_numba_cache_dir(folder: str) -> bool:

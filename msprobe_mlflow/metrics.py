@@ -18,7 +18,7 @@ import numpy as np
 from msprobe_mlflow.dump import SummaryTable, summary_csv_bytes
 from msprobe_mlflow.levels import ZERO_COLUMN
 from msprobe_mlflow.records import StepRecord
-from msprobe_mlflow.statistics_table import EXTRA
+from msprobe_mlflow.statistics_table import EXTRA, PARAMETER_NORM
 from msprobe_mlflow.vocabulary import grad_key
 
 MAX_KEY_LENGTH = 250  # MLflow's limit (mlflow.utils.validation.MAX_ENTITY_KEY_LENGTH)
@@ -76,7 +76,8 @@ def step_metrics(table: SummaryTable, rank: int, param_patterns: tuple[str, ...]
     """Summary scalars of one ``grad_summary`` table, keyed ``grad/rank{R}/...``.
 
     ``total_norm`` = sqrt(sum of the parameters' squared norms); ``max``/``min`` over the finite values; at L2 each
-    bucket's and the ``=0`` share of all monitored elements (weighted by element count). Only what changes from step
+    bucket's and the ``=0`` share of all monitored elements (weighted by element count); each opt-in statistic's
+    summary (``param_norm``: the weights' total norm, as ``total_norm``). Only what changes from step
     to step: the number of parameters is the CSV's rows, and non-finite gradients are the anomaly flags'
     (``anomalies/rank{R}/flagged_params``, tags ``msprobe_mlflow.first_nonfinite_step``...), so no chart of a run is a
     flat line by construction.
@@ -99,6 +100,8 @@ def step_metrics(table: SummaryTable, rank: int, param_patterns: tuple[str, ...]
             metrics[metric_key(prefix, name)] = int(counts.sum()) / total if total else 0.0
     for statistic in extra:
         metrics[metric_key(prefix, statistic.name)] = statistic.summary(table.numbers(statistic.name), numels)
+    if PARAMETER_NORM in table.header:  # the weights' norm, as total_norm is the gradients'
+        metrics[metric_key(prefix, PARAMETER_NORM)] = math.sqrt(math.fsum(n * n for n in table.numbers(PARAMETER_NORM)))
     if param_patterns:
         for name, high, low, norm in zip(table.column("param_name"), maxima, minima, norms):
             if any(fnmatch.fnmatchcase(name, pattern) for pattern in param_patterns):

@@ -24,6 +24,11 @@ numpy, torch and MindSpore share: ``abs``, ``*``, comparisons) and reduces with 
 row, shard, device, then over them), into the layout's ``extra`` section; the record applies ``finish`` and writes
 the column ``name`` after ``norm``; the metrics sum it up over parameters with ``summary``. Adding one is an entry
 here and its expectations in ``tests/test_statistic_table.py``.
+
+:data:`PARAMETER_NORM` (``statistics=["param_norm"]``, PyTorch) is not the gradient's: it is the L2 norm of the
+parameter itself as the optimizer is about to update it, in the column after the gradient's. A weight that changes
+without a gradient that moved it (a corrupted weight, a wrong checkpoint shard) is invisible in the gradients at the
+step it happens (the layer feeding it changes most) and shows there, in one column.
 """
 from __future__ import annotations
 
@@ -109,6 +114,10 @@ EXTRA: dict[str, Statistic] = {statistic.name: statistic for statistic in (
     Statistic("mean", _value, "sum", finish=_per_element),  # msprobe's monitor's "mean"
     Statistic("abs_mean", _absolute, "sum", finish=_per_element),  # the gradient's typical size, sign aside
 )}
+
+
+PARAMETER_NORM = "param_norm"  # the parameter's own L2 norm (not the gradient's); see the module docstring
+OPT_IN = (*EXTRA, PARAMETER_NORM)  # what a monitor's ``statistics`` option accepts
 
 
 def extra_statistics(names) -> tuple[Statistic, ...]:

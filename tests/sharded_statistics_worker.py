@@ -1,6 +1,7 @@
 """One rank of a 2-rank gloo job: the sharded statistics of DTensors equal the unsharded statistics of the same
 full tensors, at every level, for shards along dim 0 and dim 1, uneven and empty shards, a replicated tensor, a
-plain tensor beside them, NaN, infinities, bf16 and float64. Started by torchrun from tests/test_training_stacks.py;
+plain tensor beside them, NaN, infinities, bf16 and float64; and the full tensors' norms from their shards (the
+monitor's ``param_norm``). Started by torchrun from tests/test_training_stacks.py;
 exits non-zero with the first difference."""
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import Replicate, Shard, distribute_tensor
 
+from msprobe_mlflow.pytorch.parameter_norms import launch_parameter_norms
 from msprobe_mlflow.pytorch.sharded import launch_sharded_statistics
 from msprobe_mlflow.pytorch.statistics import launch_step_statistics
 
@@ -55,6 +57,8 @@ def main() -> None:
                 if getattr(expected, field) is not None else getattr(got, field) is None, f"{level} {field}"
         if expected.directions is not None:
             assert np.array_equal(got.directions, expected.directions), f"{level} directions"
+    full_norms = [np.linalg.norm(t.double().numpy().reshape(-1)) for t in full.values()]  # the parameters' own
+    np.testing.assert_allclose(launch_parameter_norms(names, sharded)(), np.float32(full_norms), rtol=1e-6)
     print("rank", dist.get_rank(), "sharded statistics equal", flush=True)
     dist.destroy_process_group()
 

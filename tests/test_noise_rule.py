@@ -48,6 +48,7 @@ def train(dump: Path, dtype=torch.float32, bug: str | None = None, bug_from: int
     torch.manual_seed(0)
     model = Tiny().to(dtype)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    options = {"statistics": ["param_norm"], **options}  # the weights' norms: judged too, noise must not trip them
     monitor = GradientMonitor(GradProbeConfig(dump_path=str(dump), level="L2"), log_to_mlflow=False, **options)
     monitor.monitor(model, optimizer)
     data = torch.Generator().manual_seed(1)
@@ -56,6 +57,9 @@ def train(dump: Path, dtype=torch.float32, bug: str | None = None, bug_from: int
         buggy = bug is not None and step >= bug_from
         if bug == "weight_decay_x10" and step == bug_from:  # acts on the weights after this step's gradients
             optimizer.param_groups[0]["weight_decay"] *= 10
+        if bug == "weights_corrupted" and step == bug_from:  # silent corruption: 4 elements become 10x the largest
+            with torch.no_grad():
+                model.conv.weight.view(-1)[:4] = 10 * model.conv.weight.abs().max()
         if buggy and bug == "new_batches":
             x = x.flip(0)
         out = model(x.to(dtype), causal=not (buggy and bug == "no_causal_mask"),
@@ -82,6 +86,10 @@ def runs(tmp_path_factory) -> dict[str, Path]:
     runs["no_causal_mask_from_0"] = train(root / "no_causal_mask_from_0", torch.float64, "no_causal_mask", 0)
     runs["head_in_bf16_alone"] = train(root / "head_in_bf16_alone", torch.float32, "head_in_bf16")
     runs["head_in_bf16_from_0"] = train(root / "head_in_bf16_from_0", torch.float64, "head_in_bf16", 0)
+    runs["weights_corrupted"] = train(root / "weights_corrupted", torch.float64, "weights_corrupted")
+    runs["gradients_only"] = train(root / "gradients_only", statistics=[])
+    runs["weights_corrupted_gradients_only"] = train(root / "weights_corrupted_gradients_only", torch.float64,
+                                                     "weights_corrupted", statistics=[])
     return runs
 
 
@@ -123,6 +131,18 @@ def test_the_parameter_a_bug_touched_ranks_first(runs):
     assert found.first_suspicious_step == BUG_FROM
     assert found.parameter_trips[0].name == "head.weight"
     assert "attention.in_proj_bias" not in [trip.name for trip in found.parameter_trips]  # noise never a culprit
+
+
+def test_a_corrupted_weight_ranks_first_by_its_own_norm_where_the_weights_norms_are_recorded(runs):
+    found = verdict(runs, "weights_corrupted")
+    assert found.first_suspicious_step == BUG_FROM
+    first = found.parameter_trips[0]
+    assert (first.name, first.reason) == ("conv.weight", "weight") and first.detail.startswith("parameter norm A ")
+    # from the gradients alone the layer feeding the corrupted one moves most: the weight is not first
+    alone = compare_dumps(runs["gradients_only"], runs["weights_corrupted_gradients_only"], None,
+                          plots=False).verdict.ranks[0]
+    assert alone.first_suspicious_step == BUG_FROM
+    assert alone.parameter_trips[0].name != "conv.weight" and "weight" not in {t.reason for t in alone.parameter_trips}
 
 
 def test_gradients_at_rounding_level_come_last_among_the_culprits_even_without_noise(runs):

@@ -24,8 +24,9 @@ def expected_columns(grads: dict[str, np.ndarray]) -> dict[str, list[float]]:
             "abs_mean": [float(np.float32(np.abs(v).mean())) for v in values]}
 
 
-def train_torch(dump, overlap: bool, monkeypatch, statistics=STATISTICS, steps: int = 3) -> list[dict]:
-    """Each step's gradients as the optimizer saw them (numpy), in parameter order."""
+def train_torch(dump, overlap: bool, monkeypatch, statistics=STATISTICS, steps: int = 3, weights=None) -> list[dict]:
+    """Each step's gradients as the optimizer saw them (numpy), in parameter order (``weights``: a list that gets
+    each step's parameters as the optimizer saw them)."""
     if overlap:  # this small model on a 2-core machine: forced on, as the overlap's own tests do
         monkeypatch.setattr(overlap_module, "MIN_AVERAGE_ELEMENTS", 0)
         monkeypatch.setattr(overlap_module, "cores_left_to_a_worker", lambda: 1)
@@ -36,6 +37,9 @@ def train_torch(dump, overlap: bool, monkeypatch, statistics=STATISTICS, steps: 
     seen = []
     optimizer.register_step_pre_hook(lambda *_: seen.append(
         {n: p.grad.detach().numpy().copy() for n, p in model.named_parameters()}))
+    if weights is not None:
+        optimizer.register_step_pre_hook(lambda *_: weights.append(
+            [p.detach().numpy().astype(np.float64) for p in model.parameters()]))
     monitor = GradientMonitor(GradProbeConfig(dump_path=str(dump), level="L2", bounds=[-0.1, 0, 0.1]),
                               log_to_mlflow=False, metrics_file=True, overlap=overlap, statistics=statistics)
     with monitor.monitor(model, optimizer):
@@ -69,14 +73,39 @@ def test_without_the_option_the_csv_has_msprobes_columns_and_no_such_metric(tmp_
     assert not set(STATISTICS) & set(line)
 
 
+@pytest.mark.parametrize("overlap", [True, False], ids=["overlap", "at-step"])
+def test_param_norm_holds_each_parameters_own_norm_before_the_update_last_and_its_total(tmp_path, monkeypatch,
+                                                                                        overlap):
+    weights = []
+    train_torch(tmp_path, overlap, monkeypatch, statistics=["param_norm", "mean"], weights=weights)
+    lines = [json.loads(line) for line in (tmp_path / "rank0" / "metrics.jsonl").read_text().splitlines()]
+    for step, parameters in enumerate(weights):
+        table = read_summary(summary_csv_path(tmp_path, 0, step))
+        assert table.header[-4:] == ["norm", "mean", "param_norm", "shape"]  # the gradient's columns first
+        expected = [np.linalg.norm(p.reshape(-1)) for p in parameters]
+        assert table.numbers("param_norm") == pytest.approx(expected, rel=1e-6)
+        assert lines[step]["param_norm"] == pytest.approx(math.sqrt(sum(n * n for n in expected)), rel=1e-6)
+    assert weights[1][0].tolist() != weights[0][0].tolist()  # the weights moved: each step read its own
+
+
 @pytest.mark.parametrize("statistics, refused", [
-    (["median"], "statistics ['median'] are not known; expected some of: mean, abs_mean"),
-    ("mean", "statistics = 'mean' is not accepted; expected a list of names, some of: mean, abs_mean"),
+    (["median"], "statistics ['median'] are not known; expected some of: mean, abs_mean, param_norm"),
+    ("mean", "statistics = 'mean' is not accepted; expected a list of names, some of: mean, abs_mean, param_norm"),
 ])
 def test_an_unknown_statistic_is_refused_naming_those_accepted(statistics, refused):
     with pytest.raises(ValueError) as error:
         MonitorOptions.of(statistics=statistics)
     assert str(error.value) == refused
+
+
+def test_mindspores_monitor_refuses_param_norm_naming_what_it_accepts(tmp_path):
+    pytest.importorskip("mindspore", reason="MindSpore is not installed (the torch-only stage)")
+    from msprobe_mlflow.mindspore import GradientMonitor as MindSporeMonitor
+
+    with pytest.raises(ValueError, match=r"'param_norm' is not accepted by the MindSpore monitor yet .* accepted "
+                                         r"here: mean, abs_mean"):
+        MindSporeMonitor({"task": "grad_probe", "dump_path": str(tmp_path)}, log_to_mlflow=False,
+                         statistics=["mean", "param_norm"])
 
 
 def test_mindspores_monitor_writes_the_same_columns(tmp_path):

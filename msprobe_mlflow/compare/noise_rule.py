@@ -89,7 +89,8 @@ MAD_TO_SIGMA = 1.4826  # a normal distribution's standard deviation per median a
 ROUNDING_LEVEL = 2.0 ** -8  # bfloat16's unit roundoff, relative to the model's largest gradient element
 NORM_JUMP = 100.0  # the growth in one step of the median norm difference that makes a break (benign: 4.1 at most)
 JUMP_FLOOR = 2.0 ** -24  # float32's unit roundoff: norm differences below it are counted at it
-COUNT_SERIES = ("direction", "distribution")  # fractions of elements; "norm" is a scaled difference
+WEIGHT = "weight"  # the series of the parameters' own norms (recorded with statistics=["param_norm"])
+COUNT_SERIES = ("direction", "distribution")  # fractions of elements
 SIGNS, WHOLE = "signs", "whole gradient"  # what of a parameter is noise
 
 
@@ -131,6 +132,10 @@ class _History:
             spread = MAD_TO_SIGMA * np.nanmedian(np.abs(window - center), axis=0)
         return np.nan_to_num(center), np.nan_to_num(spread), count
 
+    def latest(self, places: np.ndarray) -> np.ndarray:
+        """Per place: the value pushed last (NaN: none)."""
+        return self.values[(self.filled - 1) % WINDOW, places] if self.filled else np.full(len(places), np.nan)
+
     def push(self, places: np.ndarray, values: np.ndarray) -> None:
         row = self.filled % WINDOW
         self.values[row, :] = np.nan
@@ -156,10 +161,11 @@ class NoiseAwareJudge:
         self.summary_band: dict[int, float] = {}
         self._slots: dict[str, int] = {}
         self._noise = np.zeros(0, dtype=object)  # by slot: "" (not noise), SIGNS or WHOLE
-        self._histories = {name: _History() for name in ("direction", "norm", "distribution")}
+        self._histories = {name: _History() for name in ("direction", "norm", "distribution", WEIGHT)}
         self._summary = _History(width=1)
         self._usual_norm = _History()  # each parameter's norm, for the scale of its differences
         self._relative_norm = _History()  # |b - a| / max(a, b) of each parameter's norms, for a model-wide jump
+        self._weights_apart = _History()  # the scaled difference of each parameter's own norms
         self._held: _Finding | None = None  # a step that broke, until the next step says whether it persists
         self._equal_so_far = True  # every step remembered agreed bit for bit (signs and statistics)
 
@@ -201,21 +207,27 @@ class NoiseAwareJudge:
         """A step's breaks against the past, with what it adds to the past once it is known not to be a break."""
         step, names, numels = comparison.step, comparison.compared, comparison.numels
         places = slots_of(self._slots, names)
-        for history in [*self._histories.values(), self._usual_norm, self._relative_norm]:
+        for history in [*self._histories.values(), self._usual_norm, self._relative_norm, self._weights_apart]:
             history.grow(len(self._slots))
         if len(self._slots) > len(self._noise):
             self._noise = np.concatenate([self._noise, np.full(len(self._slots) - len(self._noise), "", dtype=object)])
         _, similarities = judged_values(comparison)
         series = {"direction": 1.0 - similarities}  # NaN for an empty parameter
         side_a, side_b = comparison.statistics_a, comparison.statistics_b
-        pushes = []
+        pushes, magnitudes = [], {}  # series -> (A's norms, B's norms) it compares
         if side_a is not None and side_b is not None:
+            magnitudes["norm"] = (side_a.norm, side_b.norm)
             usual = self._usual_norm.center_and_spread(places)[0]
             series["norm"] = scaled_difference(side_a.norm, side_b.norm, np.where(usual > 0, usual, np.nan))
             pushes.append((self._usual_norm, places, np.fmax(side_a.norm, side_b.norm)))
             buckets_a, buckets_b = side_a.buckets, side_b.buckets
             if buckets_a is not None and buckets_b is not None and buckets_a.shape == buckets_b.shape:
                 series["distribution"] = 0.5 * np.abs(buckets_b - buckets_a).sum(axis=1)
+            if side_a.parameter_norm is not None and side_b.parameter_norm is not None:
+                magnitudes[WEIGHT] = (side_a.parameter_norm, side_b.parameter_norm)
+                apart = scaled_difference(*magnitudes[WEIGHT], np.full(len(places), np.nan))
+                series[WEIGHT] = apart - self._weights_apart.latest(places)  # NaN at the first step
+                pushes.append((self._weights_apart, places, apart))
         breaks, scores, centers = {}, {}, {}
         for name, values in series.items():
             test = self._count_breaks if name in COUNT_SERIES else self._magnitude_breaks
@@ -225,8 +237,9 @@ class NoiseAwareJudge:
         noise = self._noise[places].copy()
         for i, found in recognised.items():
             noise[i] = found.kind
-        for name in breaks:  # sign noise is not judged on signs (buckets split at 0 are signs too); whole: not at all
-            breaks[name] &= (noise == "") if name in COUNT_SERIES else (noise != WHOLE)
+        for name in breaks:  # sign noise: not judged on signs (buckets split at 0 are signs too) nor on its weights,
+            # which its noise moves (a whole step each under Adam); whole: not at all
+            breaks[name] &= (noise == "") if name in (*COUNT_SERIES, WEIGHT) else (noise != WHOLE)
         differs = {name: (values != 0) & ~np.isnan(values) for name, values in series.items()}
         if self._agreed_bit_for_bit:  # no rounding between the runs: any difference breaks
             for name in breaks:
@@ -239,21 +252,24 @@ class NoiseAwareJudge:
         pushes += [(self._histories[name], places, values) for name, values in series.items()]
         pushes.append((self._summary, np.array([0]), np.array([summary])))
 
-        best: dict[str, Trip] = {}  # one line per parameter: its strongest evidence
-        early = self._histories["norm"].counts(places) < MIN_HISTORY  # judged against what rounding can do
+        best: dict[str, Trip] = {}  # one line per parameter: its strongest evidence, a weight's first
         for name, values in series.items():
+            early = self._histories[name].counts(places) < MIN_HISTORY  # judged against what rounding can do
             for i in np.flatnonzero(breaks[name]):
-                norms = (side_a.norm[i], side_b.norm[i]) if name == "norm" else None
+                norms = (magnitudes[name][0][i], magnitudes[name][1][i]) if name in magnitudes else None
                 bound = self.first_steps_tolerance if name == "norm" and early[i] else None
                 trip = _trip(name, names[i], step, similarities[i], values[i], centers[name][i], scores[name][i],
                              norms, bound)
-                if names[i] not in best or trip.score > best[names[i]].score:
+                if names[i] not in best or _evidence(trip) > _evidence(best[names[i]]):
                     best[names[i]] = trip
         certain = "norm" in series and bool(np.any(
             breaks["norm"] & (np.abs(series["norm"] - centers["norm"]) > FIRST_STEPS_TOLERANCE)))
-        # Gradients at rounding level move with any change anywhere: they come last even where nothing is noise.
+        # A weight that moved comes first: the gradients before this step agreed, so nothing of the training moved
+        # it (a corrupted weight shows in the gradients of the layer feeding it most). Gradients at rounding level
+        # move with any change anywhere: they come last even where nothing is noise.
         last = {names[i] for i in np.flatnonzero(tiny)}
-        return _Finding(step, summary_trip, sorted(best.values(), key=lambda t: (t.name in last, -t.score, t.name)),
+        return _Finding(step, summary_trip,
+                        sorted(best.values(), key=lambda t: (t.reason != WEIGHT, t.name in last, -t.score, t.name)),
                         pushes, certain,
                         any(np.any(found) for found in differs.values()),
                         {int(places[i]): found for i, found in recognised.items()})
@@ -289,7 +305,9 @@ class NoiseAwareJudge:
         return breaks & ~np.isnan(values), score, np.where(count > 0, center, 0.0)
 
     def _magnitude_breaks(self, name: str, places, values, numels):
-        """A scaled difference of norms breaks: see :func:`magnitude_break`."""
+        """A scaled difference of norms breaks: see :func:`magnitude_break`. The weights' only once learnt: they
+        carry every earlier step's rounding, amplified by the optimizer (Adam moves a weight whose gradient is
+        rounding by a whole step), so no bound on rounding holds for them in the first steps."""
         history = self._histories[name]
         center, spread, count = history.center_and_spread(places)
         center = np.where(count >= MIN_HISTORY, center, 0.0)
@@ -297,7 +315,7 @@ class NoiseAwareJudge:
             warnings.simplefilter("ignore", RuntimeWarning)
             seen = np.nan_to_num(np.nanmax(np.abs(history.values[:, places] - center), axis=0))
         breaks, score = magnitude_break(values, center, spread, count, seen, _model_spread(history),
-                                        self.first_steps_tolerance)
+                                        np.inf if name == WEIGHT else self.first_steps_tolerance)
         return breaks & ~np.isnan(values), score, center
 
     def _norm_jump(self, step: int, places, values, summary: float) -> Trip | None:
@@ -437,6 +455,11 @@ def _model_spread(history: _History) -> float:
     return MAD_TO_SIGMA * float(np.median(np.abs(window - np.median(window))))
 
 
+def _evidence(trip: Trip) -> tuple[bool, float]:
+    """How strongly a trip speaks for its parameter: a weight's break before any gradient's, then by deviations."""
+    return trip.reason == WEIGHT, trip.score
+
+
 def _relative_difference(comparison, index: int) -> float:
     a, b = comparison.statistics_a.norm[index], comparison.statistics_b.norm[index]
     largest = max(a, b)
@@ -457,6 +480,9 @@ def _trip(series: str, name: str, step: int, similarity: float, value: float, ce
         usual = f"rounding moves it by {bound * 100:.2g}% at most in the first steps" if bound is not None else \
             f"usually {center:+.2%}"
         detail = f"norm A {norms[0]:.4g}, B {norms[1]:.4g}: {value:+.2%} of its scale ({usual})"
+        if series == WEIGHT:
+            detail = (f"parameter norm A {norms[0]:.4g}, B {norms[1]:.4g}: their difference moved {value:+.2%} of its "
+                      f"scale in one step (usually {center:+.2%})")
     return Trip(name, step, similarity, None, series, float(score), detail)
 
 

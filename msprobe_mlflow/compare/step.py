@@ -20,6 +20,7 @@ from msprobe_mlflow.compare.similarity import PackedLayout, agreeing_directions,
 from msprobe_mlflow.directions import PACKED_FILE_NAME, LaidOutReader, StoredDirection, open_step_directions
 from msprobe_mlflow.dump import SUMMARY_PREFIX, SUMMARY_SUFFIX, SummaryTable, csv_cells, csv_text, read_summary
 from msprobe_mlflow.parameter_names import strip_wrapper_components
+from msprobe_mlflow.statistics_table import PARAMETER_NORM
 
 
 class StepMismatch(ValueError):
@@ -53,12 +54,14 @@ def matched_names(names_a: list[str], names_b) -> list[tuple[str, str]]:
 class SideStatistics:
     """One side's statistics of the compared parameters, in their order (float64; NaN where the CSV says ``nan``):
     ``buckets`` is parameters x buckets of L2's fractions (None below L2), the two buckets that meet at 0 summed:
-    which side of 0 an element lies on is its direction, compared on its own; the buckets tell its magnitude."""
+    which side of 0 an element lies on is its direction, compared on its own; the buckets tell its magnitude.
+    ``parameter_norm``: the parameters' own norms, where the monitor recorded them (``statistics=["param_norm"]``)."""
 
     norm: np.ndarray
     max: np.ndarray
     min: np.ndarray
     buckets: np.ndarray | None = None
+    parameter_norm: np.ndarray | None = None
 
 
 def summary_beside(step_folder: Path, step: int) -> Path:
@@ -89,7 +92,8 @@ def side_statistics(table: SummaryTable | None, names: list[str]) -> SideStatist
     at_zero = next((i for i, name in enumerate(bucket_columns[:-1]) if name.endswith(", 0]")), None)
     if at_zero is not None:  # "(-1, 0]" and "(0, 1]": one bucket of magnitudes below the next bounds
         buckets[at_zero:at_zero + 2] = [buckets[at_zero] + buckets[at_zero + 1]]
-    return SideStatistics(column("norm"), column("max"), column("min"), np.stack(buckets, axis=1) if buckets else None)
+    return SideStatistics(column("norm"), column("max"), column("min"), np.stack(buckets, axis=1) if buckets else None,
+                          column(PARAMETER_NORM) if PARAMETER_NORM in table.header else None)
 
 
 @dataclass

@@ -13,7 +13,7 @@ from msprobe_mlflow.monitoring.directions_schedule import TierOptions
 from msprobe_mlflow.sinks import StepSink
 from msprobe_mlflow.sinks.anomalies import AnomalyOptions
 from msprobe_mlflow.sinks.baseline import BaselineOptions
-from msprobe_mlflow.statistics_table import EXTRA, extra_statistics
+from msprobe_mlflow.statistics_table import OPT_IN, PARAMETER_NORM
 from msprobe_mlflow.tracking.options import TrackingOptions
 
 # Each group's fields are its keywords (``tracking_uri`` is both MLflow's and the baseline run's: one keyword).
@@ -37,9 +37,9 @@ class MonitorOptions:
       the ``msprobe_mlflow`` logger only, no warnings.
     - ``overlap`` (the PyTorch monitor's only; None: its default, on): statistics computed during backward where
       that is exact (``msprobe_mlflow.pytorch.overlap``); False: all at ``step()``.
-    - ``statistics``: opt-in columns after ``norm`` in the summary CSV, and their run metrics (names from
-      :data:`msprobe_mlflow.statistics_table.EXTRA`: ``mean``, ``abs_mean``); none by default, so the CSVs stay
-      msprobe's byte for byte.
+    - ``statistics``: opt-in columns after ``norm`` in the summary CSV (:data:`~msprobe_mlflow.statistics_table.OPT_IN`):
+      the gradient's ``mean``, ``abs_mean`` (and their run metrics), then the parameter's own ``param_norm`` (the
+      PyTorch monitor's; the comparator judges it too); none by default, so the CSVs stay msprobe's byte for byte.
 
     The keywords are the groups' field names and these (``docs/options.md``); a config-dependent check (the tier's
     combination, a baseline at a level without directions) comes when applied to a config (:meth:`applied_to`).
@@ -72,8 +72,10 @@ class MonitorOptions:
         object.__setattr__(self, "sinks", tuple(self.sinks))
         if not isinstance(self.statistics, (list, tuple)) or not all(isinstance(n, str) for n in self.statistics):
             raise ValueError(f"statistics = {self.statistics!r} is not accepted; expected a list of names, some of: "
-                             f"{', '.join(EXTRA)}")
-        extra_statistics(self.statistics)  # an unknown name is refused, naming those accepted
+                             f"{', '.join(OPT_IN)}")
+        unknown = [name for name in self.statistics if name not in OPT_IN]
+        if unknown:
+            raise ValueError(f"statistics {unknown} are not known; expected some of: {', '.join(OPT_IN)}")
         object.__setattr__(self, "statistics", tuple(dict.fromkeys(self.statistics)))
         live = self.live_verdict
         if live is not None and live.tracking_uri is None and self.tracking.tracking_uri is not None:
@@ -111,6 +113,15 @@ class MonitorOptions:
         """The keywords whose values are not the defaults."""
         default = DEFAULT.keywords()
         return {name: value for name, value in self.keywords().items() if value != default[name]}
+
+    @property
+    def gradient_statistics(self) -> tuple[str, ...]:
+        """The opt-in statistics of the gradient (every backend computes them), without the parameter's norm."""
+        return tuple(name for name in self.statistics if name != PARAMETER_NORM)
+
+    @property
+    def parameter_norms(self) -> bool:
+        return PARAMETER_NORM in self.statistics
 
     @property
     def mlflow(self) -> TrackingOptions | None:

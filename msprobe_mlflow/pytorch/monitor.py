@@ -29,11 +29,14 @@ from msprobe_mlflow.monitoring.options import MonitorOptions
 from msprobe_mlflow.monitoring.session_monitor import SessionMonitor
 from msprobe_mlflow.parameter_names import eager_named_parameters
 from msprobe_mlflow.pytorch.distributed import current_rank, shared_run_id, summary_all_gather, world_size
+from msprobe_mlflow.pytorch.parameter_norms import launch_parameter_norms
 from msprobe_mlflow.pytorch.overlap import EarlyStatistics, launch_with_early, step_level, usable_parts, why_off
 from msprobe_mlflow.pytorch.fsdp1 import FlatSlot, fsdp1_named_parameters, has_fsdp1
 from msprobe_mlflow.pytorch.sharded import FlatPiece, has_sharded, launch_sharded_statistics
 from msprobe_mlflow.pytorch.statistics import StatisticsCache, launch_step_statistics
+from msprobe_mlflow.records import StepRecord
 from msprobe_mlflow.session import RankPolicy
+from msprobe_mlflow.statistics_table import PARAMETER_NORM
 from msprobe_mlflow.vocabulary import FAILED_STEPS_TAG, OVERLAP_TAG, RECORDED_TAG, TAG_RANGES_LIMIT, rank_tag
 
 
@@ -87,6 +90,10 @@ class GradientMonitor(SessionMonitor):
         named = [(n, p, None) for n, p in eager_named_parameters(model)]
         self._unsupported = None
         if has_fsdp1(model):  # its flat parameters stand for the original ones
+            if self.options.parameter_norms:
+                raise ValueError(f"statistics = {list(self.options.statistics)!r}: {PARAMETER_NORM!r} is not "
+                                 f"supported with FSDP1 (FullyShardedDataParallel); use FSDP2 "
+                                 f"(torch.distributed.fsdp.fully_shard) or leave {PARAMETER_NORM!r} out")
             try:
                 named = fsdp1_named_parameters(model)
             except Exception as e:  # FSDP1's private layout changed: say so, never record the shards as parameters
@@ -128,7 +135,7 @@ class GradientMonitor(SessionMonitor):
         if step is None or not self.config.wants_step(step):
             return None
         level = step_level(self.config.level, self.directions_schedule.wants(step))
-        return level, [np.float32(b) for b in self.config.bounds], self.options.statistics
+        return level, [np.float32(b) for b in self.config.bounds], self.options.gradient_statistics
 
     def _owns_model_parameters(self, optimizer: torch.optim.Optimizer) -> bool:
         watched = {id(p) for _, p, _ in self._parameters}
@@ -215,12 +222,15 @@ class GradientMonitor(SessionMonitor):
             self.early_gradients += sum(len(positions) for positions, _ in parts)
             pending = launch_with_early(names, grads, parts, rank=rank, step=step, level=self.config.level,
                                         bounds=self.config.bounds, directions=directions,
-                                        extra=self.options.statistics, cache=self._cache)
+                                        extra=self.options.gradient_statistics, cache=self._cache)
         else:
             launch = launch_sharded_statistics if sharded else launch_step_statistics
             pending = launch(names, grads, rank=rank, step=step, level=self.config.level, bounds=self.config.bounds,
-                             checksum=self.config.checksum, directions=directions, extra=self.options.statistics,
-                             cache=self._cache)
+                             checksum=self.config.checksum, directions=directions,
+                             extra=self.options.gradient_statistics, cache=self._cache)
+        if self.options.parameter_norms:
+            pending = _with_parameter_norms(pending, launch_parameter_norms(
+                names, [self._parameters[i][1] for i in indices]))
         if writes:
             self._probed_steps += 1
             self._session.submit(pending)
@@ -306,3 +316,11 @@ class PrecisionDebugger:
     def stop(self) -> None:
         self.monitor_.stop()
 
+
+def _with_parameter_norms(pending, norms):
+    """The pending step with the parameters' norms as its last opt-in column."""
+    def resolve() -> StepRecord:
+        record = pending()
+        record.extra = {**(record.extra or {}), PARAMETER_NORM: norms()}
+        return record
+    return resolve
