@@ -27,6 +27,11 @@ The signals, per rank and compared step, each a *series* over steps:
   loss summed instead of averaged) leaves every sign as it was and shows here only.
 - ``distribution`` (L2): the total variation distance of the bucket fractions, the two buckets that meet at 0 taken
   as one (which side of 0 is the direction's business).
+- ``weight`` (where both runs recorded ``param_norm``): the change from one step to the next of the scaled
+  difference of the parameters' own norms. Weights carry every earlier step's rounding, amplified by the optimizer
+  (Adam moves a weight whose gradient is rounding by a whole step: a zero-initialised bias before a normalisation
+  parts by 100% in one step), so their difference is no rounding bound's, only its jumps are judged, once learnt,
+  and not for parameters whose gradient is noise. A weight that jumps was not moved by the training.
 - max and min serve to recognise whole-gradient noise below; a single element's rounding averages over nothing
   (benign pairs differ there by up to 46% in bfloat16), so they are not judged as a series.
 
@@ -62,8 +67,9 @@ confirmation). A break at the last compared step is not confirmed, so it is no v
 A bug present from the first step still trips there: it changes norms beyond rounding (a wrong operator by tens of
 percent, a magnitude bug by its factor) or flips more than half the signs. At the first suspicious step the
 parameters that break are ranked by how far beyond their own noise they moved (``score``, in deviations), each
-with its reason and numbers; those whose gradient is at rounding level come last, noise or not, since any change
-anywhere in the model moves them by their whole size.
+with its reason and numbers; a weight that broke first (the gradients before agreed: the change entered there, where
+the gradients show it most in the layer feeding it), those whose gradient is at rounding level last, noise or not,
+since any change anywhere in the model moves them by their whole size.
 
 The constants rest on the bounds above; :data:`DEVIATIONS`, :data:`MAGNITUDE_FLOOR` and the confirmation were
 settled on the benign pairs of ``benchmarks/divergence_benchmark.py`` (two model families, three kinds of noise,

@@ -105,7 +105,7 @@ class GradientMonitor(SessionMonitor):
         wanted, shapes = [self.config.wants_param(p.name) for p in parameters], [tuple(p.shape) for p in parameters]
         settings = dict(level=self.config.level, bounds=self.config.bounds, steps=self.config.step,
                         rank_wanted=ranks.probes, directions_every=self.config.directions_every_n_steps,
-                        extra=self.options.gradient_statistics)
+                        extra=self.options.statistics)
         stopped_probe = getattr(optimizer, "msprobe_mlflow_probe", None)
         if stopped_probe is not None and stopped_probe.settings == probe_settings(wanted, shapes, **settings):
             probe = stopped_probe  # graphs compiled with it (a Model trained again) feed this monitor too
@@ -150,7 +150,7 @@ class GradientMonitor(SessionMonitor):
                 self._session.submit(functools.partial(
                     record_from_statistics, rank=self._session.ranks.rank, step=probed_step, level=self.config.level,
                     bounds=self.config.bounds, names=self._names, shapes=self._shapes, statistics=statistics,
-                    signs=signs, float32_values=values, directions=signs is not None, extra=self.options.gradient_statistics))
+                    signs=signs, float32_values=values, directions=signs is not None, extra=self.options.statistics))
             armed_until = self.directions_schedule.armed_until(steps_run)
             if armed_until != self._armed_until:  # a trigger the writer thread found: the probe's next steps
                 probe.arm(armed_until)
