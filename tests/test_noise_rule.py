@@ -245,6 +245,32 @@ def test_a_slow_steady_drift_trips_nothing_and_a_jump_of_the_same_size_does():
     assert jumping.verdict.first_suspicious_step == 30 and jumping.verdict.parameter_trips[0].name == "w"
 
 
+def _weights_step(step: int, weight_a: float, weight_b: float) -> StepComparison:
+    """Gradients that agree (w's signs at a steady rounding rate); w's own norms ``weight_a``, ``weight_b``."""
+    comparison = _step(step, [9_990, 10_000], [10_000, 10_000], [1, 1], [1, 1])
+    comparison.statistics_a.parameter_norm = np.array([weight_a, 1.0])
+    comparison.statistics_b.parameter_norm = np.array([weight_b, 1.0])
+    return comparison
+
+
+def test_a_weight_that_moves_in_one_run_only_breaks_and_one_both_runs_move_does_not():
+    """By hand (a conv bias under bfloat16 autocast did this, step 217 of a benign pair): the two runs' norms of w
+    drift apart slowly; at step 20 a gradient spike moves w by 0.004 in A and 0.0025 in B, the difference by 1.5%
+    of its scale, more than the window ever did; both runs took the step, so it is no break. The same difference
+    made by B alone (0.0016 while A moved 0.0001) is a weight that moved without the training: named, first."""
+    judges = {"spike": NoiseAwareJudge(0), "corrupted": NoiseAwareJudge(0)}
+    for kind, judge in judges.items():
+        a = b = 0.1
+        for step in range(24):
+            move_a, move_b = {20: (0.004, 0.0025) if kind == "spike" else (0.0001, 0.0016)}.get(step, (1e-5, 0.99e-5))
+            a, b = a + move_a, b + move_b
+            judge.judge_step(_weights_step(step, a, b))
+    assert judges["spike"].verdict is None
+    corrupted = judges["corrupted"]
+    assert corrupted.verdict.first_suspicious_step == 20
+    assert (corrupted.verdict.parameter_trips[0].name, corrupted.verdict.parameter_trips[0].reason) == ("w", "weight")
+
+
 def test_a_spike_that_does_not_persist_is_rounding_not_a_verdict():
     """By hand: the same 4% jump of w at step 30 only (a sum that cancelled once) is no verdict; the same jump at
     step 30 that persists is."""

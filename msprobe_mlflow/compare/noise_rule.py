@@ -171,7 +171,7 @@ class NoiseAwareJudge:
         self._summary = _History(width=1)
         self._usual_norm = _History()  # each parameter's norm, for the scale of its differences
         self._relative_norm = _History()  # |b - a| / max(a, b) of each parameter's norms, for a model-wide jump
-        self._weights_apart = _History()  # the scaled difference of each parameter's own norms
+        self._weights = (_History(), _History())  # each parameter's own norm in A, in B
         self._held: _Finding | None = None  # a step that broke, until the next step says whether it persists
         self._equal_so_far = True  # every step remembered agreed bit for bit (signs and statistics)
 
@@ -213,7 +213,7 @@ class NoiseAwareJudge:
         """A step's breaks against the past, with what it adds to the past once it is known not to be a break."""
         step, names, numels = comparison.step, comparison.compared, comparison.numels
         places = slots_of(self._slots, names)
-        for history in [*self._histories.values(), self._usual_norm, self._relative_norm, self._weights_apart]:
+        for history in [*self._histories.values(), self._usual_norm, self._relative_norm, *self._weights]:
             history.grow(len(self._slots))
         if len(self._slots) > len(self._noise):
             self._noise = np.concatenate([self._noise, np.full(len(self._slots) - len(self._noise), "", dtype=object)])
@@ -231,13 +231,19 @@ class NoiseAwareJudge:
                 series["distribution"] = 0.5 * np.abs(buckets_b - buckets_a).sum(axis=1)
             if side_a.parameter_norm is not None and side_b.parameter_norm is not None:
                 magnitudes[WEIGHT] = (side_a.parameter_norm, side_b.parameter_norm)
-                apart = scaled_difference(*magnitudes[WEIGHT], np.full(len(places), np.nan))
-                series[WEIGHT] = apart - self._weights_apart.latest(places)  # NaN at the first step
-                pushes.append((self._weights_apart, places, apart))
+                before = tuple(history.latest(places) for history in self._weights)  # NaN at the first step
+                unknown = np.full(len(places), np.nan)
+                series[WEIGHT] = scaled_difference(*magnitudes[WEIGHT], unknown) - scaled_difference(*before, unknown)
+                series[WEIGHT][np.isnan(before[0])] = np.nan
+                pushes += [(history, places, norms) for history, norms in zip(self._weights, magnitudes[WEIGHT])]
         breaks, scores, centers = {}, {}, {}
         for name, values in series.items():
             test = self._count_breaks if name in COUNT_SERIES else self._magnitude_breaks
             breaks[name], scores[name], centers[name] = test(name, places, values, numels)
+        if WEIGHT in series:  # two runs taking the same step move a weight alike: a jump is more than ten of the
+            # smaller move (a gradient spike moves both; a corrupted weight moves in one run only)
+            moves = [now - was for now, was in zip(magnitudes[WEIGHT], before)]
+            breaks[WEIGHT] &= np.abs(moves[1] - moves[0]) > DEVIATIONS * np.minimum(*np.abs(moves))
         tiny = _at_rounding_level(comparison) if "norm" in series else np.zeros(len(names), dtype=bool)
         recognised = self._recognise_noise(comparison, places, series, breaks, tiny)
         noise = self._noise[places].copy()
