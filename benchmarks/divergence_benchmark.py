@@ -1,8 +1,10 @@
 """The divergence benchmark (issue 24): does a verdict rule name the first step at which two trainings part, with
 the parameter the bug touched, and stay quiet on pairs that only differ in rounding?
 
-Two model families, trained with the real ``GradientMonitor`` (L2, bounds ``[-1, 0, 1]``, local dump only), each a
-function of (seed, step) alone: a GPT-2 from ``transformers.GPT2Config`` (2 layers, width 64, 4 heads, 128 tokens,
+Two model families, trained with the real ``GradientMonitor`` (L2, bounds ``[-1, 0, 1]``, the weights' norms
+``statistics=["param_norm"]``, local dump only; the rule ``noise, gradients only`` judges the same dumps with that
+column left out of the baseline's, as a monitor without it records them), each
+a function of (seed, step) alone: a GPT-2 from ``transformers.GPT2Config`` (2 layers, width 64, 4 heads, 128 tokens,
 random weights, AdamW, batches of 8 x 32 synthetic tokens; the key third of its fused attention bias ``c_attn.bias``
 has a gradient that is zero in exact arithmetic, so its signs are rounding noise) and a small conv net (Conv2d with
 bias then BatchNorm2d, whose bias gradient is zero in exact arithmetic too; ReLU; a LayerNorm and Linear head; SGD
