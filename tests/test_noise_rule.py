@@ -180,6 +180,19 @@ def test_the_comparison_runs_first_line_says_that_the_norms_jumped(runs, tmp_exp
     assert "x the largest of the last 20 steps in one step" in headline and headline.endswith("[noise rule]")
 
 
+def test_the_comparison_runs_first_line_gives_the_first_culprit_not_the_most_deviations():
+    """The UI's one line names the verdict's first culprit: a weight that moved comes before a gradient that moved
+    by more deviations (the layer feeding it)."""
+    from msprobe_mlflow.compare.verdict import RankVerdict, RuleSettings, Trip, Verdict
+    from msprobe_mlflow.tracking.comparison_run import _headline
+
+    trips = [Trip("conv.weight", 18, None, None, "weight", 12.0, "parameter norm A 1, B 1.2: ..."),
+             Trip("attention.out_proj.weight", 18, None, None, "norm", 900.0, "norm A 1, B 2: ...")]
+    headline = _headline(Verdict(RuleSettings("noise"), [RankVerdict(0, 18, None, trips)]))
+    assert "(conv.weight weight: parameter norm A 1, B 1.2: ... (12 deviations beyond noise), and 1 more " \
+           "parameters)" in headline
+
+
 def test_a_bug_present_from_step_0_is_named_at_step_0(runs):
     found = verdict(runs, "no_causal_mask_from_0")
     assert found.first_suspicious_step == 0

@@ -206,7 +206,7 @@ def _headline(verdict: Verdict) -> str:
     where = ", ".join(str(rank.rank) for rank in ranks)
     summary = ranks[0].summary_trip
     details = [f"summary {summary_numbers(summary)}"] if summary else []
-    trips = sorted((trip for rank in ranks for trip in rank.parameter_trips), key=lambda trip: -trip.score)
+    trips = [trip for rank in ranks for trip in rank.parameter_trips]  # each rank's, most evidence first
     if trips:
         more = f", and {len(trips) - 1} more parameters" if len(trips) > 1 else ""
         details.append(f"{trips[0].name} {trip_numbers(trips[0])}{more}")
