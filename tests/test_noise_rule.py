@@ -87,6 +87,7 @@ def runs(tmp_path_factory) -> dict[str, Path]:
     runs["head_in_bf16_alone"] = train(root / "head_in_bf16_alone", torch.float32, "head_in_bf16")
     runs["head_in_bf16_from_0"] = train(root / "head_in_bf16_from_0", torch.float64, "head_in_bf16", 0)
     runs["weights_corrupted"] = train(root / "weights_corrupted", torch.float64, "weights_corrupted")
+    runs["weights_corrupted_from_0"] = train(root / "weights_corrupted_from_0", torch.float64, "weights_corrupted", 0)
     runs["gradients_only"] = train(root / "gradients_only", statistics=[])
     runs["weights_corrupted_gradients_only"] = train(root / "weights_corrupted_gradients_only", torch.float64,
                                                      "weights_corrupted", statistics=[])
@@ -178,6 +179,15 @@ def test_the_comparison_runs_first_line_says_that_the_norms_jumped(runs, tmp_exp
     assert headline.startswith(f"**Suspicious**: the runs part at step {BUG_FROM + 1} on rank 0 (summary norm: "
                                f"median norm difference ")
     assert "x the largest of the last 20 steps in one step" in headline and headline.endswith("[noise rule]")
+
+
+def test_a_weight_corrupted_before_the_first_update_is_named_at_step_0_against_rounding(runs):
+    """At step 0 no optimizer has moved the weights yet: the runs' norms may differ by their storage's rounding
+    only, so a corrupted weight is named there (later, its noise must be learnt first)."""
+    found = verdict(runs, "weights_corrupted_from_0")
+    first = found.parameter_trips[0]
+    assert found.first_suspicious_step == 0 and (first.name, first.reason) == ("conv.weight", "weight")
+    assert "before the first update (the weights' rounding moves it by 10% at most)" in first.detail
 
 
 def test_the_comparison_runs_first_line_gives_the_first_culprit_not_the_most_deviations():

@@ -232,14 +232,19 @@ class NoiseAwareJudge:
             if side_a.parameter_norm is not None and side_b.parameter_norm is not None:
                 magnitudes[WEIGHT] = (side_a.parameter_norm, side_b.parameter_norm)
                 before = tuple(history.latest(places) for history in self._weights)  # NaN at the first step
+                if step == 0 and not self._weights[0].filled:  # before the first update both runs hold the same
+                    before = (magnitudes[WEIGHT][0], magnitudes[WEIGHT][0])  # weights, but for their storage's rounding
                 unknown = np.full(len(places), np.nan)
                 series[WEIGHT] = scaled_difference(*magnitudes[WEIGHT], unknown) - scaled_difference(*before, unknown)
                 series[WEIGHT][np.isnan(before[0])] = np.nan
                 pushes += [(history, places, norms) for history, norms in zip(self._weights, magnitudes[WEIGHT])]
         breaks, scores, centers = {}, {}, {}
         for name, values in series.items():
-            test = self._count_breaks if name in COUNT_SERIES else self._magnitude_breaks
-            breaks[name], scores[name], centers[name] = test(name, places, values, numels)
+            if name in COUNT_SERIES:
+                breaks[name], scores[name], centers[name] = self._count_breaks(name, places, values, numels)
+            else:
+                breaks[name], scores[name], centers[name] = self._magnitude_breaks(
+                    name, places, values, numels, self.first_steps_tolerance if name == "norm" or step == 0 else np.inf)
         if WEIGHT in series:  # two runs taking the same step move a weight alike: a jump is more than ten of the
             # smaller move (a gradient spike moves both; a corrupted weight moves in one run only)
             moves = [now - was for now, was in zip(magnitudes[WEIGHT], before)]
@@ -266,16 +271,17 @@ class NoiseAwareJudge:
 
         best: dict[str, Trip] = {}  # one line per parameter: its strongest evidence, a weight's first
         for name, values in series.items():
-            early = self._histories[name].counts(places) < MIN_HISTORY  # judged against what rounding can do
+            early = np.full(len(places), step == 0) if name == WEIGHT else \
+                self._histories[name].counts(places) < MIN_HISTORY  # judged against what rounding can do
             for i in np.flatnonzero(breaks[name]):
                 norms = (magnitudes[name][0][i], magnitudes[name][1][i]) if name in magnitudes else None
-                bound = self.first_steps_tolerance if name == "norm" and early[i] else None
+                bound = self.first_steps_tolerance if name in magnitudes and early[i] else None
                 trip = _trip(name, names[i], step, similarities[i], values[i], centers[name][i], scores[name][i],
                              norms, bound)
                 if names[i] not in best or _evidence(trip) > _evidence(best[names[i]]):
                     best[names[i]] = trip
-        certain = "norm" in series and bool(np.any(
-            breaks["norm"] & (np.abs(series["norm"] - centers["norm"]) > FIRST_STEPS_TOLERANCE)))
+        certain = any(bool(np.any(breaks[name] & (np.abs(series[name] - centers[name]) > FIRST_STEPS_TOLERANCE)))
+                      for name in magnitudes if name == "norm" or step == 0)  # what rounding cannot do
         # A weight that moved comes first: the gradients before this step agreed, so nothing of the training moved
         # it (a corrupted weight shows in the gradients of the layer feeding it most). Gradients at rounding level
         # move with any change anywhere: they come last even where nothing is noise.
@@ -289,15 +295,17 @@ class NoiseAwareJudge:
     def _recognise_noise(self, comparison, places, series, breaks, tiny) -> dict[int, SignNoise]:
         """The parameters (by index in this step) newly recognised as noise: whose gradient is at rounding level on
         both sides (``tiny``) and differs (whole), and, in the first steps, whose signs break while their norm agrees
-        (signs). Runs that agreed bit for bit so far have no rounding between them: nothing of theirs is noise."""
+        (signs), unless its weight jumped. Runs that agreed bit for bit so far have no rounding between them: nothing
+        of theirs is noise."""
         if comparison.statistics_a is None or comparison.statistics_b is None or self._agreed_bit_for_bit:
             return {}  # without statistics nothing tells noise from a bug: every break counts
         learnt = self._histories["direction"].center_and_spread(places)[2] >= MIN_HISTORY
         numels = comparison.numels
         anti_aligned = series["direction"] > 0.5 + DEVIATIONS * _binomial_spread(np.full(len(numels), 0.5), numels)
         counted = breaks["direction"] | breaks.get("distribution", False)
-        whole = tiny & (counted | breaks["norm"])
-        signs = counted & ~breaks["norm"] & ~anti_aligned & ~learnt
+        moved = breaks.get(WEIGHT, False)  # a weight that jumped: its gradient's signs differ for a reason
+        whole = tiny & (counted | breaks["norm"]) & ~moved
+        signs = counted & ~breaks["norm"] & ~anti_aligned & ~learnt & ~moved
         recognised = {}
         for kind, found in ((WHOLE, whole), (SIGNS, signs & ~whole)):
             for i in np.flatnonzero(found & (self._noise[places] == "")):
@@ -316,18 +324,18 @@ class NoiseAwareJudge:
         breaks, score = count_break(values, numels, center, spread, count, seen)
         return breaks & ~np.isnan(values), score, np.where(count > 0, center, 0.0)
 
-    def _magnitude_breaks(self, name: str, places, values, numels):
-        """A scaled difference of norms breaks: see :func:`magnitude_break`. The weights' only once learnt: they
-        carry every earlier step's rounding, amplified by the optimizer (Adam moves a weight whose gradient is
-        rounding by a whole step), so no bound on rounding holds for them in the first steps."""
+    def _magnitude_breaks(self, name: str, places, values, numels, tolerance: float):
+        """A scaled difference of norms breaks: see :func:`magnitude_break`. The weights' once learnt, and at step 0
+        (before any update, the runs' weights differ by their storage's rounding only); in between they carry every
+        earlier step's rounding, amplified by the optimizer (Adam moves a weight whose gradient is rounding by a
+        whole step), so no bound on rounding holds for them."""
         history = self._histories[name]
         center, spread, count = history.center_and_spread(places)
         center = np.where(count >= MIN_HISTORY, center, 0.0)
         with np.errstate(all="ignore"), warnings.catch_warnings():
             warnings.simplefilter("ignore", RuntimeWarning)
             seen = np.nan_to_num(np.nanmax(np.abs(history.values[:, places] - center), axis=0))
-        breaks, score = magnitude_break(values, center, spread, count, seen, _model_spread(history),
-                                        np.inf if name == WEIGHT else self.first_steps_tolerance)
+        breaks, score = magnitude_break(values, center, spread, count, seen, _model_spread(history), tolerance)
         return breaks & ~np.isnan(values), score, center
 
     def _norm_jump(self, step: int, places, values, summary: float) -> Trip | None:
@@ -493,8 +501,10 @@ def _trip(series: str, name: str, step: int, similarity: float, value: float, ce
             f"usually {center:+.2%}"
         detail = f"norm A {norms[0]:.4g}, B {norms[1]:.4g}: {value:+.2%} of its scale ({usual})"
         if series == WEIGHT:
-            detail = (f"parameter norm A {norms[0]:.4g}, B {norms[1]:.4g}: their difference moved {value:+.2%} of its "
-                      f"scale in one step (usually {center:+.2%})")
+            moved = f"{value:+.2%} of its scale before the first update (the weights' rounding moves it by " \
+                f"{bound * 100:.2g}% at most)" if bound is not None else \
+                f"their difference moved {value:+.2%} of its scale in one step (usually {center:+.2%})"
+            detail = f"parameter norm A {norms[0]:.4g}, B {norms[1]:.4g}: {moved}"
     return Trip(name, step, similarity, None, series, float(score), detail)
 
 
