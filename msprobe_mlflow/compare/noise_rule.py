@@ -31,7 +31,10 @@ The signals, per rank and compared step, each a *series* over steps:
   difference of the parameters' own norms. Weights carry every earlier step's rounding, amplified by the optimizer
   (Adam moves a weight whose gradient is rounding by a whole step: a zero-initialised bias before a normalisation
   parts by 100% in one step), so their difference is no rounding bound's, only its jumps are judged, once learnt,
-  and not for parameters whose gradient is noise. A weight that jumps was not moved by the training.
+  and not for parameters whose gradient is noise; a jump also needs the runs' moves to differ by more than ten times
+  the smaller one (a gradient spike moves both runs' weights). At step 0, before any update, the runs' weights
+  differ by their storage's rounding only: there the difference is judged against the first steps' tolerance. A
+  weight that jumps was not moved by the training, and its parameter is never noise.
 - max and min serve to recognise whole-gradient noise below; a single element's rounding averages over nothing
   (benign pairs differ there by up to 46% in bfloat16), so they are not judged as a series.
 
