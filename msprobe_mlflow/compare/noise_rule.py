@@ -499,15 +499,15 @@ def _trip(series: str, name: str, step: int, similarity: float, value: float, ce
                     f"sign similarity {1 - center:.4f} -> {similarity:.4f}")
     if series == "distribution":
         detail = f"bucket fractions moved {value:.4f} (total variation; usually {center:.4f})"
+    elif series == WEIGHT:
+        moved = f"{value:+.2%} of its scale before the first update (the weights' rounding moves it by " \
+            f"{bound * 100:.2g}% at most)" if bound is not None else \
+            f"their difference moved {value:+.2%} of its scale in one step (usually {center:+.2%})"
+        detail = f"parameter norm A {norms[0]:.4g}, B {norms[1]:.4g}: {moved}"
     else:
         usual = f"rounding moves it by {bound * 100:.2g}% at most in the first steps" if bound is not None else \
             f"usually {center:+.2%}"
         detail = f"norm A {norms[0]:.4g}, B {norms[1]:.4g}: {value:+.2%} of its scale ({usual})"
-        if series == WEIGHT:
-            moved = f"{value:+.2%} of its scale before the first update (the weights' rounding moves it by " \
-                f"{bound * 100:.2g}% at most)" if bound is not None else \
-                f"their difference moved {value:+.2%} of its scale in one step (usually {center:+.2%})"
-            detail = f"parameter norm A {norms[0]:.4g}, B {norms[1]:.4g}: {moved}"
     return Trip(name, step, similarity, None, series, float(score), detail)
 
 
