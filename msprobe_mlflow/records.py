@@ -14,7 +14,7 @@ import numpy as np
 from msprobe_mlflow.layout import (CHECKSUM, CHECKSUM_PREFIX, CUMULATIVE_COUNTS, EXTRA, EXTREMES, StatisticsLayout,
                                    consecutive_slices, packed_slices)
 from msprobe_mlflow.levels import LEVELS, csv_header
-from msprobe_mlflow.statistics_table import extra_statistics, md5_hex
+from msprobe_mlflow.statistics_table import PARAMETER_NORM, extra_statistics, md5_hex
 
 
 @dataclass
@@ -134,4 +134,10 @@ def record_from_statistics(*, rank: int, step: int, level: str, bounds, names: l
     elif layout.level.has_md5:
         values = np.zeros(0, np.float32) if float32_values is None else float32_values
         record.md5 = md5_per_parameter(values, layout.numels)
+    return record
+
+
+def with_parameter_norms(record: StepRecord, norms: np.ndarray) -> StepRecord:
+    """``record`` with the parameters' own norms (``statistics=["param_norm"]``) as its last opt-in column."""
+    record.extra = {**(record.extra or {}), PARAMETER_NORM: np.asarray(norms, np.float32)}
     return record

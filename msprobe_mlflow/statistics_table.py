@@ -25,7 +25,7 @@ row, shard, device, then over them), into the layout's ``extra`` section; the re
 the column ``name`` after ``norm``; the metrics sum it up over parameters with ``summary``. Adding one is an entry
 here and its expectations in ``tests/test_statistic_table.py``.
 
-:data:`PARAMETER_NORM` (``statistics=["param_norm"]``, PyTorch) is not the gradient's: it is the L2 norm of the
+:data:`PARAMETER_NORM` (``statistics=["param_norm"]``) is not the gradient's: it is the L2 norm of the
 parameter itself as the optimizer is about to update it, in the column after the gradient's. A weight that changes
 without a gradient that moved it (a corrupted weight, a wrong checkpoint shard) is invisible in the gradients at the
 step it happens (the layer feeding it changes most) and shows there, in one column.

@@ -98,14 +98,34 @@ def test_an_unknown_statistic_is_refused_naming_those_accepted(statistics, refus
     assert str(error.value) == refused
 
 
-def test_mindspores_monitor_refuses_param_norm_naming_what_it_accepts(tmp_path):
-    pytest.importorskip("mindspore", reason="MindSpore is not installed (the torch-only stage)")
+@pytest.mark.parametrize("mode", ["pynative", "graph"])
+@pytest.mark.parametrize("kind", ["nn", "mint"])
+def test_mindspores_monitor_records_each_parameters_norm_before_the_update(tmp_path, monkeypatch, mode, kind):
+    ms = pytest.importorskip("mindspore", reason="MindSpore is not installed (the torch-only stage)")
+    from mindspore import Tensor, mint, nn
     from msprobe_mlflow.mindspore import GradientMonitor as MindSporeMonitor
 
-    with pytest.raises(ValueError, match=r"'param_norm' is not accepted by the MindSpore monitor yet .* accepted "
-                                         r"here: mean, abs_mean"):
-        MindSporeMonitor({"task": "grad_probe", "dump_path": str(tmp_path)}, log_to_mlflow=False,
-                         statistics=["mean", "param_norm"])
+    monkeypatch.chdir(tmp_path)  # MindSpore writes compiler reports into the current folder
+    previous = ms.get_context("mode")
+    ms.set_context(mode=ms.GRAPH_MODE if mode == "graph" else ms.PYNATIVE_MODE)
+    try:
+        parameters = nn.Dense(3, 2).trainable_params()
+        optimizer = nn.SGD(parameters, learning_rate=0.5) if kind == "nn" else mint.optim.SGD(parameters, lr=0.5)
+        monitor = MindSporeMonitor({"task": "grad_probe", "dump_path": str(tmp_path / "dump"),
+                                    "grad_probe": {"grad_level": "L1"}}, log_to_mlflow=False,
+                                   statistics=["param_norm", "mean"]).monitor(optimizer)
+        weights = []
+        for step in range(3):  # the weights each step's optimizer call starts from
+            weights.append([np.linalg.norm(p.asnumpy().astype(np.float64)) for p in optimizer.parameters])
+            optimizer(tuple(Tensor(np.full(p.shape, step + 1.0, np.float32)) for p in optimizer.parameters))
+        monitor.stop()
+    finally:
+        ms.set_context(mode=previous)
+    assert monitor.errors == [] and (weights[1] != weights[0] or kind == "mint")  # mint's SGD: no update on CPU
+    for step, expected in enumerate(weights):
+        table = read_summary(summary_csv_path(tmp_path / "dump", 0, step))
+        assert table.header[-4:] == ["norm", "mean", "param_norm", "shape"]
+        assert table.numbers("param_norm") == pytest.approx(expected, rel=1e-6)
 
 
 def test_mindspores_monitor_writes_the_same_columns(tmp_path):

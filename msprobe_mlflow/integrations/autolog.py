@@ -38,8 +38,7 @@ def autolog(config: GradProbeConfig | str | os.PathLike | dict | None = None, *,
         disable: remove the hook and the patches; monitors already running are stopped (flushed).
         silent: no warnings from msprobe-mlflow; problems go to the ``msprobe_mlflow`` logger only.
         options: the monitors' (:class:`~msprobe_mlflow.MonitorOptions`), or their keywords, but for
-            those autolog chooses itself (``NOT_FOR_AUTOLOG``); ``overlap`` and ``statistics=["param_norm"]`` are
-            the PyTorch monitors' (MindSpore's get the rest).
+            those autolog chooses itself (``NOT_FOR_AUTOLOG``); ``overlap`` is the PyTorch monitors'.
     """
     global _installed, _waiting_for_torch
     options = MonitorOptions.of(options, **keywords)
@@ -56,8 +55,7 @@ def autolog(config: GradProbeConfig | str | os.PathLike | dict | None = None, *,
                  silent=silent)
     # MindSpore: Model.train gets a GradProbeCallback, from when mindspore is imported
     autolog_when_imported(config=config, level=level, bounds=bounds, dump_path=dump_path, disable=disable,
-                          silent=silent, options=replace(options, overlap=None,
-                                                         statistics=options.gradient_statistics))
+                          silent=silent, options=replace(options, overlap=None))
 
 
 @autologging.integration(FLAVOR_NAME)

@@ -25,9 +25,8 @@ from msprobe_mlflow.mindspore.probe import (GradientProbe, install_probe, instal
                                            remove_probe)
 from msprobe_mlflow.monitoring.options import MonitorOptions
 from msprobe_mlflow.monitoring.session_monitor import SessionMonitor
-from msprobe_mlflow.records import record_from_statistics
+from msprobe_mlflow.records import record_from_statistics, with_parameter_norms
 from msprobe_mlflow.session import RankPolicy
-from msprobe_mlflow.statistics_table import EXTRA, PARAMETER_NORM
 
 IDLE_COLLECTIONS_BEFORE_WARNING = 3
 # optimizer id -> the monitor probing it, so two monitors never probe one optimizer by accident.
@@ -38,8 +37,7 @@ class GradientMonitor(SessionMonitor):
     """Probes the gradients an optimizer receives at each of its steps, writes msprobe's dump and logs into MLflow.
 
     ``options`` (or their keywords): :class:`~msprobe_mlflow.MonitorOptions`, all but the PyTorch
-    monitor's ``overlap`` (refused: this monitor computes the statistics inside the optimizer's step) and
-    ``statistics=["param_norm"]`` (refused: its probe, inside the optimizer's graph, reads gradients only). Under
+    monitor's ``overlap`` (refused: this monitor computes the statistics inside the optimizer's step). Under
     ``msrun`` (``mindspore.communication``), every rank logs into rank 0's run (call ``monitor()`` on every rank).
     Use as ``GradientMonitor(config).monitor(optimizer)`` ... ``stop()``, or as a context manager; in graph mode
     add ``monitor.collect()`` after each train step (``Model.train``: use
@@ -54,10 +52,6 @@ class GradientMonitor(SessionMonitor):
             raise ValueError(f"overlap = {self.options.overlap!r} is not accepted by the MindSpore monitor; leave it "
                              f"out: it is the PyTorch monitor's (statistics during backward), and this monitor "
                              f"computes them inside the optimizer's step already")
-        if self.options.parameter_norms:
-            raise ValueError(f"statistics = {list(self.options.statistics)!r}: {PARAMETER_NORM!r} is not accepted by "
-                             f"the MindSpore monitor yet (it is the PyTorch monitor's); accepted here: "
-                             f"{', '.join(EXTRA)}")
         self.config = self.config.for_framework("mindspore")
         if self.config.checksum != "md5":  # the device checksum exists on the PyTorch path only
             raise ValueError(f"{self.config.source}: checksum = {self.config.checksum!r} is not accepted by the "
@@ -105,9 +99,10 @@ class GradientMonitor(SessionMonitor):
         wanted, shapes = [self.config.wants_param(p.name) for p in parameters], [tuple(p.shape) for p in parameters]
         settings = dict(level=self.config.level, bounds=self.config.bounds, steps=self.config.step,
                         rank_wanted=ranks.probes, directions_every=self.config.directions_every_n_steps,
-                        extra=self.options.statistics)
+                        extra=self.options.gradient_statistics)
         stopped_probe = getattr(optimizer, "msprobe_mlflow_probe", None)
-        if stopped_probe is not None and stopped_probe.settings == probe_settings(wanted, shapes, **settings):
+        if stopped_probe is not None and stopped_probe.settings == probe_settings(
+                wanted, shapes, with_parameter_norms=self.options.parameter_norms, **settings):
             probe = stopped_probe  # graphs compiled with it (a Model trained again) feed this monitor too
             probe.restart(self.step, self.notices)
         else:
@@ -115,7 +110,8 @@ class GradientMonitor(SessionMonitor):
                 self.notices.warn("this optimizer was monitored before with other settings; graphs compiled then (a "
                                   "TrainOneStepCell in GRAPH_MODE, a @jit train step) keep that stopped probe and do "
                                   "not feed this monitor: build the training cell or jit function again")
-            probe = GradientProbe(wanted, shapes, first_step=self.step, notices=self.notices, **settings)
+            probe = GradientProbe(wanted, shapes, first_step=self.step, notices=self.notices,
+                                  weights=tuple(parameters) if self.options.parameter_norms else (), **settings)
             try:
                 probe.check_compiles([p.dtype for _, p in selected])
             except Exception as e:  # observability must never break training: the optimizer stays untouched
@@ -146,11 +142,12 @@ class GradientMonitor(SessionMonitor):
         try:
             steps_run, probed_step = probe.read_progress()
             if probed_step > self._last_probed_step:
-                statistics, signs, values = probe.read(probed_step)
+                statistics, signs, values, norms = probe.read(probed_step)
                 self._session.submit(functools.partial(
-                    record_from_statistics, rank=self._session.ranks.rank, step=probed_step, level=self.config.level,
+                    _record, norms, rank=self._session.ranks.rank, step=probed_step, level=self.config.level,
                     bounds=self.config.bounds, names=self._names, shapes=self._shapes, statistics=statistics,
-                    signs=signs, float32_values=values, directions=signs is not None, extra=self.options.statistics))
+                    signs=signs, float32_values=values, directions=signs is not None,
+                    extra=self.options.gradient_statistics))
             armed_until = self.directions_schedule.armed_until(steps_run)
             if armed_until != self._armed_until:  # a trigger the writer thread found: the probe's next steps
                 probe.arm(armed_until)
@@ -246,3 +243,8 @@ class PrecisionDebugger:
     def stop(self) -> None:
         self.monitor_.stop()
 
+
+def _record(parameter_norms, **statistics):
+    """The step's record (on the writer thread), with the parameters' norms where the probe recorded them."""
+    record = record_from_statistics(**statistics)
+    return record if parameter_norms is None else with_parameter_norms(record, parameter_norms)

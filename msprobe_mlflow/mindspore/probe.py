@@ -20,8 +20,8 @@ import numpy as np
 import mindspore as ms
 from mindspore import Parameter, mint, nn, ops
 
-from msprobe_mlflow.mindspore.statistics import (float32_values, gradient_statistics, pack_signs, prepare_extra,
-                                                 propagate_nan)
+from msprobe_mlflow.mindspore.statistics import (float32_values, gradient_statistics, pack_signs, parameter_norms,
+                                                 prepare_extra, propagate_nan)
 from msprobe_mlflow.layout import StatisticsLayout
 from msprobe_mlflow.notices import Notices
 from msprobe_mlflow.statistics_table import float32_bounds
@@ -39,7 +39,8 @@ class GradientProbe(nn.Cell):
     ``steps_run`` from ``first_step``) is in ``steps`` (empty: every step). After a wanted step, ``probed_step``
     holds its number and the buffers its statistics, sized and laid out by ``layout``: ``statistics`` (float64,
     with the opt-in ``extra`` statistics' section), ``signs`` (packed directions, L1/L2), ``float32_values`` (L0,
-    for MD5). The construct is compiled (``@jit``)
+    for MD5), and given the optimizer's ``weights`` (its parameters, ``statistics=["param_norm"]``) the monitored
+    ones' own norms before its update. The construct is compiled (``@jit``)
     even in PyNative, so both modes run the same kernels.
 
     The always-on tier: with ``directions_every`` N other than 1, the signs are computed only at steps that are
@@ -49,10 +50,11 @@ class GradientProbe(nn.Cell):
 
     def __init__(self, selected: list[bool], shapes: list[tuple[int, ...]], *, level: str, bounds,
                  steps: tuple[int, ...], rank_wanted: bool, first_step: int = 0, notices: Notices | None = None,
-                 directions_every: int = 1, extra: tuple[str, ...] = ()):
+                 directions_every: int = 1, extra: tuple[str, ...] = (), weights: tuple = ()):
         super().__init__(auto_prefix=False)
         self.settings = probe_settings(selected, shapes, level=level, bounds=bounds, steps=steps,
-                                       rank_wanted=rank_wanted, directions_every=directions_every, extra=extra)
+                                       rank_wanted=rank_wanted, directions_every=directions_every, extra=extra,
+                                       with_parameter_norms=bool(weights))
         tag = f"msprobe_mlflow_{next(_probe_numbers)}"
         numels = [math.prod(shape) for shape, wanted in zip(shapes, selected) if wanted]
         self.layout = StatisticsLayout(level, bounds, numels, extra=extra)
@@ -76,6 +78,9 @@ class GradientProbe(nn.Cell):
         self.statistics = buffer("statistics", self.layout.statistics_length, np.float64)
         self.signs = buffer("signs", self.layout.signs_length, np.uint8)
         self.float32_values = buffer("float32_values", self.layout.values_length, np.float32)
+        self.with_parameter_norms = bool(weights)
+        self.weights = ms.ParameterTuple(weights)  # the optimizer's, as it holds the network's: read, never written
+        self.parameter_norms = buffer("parameter_norms", self.layout.count if weights else 0, np.float64)
         self.first_step = first_step
         self.steps_run = Parameter(ms.Tensor(np.array(first_step, dtype=np.int32)), name=f"{tag}.steps_run",
                                    requires_grad=False)
@@ -106,6 +111,8 @@ class GradientProbe(nn.Cell):
         if self.has_parameters:
             ops.assign(self.statistics, gradient_statistics(gradients, self.selected, self.has_buckets,
                                                             self.bounds32, self.extra))
+            if self.with_parameter_norms:
+                ops.assign(self.parameter_norms, parameter_norms(self.weights, self.selected))
             if self.has_values:
                 if self.has_md5:
                     ops.assign(self.float32_values, float32_values(gradients, self.selected))
@@ -135,21 +142,24 @@ class GradientProbe(nn.Cell):
         if samples:
             _statistics_graph(ms.mutable(samples), (True,) * len(samples), self.has_buckets, self.bounds32,
                               self.extra)
+            if self.with_parameter_norms:
+                _parameter_norms_graph(ms.mutable(samples), (True,) * len(samples))
 
     def read_progress(self) -> tuple[int, int]:
         """``(steps_run, probed_step)`` as the last finished step left them."""
         return int(self.steps_run.asnumpy()), int(self.probed_step.asnumpy())
 
-    def read(self, step: int) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None]:
+    def read(self, step: int) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None, np.ndarray | None]:
         """Copies of the buffers (the next step overwrites them) after probed step ``step``: statistics, signs
-        (L1/L2, when computed at that step), float32 values (L0)."""
+        (L1/L2, when computed at that step), float32 values (L0), the parameters' norms (when recorded)."""
         layout = self.layout
         statistics = propagate_nan(np.array(self.statistics.asnumpy()[:layout.statistics_length]), layout)
         signs = None
         if self.has_directions and (self.directions_every == 1 or int(self.signs_step.asnumpy()) == step):
             signs = np.array(self.signs.asnumpy()[:layout.signs_length])
         values = np.array(self.float32_values.asnumpy()[:layout.values_length]) if self.has_md5 else None
-        return statistics, signs, values
+        norms = np.array(self.parameter_norms.asnumpy()[:layout.count]) if self.with_parameter_norms else None
+        return statistics, signs, values, norms
 
     def arm(self, until: int) -> None:
         """Signs at every step up to ``until`` (the always-on tier's trigger window), from the next step run.
@@ -172,17 +182,22 @@ class GradientProbe(nn.Cell):
 
 
 def probe_settings(selected, shapes, *, level: str, bounds, steps, rank_wanted: bool,
-                   directions_every: int = 1, extra=()) -> tuple:
+                   directions_every: int = 1, extra=(), with_parameter_norms: bool = False) -> tuple:
     """What a compiled graph keeps of a probe as constants: a stopped probe with equal settings can be restarted
     instead of making a new one, which graphs compiled before would never call."""
     return (tuple(bool(s) for s in selected), tuple(tuple(shape) for shape in shapes), level, float32_bounds(bounds),
-            tuple(steps), bool(rank_wanted), directions_every, tuple(extra))
+            tuple(steps), bool(rank_wanted), directions_every, tuple(extra), bool(with_parameter_norms))
 
 
 @ms.jit
 def _statistics_graph(grads, selected, has_buckets, bounds32, extra=()):
     return (gradient_statistics(grads, selected, has_buckets, bounds32, extra), pack_signs(grads, selected),
             float32_values(grads, selected))
+
+
+@ms.jit
+def _parameter_norms_graph(parameters, selected):
+    return parameter_norms(parameters, selected)
 
 
 def _probed_class(base: type) -> type:

@@ -45,6 +45,7 @@ _extremes_and_norm = ops.MultitypeFuncGraph("msprobe_mlflow_extremes_and_norm")
 _bucket_counts = ops.MultitypeFuncGraph("msprobe_mlflow_bucket_counts")
 _sign_bits = ops.MultitypeFuncGraph("msprobe_mlflow_sign_bits")
 _flat_float32 = ops.MultitypeFuncGraph("msprobe_mlflow_flat_float32")
+_norm = ops.MultitypeFuncGraph("msprobe_mlflow_norm")
 
 
 @_extremes_and_norm.register("Bool", "Tensor")
@@ -101,6 +102,22 @@ def _flat_float32_of(selected, grad):
     if not selected or grad.size == 0:
         return mint.zeros((0,), dtype=ms.float32)
     return ops.reshape(_as_float32(grad), (-1,))
+
+
+@_norm.register("Bool", "Tensor")
+def _norm_of(selected, value):
+    """The L2 norm accumulated in float32 (float64 for float64), not rounded to a bf16/fp16 dtype."""
+    if not selected:
+        return mint.zeros((0,), dtype=ms.float64)
+    if value.size == 0:  # MindSpore's CPU sum of an empty tensor is not 0
+        return mint.zeros((1,), dtype=ms.float64)
+    comparable = _comparable(value)
+    return _scalar64(mint.sqrt(mint.sum(comparable * comparable)))
+
+
+def parameter_norms(parameters: tuple, selected: tuple) -> ms.Tensor:
+    """Each selected parameter's own norm (``statistics=["param_norm"]``), float64, before the optimizer's update."""
+    return mint.cat(_map(_norm, selected, parameters))
 
 
 def _extra_graph(statistic: Statistic) -> ops.MultitypeFuncGraph:

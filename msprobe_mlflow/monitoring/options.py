@@ -39,8 +39,8 @@ class MonitorOptions:
       that is exact (``msprobe_mlflow.pytorch.overlap``); False: all at ``step()``.
     - ``statistics``: opt-in columns after ``norm`` in the summary CSV (names from
       :data:`msprobe_mlflow.statistics_table.OPT_IN`): the gradient's ``mean``, ``abs_mean`` (and their run
-      metrics), then the parameter's own ``param_norm`` (the PyTorch monitor's; the comparator judges it too); none
-      by default, so the CSVs stay msprobe's byte for byte.
+      metrics), then the parameter's own ``param_norm`` (the comparator judges it too); none by default, so
+      the CSVs stay msprobe's byte for byte.
 
     The keywords are the groups' field names and these (``docs/options.md``); a config-dependent check (the tier's
     combination, a baseline at a level without directions) comes when applied to a config (:meth:`applied_to`).

@@ -34,7 +34,7 @@ from msprobe_mlflow.pytorch.overlap import EarlyStatistics, launch_with_early, s
 from msprobe_mlflow.pytorch.fsdp1 import FlatSlot, fsdp1_named_parameters, has_fsdp1
 from msprobe_mlflow.pytorch.sharded import FlatPiece, has_sharded, launch_sharded_statistics
 from msprobe_mlflow.pytorch.statistics import StatisticsCache, launch_step_statistics
-from msprobe_mlflow.records import StepRecord
+from msprobe_mlflow.records import with_parameter_norms
 from msprobe_mlflow.session import RankPolicy
 from msprobe_mlflow.statistics_table import PARAMETER_NORM
 from msprobe_mlflow.vocabulary import FAILED_STEPS_TAG, OVERLAP_TAG, RECORDED_TAG, TAG_RANGES_LIMIT, rank_tag
@@ -229,8 +229,8 @@ class GradientMonitor(SessionMonitor):
                              checksum=self.config.checksum, directions=directions,
                              extra=self.options.gradient_statistics, cache=self._cache)
         if self.options.parameter_norms:
-            pending = _with_parameter_norms(pending, launch_parameter_norms(
-                names, [self._parameters[i][1] for i in indices]))
+            norms, statistics = launch_parameter_norms(names, [self._parameters[i][1] for i in indices]), pending
+            pending = lambda: with_parameter_norms(statistics(), norms())  # noqa: E731
         if writes:
             self._probed_steps += 1
             self._session.submit(pending)
@@ -315,12 +315,3 @@ class PrecisionDebugger:
 
     def stop(self) -> None:
         self.monitor_.stop()
-
-
-def _with_parameter_norms(pending, norms):
-    """The pending step with the parameters' norms as its last opt-in column."""
-    def resolve() -> StepRecord:
-        record = pending()
-        record.extra = {**(record.extra or {}), PARAMETER_NORM: norms()}
-        return record
-    return resolve
