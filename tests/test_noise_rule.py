@@ -190,6 +190,22 @@ def test_a_weight_corrupted_before_the_first_update_is_named_at_step_0_against_r
     assert "before the first update (the weights' rounding moves it by 10% at most)" in first.detail
 
 
+def test_a_weight_that_jumped_ranks_before_a_gradient_that_moved_more():
+    """By hand: at step 20 B's weight w jumps (1.5% of its scale, the gradients agreeing before) and v's gradient
+    norm doubles, far more deviations; w comes first, v after it."""
+    judge = NoiseAwareJudge(0)
+    a = b = 0.1
+    for step in range(22):
+        move_a, move_b = (0.0001, 0.0016) if step == 20 else (1e-5, 0.99e-5)
+        a, b = a + move_a, b + move_b
+        comparison = _weights_step(step, a, b)
+        if step >= 20:
+            comparison.statistics_b.norm[1] = 2.0
+        judge.judge_step(comparison)
+    assert [(t.name, t.reason) for t in judge.verdict.parameter_trips] == [("w", "weight"), ("v", "norm")]
+    assert judge.verdict.parameter_trips[0].score < judge.verdict.parameter_trips[1].score
+
+
 def test_the_comparison_runs_first_line_gives_the_first_culprit_not_the_most_deviations():
     """The UI's one line names the verdict's first culprit: a weight that moved comes before a gradient that moved
     by more deviations (the layer feeding it)."""
