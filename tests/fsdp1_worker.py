@@ -4,12 +4,11 @@ unsharded order; shards split weights mid-byte and leave rank 0 no piece of laye
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 
 import torch
 import torch.distributed as dist
-from stacks_worker import GLOBAL_BATCH, build_model
+from stacks_worker import GLOBAL_BATCH, build_model, end_process_group
 from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
 
 from msprobe_mlflow import GradProbeConfig
@@ -50,10 +49,7 @@ def main() -> None:
     elif monitor.errors:
         raise SystemExit(f"rank {rank}: monitor errors {monitor.errors}")
     print(f"rank {rank} done", flush=True)
-    dist.destroy_process_group()
-    # Everything is written and said: leave without torch's C++ teardown, which aborted once under load in the full
-    # suite after both ranks were done ("terminate called without an active exception"; pytorch#90549 is the kind).
-    os._exit(0)
+    end_process_group()
 
 
 if __name__ == "__main__":

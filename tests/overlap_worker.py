@@ -13,6 +13,7 @@ import contextlib
 
 import torch
 import torch.distributed as dist
+from stacks_worker import end_process_group
 
 from msprobe_mlflow import GradProbeConfig
 from msprobe_mlflow.pytorch import GradientMonitor, overlap
@@ -63,7 +64,7 @@ def main() -> None:
     if monitor.errors:
         raise SystemExit(f"rank {rank}: monitor errors {monitor.errors}")
     print(f"OVERLAP {monitor.overlap} EARLY {monitor.early_gradients}", flush=True)
-    dist.destroy_process_group()
+    end_process_group()
 
 
 if __name__ == "__main__":

@@ -9,6 +9,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
+from stacks_worker import end_process_group
 from torch.distributed.tensor import Replicate, Shard, distribute_tensor
 
 from msprobe_mlflow.pytorch.parameter_norms import launch_parameter_norms
@@ -60,7 +61,7 @@ def main() -> None:
     full_norms = [np.linalg.norm(t.double().numpy().reshape(-1)) for t in full.values()]  # the parameters' own
     np.testing.assert_allclose(launch_parameter_norms(names, sharded)(), np.float32(full_norms), rtol=1e-6)
     print("rank", dist.get_rank(), "sharded statistics equal", flush=True)
-    dist.destroy_process_group()
+    end_process_group()
 
 
 if __name__ == "__main__":
