@@ -88,6 +88,23 @@ def test_param_norm_holds_each_parameters_own_norm_before_the_update_last_and_it
     assert weights[1][0].tolist() != weights[0][0].tolist()  # the weights moved: each step read its own
 
 
+def test_param_norm_with_fsdp1_is_refused_before_anything_is_opened(tmp_path):
+    """FSDP1's flat parameters hide the original ones' weights: refused in monitor(), no dump folder made."""
+    import torch.distributed as dist
+    from torch.distributed.fsdp import FullyShardedDataParallel
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        model = FullyShardedDataParallel(torch.nn.Linear(3, 2), device_id=torch.device("cpu"))
+        monitor = GradientMonitor(GradProbeConfig(dump_path=str(tmp_path / "dump"), level="L1"), log_to_mlflow=False,
+                                  statistics=["param_norm"])
+        with pytest.raises(ValueError, match=r"'param_norm' is not supported with FSDP1 .*use FSDP2"):
+            monitor.monitor(model)
+    finally:
+        dist.destroy_process_group()
+    assert not (tmp_path / "dump").exists()
+
+
 @pytest.mark.parametrize("statistics, refused", [
     (["median"], "statistics ['median'] are not known; expected some of: mean, abs_mean, param_norm"),
     ("mean", "statistics = 'mean' is not accepted; expected a list of names, some of: mean, abs_mean, param_norm"),

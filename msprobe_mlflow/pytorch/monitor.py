@@ -83,6 +83,10 @@ class GradientMonitor(SessionMonitor):
         other = _monitored_models.get(id(model))
         if other is not None and other is not self:
             raise ValueError("this model is already monitored by another GradientMonitor; call its stop() first")
+        if self.options.parameter_norms and has_fsdp1(model):  # before any session or hook exists
+            raise ValueError(f"statistics = {list(self.options.statistics)!r}: {PARAMETER_NORM!r} is not supported "
+                             f"with FSDP1 (FullyShardedDataParallel); use FSDP2 (torch.distributed.fsdp.fully_shard) "
+                             f"or leave {PARAMETER_NORM!r} out")
         self._remove_hook()
         if self._session is None or self._session.closed:  # first: a bad dump_path fails before any hook exists
             self._session = self._open_session("pytorch", RankPolicy.of(self.config, current_rank(), world_size()),
@@ -90,10 +94,6 @@ class GradientMonitor(SessionMonitor):
         named = [(n, p, None) for n, p in eager_named_parameters(model)]
         self._unsupported = None
         if has_fsdp1(model):  # its flat parameters stand for the original ones
-            if self.options.parameter_norms:
-                raise ValueError(f"statistics = {list(self.options.statistics)!r}: {PARAMETER_NORM!r} is not "
-                                 f"supported with FSDP1 (FullyShardedDataParallel); use FSDP2 "
-                                 f"(torch.distributed.fsdp.fully_shard) or leave {PARAMETER_NORM!r} out")
             try:
                 named = fsdp1_named_parameters(model)
             except Exception as e:  # FSDP1's private layout changed: say so, never record the shards as parameters
