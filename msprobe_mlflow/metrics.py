@@ -68,6 +68,11 @@ def norm_before_clipping_key(rank: int) -> str:
     return grad_key(rank, NORM_BEFORE_CLIPPING)
 
 
+def _total_norm(norms: list[float]) -> float:
+    """The norm of all the parameters together: sqrt of the sum of their squared norms."""
+    return math.sqrt(math.fsum(n * n for n in norms))
+
+
 def _finite(values: list[float]) -> list[float]:
     return [v for v in values if math.isfinite(v)]
 
@@ -77,8 +82,8 @@ def step_metrics(table: SummaryTable, rank: int, param_patterns: tuple[str, ...]
 
     ``total_norm`` = sqrt(sum of the parameters' squared norms); ``max``/``min`` over the finite values; at L2 each
     bucket's and the ``=0`` share of all monitored elements (weighted by element count); each opt-in statistic's
-    summary (``param_norm``: the weights' total norm, as ``total_norm``). Only what changes from step
-    to step: the number of parameters is the CSV's rows, and non-finite gradients are the anomaly flags'
+    summary (``param_norm``: the weights' total norm, as ``total_norm``). Only what changes from step to step: the
+    number of parameters is the CSV's rows, and non-finite gradients are the anomaly flags'
     (``anomalies/rank{R}/flagged_params``, tags ``msprobe_mlflow.first_nonfinite_step``...), so no chart of a run is a
     flat line by construction.
     """
@@ -86,7 +91,7 @@ def step_metrics(table: SummaryTable, rank: int, param_patterns: tuple[str, ...]
     prefix = grad_key(rank).rstrip("/")
     finite_max, finite_min = _finite(maxima), _finite(minima)
     metrics = {
-        f"{prefix}/total_norm": math.sqrt(math.fsum(n * n for n in norms)),
+        f"{prefix}/total_norm": _total_norm(norms),
         f"{prefix}/max": max(finite_max) if finite_max else math.nan,
         f"{prefix}/min": min(finite_min) if finite_min else math.nan,
     }
@@ -101,7 +106,7 @@ def step_metrics(table: SummaryTable, rank: int, param_patterns: tuple[str, ...]
     for statistic in extra:
         metrics[metric_key(prefix, statistic.name)] = statistic.summary(table.numbers(statistic.name), numels)
     if PARAMETER_NORM in table.header:  # the weights' norm, as total_norm is the gradients'
-        metrics[metric_key(prefix, PARAMETER_NORM)] = math.sqrt(math.fsum(n * n for n in table.numbers(PARAMETER_NORM)))
+        metrics[metric_key(prefix, PARAMETER_NORM)] = _total_norm(table.numbers(PARAMETER_NORM))
     if param_patterns:
         for name, high, low, norm in zip(table.column("param_name"), maxima, minima, norms):
             if any(fnmatch.fnmatchcase(name, pattern) for pattern in param_patterns):

@@ -120,11 +120,16 @@ PARAMETER_NORM = "param_norm"  # the parameter's own L2 norm (not the gradient's
 OPT_IN = (*EXTRA, PARAMETER_NORM)  # what a monitor's ``statistics`` option accepts
 
 
+def refuse_unknown(names, accepted=OPT_IN) -> None:
+    """Refuses statistics ``names`` not among ``accepted``, naming those accepted."""
+    unknown = [name for name in names if name not in accepted]
+    if unknown:
+        raise ValueError(f"statistics {unknown} are not known; expected some of: {', '.join(accepted) or 'none yet'}")
+
+
 def extra_statistics(names) -> tuple[Statistic, ...]:
     """The :data:`EXTRA` entries of ``names``, in that order; an unknown name is refused, naming those accepted."""
-    unknown = [name for name in names if name not in EXTRA]
-    if unknown:
-        raise ValueError(f"statistics {unknown} are not known; expected some of: {', '.join(EXTRA) or 'none yet'}")
+    refuse_unknown(names, tuple(EXTRA))
     return tuple(EXTRA[name] for name in names)
 
 

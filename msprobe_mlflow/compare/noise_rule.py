@@ -224,6 +224,7 @@ class NoiseAwareJudge:
         series = {"direction": 1.0 - similarities}  # NaN for an empty parameter
         side_a, side_b = comparison.statistics_a, comparison.statistics_b
         pushes, magnitudes = [], {}  # series -> (A's norms, B's norms) it compares
+        moved_alike = np.zeros(len(places), dtype=bool)  # the runs' weights moved alike this step
         if side_a is not None and side_b is not None:
             magnitudes["norm"] = (side_a.norm, side_b.norm)
             usual = self._usual_norm.center_and_spread(places)[0]
@@ -241,6 +242,10 @@ class NoiseAwareJudge:
                 series[WEIGHT] = scaled_difference(*magnitudes[WEIGHT], unknown) - scaled_difference(*before, unknown)
                 series[WEIGHT][np.isnan(before[0])] = np.nan
                 pushes += [(history, places, norms) for history, norms in zip(self._weights, magnitudes[WEIGHT])]
+                # Two runs taking the same step move a weight alike: a jump is more than ten times the smaller move
+                # (a gradient spike moves both; a corrupted weight moves in one run only).
+                moves = [now - was for now, was in zip(magnitudes[WEIGHT], before)]
+                moved_alike = np.abs(moves[1] - moves[0]) <= DEVIATIONS * np.minimum(*np.abs(moves))
         breaks, scores, centers = {}, {}, {}
         for name, values in series.items():
             if name in COUNT_SERIES:
@@ -248,10 +253,8 @@ class NoiseAwareJudge:
             else:
                 breaks[name], scores[name], centers[name] = self._magnitude_breaks(
                     name, places, values, numels, self.first_steps_tolerance if name == "norm" or step == 0 else np.inf)
-        if WEIGHT in series:  # two runs taking the same step move a weight alike: a jump is more than ten of the
-            # smaller move (a gradient spike moves both; a corrupted weight moves in one run only)
-            moves = [now - was for now, was in zip(magnitudes[WEIGHT], before)]
-            breaks[WEIGHT] &= np.abs(moves[1] - moves[0]) > DEVIATIONS * np.minimum(*np.abs(moves))
+        if WEIGHT in series:
+            breaks[WEIGHT] &= ~moved_alike
         tiny = _at_rounding_level(comparison) if "norm" in series else np.zeros(len(names), dtype=bool)
         recognised = self._recognise_noise(comparison, places, series, breaks, tiny)
         noise = self._noise[places].copy()

@@ -13,7 +13,7 @@ from msprobe_mlflow.monitoring.directions_schedule import TierOptions
 from msprobe_mlflow.sinks import StepSink
 from msprobe_mlflow.sinks.anomalies import AnomalyOptions
 from msprobe_mlflow.sinks.baseline import BaselineOptions
-from msprobe_mlflow.statistics_table import OPT_IN, PARAMETER_NORM
+from msprobe_mlflow.statistics_table import OPT_IN, PARAMETER_NORM, refuse_unknown
 from msprobe_mlflow.tracking.options import TrackingOptions
 
 # Each group's fields are its keywords (``tracking_uri`` is both MLflow's and the baseline run's: one keyword).
@@ -74,9 +74,7 @@ class MonitorOptions:
         if not isinstance(self.statistics, (list, tuple)) or not all(isinstance(n, str) for n in self.statistics):
             raise ValueError(f"statistics = {self.statistics!r} is not accepted; expected a list of names, some of: "
                              f"{', '.join(OPT_IN)}")
-        unknown = [name for name in self.statistics if name not in OPT_IN]
-        if unknown:
-            raise ValueError(f"statistics {unknown} are not known; expected some of: {', '.join(OPT_IN)}")
+        refuse_unknown(self.statistics)
         object.__setattr__(self, "statistics", tuple(dict.fromkeys(self.statistics)))
         live = self.live_verdict
         if live is not None and live.tracking_uri is None and self.tracking.tracking_uri is not None:
