@@ -46,8 +46,11 @@ trips nothing. Below that floor the norms break together: rounding differences b
 smoothly (on the benchmark's 18 benign pairs, over 300 steps, the median over parameters of how many times a
 parameter's |b - a| / max(a, b) exceeds the largest of its last :data:`WINDOW` values, each counted at least at
 float32's unit roundoff, never passed 4.1), while a bug that touches every parameter a little (a weight decay, a
-layer's precision) multiplies it at once by 135 to 4900; the summary breaks where that median exceeds
-:data:`NORM_JUMP`, two orders of magnitude, and the next step confirms it above ten. Until a series has
+layer's precision) multiplies it at once by 135 to 4900; the summary breaks where that median (the lower one:
+at least half the parameters) exceeds :data:`NORM_JUMP`, two orders of magnitude, and the next step confirms it
+above ten. The weights' own norms are judged the same way once learnt: their differences grow more smoothly still
+(1.4 times at most on the benign pairs), and a tenfold weight decay, which moves both runs' weights alike and each
+by far less than the floor, multiplies them by 208 to 1509 where the pair is finer than bfloat16. Until a series has
 :data:`MIN_HISTORY` values nothing has been learnt, and only what noise cannot do is judged: a norm off by more
 than :data:`FIRST_STEPS_TOLERANCE` (26 bfloat16 units, the coarsest precision training uses), a summary whose
 signs disagree on more than 3% of the elements that are not noise (msprobe's documented 0.97), a rate more than
@@ -173,7 +176,7 @@ class NoiseAwareJudge:
         self._histories = {name: _History() for name in ("direction", "norm", "distribution", WEIGHT)}
         self._summary = _History(width=1)
         self._usual_norm = _History()  # each parameter's norm, for the scale of its differences
-        self._relative_norm = _History()  # |b - a| / max(a, b) of each parameter's norms, for a model-wide jump
+        self._relative = {"norm": _History(), WEIGHT: _History()}  # |b - a| / max(a, b), for a model-wide jump
         self._weights = (_History(), _History())  # each parameter's own norm in A, in B
         self._held: _Finding | None = None  # a step that broke, until the next step says whether it persists
         self._equal_so_far = True  # every step remembered agreed bit for bit (signs and statistics)
@@ -216,7 +219,7 @@ class NoiseAwareJudge:
         """A step's breaks against the past, with what it adds to the past once it is known not to be a break."""
         step, names, numels = comparison.step, comparison.compared, comparison.numels
         places = slots_of(self._slots, names)
-        for history in [*self._histories.values(), self._usual_norm, self._relative_norm, *self._weights]:
+        for history in [*self._histories.values(), *self._relative.values(), self._usual_norm, *self._weights]:
             history.grow(len(self._slots))
         if len(self._slots) > len(self._noise):
             self._noise = np.concatenate([self._noise, np.full(len(self._slots) - len(self._noise), "", dtype=object)])
@@ -268,10 +271,10 @@ class NoiseAwareJudge:
             for name in breaks:
                 breaks[name] |= differs[name]
         summary_trip, summary = self._summary_trip(comparison, series["direction"], noise != "")
-        if "norm" in series:
-            relative = np.abs(scaled_difference(side_a.norm, side_b.norm, np.full(len(places), np.nan)))
-            pushes.append((self._relative_norm, places, relative))
-            summary_trip = summary_trip or self._norm_jump(step, places, relative, summary)
+        for name, (norms_a, norms_b) in magnitudes.items():
+            relative = np.abs(scaled_difference(norms_a, norms_b, np.full(len(places), np.nan)))
+            pushes.append((self._relative[name], places, relative))
+            summary_trip = summary_trip or self._norm_jump(name, step, places, relative, summary)
         pushes += [(self._histories[name], places, values) for name, values in series.items()]
         pushes.append((self._summary, np.array([0]), np.array([summary])))
 
@@ -344,27 +347,32 @@ class NoiseAwareJudge:
         breaks, score = magnitude_break(values, center, spread, count, seen, _model_spread(history), tolerance)
         return breaks & ~np.isnan(values), score, center
 
-    def _norm_jump(self, step: int, places, values, summary: float) -> Trip | None:
-        """The whole model's norm differences jumped: the median over parameters of how many times a parameter's
-        relative difference |b - a| / max(a, b) exceeds the largest of its window (each at least float32's unit
-        roundoff) is beyond :data:`NORM_JUMP`. Rounding differences grow smoothly as two trajectories part; a bug below
+    def _norm_jump(self, series: str, step: int, places, values, summary: float) -> Trip | None:
+        """The whole model's norm differences jumped (``series``: the gradients' ``norm`` or the parameters' own,
+        ``weight``): the median over parameters of how many times a parameter's relative difference
+        |b - a| / max(a, b) exceeds the largest of its window (each at least float32's unit roundoff) is beyond
+        :data:`NORM_JUMP`. Rounding differences grow smoothly as two trajectories part; a bug below
         :data:`MAGNITUDE_FLOOR` that touches every parameter (a weight decay, a layer's precision) jumps at once.
-        The step after a break confirms it with a growth of sqrt(NORM_JUMP), ten, still beyond what rounding did.
-        The trip carries the summary's sign similarity and its usual value, for the lines that show them."""
-        window = self._relative_norm.values[:, places]
-        seen = ~np.isnan(values) & (np.sum(~np.isnan(window), axis=0) > 0)
+        The weights' differences are judged once :data:`MIN_HISTORY` are known (their first updates part them from
+        equal). The step after a break confirms it with a growth of sqrt(NORM_JUMP), ten, still beyond what
+        rounding did. The trip carries the summary's sign similarity and its usual value, for the lines that show
+        them."""
+        window = self._relative[series].values[:, places]
+        known = np.sum(~np.isnan(window), axis=0)
+        seen = ~np.isnan(values) & (known >= (MIN_HISTORY if series == WEIGHT else 1))
         if not np.any(seen):
             return None
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", RuntimeWarning)
             before = np.fmax(np.nanmax(window[:, seen], axis=0), JUMP_FLOOR)
         now = np.fmax(values[seen], JUMP_FLOOR)
-        growth = float(np.median(now / before))
+        growth = float(np.quantile(now / before, 0.5, method="lower"))  # at least half the parameters grew so
         if growth <= (NORM_JUMP ** 0.5 if self._held is not None else NORM_JUMP):  # persisting: one order of ten
             return None
         usual = float(self._summary.center_and_spread(np.array([0]))[0][0])
-        return Trip("summary", step, 1 - summary, 1 - usual, "norm", DEVIATIONS * growth / NORM_JUMP,
-                    f"median norm difference {float(np.median(before)):.2g} -> {float(np.median(now)):.2g} of its "
+        what = "parameter norm" if series == WEIGHT else "norm"
+        return Trip("summary", step, 1 - summary, 1 - usual, series, DEVIATIONS * growth / NORM_JUMP,
+                    f"median {what} difference {float(np.median(before)):.2g} -> {float(np.median(now)):.2g} of its "
                     f"scale: {growth:.0f}x the largest of the last {WINDOW} steps in one step")
 
     def _summary_trip(self, comparison, disagreement, is_noise) -> tuple[Trip | None, float]:

@@ -37,7 +37,7 @@ class Trip:
 
     ``similarity``: the direction similarity there (None: the series is a statistic's, not a direction's);
     ``previous``: what the rule expected (msprobe: the previous value; noise: the series' expected similarity);
-    ``reason``: msprobe ``first`` or ``drop``; noise ``direction``, ``norm``, ``distribution`` or ``extremes``;
+    ``reason``: msprobe ``first`` or ``drop``; noise ``direction``, ``norm``, ``distribution`` or ``weight``;
     ``score``: how far beyond its noise (noise rule: robust deviations; msprobe: the fall); ``detail``: the
     numbers, for a person."""
 
