@@ -16,7 +16,7 @@ import torch
 
 from msprobe_mlflow import GradProbeConfig, compare_dumps
 from msprobe_mlflow.compare.step import SideStatistics, StepComparison
-from msprobe_mlflow.compare.noise_rule import NoiseAwareJudge
+from msprobe_mlflow.compare.noise_rule import NoiseAwareJudge, significant_bits
 from msprobe_mlflow.dump import findings_dir, read_summary, summary_csv_path
 from msprobe_mlflow.pytorch import GradientMonitor
 
@@ -85,6 +85,7 @@ def runs(tmp_path_factory) -> dict[str, Path]:
         runs[bug] = train(root / bug, torch.float64, bug)
     runs["no_causal_mask_from_0"] = train(root / "no_causal_mask_from_0", torch.float64, "no_causal_mask", 0)
     runs["head_in_bf16_alone"] = train(root / "head_in_bf16_alone", torch.float32, "head_in_bf16")
+    runs["head_in_bf16"] = train(root / "head_in_bf16", torch.float64, "head_in_bf16")
     runs["head_in_bf16_from_0"] = train(root / "head_in_bf16_from_0", torch.float64, "head_in_bf16", 0)
     runs["weights_corrupted"] = train(root / "weights_corrupted", torch.float64, "weights_corrupted")
     runs["weights_corrupted_from_0"] = train(root / "weights_corrupted_from_0", torch.float64, "weights_corrupted", 0)
@@ -156,6 +157,46 @@ def test_gradients_at_rounding_level_come_last_among_the_culprits_even_without_n
     assert found.first_suspicious_step == BUG_FROM
     assert {"conv.bias", "attention.out_proj.bias"} <= set(names[-2:])
     assert {"head.weight", "head.bias"} & set(names[:3])
+
+
+@pytest.mark.parametrize("candidate", ["head_in_bf16_alone", "head_in_bf16"])
+def test_a_layer_computed_in_bfloat16_is_named_first_by_its_gradients_coarse_significands(runs, candidate):
+    """The head computed in bfloat16 from the bug on (alone, and on top of float64-vs-float32 noise): its rounding
+    reaches every gradient below it at the same relative size, but its own gradients now come out of a bfloat16
+    matmul, so their max and min carry at most 8 significant bits, in B only and in none of B's steps before."""
+    found = verdict(runs, candidate)
+    assert found.first_suspicious_step == BUG_FROM
+    first_two = found.parameter_trips[:2]
+    assert {trip.name for trip in first_two} == {"head.weight", "head.bias"}, found
+    assert {trip.reason for trip in first_two} == {"precision"}
+    assert all(" in B: " in trip.detail and "significant bits from this step" in trip.detail for trip in first_two)
+    assert "precision" not in {trip.reason for trip in found.parameter_trips[2:]}
+
+
+def test_coarse_significands_alone_are_no_break():
+    """By hand: from step 20 B's gradient extremes of w carry 8 significant bits (a clip to +-0.5078125, say) while
+    its norm and signs agree with A's as before: evidence of where a change entered, never a verdict by itself
+    (with the gate that adds it only to suspicious steps removed, this fails)."""
+    judge = NoiseAwareJudge(0)
+    for step in range(24):
+        comparison = _step(step, [9_990, 10_000], [10_000, 10_000], [1, 1], [1, 1])
+        fine, coarse = 0.1 + 1e-7 * step, 0.5078125 if step >= 20 else 0.1 + 1e-7 * step
+        comparison.statistics_a.max, comparison.statistics_a.min = np.array([fine, fine]), np.array([-fine, -fine])
+        comparison.statistics_b.max, comparison.statistics_b.min = np.array([coarse, fine]), np.array([-coarse, -fine])
+        assert judge.judge_step(comparison) is None
+    assert significant_bits(np.array([0.5078125]))[0] == 7 and significant_bits(np.array([0.1000023]))[0] > 11
+
+
+def test_significant_bits_are_those_of_the_format_a_value_was_rounded_to():
+    """Against numpy's own float32 bits and torch's bfloat16 rounding: a float32 value needs 24 bits less the
+    trailing zeros of its 23-bit fraction; a value rounded to bfloat16 needs at most 8."""
+    values = np.random.default_rng(0).standard_normal(1000).astype(np.float32)
+    fraction = values.view(np.uint32) & np.uint32((1 << 23) - 1)
+    trailing = np.array([23 if f == 0 else (int(f) & -int(f)).bit_length() - 1 for f in fraction])
+    assert np.array_equal(significant_bits(values.astype(np.float64)), 24 - trailing)
+    bfloat16 = torch.from_numpy(values).to(torch.bfloat16).to(torch.float64).numpy()
+    assert np.nanmax(significant_bits(bfloat16)) <= 8 < np.nanmax(significant_bits(values.astype(np.float64)))
+    assert np.isnan(significant_bits(np.array([0.0, np.nan, np.inf, 1e-310]))).all()
 
 
 def test_a_bug_below_the_magnitude_floor_that_moves_every_norm_at_once_is_named_at_its_step(runs):

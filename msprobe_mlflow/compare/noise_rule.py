@@ -36,7 +36,10 @@ The signals, per rank and compared step, each a *series* over steps:
   differ by their storage's rounding only: there the difference is judged against the first steps' tolerance. A
   weight that jumps was not moved by the training, and its parameter is never noise.
 - max and min serve to recognise whole-gradient noise below; a single element's rounding averages over nothing
-  (benign pairs differ there by up to 46% in bfloat16), so they are not judged as a series.
+  (benign pairs differ there by up to 46% in bfloat16), so they are not judged as a series. Their significands
+  tell the format a gradient came out of (IEEE 754 rounds every result to its format's significand: a float32
+  value needs at most 24 bits, a float16 one 11, a bfloat16 one 8): ``precision`` evidence where they turn coarse
+  in one run only (below), for the culprits, never a break.
 
 A series *breaks* at a step when it moves away from the median of its last :data:`WINDOW` values by more than
 :data:`DEVIATIONS` times its noise (for directions sqrt(binomial² + (1.4826 MAD)²); for norms the larger of the
@@ -74,8 +77,12 @@ A bug present from the first step still trips there: it changes norms beyond rou
 percent, a magnitude bug by its factor) or flips more than half the signs. At the first suspicious step the
 parameters that break are ranked by how far beyond their own noise they moved (``score``, in deviations), each
 with its reason and numbers; a weight that broke first (the gradients before agreed: the change entered there, where
-the gradients show it most in the layer feeding it), those whose gradient is at rounding level last, noise or not,
-since any change anywhere in the model moves them by their whole size.
+the gradients show it most in the layer feeding it), and so does a parameter whose gradient's max and min carry at
+most :data:`COARSE_BITS` significant bits from this step in one run, after :data:`MIN_HISTORY` steps and in the
+other run with more (``precision``: a layer cast to bfloat16, a float32 operator an accelerator computes in float16;
+its rounding reaches every gradient below it at the same relative size, so only its own gradient's format names
+it; a run under autocast is coarse from its first step and drops nothing); those whose gradient is at rounding
+level last, noise or not, since any change anywhere in the model moves them by their whole size.
 
 The constants rest on the bounds above; :data:`DEVIATIONS`, :data:`MAGNITUDE_FLOOR` and the confirmation were
 settled on the benign pairs of ``benchmarks/divergence_benchmark.py`` (two model families, three kinds of noise,
@@ -102,6 +109,9 @@ ROUNDING_LEVEL = 2.0 ** -8  # bfloat16's unit roundoff, relative to the model's 
 NORM_JUMP = 100.0  # the growth in one step of the median norm difference that makes a break (benign: 4.1 at most)
 JUMP_FLOOR = 2.0 ** -24  # float32's unit roundoff: norm differences below it are counted at it
 WEIGHT = "weight"  # the series of the parameters' own norms (recorded with statistics=["param_norm"])
+PRECISION = "precision"  # a gradient computed in a 16-bit format from this step, in one run only
+DIRECT = (WEIGHT, PRECISION)  # evidence of where a change entered, not of where it spread
+COARSE_BITS = 11  # float16's significand; bfloat16 has 8: extremes that carry no more came from a 16-bit format
 COUNT_SERIES = ("direction", "distribution")  # fractions of elements
 SIGNS, WHOLE = "signs", "whole gradient"  # what of a parameter is noise
 
@@ -178,6 +188,7 @@ class NoiseAwareJudge:
         self._usual_norm = _History()  # each parameter's norm, for the scale of its differences
         self._relative = {"norm": _History(), WEIGHT: _History()}  # |b - a| / max(a, b), for a model-wide jump
         self._weights = (_History(), _History())  # each parameter's own norm in A, in B
+        self._coarse = (_History(), _History())  # 1 where a parameter's gradient extremes were coarse, in A, in B
         self._held: _Finding | None = None  # a step that broke, until the next step says whether it persists
         self._equal_so_far = True  # every step remembered agreed bit for bit (signs and statistics)
 
@@ -219,7 +230,8 @@ class NoiseAwareJudge:
         """A step's breaks against the past, with what it adds to the past once it is known not to be a break."""
         step, names, numels = comparison.step, comparison.compared, comparison.numels
         places = slots_of(self._slots, names)
-        for history in [*self._histories.values(), *self._relative.values(), self._usual_norm, *self._weights]:
+        for history in [*self._histories.values(), *self._relative.values(), self._usual_norm, *self._weights,
+                        *self._coarse]:
             history.grow(len(self._slots))
         if len(self._slots) > len(self._noise):
             self._noise = np.concatenate([self._noise, np.full(len(self._slots) - len(self._noise), "", dtype=object)])
@@ -289,17 +301,43 @@ class NoiseAwareJudge:
                              norms, bound)
                 if names[i] not in best or _evidence(trip) > _evidence(best[names[i]]):
                     best[names[i]] = trip
+        coarse = [_coarse(side) for side in (side_a, side_b)] if "norm" in series else []
+        pushes += [(history, places, now) for history, now in zip(self._coarse, coarse)]
+        if summary_trip is not None or best:  # where the change entered: evidence for the culprits, never a break
+            for i, trip in self._precision_trips(step, names, places, coarse, noise, (side_a, side_b)).items():
+                best[names[i]] = trip
         certain = any(bool(np.any(breaks[name] & (np.abs(series[name] - centers[name]) > FIRST_STEPS_TOLERANCE)))
                       for name in magnitudes if name == "norm" or step == 0)  # what rounding cannot do
         # A weight that moved comes first: the gradients before this step agreed, so nothing of the training moved
-        # it (a corrupted weight shows in the gradients of the layer feeding it most). Gradients at rounding level
-        # move with any change anywhere: they come last even where nothing is noise.
+        # it (a corrupted weight shows in the gradients of the layer feeding it most); so does a gradient computed
+        # in a 16-bit format from this step in one run (its rounding reaches every gradient below it at the same
+        # size). Gradients at rounding level move with any change anywhere: they come last even where nothing is
+        # noise.
         last = {names[i] for i in np.flatnonzero(tiny)}
         return _Finding(step, summary_trip,
-                        sorted(best.values(), key=lambda t: (t.reason != WEIGHT, t.name in last, -t.score, t.name)),
+                        sorted(best.values(), key=lambda t: (t.reason not in DIRECT, t.name in last, -t.score, t.name)),
                         pushes, certain,
                         any(np.any(found) for found in differs.values()),
                         {int(places[i]): found for i, found in recognised.items()})
+
+    def _precision_trips(self, step: int, names, places, coarse, noise, sides) -> dict[int, Trip]:
+        """The parameters (by index in this step) whose gradient extremes are coarse (at most :data:`COARSE_BITS`
+        significant bits: a 16-bit format) in one run while the other's are not, after :data:`MIN_HISTORY` steps in
+        which that run's never were: that gradient went through a 16-bit format from this step on (a layer cast to
+        bfloat16, an accelerator computing a float32 operator in float16). Two random float32 values are both that
+        coarse once in 2**26; a run under autocast is coarse from its first step, so nothing drops."""
+        trips = {}
+        for side, other, label in ((1, 0, "B"), (0, 1, "A")) if coarse else ():
+            window = self._coarse[side].values[:, places]
+            fine_before = (np.sum(window == 0, axis=0) >= MIN_HISTORY) & ~np.any(window == 1, axis=0)
+            for i in np.flatnonzero((coarse[side] == 1) & (coarse[other] == 0) & fine_before & (noise == "")):
+                top, bottom = sides[side].max[i], sides[side].min[i]
+                bits = int(np.nanmax(significant_bits(np.array([top, bottom]))))
+                trips[int(i)] = Trip(names[i], step, None, None, PRECISION, 0.0,  # a format, not a distance
+                                     f"gradient max {top:.6g}, min {bottom:.6g} in {label}: {bits} significant "
+                                     f"bits from this step (a 16-bit format); more than {COARSE_BITS} before and in "
+                                     f"the other run")
+        return trips
 
     def _recognise_noise(self, comparison, places, series, breaks, tiny) -> dict[int, SignNoise]:
         """The parameters (by index in this step) newly recognised as noise: whose gradient is at rounding level on
@@ -491,7 +529,7 @@ def _model_spread(history: _History) -> float:
 
 def _evidence(trip: Trip) -> tuple[bool, float]:
     """How strongly a trip speaks for its parameter: a weight's break before any gradient's, then by deviations."""
-    return trip.reason == WEIGHT, trip.score
+    return trip.reason in DIRECT, trip.score
 
 
 def _relative_difference(comparison, index: int) -> float:
@@ -520,6 +558,28 @@ def _trip(series: str, name: str, step: int, similarity: float, value: float, ce
             f"usually {center:+.2%}"
         detail = f"norm A {norms[0]:.4g}, B {norms[1]:.4g}: {value:+.2%} of its scale ({usual})"
     return Trip(name, step, similarity, None, series, float(score), detail)
+
+
+def significant_bits(values: np.ndarray) -> np.ndarray:
+    """Per value, the bits its binary significand needs (float64: 1 to 53; a float32 value at most 24, a bfloat16
+    one at most 8); NaN for zero, subnormal and non-finite values."""
+    values = np.asarray(values, dtype=np.float64)
+    raw = values.view(np.uint64)
+    fraction = raw & np.uint64((1 << 52) - 1)
+    lowest = fraction & (~fraction + np.uint64(1))  # the lowest set bit
+    with np.errstate(divide="ignore"):
+        trailing = np.where(fraction == 0, 52, np.log2(lowest.astype(np.float64)))
+    normal = np.isfinite(values) & (np.abs(values) >= np.finfo(np.float64).tiny)
+    return np.where(normal, 53 - trailing, np.nan)
+
+
+def _coarse(side) -> np.ndarray:
+    """Per parameter: 1 where its gradient's max and min (those not zero) carry at most :data:`COARSE_BITS`
+    significant bits, 0 where they carry more, NaN where both are zero or not finite."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        bits = np.fmax(significant_bits(side.max), significant_bits(side.min))
+    return np.where(np.isnan(bits), np.nan, (bits <= COARSE_BITS).astype(np.float64))
 
 
 def _at_rounding_level(comparison) -> np.ndarray:

@@ -37,7 +37,7 @@ class Trip:
 
     ``similarity``: the direction similarity there (None: the series is a statistic's, not a direction's);
     ``previous``: what the rule expected (msprobe: the previous value; noise: the series' expected similarity);
-    ``reason``: msprobe ``first`` or ``drop``; noise ``direction``, ``norm``, ``distribution`` or ``weight``;
+    ``reason``: msprobe ``first`` or ``drop``; noise ``direction``, ``norm``, ``distribution``, ``weight`` or ``precision``;
     ``score``: how far beyond its noise (noise rule: robust deviations; msprobe: the fall); ``detail``: the
     numbers, for a person."""
 
@@ -317,6 +317,8 @@ def culprit_text(trip: Trip) -> str:
     ``fc.weight (norm, 12 deviations)``."""
     if trip.reason in ("first", "drop"):
         return f"{trip.name} (fell {trip.fall:.4f})"
+    if trip.reason == "precision":  # a format, not a distance from the noise
+        return f"{trip.name} (precision)"
     return f"{trip.name} ({trip.reason}, {trip.score:.0f} deviations)"
 
 
@@ -333,4 +335,6 @@ def trip_numbers(trip: Trip) -> str:
     numbers and how far beyond the noise."""
     if trip.reason in ("first", "drop"):
         return f"{trip.previous:.4f} -> {trip.similarity:.4f} (fell {trip.fall:.4f})"
+    if trip.reason == "precision":
+        return f"{trip.reason}: {trip.detail}"
     return f"{trip.reason}: {trip.detail} ({trip.score:.0f} deviations beyond noise)"
