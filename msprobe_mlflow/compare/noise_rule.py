@@ -528,7 +528,8 @@ def _model_spread(history: _History) -> float:
 
 
 def _evidence(trip: Trip) -> tuple[bool, float]:
-    """How strongly a trip speaks for its parameter: a weight's break before any gradient's, then by deviations."""
+    """How strongly a trip speaks for its parameter: where a change entered (a weight's break, a gradient's format)
+    before where it spread, then by deviations."""
     return trip.reason in DIRECT, trip.score
 
 
@@ -576,9 +577,7 @@ def significant_bits(values: np.ndarray) -> np.ndarray:
 def _coarse(side) -> np.ndarray:
     """Per parameter: 1 where its gradient's max and min (those not zero) carry at most :data:`COARSE_BITS`
     significant bits, 0 where they carry more, NaN where both are zero or not finite."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", RuntimeWarning)
-        bits = np.fmax(significant_bits(side.max), significant_bits(side.min))
+    bits = np.fmax(significant_bits(side.max), significant_bits(side.min))
     return np.where(np.isnan(bits), np.nan, (bits <= COARSE_BITS).astype(np.float64))
 
 

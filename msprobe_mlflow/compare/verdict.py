@@ -37,9 +37,9 @@ class Trip:
 
     ``similarity``: the direction similarity there (None: the series is a statistic's, not a direction's);
     ``previous``: what the rule expected (msprobe: the previous value; noise: the series' expected similarity);
-    ``reason``: msprobe ``first`` or ``drop``; noise ``direction``, ``norm``, ``distribution``, ``weight`` or ``precision``;
-    ``score``: how far beyond its noise (noise rule: robust deviations; msprobe: the fall); ``detail``: the
-    numbers, for a person."""
+    ``reason``: msprobe ``first`` or ``drop``; noise ``direction``, ``norm``, ``distribution``, ``weight`` or
+    ``precision``; ``score``: how far beyond its noise (noise rule: robust deviations, 0 for ``precision``, a format;
+    msprobe: the fall); ``detail``: the numbers, for a person."""
 
     name: str
     step: int
