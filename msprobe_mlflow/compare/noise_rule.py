@@ -87,6 +87,10 @@ level last, noise or not, since any change anywhere in the model moves them by t
 The constants rest on the bounds above; :data:`DEVIATIONS`, :data:`MAGNITUDE_FLOOR` and the confirmation were
 settled on the benign pairs of ``benchmarks/divergence_benchmark.py`` (two model families, three kinds of noise,
 three seeds, 300 steps: no false alarm), where 8 deviations, a 0.1% floor or no confirmation each gave some.
+What they cannot tell apart: a training that amplifies the runs' rounding by orders of magnitude in one step (a
+sharp region, a loss spike) moves these statistics as a change entering there does. On the benchmark's benign
+pairs out of sample (GPT-2 with warmup and gradient clipping, an MLP with a step-decayed learning rate) one of 18
+is called suspicious, there.
 """
 from __future__ import annotations
 
