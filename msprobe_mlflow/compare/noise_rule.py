@@ -99,7 +99,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from msprobe_mlflow.compare.verdict import UNIT_ROUNDOFF, RankVerdict, SignNoise, Trip, judged_values, slots_of
+from msprobe_mlflow.compare.verdict import (PRECISION, UNIT_ROUNDOFF, RankVerdict, SignNoise, Trip, judged_values,
+                                            slots_of)
 
 DEVIATIONS = 10.0  # robust deviations beyond the noise that make a break
 WINDOW = 20  # past values a series' noise is learnt from
@@ -113,7 +114,6 @@ ROUNDING_LEVEL = 2.0 ** -8  # bfloat16's unit roundoff, relative to the model's 
 NORM_JUMP = 100.0  # the growth in one step of the median norm difference that makes a break (benign: 4.1 at most)
 JUMP_FLOOR = 2.0 ** -24  # float32's unit roundoff: norm differences below it are counted at it
 WEIGHT = "weight"  # the series of the parameters' own norms (recorded with statistics=["param_norm"])
-PRECISION = "precision"  # a gradient computed in a 16-bit format from this step, in one run only
 DIRECT = (WEIGHT, PRECISION)  # evidence of where a change entered, not of where it spread
 COARSE_BITS = 11  # float16's significand; bfloat16 has 8: extremes that carry no more came from a 16-bit format
 COUNT_SERIES = ("direction", "distribution")  # fractions of elements
@@ -330,14 +330,16 @@ class NoiseAwareJudge:
         which that run's never were: that gradient went through a 16-bit format from this step on (a layer cast to
         bfloat16, an accelerator computing a float32 operator in float16). Two random float32 values are both that
         coarse once in 2**26; a run under autocast is coarse from its first step, so nothing drops."""
+        if not coarse:  # no statistics on one side
+            return {}
         trips = {}
-        for side, other, label in ((1, 0, "B"), (0, 1, "A")) if coarse else ():
+        for side, other, label in ((1, 0, "B"), (0, 1, "A")):
             window = self._coarse[side].values[:, places]
             fine_before = (np.sum(window == 0, axis=0) >= MIN_HISTORY) & ~np.any(window == 1, axis=0)
             for i in np.flatnonzero((coarse[side] == 1) & (coarse[other] == 0) & fine_before & (noise == "")):
                 top, bottom = sides[side].max[i], sides[side].min[i]
                 bits = int(np.nanmax(significant_bits(np.array([top, bottom]))))
-                trips[int(i)] = Trip(names[i], step, None, None, PRECISION, 0.0,  # a format, not a distance
+                trips[int(i)] = Trip(names[i], step, None, None, PRECISION, 0.0,
                                      f"gradient max {top:.6g}, min {bottom:.6g} in {label}: {bits} significant "
                                      f"bits from this step (a 16-bit format); more than {COARSE_BITS} before and in "
                                      f"the other run")

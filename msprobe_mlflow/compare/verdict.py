@@ -29,6 +29,7 @@ DEFAULT_DROP_THRESHOLD = 0.03
 _TOLERANCE = 1e-12
 
 Series = list[float | None]
+PRECISION = "precision"  # the noise rule's reason for a gradient in a 16-bit format: a format, not a distance
 
 
 @dataclass(frozen=True)
@@ -317,7 +318,7 @@ def culprit_text(trip: Trip) -> str:
     ``fc.weight (norm, 12 deviations)``."""
     if trip.reason in ("first", "drop"):
         return f"{trip.name} (fell {trip.fall:.4f})"
-    if trip.reason == "precision":  # a format, not a distance from the noise
+    if trip.reason == PRECISION:
         return f"{trip.name} (precision)"
     return f"{trip.name} ({trip.reason}, {trip.score:.0f} deviations)"
 
@@ -335,6 +336,6 @@ def trip_numbers(trip: Trip) -> str:
     numbers and how far beyond the noise."""
     if trip.reason in ("first", "drop"):
         return f"{trip.previous:.4f} -> {trip.similarity:.4f} (fell {trip.fall:.4f})"
-    if trip.reason == "precision":
+    if trip.reason == PRECISION:
         return f"{trip.reason}: {trip.detail}"
     return f"{trip.reason}: {trip.detail} ({trip.score:.0f} deviations beyond noise)"
