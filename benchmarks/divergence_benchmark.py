@@ -613,7 +613,9 @@ def verdict_of(baseline: Path, candidate: Path, rule: str, noise: str) -> dict:
     result = compare_dumps(baseline, candidate, None, plots=False, progress=False,
                            **rule_options(rule, "rule" in inspect.signature(compare_dumps).parameters, noise))
     rank = result.verdict.ranks[0]
-    return {"step": rank.first_suspicious_step, "culprits": [t.name for t in rank.parameter_trips]}
+    first_steps = getattr(rank, "first_steps", None)  # the noise rule's note on first steps beyond float32 rounding
+    return {"step": rank.first_suspicious_step, "culprits": [t.name for t in rank.parameter_trips],
+            "first_steps": first_steps.finest if first_steps else None}
 
 
 def live(work: Work, plan: Plan, rules: list[str]) -> dict:
@@ -778,6 +780,11 @@ def rate(rows: list[dict], rule: str, key: str = "outcome", wanted="exact") -> l
     return [sum(r["verdicts"][rule][key] == wanted for r in judged), len(judged)]
 
 
+def noted(rows: list[dict], rule: str) -> list[int]:
+    """How many of ``rows`` the rule's verdict says differ beyond float32 rounding in their first steps."""
+    return [sum(r["verdicts"][rule].get("first_steps") is not None for r in rows), len(rows)]
+
+
 def summarize(result: dict, rule: str) -> dict:
     harmful = [r for r in result["harmful"] if r["truth"] is not None]
     judged = [(r, r["verdicts"][rule]) for r in harmful]
@@ -797,6 +804,11 @@ def summarize(result: dict, rule: str) -> dict:
         "culprit_in_top3": rate([r for r in harmful if r["culprits"] is not None], rule, "culprit_in_top3", True),
         "culprit_or_feeding_in_top3": rate([r for r in harmful if r["culprits"] is not None], rule,
                                            "culprit_or_feeding_in_top3", True),
+        "first_steps_noted": {  # the verdict says the first steps differ beyond float32 rounding
+            "from_step_0_not_exact": noted([r for r, v in judged if r["variant"] == "from step 0"
+                                            and v["outcome"] != "exact"], rule),
+            "benign_bf16": noted([r for r in result["benign"] if r["noise"] == "bf16"], rule),
+            "benign_finer": noted([r for r in result["benign"] if r["noise"] != "bf16"], rule)},
         "benign_false_alarms": [sum(step is not None for step in benign), len(benign)],
         "benign_alarm_steps": [step for step in benign if step is not None],
         "elsewhere_false_alarms": [sum(step is not None for step in elsewhere), len(elsewhere)],
@@ -870,6 +882,12 @@ def markdown(result: dict) -> str:
     if any(summary[r]["elsewhere_false_alarms"][1] for r in rules):
         rows += [[f"... out of sample ({', '.join(ELSEWHERE)}: benign pairs only)"] + [
             alarms(summary[r]["elsewhere_false_alarms"], summary[r]["elsewhere_alarm_steps"]) for r in rules]]
+    noted_rows = [("... from step 0, not named at the exact step", "from_step_0_not_exact"),
+                  ("... benign pairs finer than bfloat16 (float64, one ulp)", "benign_finer"),
+                  ("... benign pairs under bfloat16 autocast", "benign_bf16")]
+    rows += [["verdict says the first steps differ beyond float32 rounding (`first_steps`)"] + [""] * len(rules)]
+    rows += [[label] + [fraction(summary[r]["first_steps_noted"][key]) if r not in ("msprobe", PRECISION_GIVEN)
+                        else "n/a" for r in rules] for label, key in noted_rows]
     if live_result:
         rows += [["live verdict equal to compare's"] + [fraction(summary[r]["live_equal_to_compare"]) for r in rules],
                  ["live callback after the suspicious step's end (median, max)"] + [

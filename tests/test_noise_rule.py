@@ -281,6 +281,30 @@ def test_a_bug_from_step_0_below_bfloat16_rounding_is_named_there_once_the_pairs
     assert verdict(runs, "float64", precision="float32").first_suspicious_step is None
 
 
+def test_first_steps_beyond_float32_rounding_are_said_where_the_pairs_precision_is_not_given(runs):
+    """Without the pair's precision, the head in bfloat16 from step 0 (on float64-vs-float32 noise) is within what
+    bfloat16 rounding can do and not named; the verdict says instead that the first steps' norms differ beyond
+    float32 rounding, where and by how much, and how to judge them at float32's bound. The benign pair, whose first
+    steps stay within float32 rounding, says nothing; nor does a pair judged at a given precision."""
+    comparison = compare_dumps(runs["baseline"], runs["head_in_bf16_from_0"], None, plots=False)
+    note = comparison.verdict.ranks[0].first_steps
+    assert note is not None and note.step < 5 and note.bound == 0.1 * 2.0 ** -16
+    # the named parameter's norms at that step, from the two CSVs: the scaled difference is at most the relative one
+    tables = [read_summary(summary_csv_path(runs[name], 0, note.step)) for name in ("baseline", "head_in_bf16_from_0")]
+    a, b = (table.numbers("norm")[table.column("param_name").index(note.name)] for table in tables)
+    assert note.bound < note.difference <= abs(b - a) / max(a, b) + 1e-12
+    assert (note.finest == "tf32") == (note.difference <= 0.1 * 2.0 ** -3) and note.finest in ("tf32", "bfloat16")
+    printed = comparison.verdict.describe()
+    assert f"{note.name}'s norm differs by {note.difference:.2%}" in printed and "--precision float32" in printed
+    assert comparison.verdict.to_dict()["ranks"][0]["first_steps"]["name"] == note.name
+    from msprobe_mlflow.tracking.comparison_run import _headline
+
+    assert _headline(comparison.verdict).endswith(f"; the first steps differ beyond float32 rounding ({note.name}: "
+                                                  f"{note.difference:.2%}, within {note.finest}'s; see below)")
+    assert verdict(runs, "float64").first_steps is None
+    assert verdict(runs, "head_in_bf16_from_0", precision="float32").first_steps is None
+
+
 def test_the_live_verdict_takes_the_pairs_precision_and_equals_compares(runs, tmp_path):
     train(tmp_path / "live", torch.float64, "head_in_bf16", 0, baseline=str(runs["baseline"]), precision="float32")
     live = json.loads((findings_dir(tmp_path / "live", 0) / "verdict.json").read_text())["verdict"]

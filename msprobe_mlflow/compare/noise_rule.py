@@ -99,8 +99,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from msprobe_mlflow.compare.verdict import (PRECISION, UNIT_ROUNDOFF, RankVerdict, SignNoise, Trip, judged_values,
-                                            slots_of)
+from msprobe_mlflow.compare.verdict import (PRECISION, UNIT_ROUNDOFF, FirstSteps, RankVerdict, SignNoise, Trip,
+                                            judged_values, slots_of)
 
 DEVIATIONS = 10.0  # robust deviations beyond the noise that make a break
 WINDOW = 20  # past values a series' noise is learnt from
@@ -182,6 +182,8 @@ class NoiseAwareJudge:
     def __init__(self, rank: int, precision: str | None = None):
         self.rank = rank
         self.first_steps_tolerance = first_steps_tolerance(precision)
+        self.precision_given = precision is not None
+        self.first_steps: FirstSteps | None = None
         self.verdict: RankVerdict | None = None
         self.sign_noise: dict[str, SignNoise] = {}
         self.summary_band: dict[int, float] = {}
@@ -200,7 +202,7 @@ class NoiseAwareJudge:
         """The verdict, or (nothing suspicious) what was found: the same after the verdict, as judging stops. A
         break at the last step judged, with no step after it to say whether it persists, is no verdict."""
         return self.verdict or RankVerdict(self.rank, sign_noise=list(self.sign_noise.values()),
-                                           summary_band=dict(self.summary_band))
+                                           summary_band=dict(self.summary_band), first_steps=self.first_steps)
 
     def judge_step(self, comparison) -> RankVerdict | None:
         """Judges a step. A step that breaks is held until the next one: the first suspicious step is one whose
@@ -215,7 +217,7 @@ class NoiseAwareJudge:
         if first is not None:
             noise = [*self.sign_noise.values(), *first.noise.values()]
             self.verdict = RankVerdict(self.rank, first.step, first.summary_trip, first.trips, noise,
-                                       dict(self.summary_band))
+                                       dict(self.summary_band), self.first_steps)
             return self.verdict
         if held is not None:
             held.remember(self)
@@ -279,6 +281,8 @@ class NoiseAwareJudge:
         noise = self._noise[places].copy()
         for i, found in recognised.items():
             noise[i] = found.kind
+        if "norm" in series and not self.precision_given:
+            self._note_first_steps(step, names, places, series["norm"], tiny)
         for name in breaks:  # sign noise: not judged on signs (buckets split at 0 are signs too) nor on its weights,
             # which its noise moves (a whole step each under Adam); whole: not at all
             breaks[name] &= (noise == "") if name in (*COUNT_SERIES, WEIGHT) else (noise != WHOLE)
@@ -323,6 +327,21 @@ class NoiseAwareJudge:
                         pushes, certain,
                         any(np.any(found) for found in differs.values()),
                         {int(places[i]): found for i, found in recognised.items()})
+
+    def _note_first_steps(self, step: int, names, places, norms, tiny) -> None:
+        """Keeps the largest norm difference of the first steps (gradients at rounding level aside) where it is
+        beyond float32 rounding's and within bfloat16's: see :class:`~msprobe_mlflow.compare.verdict.FirstSteps`."""
+        early = (self._histories["norm"].counts(places) < MIN_HISTORY) & ~tiny & ~np.isnan(norms)
+        if not np.any(early):
+            return
+        i = int(np.flatnonzero(early)[np.argmax(np.abs(norms[early]))])
+        difference, bound = float(abs(norms[i])), first_steps_tolerance("float32")
+        if difference <= bound or (self.first_steps is not None and difference <= self.first_steps.difference):
+            return
+        finest = next((precision for precision in ("tf32", "bfloat16")
+                       if difference <= first_steps_tolerance(precision)), None)
+        if finest is not None:
+            self.first_steps = FirstSteps(difference, names[i], step, bound, finest)
 
     def _precision_trips(self, step: int, names, places, coarse, noise, sides) -> dict[int, Trip]:
         """The parameters (by index in this step) whose gradient extremes are coarse (at most :data:`COARSE_BITS`

@@ -71,12 +71,31 @@ class SignNoise:
     kind: str = "signs"  # "signs": part of its elements are at rounding level; "whole gradient": all of them
 
 
+@dataclass(frozen=True)
+class FirstSteps:
+    """Where the pair's precision was not given: the largest difference of the first steps' norms (``difference``
+    of its scale, ``name`` at ``step``) when it is beyond what float32 rounding does there (``bound``) and within
+    what ``finest`` (the finest format whose rounding can) does. A bug present from step 0 and smaller than
+    bfloat16 rounding, the bound the rule then judges against, looks like this, so the verdict says it."""
+
+    difference: float
+    name: str
+    step: int
+    bound: float
+    finest: str
+
+    def note(self) -> str:
+        return (f"first steps: {self.name}'s norm differs by {self.difference:.2%} of its scale at step {self.step}, "
+                f"beyond float32 rounding ({self.bound:.2g}), within {self.finest}'s: if both runs compute in float32 "
+                f"(no autocast, TF32 or HF32), --precision float32 judges the first steps at float32's bound")
+
+
 @dataclass
 class RankVerdict:
     """``parameter_trips``: the parameters tripping at ``first_suspicious_step``, most evidence first;
     ``summary_trip``: the summary's trip at that step, if it trips there too; ``sign_noise``: parameters whose
     sign disagreement was recognised as noise (noise rule); ``summary_band``: per judged step, the lowest summary
-    similarity the rule expected from noise (noise rule)."""
+    similarity the rule expected from noise (noise rule); ``first_steps``: see :class:`FirstSteps` (noise rule)."""
 
     rank: int
     first_suspicious_step: int | None = None
@@ -84,6 +103,7 @@ class RankVerdict:
     parameter_trips: list[Trip] = field(default_factory=list)
     sign_noise: list[SignNoise] = field(default_factory=list)
     summary_band: dict[int, float] = field(default_factory=dict)
+    first_steps: FirstSteps | None = None
 
     @property
     def suspicious(self) -> bool:
@@ -286,12 +306,13 @@ class Verdict:
             "ranks": [{"rank": r.rank, "first_suspicious_step": r.first_suspicious_step,
                        "summary_trip": trip_dict(r.summary_trip),
                        "parameter_trips": [trip_dict(t) for t in r.parameter_trips],
-                       "sign_noise": [asdict(noise) for noise in r.sign_noise]} for r in self.ranks],
+                       "sign_noise": [asdict(noise) for noise in r.sign_noise],
+                       "first_steps": asdict(r.first_steps) if r.first_steps else None} for r in self.ranks],
         }
 
     def describe(self, max_parameters: int = 5) -> str:
         """A few lines for a person: per rank, the first suspicious step and the parameters with most evidence,
-        then the parameters whose sign disagreement is noise."""
+        then the parameters whose sign disagreement is noise and what the first steps' differences allow."""
         lines = []
         for rank in self.ranks:
             if not rank.suspicious:
@@ -310,6 +331,8 @@ class Verdict:
                 more = len(rank.sign_noise) - max_parameters
                 lines.append(f"    sign is noise (signs differ, norms agree; not judged on signs): {names}"
                              + (f" and {more} more" if more > 0 else ""))
+            if rank.first_steps:
+                lines.append(f"    {rank.first_steps.note()}")
         return "\n".join(lines)
 
 

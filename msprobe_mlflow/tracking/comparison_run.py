@@ -199,8 +199,12 @@ def _headline(verdict: Verdict) -> str:
         ranks_word = "ranks" if len(verdict.ranks) > 1 else "rank"
         noise = sorted({n.name for rank in verdict.ranks for n in rank.sign_noise})
         noise_text = f"; sign is noise in {len(noise)} parameter(s): {', '.join(noise[:3])}" if noise else ""
+        first = max((rank.first_steps for rank in verdict.ranks if rank.first_steps), default=None,
+                    key=lambda found: found.difference)
+        first_text = f"; the first steps differ beyond float32 rounding ({first.name}: {first.difference:.2%}, " \
+            f"within {first.finest}'s; see below)" if first else ""
         return (f"**Consistent**: no suspicious step on {len(verdict.ranks)} {ranks_word} "
-                f"({verdict.settings.describe()}){noise_text}")
+                f"({verdict.settings.describe()}){noise_text}{first_text}")
     step = verdict.first_suspicious_step
     ranks = [rank for rank in verdict.ranks if rank.first_suspicious_step == step]
     where = ", ".join(str(rank.rank) for rank in ranks)
