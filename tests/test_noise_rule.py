@@ -49,7 +49,8 @@ def train(dump: Path, dtype=torch.float32, bug: str | None = None, bug_from: int
     model = Tiny().to(dtype)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     options = {"statistics": ["param_norm"], **options}  # the weights' norms: judged too, noise must not trip them
-    monitor = GradientMonitor(GradProbeConfig(dump_path=str(dump), level="L2"), log_to_mlflow=False, **options)
+    options = {"log_to_mlflow": False, **options}
+    monitor = GradientMonitor(GradProbeConfig(dump_path=str(dump), level="L2"), **options)
     monitor.monitor(model, optimizer)
     data = torch.Generator().manual_seed(1)
     for step in range(STEPS):
@@ -310,6 +311,22 @@ def test_the_live_verdict_takes_the_pairs_precision_and_equals_compares(runs, tm
     live = json.loads((findings_dir(tmp_path / "live", 0) / "verdict.json").read_text())["verdict"]
     afterwards = compare_dumps(runs["baseline"], tmp_path / "live", None, precision="float32", plots=False).verdict
     assert live == afterwards.to_dict() and afterwards.first_suspicious_step == 0 and live["precision"] == "float32"
+
+
+def test_the_live_verdict_says_the_same_of_the_first_steps_in_its_file_and_its_runs_description(
+        runs, tmp_path, tmp_experiment):
+    import mlflow
+    from mlflow.tracking import MlflowClient
+
+    with mlflow.start_run() as run:
+        train(tmp_path / "live", torch.float64, "head_in_bf16", 0, baseline=str(runs["baseline"]), log_to_mlflow=True)
+    live = json.loads((findings_dir(tmp_path / "live", 0) / "verdict.json").read_text())["verdict"]
+    afterwards = compare_dumps(runs["baseline"], tmp_path / "live", None, plots=False).verdict
+    note = afterwards.ranks[0].first_steps
+    assert live == afterwards.to_dict() and note is not None and not afterwards.suspicious
+    description = MlflowClient().get_run(run.info.run_id).data.tags["mlflow.note.content"]
+    assert description.startswith("msprobe-mlflow live verdict: no suspicious step") and description.endswith(
+        f"; {note.note()}")
 
 
 def test_the_command_takes_the_pairs_precision_and_refuses_it_with_msprobes_rule(runs, tmp_path):

@@ -340,8 +340,10 @@ class LiveComparison:
         return Verdict(self.options.settings, [self.judge.report()])
 
     def _line(self) -> str:
-        return verdict_line(self.options, self.judge.verdict, len(self.compared),
+        line = verdict_line(self.options, self.judge.verdict, len(self.compared),
                             sum(len(steps) for steps in self.not_compared.values()), len(self.without_directions))
+        first_steps = self.judge.report().first_steps
+        return f"{line}; {first_steps.note()}" if first_steps and self.judge.verdict is None else line
 
     def _write_verdict(self) -> Path:
         """``verdict.json``: the comparator's verdict of this rank, and what was and was not compared."""
