@@ -298,10 +298,6 @@ def test_first_steps_beyond_float32_rounding_are_said_where_the_pairs_precision_
     printed = comparison.verdict.describe()
     assert f"{note.name}'s norm differs by {note.difference:.2%}" in printed and "--precision float32" in printed
     assert comparison.verdict.to_dict()["ranks"][0]["first_steps"]["name"] == note.name
-    from msprobe_mlflow.tracking.comparison_run import _headline
-
-    assert _headline(comparison.verdict).endswith(f"; the first steps differ beyond float32 rounding ({note.name}: "
-                                                  f"{note.difference:.2%}, within {note.finest}'s; see below)")
     assert verdict(runs, "float64").first_steps is None
     assert verdict(runs, "head_in_bf16_from_0", precision="float32").first_steps is None
 
@@ -311,6 +307,22 @@ def test_the_live_verdict_takes_the_pairs_precision_and_equals_compares(runs, tm
     live = json.loads((findings_dir(tmp_path / "live", 0) / "verdict.json").read_text())["verdict"]
     afterwards = compare_dumps(runs["baseline"], tmp_path / "live", None, precision="float32", plots=False).verdict
     assert live == afterwards.to_dict() and afterwards.first_suspicious_step == 0 and live["precision"] == "float32"
+
+
+def test_the_comparison_runs_second_line_gives_the_first_steps_beyond_float32_rounding(runs, tmp_experiment):
+    """In the UI, below the verdict's line: short, as the description's lines do not wrap beside its wide table."""
+    from mlflow.tracking import MlflowClient
+
+    from msprobe_mlflow import compare_runs
+
+    result = compare_runs(runs["baseline"], runs["head_in_bf16_from_0"], plots=False)
+    note = result.verdict.ranks[0].first_steps
+    lines = MlflowClient().get_run(result.run_id).data.tags["mlflow.note.content"].splitlines()
+    assert lines[0].startswith("**Consistent**") and lines[2] == (
+        f"**First steps** beyond float32 rounding: `{note.name}` {note.difference:.2%} at step {note.step}, within "
+        f"{note.finest}'s; if both runs compute in float32, use `--precision float32`")
+    quiet = compare_runs(runs["baseline"], runs["float64"], plots=False)
+    assert "**First steps**" not in MlflowClient().get_run(quiet.run_id).data.tags["mlflow.note.content"]
 
 
 def test_the_live_verdict_says_the_same_of_the_first_steps_in_its_file_and_its_runs_description(

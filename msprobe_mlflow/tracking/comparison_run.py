@@ -199,12 +199,8 @@ def _headline(verdict: Verdict) -> str:
         ranks_word = "ranks" if len(verdict.ranks) > 1 else "rank"
         noise = sorted({n.name for rank in verdict.ranks for n in rank.sign_noise})
         noise_text = f"; sign is noise in {len(noise)} parameter(s): {', '.join(noise[:3])}" if noise else ""
-        first = max((rank.first_steps for rank in verdict.ranks if rank.first_steps), default=None,
-                    key=lambda found: found.difference)
-        first_text = f"; the first steps differ beyond float32 rounding ({first.name}: {first.difference:.2%}, " \
-            f"within {first.finest}'s; see below)" if first else ""
         return (f"**Consistent**: no suspicious step on {len(verdict.ranks)} {ranks_word} "
-                f"({verdict.settings.describe()}){noise_text}{first_text}")
+                f"({verdict.settings.describe()}){noise_text}")
     step = verdict.first_suspicious_step
     ranks = [rank for rank in verdict.ranks if rank.first_suspicious_step == step]
     where = ", ".join(str(rank.rank) for rank in ranks)
@@ -219,11 +215,22 @@ def _headline(verdict: Verdict) -> str:
             f"[{verdict.rule} rule]")
 
 
+def _first_steps_line(verdict: Verdict) -> str | None:
+    """The largest first-steps difference beyond float32 rounding over the ranks (see ``FirstSteps``), short enough
+    to be read beside the headline without scrolling."""
+    first = max((rank.first_steps for rank in verdict.ranks if rank.first_steps), default=None,
+                key=lambda found: found.difference)
+    return None if first is None else (
+        f"**First steps** beyond float32 rounding: `{first.name}` {first.difference:.2%} at step {first.step}, "
+        f"within {first.finest}'s; if both runs compute in float32, use `--precision float32`")
+
+
 def _description(comparison: DumpComparison, sources: list[ComparisonSource], previous: Run | None = None) -> str:
-    """The run's description in the UI (Markdown): the verdict in one line, links to both sources (and to the
-    previous comparison of the pair), then the printed verdict and table in a fenced block, which keeps its columns
+    """The run's description in the UI (Markdown): the verdict in one line (and what the first steps allow, where
+    the pair's precision was not given), links to both sources (and to the previous comparison of the pair), then the printed verdict and table in a fenced block, which keeps its columns
     aligned (cut to fit MLflow's limit)."""
-    lines = [_headline(comparison.verdict), ""]
+    first_steps = _first_steps_line(comparison.verdict)
+    lines = [_headline(comparison.verdict), "", *([first_steps, ""] if first_steps else [])]
     for side, source in zip("AB", sources):
         if source.run_id:
             link = run_page_link(source.listing.run.info.experiment_id, source.run_id)
