@@ -74,17 +74,18 @@ confirmation). A break at the last compared step is not confirmed, so it is no v
   judged again; its norm still is. A parameter disagreeing on more than half its signs is anti-aligned, never noise.
 
 A bug present from the first step still trips there: it changes norms beyond rounding (a wrong operator by tens of
-percent, a magnitude bug by its factor) or flips more than half the signs. One smaller than bfloat16 rounding,
-the pair's precision not given, cannot be told from a bfloat16 pair's noise: the verdict then says where the first
-steps' norms differ beyond float32 rounding (:class:`~msprobe_mlflow.compare.verdict.FirstSteps`). At the first suspicious step the
-parameters that break are ranked by how far beyond their own noise they moved (``score``, in deviations), each
-with its reason and numbers; a weight that broke first (the gradients before agreed: the change entered there, where
-the gradients show it most in the layer feeding it), and so does a parameter whose gradient's max and min carry at
-most :data:`COARSE_BITS` significant bits from this step in one run, after :data:`MIN_HISTORY` steps and in the
-other run with more (``precision``: a layer cast to bfloat16, a float32 operator an accelerator computes in float16;
-its rounding reaches every gradient below it at the same relative size, so only its own gradient's format names
-it; a run under autocast is coarse from its first step and drops nothing); those whose gradient is at rounding
-level last, noise or not, since any change anywhere in the model moves them by their whole size.
+percent, a magnitude bug by its factor) or flips more than half the signs. One smaller than bfloat16 rounding, the
+pair's precision not given, cannot be told from a bfloat16 pair's noise: the verdict then says where the first
+steps' norms differ beyond float32 rounding (:class:`~msprobe_mlflow.compare.verdict.FirstSteps`). At the first
+suspicious step the parameters that break are ranked by how far beyond their own noise they moved (``score``, in
+deviations), each with its reason and numbers; a weight that broke first (the gradients before agreed: the change
+entered there, where the gradients show it most in the layer feeding it), and so does a parameter whose gradient's
+max and min carry at most :data:`COARSE_BITS` significant bits from this step in one run, after :data:`MIN_HISTORY`
+steps and in the other run with more (``precision``: a layer cast to bfloat16, a float32 operator an accelerator
+computes in float16; its rounding reaches every gradient below it at the same relative size, so only its own
+gradient's format names it; a run under autocast is coarse from its first step and drops nothing); those whose
+gradient is at rounding level last, noise or not, since any change anywhere in the model moves them by their whole
+size.
 
 The constants rest on the bounds above; :data:`DEVIATIONS`, :data:`MAGNITUDE_FLOOR` and the confirmation were
 settled on the benign pairs of ``benchmarks/divergence_benchmark.py`` (two model families, three kinds of noise,
