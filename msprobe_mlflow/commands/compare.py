@@ -64,9 +64,10 @@ def compare(a: str, b: str, output: str | None, experiment: str | None, run_name
     Dumps must be grad_level L1 or L2 (L0 has no directions).
 
     Verdict (--rule noise, the default): a step is suspicious when the runs differ there by more than their own
-    numerical noise, learnt from the pair: in the directions, or (at L1/L2) in the gradient norms, max |g| or the
-    L2 distribution. Parameters whose signs differ only at rounding level are reported as "sign is noise".
-    --precision tells it the coarsest format the runs computed in, for their first steps.
+    numerical noise, learnt from the pair: in the directions, or (at L1/L2) in the gradient norms (and the weights'
+    own, where both runs recorded param_norm) or the L2 distribution. Parameters whose signs differ only at
+    rounding level are reported as "sign is noise". --precision tells it the coarsest format the runs computed in,
+    for their first steps; without it, first steps that differ beyond float32 rounding are noted ("first steps").
     --rule msprobe: the first compared step below --first-threshold, or a drop of more than --drop-threshold. The
     first suspicious step per rank is printed with the parameters that moved most beyond their noise.
 
