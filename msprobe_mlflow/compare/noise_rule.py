@@ -184,8 +184,7 @@ class NoiseAwareJudge:
 
     def __init__(self, rank: int, precision: str | None = None):
         self.rank = rank
-        self.first_steps_tolerance = first_steps_tolerance(precision)
-        self.precision_given = precision is not None
+        self.precision = precision
         self.first_steps: FirstSteps | None = None
         self.verdict: RankVerdict | None = None
         self.sign_noise: dict[str, SignNoise] = {}
@@ -271,12 +270,13 @@ class NoiseAwareJudge:
                 moves = [now - was for now, was in zip(magnitudes[WEIGHT], before)]
                 moved_alike = np.abs(moves[1] - moves[0]) <= DEVIATIONS * np.minimum(*np.abs(moves))
         breaks, scores, centers = {}, {}, {}
+        tolerance = first_steps_tolerance(self.precision, numels)  # per parameter: what rounding cannot do early
         for name, values in series.items():
             if name in COUNT_SERIES:
                 breaks[name], scores[name], centers[name] = self._count_breaks(name, places, values, numels)
             else:
                 breaks[name], scores[name], centers[name] = self._magnitude_breaks(
-                    name, places, values, numels, self.first_steps_tolerance if name == "norm" or step == 0 else np.inf)
+                    name, places, values, numels, tolerance if name == "norm" or step == 0 else np.inf)
         if WEIGHT in series:
             breaks[WEIGHT] &= ~moved_alike
         tiny = _at_rounding_level(comparison) if "norm" in series else np.zeros(len(names), dtype=bool)
@@ -284,8 +284,8 @@ class NoiseAwareJudge:
         noise = self._noise[places].copy()
         for i, found in recognised.items():
             noise[i] = found.kind
-        if "norm" in series and not self.precision_given:
-            self._note_first_steps(step, names, places, series["norm"], tiny)
+        if "norm" in series and self.precision is None:
+            self._note_first_steps(step, names, places, series["norm"], numels, tiny)
         for name in breaks:  # sign noise: not judged on signs (buckets split at 0 are signs too) nor on its weights,
             # which its noise moves (a whole step each under Adam); whole: not at all
             breaks[name] &= (noise == "") if name in (*COUNT_SERIES, WEIGHT) else (noise != WHOLE)
@@ -307,7 +307,7 @@ class NoiseAwareJudge:
                 self._histories[name].counts(places) < MIN_HISTORY  # judged against what rounding can do
             for i in np.flatnonzero(breaks[name]):
                 norms = (magnitudes[name][0][i], magnitudes[name][1][i]) if name in magnitudes else None
-                bound = self.first_steps_tolerance if name in magnitudes and early[i] else None
+                bound = tolerance[i] if name in magnitudes and early[i] else None
                 trip = _trip(name, names[i], step, similarities[i], values[i], centers[name][i], scores[name][i],
                              norms, bound)
                 if names[i] not in best or _evidence(trip) > _evidence(best[names[i]]):
@@ -331,20 +331,21 @@ class NoiseAwareJudge:
                         any(np.any(found) for found in differs.values()),
                         {int(places[i]): found for i, found in recognised.items()})
 
-    def _note_first_steps(self, step: int, names, places, norms, tiny) -> None:
+    def _note_first_steps(self, step: int, names, places, norms, numels, tiny) -> None:
         """Keeps the largest norm difference of the first steps (gradients at rounding level aside) where it is
         beyond float32 rounding's and within bfloat16's: see :class:`~msprobe_mlflow.compare.verdict.FirstSteps`."""
-        early = (self._histories["norm"].counts(places) < MIN_HISTORY) & ~tiny & ~np.isnan(norms)
-        if not np.any(early):
+        bound = first_steps_tolerance("float32", numels)
+        differences = np.abs(norms)
+        beyond = (self._histories["norm"].counts(places) < MIN_HISTORY) & ~tiny & (differences > bound)
+        if not np.any(beyond):
             return
-        i = int(np.flatnonzero(early)[np.argmax(np.abs(norms[early]))])
-        difference, bound = float(abs(norms[i])), first_steps_tolerance("float32")
-        if difference <= bound or (self.first_steps is not None and difference <= self.first_steps.difference):
+        i = int(np.flatnonzero(beyond)[np.argmax(differences[beyond])])
+        if self.first_steps is not None and differences[i] <= self.first_steps.difference:
             return
         finest = next((precision for precision in ("tf32", "bfloat16")
-                       if difference <= first_steps_tolerance(precision)), None)
+                       if differences[i] <= first_steps_tolerance(precision, numels[i:i + 1])[0]), None)
         if finest is not None:
-            self.first_steps = FirstSteps(difference, names[i], step, bound, finest)
+            self.first_steps = FirstSteps(float(differences[i]), names[i], step, float(bound[i]), finest)
 
     def _precision_trips(self, step: int, names, places, coarse, noise, sides) -> dict[int, Trip]:
         """The parameters (by index in this step) whose gradient extremes are coarse (at most :data:`COARSE_BITS`
@@ -520,17 +521,22 @@ def count_break(rate, numels, center, spread, count, seen):
     return breaks, score
 
 
-def first_steps_tolerance(precision: str | None) -> float:
-    """What rounding cannot move a scaled norm difference by in the first steps: :data:`FIRST_STEPS_TOLERANCE`
-    (26 units of bfloat16) where the pair's precision is not known, else as many units of the coarsest format
-    either run computed in. On the benchmark's benign pairs the first five steps moved by at most 20.5 units
-    (bfloat16 autocast against float32) and 18.5 units (float64, or float32 with other weights' last bits, against
-    float32) of their coarser format."""
-    return FIRST_STEPS_TOLERANCE * UNIT_ROUNDOFF[precision or "bfloat16"] / UNIT_ROUNDOFF["bfloat16"]
+def first_steps_tolerance(precision: str | None, numels) -> np.ndarray:
+    """Per parameter of ``numels`` elements, what rounding cannot move a scaled norm difference by in the first
+    steps: :data:`FIRST_STEPS_TOLERANCE` (26 units of bfloat16) where the pair's precision is not known, else as
+    many units of the coarsest format either run computed in, and at least what summing the norm's n squares can
+    be off by: n/2 units of the format they are summed in (recursive summation's bound, Higham 2002, section 4.2;
+    float32, the gradients' norm column, unless both runs are float64), never more than where it is not known.
+    On the benchmark's benign pairs the first five steps moved by at most 20.5 units (bfloat16 autocast against
+    float32) and 18.5 units (float64, or float32 with other weights' last bits, against float32) of their coarser
+    format; their layers are small: torch's float32 norm of 1M elements on the CPU is itself 187 units off, of 4M
+    1,600."""
+    formats = FIRST_STEPS_TOLERANCE * UNIT_ROUNDOFF[precision or "bfloat16"] / UNIT_ROUNDOFF["bfloat16"]
+    summed = UNIT_ROUNDOFF["float64" if precision == "float64" else "float32"]
+    return np.minimum(FIRST_STEPS_TOLERANCE, np.maximum(formats, 0.5 * np.asarray(numels, np.float64) * summed))
 
 
-def magnitude_break(values, center, spread, count, seen, model_spread: float,
-                    tolerance: float = FIRST_STEPS_TOLERANCE):
+def magnitude_break(values, center, spread, count, seen, model_spread: float, tolerance=FIRST_STEPS_TOLERANCE):
     """Where a scaled difference of norms breaks, and by how many deviations: once learnt, beyond
     :data:`DEVIATIONS` times the larger of the series' own robust spread and the model's (rounding is of one size
     across a model; never below :data:`STATISTIC_FLOOR`), beyond twice the largest deviation of the window and
