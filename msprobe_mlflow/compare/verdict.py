@@ -76,18 +76,31 @@ class FirstSteps:
     """Where the pair's precision was not given: the largest difference of the first steps' norms (``difference``
     of its scale, ``name`` at ``step``) when it is beyond what float32 rounding does there (``bound``) and within
     what ``finest`` (the finest format whose rounding can) does. A bug present from step 0 and smaller than
-    bfloat16 rounding, the bound the rule then judges against, looks like this, so the verdict says it."""
+    bfloat16 rounding, the bound the rule then judges against, looks like this, so the verdict says it.
+    ``sixteen_bit``: the one run (``"A"`` or ``"B"``) whose first steps' gradients came out of a 16-bit format
+    (their max and min carry at most 11 significant bits), in ``sixteen_bit_parameters`` (the first of them named
+    ``sixteen_bit_example``): autocast, or a cast the other run does not make. Where both runs' gradients do,
+    bfloat16's rounding is the pair's and there is no note."""
 
     difference: float
     name: str
     step: int
     bound: float
     finest: str
+    sixteen_bit: str | None = None
+    sixteen_bit_parameters: int = 0
+    sixteen_bit_example: str = ""
 
     def note(self) -> str:
-        return (f"first steps: {self.name}'s norm differs by {self.difference:.2%} of its scale at step {self.step}, "
-                f"beyond float32 rounding ({self.bound:.2g}), within {self.finest}'s: if both runs compute in float32 "
-                f"(no autocast, TF32 or HF32), --precision float32 judges the first steps at float32's bound")
+        found = (f"first steps: {self.name}'s norm differs by {self.difference:.2%} of its scale at step {self.step}, "
+                 f"beyond float32 rounding ({self.bound:.2g}), within {self.finest}'s: ")
+        if self.sixteen_bit is None:
+            return found + ("if both runs compute in float32 (no autocast, TF32 or HF32), --precision float32 judges "
+                            "the first steps at float32's bound")
+        return found + (f"run {self.sixteen_bit} computes {self.sixteen_bit_parameters} parameter(s)' gradients in a "
+                        f"16-bit format (e.g. {self.sixteen_bit_example}), the other run none: under autocast that "
+                        f"is the pair's rounding; if it is a cast, --precision float32 judges the first steps at "
+                        f"float32's bound")
 
 
 @dataclass

@@ -220,9 +220,14 @@ def _first_steps_line(verdict: Verdict) -> str | None:
     to be read beside the headline without scrolling."""
     first = max((rank.first_steps for rank in verdict.ranks if rank.first_steps), default=None,
                 key=lambda found: found.difference)
-    return None if first is None else (
-        f"**First steps** beyond float32 rounding: `{first.name}` {first.difference:.2%} at step {first.step}, "
-        f"within {first.finest}'s; if both runs compute in float32, use `--precision float32`")
+    if first is None:
+        return None
+    found = (f"**First steps** beyond float32 rounding: `{first.name}` {first.difference:.2%} at step {first.step}, "
+             f"within {first.finest}'s; ")
+    if first.sixteen_bit is None:
+        return found + "if both runs compute in float32, use `--precision float32`"
+    return found + (f"run {first.sixteen_bit} has {first.sixteen_bit_parameters} gradient(s) in a 16-bit format "
+                    f"(`{first.sixteen_bit_example}`): if by a cast, not autocast, use `--precision float32`")
 
 
 def _description(comparison: DumpComparison, sources: list[ComparisonSource], previous: Run | None = None) -> str:
