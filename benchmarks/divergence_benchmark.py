@@ -615,7 +615,8 @@ def verdict_of(baseline: Path, candidate: Path, rule: str, noise: str) -> dict:
     rank = result.verdict.ranks[0]
     first_steps = getattr(rank, "first_steps", None)  # the noise rule's note on first steps beyond float32 rounding
     return {"step": rank.first_suspicious_step, "culprits": [t.name for t in rank.parameter_trips],
-            "first_steps": first_steps.finest if first_steps else None}
+            "first_steps": first_steps.finest if first_steps else None,
+            "first_steps_sixteen_bit": getattr(first_steps, "sixteen_bit", None)}  # the run it says computes so
 
 
 def live(work: Work, plan: Plan, rules: list[str]) -> dict:
@@ -780,9 +781,12 @@ def rate(rows: list[dict], rule: str, key: str = "outcome", wanted="exact") -> l
     return [sum(r["verdicts"][rule][key] == wanted for r in judged), len(judged)]
 
 
-def noted(rows: list[dict], rule: str) -> list[int]:
-    """How many of ``rows`` the rule's verdict says differ beyond float32 rounding in their first steps."""
-    return [sum(r["verdicts"][rule].get("first_steps") is not None for r in rows), len(rows)]
+def noted(rows: list[dict], rule: str, sixteen_bit: str | None = None) -> list[int]:
+    """How many of ``rows`` the rule's verdict says differ beyond float32 rounding in their first steps (and, given
+    ``sixteen_bit``, with that run's gradients in a 16-bit format)."""
+    return [sum(r["verdicts"][rule].get("first_steps") is not None
+                and (sixteen_bit is None or r["verdicts"][rule].get("first_steps_sixteen_bit") == sixteen_bit)
+                for r in rows), len(rows)]
 
 
 def summarize(result: dict, rule: str) -> dict:
@@ -808,6 +812,7 @@ def summarize(result: dict, rule: str) -> dict:
             "from_step_0_not_exact": noted([r for r, v in judged if r["variant"] == "from step 0"
                                             and v["outcome"] != "exact"], rule),
             "benign_bf16": noted([r for r in result["benign"] if r["noise"] == "bf16"], rule),
+            "benign_bf16_sixteen_bit": noted([r for r in result["benign"] if r["noise"] == "bf16"], rule, "B"),
             "benign_finer": noted([r for r in result["benign"] if r["noise"] != "bf16"], rule)},
         "benign_false_alarms": [sum(step is not None for step in benign), len(benign)],
         "benign_alarm_steps": [step for step in benign if step is not None],
@@ -884,7 +889,8 @@ def markdown(result: dict) -> str:
             alarms(summary[r]["elsewhere_false_alarms"], summary[r]["elsewhere_alarm_steps"]) for r in rules]]
     noted_rows = [("... from step 0, not named at the exact step", "from_step_0_not_exact"),
                   ("... benign pairs finer than bfloat16 (float64, one ulp)", "benign_finer"),
-                  ("... benign pairs under bfloat16 autocast", "benign_bf16")]
+                  ("... benign pairs under bfloat16 autocast", "benign_bf16"),
+                  ("... ... naming the autocast run as computing in a 16-bit format", "benign_bf16_sixteen_bit")]
     rows += [["verdict says the first steps differ beyond float32 rounding (`first_steps`)"] + [""] * len(rules)]
     rows += [[label] + [fraction(summary[r]["first_steps_noted"][key]) if r not in ("msprobe", PRECISION_GIVEN)
                         else "n/a" for r in rules] for label, key in noted_rows]
