@@ -2,7 +2,9 @@
 
 - ``packed`` (ours, default): one uncompressed ``.npz`` archive per rank and step holding every parameter's sign
   bits (``np.packbits`` order, each parameter padded to a whole byte) with names and shapes: 1 bit per element plus
-  a small header, and one file to upload per step.
+  a small header, and one file to upload per step. After the bits, where the monitor knew it, the format the run
+  computed that step in (``compute_format``, :mod:`msprobe_mlflow.formats`): it travels wherever the directions go
+  (archives, runs, the live verdict's baseline), and a reader that does not know the field ignores it.
 - ``npy`` (msprobe's): one boolean ``.npy`` per parameter, 1 byte per element.
 
 Everything loads with ``allow_pickle=False``; a malformed file raises ``ValueError`` naming the file and field. A
@@ -28,10 +30,12 @@ from typing import Callable
 
 import numpy as np
 
+from msprobe_mlflow.formats import UNIT_ROUNDOFF
 from msprobe_mlflow.layout import consecutive_slices, packed_slices
 from msprobe_mlflow.safe_paths import atomic_write_bytes, atomic_writer, param_file_stem, refuse_symlink
 
 PACKED_FILE_NAME = "directions.npz"
+COMPUTE_FORMAT = "compute_format"  # the packed archive's optional field after the bits
 NAME_MAP_FILE_NAME = "param_names.json"
 PACKED_FORMAT_VERSION = 1
 
@@ -63,12 +67,14 @@ def _layout_fields(names, shapes) -> dict[str, np.ndarray]:
             "dims": np.array([d for s in shapes for d in s], dtype=np.int64)}
 
 
-def write_packed(path: Path, names: list[str], shapes: list[tuple[int, ...]], bits: np.ndarray) -> None:
-    """The archive ``np.savez`` writes for these fields, byte for byte, from the bytes it gives this layout
-    (:func:`_packed_template`) and the bits' CRC-32: a few Python operations a step instead of ``zipfile``'s
-    hundreds, on the writer thread that shares the interpreter lock with training."""
+def write_packed(path: Path, names: list[str], shapes: list[tuple[int, ...]], bits: np.ndarray,
+                 compute_format: str | None = None) -> None:
+    """The archive ``np.savez`` writes for these fields (``compute_format`` after the bits, where known), byte for
+    byte, from the bytes it gives this layout (:func:`_packed_template`) and the bits' CRC-32: a few Python
+    operations a step instead of ``zipfile``'s hundreds, on the writer thread that shares the interpreter lock with
+    training."""
     bits = np.ascontiguousarray(bits, dtype=np.uint8).reshape(-1)
-    template = _packed_template(tuple(names), tuple(tuple(shape) for shape in shapes), len(bits))
+    template = _packed_template(tuple(names), tuple(tuple(shape) for shape in shapes), len(bits), compute_format)
     head, tail = bytearray(template.head), bytearray(template.tail)
     crc = zlib.crc32(bits, template.bits_header_crc)
     struct.pack_into("<I", head, template.local_crc_at, crc)
@@ -93,16 +99,19 @@ class _PackedTemplate:
 
 
 @functools.lru_cache(maxsize=4)
-def _packed_template(names: tuple[str, ...], shapes: tuple[tuple[int, ...], ...], length: int) -> _PackedTemplate:
-    """What ``np.savez`` writes for this layout with ``length`` zero bytes of bits (its last member), split around
-    them; written through a temporary file, so a large model's bits are never held twice. The CRC-32 sits 14 bytes
-    into a local header and 16 into a central directory entry, whose size is 46 bytes and the lengths at 28
-    (APPNOTE.TXT 4.3.7, 4.3.12)."""
+def _packed_template(names: tuple[str, ...], shapes: tuple[tuple[int, ...], ...], length: int,
+                     compute_format: str | None) -> _PackedTemplate:
+    """What ``np.savez`` writes for this layout with ``length`` zero bytes of bits, split around them; written
+    through a temporary file, so a large model's bits are never held twice. The CRC-32 sits 14 bytes into a local
+    header and 16 into a central directory entry, whose size is 46 bytes and the lengths at 28 (APPNOTE.TXT 4.3.7,
+    4.3.12)."""
+    known = {COMPUTE_FORMAT: np.array(compute_format)} if compute_format is not None else {}
     with tempfile.TemporaryFile() as f:
-        np.savez(f, **_layout_fields(names, shapes), bits=np.zeros(length, np.uint8))
+        np.savez(f, **_layout_fields(names, shapes), bits=np.zeros(length, np.uint8), **known)
         with zipfile.ZipFile(f) as archive:
             members, entry = archive.infolist(), archive.start_dir
-        bits_member = members[-1]
+        before = [member.filename for member in members].index("bits.npy")
+        bits_member = members[before]
         header_at = _member_data_offset(f, bits_member)
         bits_at = header_at + bits_member.file_size - length
         f.seek(0)
@@ -110,7 +119,7 @@ def _packed_template(names: tuple[str, ...], shapes: tuple[tuple[int, ...], ...]
         f.seek(bits_at + length)
         tail = f.read()
     entry -= bits_at + length  # the central directory's place in the tail
-    for _ in members[:-1]:
+    for _ in members[:before]:
         entry += 46 + sum(struct.unpack("<HHH", tail[entry + 28:entry + 34]))
     return _PackedTemplate(head, tail, zlib.crc32(head[header_at:]), bits_member.header_offset + 14, entry + 16)
 
@@ -342,6 +351,29 @@ class LaidOutReader:
             return bits
         except Exception:
             return None
+
+
+def step_compute_format(step_dir: str | os.PathLike) -> str | None:
+    """The format the run computed this step in, as its packed archive records it (``compute_format``); None where
+    it does not (not known to the monitor, an earlier version's archive, msprobe's ``.npy`` form). Raises
+    ``ValueError`` naming the file and the field when the field is not one of :data:`~msprobe_mlflow.formats.
+    UNIT_ROUNDOFF`'s formats."""
+    path = Path(step_dir) / PACKED_FILE_NAME
+    if not path.exists():
+        return None
+    try:
+        with zipfile.ZipFile(refuse_symlink(path)) as archive:
+            if f"{COMPUTE_FORMAT}.npy" not in archive.namelist():
+                return None
+            value = _read_field(archive, COMPUTE_FORMAT, 64, "more than a format's name needs")
+    except _FieldError as e:
+        raise ValueError(f"{path}: {e}") from None
+    except Exception as e:  # zip or npy header damage, truncation, pickled objects
+        raise ValueError(f"{path}: not a readable direction archive ({e})") from e
+    if value.shape != () or value.dtype.kind != "U" or str(value) not in UNIT_ROUNDOFF:
+        raise ValueError(f"{path}: field {COMPUTE_FORMAT} = {value.tolist()!r}, expected one of "
+                         f"{', '.join(map(repr, UNIT_ROUNDOFF))}")
+    return str(value)
 
 
 def read_packed(path: Path) -> Directions:

@@ -220,7 +220,7 @@ def write_step(dump_path: str | os.PathLike, record: StepRecord, direction_forma
         folder = step_dir(dump_path, record.rank, record.step)
         if direction_format == "packed":
             path = folder / PACKED_FILE_NAME
-            write_packed(path, record.names, record.shapes, record.directions)
+            write_packed(path, record.names, record.shapes, record.directions, record.compute_format)
             written.append(path)
         else:
             write_npy(folder, record.names, record.shapes, record.directions)

@@ -31,7 +31,9 @@ class StepRecord:
     step has none (a statistics-only step of the always-on tier, ``msprobe_mlflow.monitoring.directions_schedule``).
     ``extra``: each opt-in statistic's float32 column (:mod:`msprobe_mlflow.statistics_table`), by name.
     ``summary_csv``: the step's ``grad_summary`` bytes, kept by ``dump.summary_csv_bytes`` so that the sinks that
-    read them back (metrics) do not format them again on the writer thread.
+    read them back (metrics) do not format them again on the writer thread. ``compute_format``: the coarsest format
+    the run computed this step in, where the monitor knows it (:mod:`msprobe_mlflow.formats`), written with the
+    directions.
     """
 
     rank: int
@@ -48,6 +50,7 @@ class StepRecord:
     skipped_directions: bool = False
     extra: dict[str, np.ndarray] | None = None
     summary_csv: bytes | None = field(default=None, repr=False, compare=False)  # set once written: sinks reuse it
+    compute_format: str | None = None
 
     @functools.cached_property
     def numels(self) -> list[int]:
@@ -134,6 +137,12 @@ def record_from_statistics(*, rank: int, step: int, level: str, bounds, names: l
     elif layout.level.has_md5:
         values = np.zeros(0, np.float32) if float32_values is None else float32_values
         record.md5 = md5_per_parameter(values, layout.numels)
+    return record
+
+
+def with_compute_format(record: StepRecord, compute_format: str | None) -> StepRecord:
+    """``record`` with the format its step computed in (see :attr:`StepRecord.compute_format`)."""
+    record.compute_format = compute_format
     return record
 
 

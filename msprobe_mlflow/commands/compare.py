@@ -7,7 +7,8 @@ import click
 
 from msprobe_mlflow.commands import command, tracking_uri_option
 from msprobe_mlflow.commands.exit_codes import OK, SUSPICIOUS_RESULT
-from msprobe_mlflow.compare.verdict import DEFAULT_RULE, RULES, UNIT_ROUNDOFF
+from msprobe_mlflow.compare.verdict import DEFAULT_RULE, RULES
+from msprobe_mlflow.formats import UNIT_ROUNDOFF
 
 FOLDER = click.Path(file_okay=False)  # checked only if it exists: created when missing
 

@@ -17,7 +17,8 @@ from pathlib import Path
 import numpy as np
 
 from msprobe_mlflow.compare.similarity import PackedLayout, agreeing_directions, similarity
-from msprobe_mlflow.directions import PACKED_FILE_NAME, LaidOutReader, StoredDirection, open_step_directions
+from msprobe_mlflow.directions import (PACKED_FILE_NAME, LaidOutReader, StoredDirection, open_step_directions,
+                                       step_compute_format)
 from msprobe_mlflow.dump import SUMMARY_PREFIX, SUMMARY_SUFFIX, SummaryTable, csv_cells, csv_text, read_summary
 from msprobe_mlflow.parameter_names import strip_wrapper_components
 from msprobe_mlflow.statistics_table import PARAMETER_NORM
@@ -99,7 +100,8 @@ def side_statistics(table: SummaryTable | None, names: list[str]) -> SideStatist
 @dataclass
 class StepComparison:
     """One step compared: of the parameters ``compared`` (A's names, A's model order; B's names in
-    ``names_b``), ``agreeing`` elements of ``numels``; their statistics on both sides where both wrote them."""
+    ``names_b``), ``agreeing`` elements of ``numels``; their statistics on both sides where both wrote them, and the
+    format each run computed the step in where its monitor recorded it (``compute_formats``, A's and B's)."""
 
     step: int
     compared: tuple[str, ...]
@@ -111,6 +113,7 @@ class StepComparison:
     only_in_a: list[str] = field(default_factory=list)
     only_in_b: list[str] = field(default_factory=list)
     shape_differs: list[str] = field(default_factory=list)
+    compute_formats: tuple[str | None, str | None] = (None, None)
 
     @property
     def summary_counts(self) -> tuple[int, int]:
@@ -184,12 +187,14 @@ def compare_step(step: int, folder_a: Path, folder_b: Path, *, layout: StepLayou
     unless ``shapes_must_match`` is False (the live verdict: it is listed in ``shape_differs`` and left out).
     """
     table_a, table_b = _summary(summary_beside(folder_a, step)), _summary(summary_beside(folder_b, step))
+    formats = step_compute_format(folder_a), step_compute_format(folder_b)
     bits_a = layout.reader_a.read(folder_a / PACKED_FILE_NAME) if layout is not None else None
     bits_b = layout.reader_b.read(folder_b / PACKED_FILE_NAME) if bits_a is not None else None
     if bits_b is not None:
         names = list(layout.names)
         return StepComparison(step, layout.names, layout.names, layout.packed.agreeing(bits_a, bits_b),
-                              layout.packed.numels, side_statistics(table_a, names), side_statistics(table_b, names))
+                              layout.packed.numels, side_statistics(table_a, names), side_statistics(table_b, names),
+                              compute_formats=formats)
     stored_a, stored_b = _open_side(folder_a), _open_side(folder_b)
     matches = matched_names(_model_order(table_a, stored_a), _model_order(table_b, stored_b))
     pairs, shape_differs = [], []
@@ -211,4 +216,4 @@ def compare_step(step: int, folder_a: Path, folder_b: Path, *, layout: StepLayou
                           np.array([stored_a[a].numel for a in names_a], dtype=np.int64),
                           side_statistics(table_a, names_a), side_statistics(table_b, names_b),
                           [n for n in stored_a if n not in matched_a], [n for n in stored_b if n not in matched_b],
-                          shape_differs)
+                          shape_differs, formats)

@@ -23,6 +23,8 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
+from msprobe_mlflow.formats import UNIT_ROUNDOFF
+
 DEFAULT_FIRST_THRESHOLD = 0.97
 DEFAULT_DROP_THRESHOLD = 0.03
 # Rounding slack, so that a drop from 1.0 to 0.97 is not "more than 0.03" through float error.
@@ -136,11 +138,6 @@ DEFAULT_RULE = "noise"
 def check_rule(rule: str) -> None:
     if rule not in RULES:
         raise ValueError(f"rule = {rule!r} is not accepted; expected one of {', '.join(map(repr, RULES))}")
-
-
-# Unit roundoff of each floating-point format a training computes in (half the gap between 1 and the next number).
-UNIT_ROUNDOFF = {"float64": 2.0 ** -53, "float32": 2.0 ** -24, "tf32": 2.0 ** -11, "float16": 2.0 ** -11,
-                 "bfloat16": 2.0 ** -8}
 
 
 def check_precision(precision: str | None) -> None:

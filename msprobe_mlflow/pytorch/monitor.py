@@ -28,13 +28,14 @@ from msprobe_mlflow.dump import step_ranges
 from msprobe_mlflow.monitoring.options import MonitorOptions
 from msprobe_mlflow.monitoring.session_monitor import SessionMonitor
 from msprobe_mlflow.parameter_names import eager_named_parameters
+from msprobe_mlflow.pytorch.compute_format import ComputeFormatWatch
 from msprobe_mlflow.pytorch.distributed import current_rank, shared_run_id, summary_all_gather, world_size
 from msprobe_mlflow.pytorch.parameter_norms import launch_parameter_norms
 from msprobe_mlflow.pytorch.overlap import EarlyStatistics, launch_with_early, step_level, usable_parts, why_off
 from msprobe_mlflow.pytorch.fsdp1 import FlatSlot, fsdp1_named_parameters, has_fsdp1
 from msprobe_mlflow.pytorch.sharded import FlatPiece, has_sharded, launch_sharded_statistics
 from msprobe_mlflow.pytorch.statistics import StatisticsCache, launch_step_statistics
-from msprobe_mlflow.records import with_parameter_norms
+from msprobe_mlflow.records import with_compute_format, with_parameter_norms
 from msprobe_mlflow.session import RankPolicy
 from msprobe_mlflow.statistics_table import PARAMETER_NORM
 from msprobe_mlflow.vocabulary import FAILED_STEPS_TAG, OVERLAP_TAG, RECORDED_TAG, TAG_RANGES_LIMIT, rank_tag
@@ -73,6 +74,7 @@ class GradientMonitor(SessionMonitor):
         self._recorded_early: int | None = None  # the step record_gradients() already recorded
         self._unsupported: str | None = None  # why this model's gradients cannot be recorded: each probe fails
         self._cache = StatisticsCache()  # the buffers its steps reuse, released at stop()
+        self._formats: ComputeFormatWatch | None = None  # the format each step computed in (autocast, TF32...)
 
     def monitor(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None) -> "GradientMonitor":
         """Starts probing ``model``'s gradients at each ``optimizer.step()``.
@@ -109,6 +111,7 @@ class GradientMonitor(SessionMonitor):
         if missing:
             self.notices.warn(f"grad_probe.param_list names parameters the model does not have: {sorted(missing)}")
         self._start_overlap(model)
+        self._formats = ComputeFormatWatch(model, [p for _, p, _ in self._parameters])
         self._optimizer = optimizer
         self._model_id = id(model)
         _monitored_models[self._model_id] = self
@@ -202,6 +205,7 @@ class GradientMonitor(SessionMonitor):
 
     def _probe(self, rank: int, step: int, writes: bool) -> None:
         buckets = self._early.take() if self._early else {}
+        compute_format = self._formats.take() if self._formats else None
         if self._unsupported:
             raise NotImplementedError(self._unsupported)
         names, grads, indices, originals = self._gradients()
@@ -231,6 +235,9 @@ class GradientMonitor(SessionMonitor):
         if self.options.parameter_norms:
             norms, statistics = launch_parameter_norms(names, [self._parameters[i][1] for i in indices]), pending
             pending = lambda: with_parameter_norms(statistics(), norms())  # noqa: E731
+        if compute_format is not None:
+            measured = pending
+            pending = lambda: with_compute_format(measured(), compute_format)  # noqa: E731
         if writes:
             self._probed_steps += 1
             self._session.submit(pending)
@@ -286,6 +293,9 @@ class GradientMonitor(SessionMonitor):
         if self._hook is not None:
             self._hook.remove()
             self._hook = None
+        if self._formats is not None:
+            self._formats.close()
+            self._formats = None
         if self._model_id is not None and _monitored_models.get(self._model_id) is self:
             del _monitored_models[self._model_id]
 
