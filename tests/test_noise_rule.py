@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -18,7 +19,8 @@ import torch
 from msprobe_mlflow import GradProbeConfig, compare_dumps
 from msprobe_mlflow.compare.step import SideStatistics, StepComparison
 from msprobe_mlflow.compare.noise_rule import NoiseAwareJudge, first_steps_tolerance, significant_bits
-from msprobe_mlflow.dump import findings_dir, read_summary, summary_csv_path
+from msprobe_mlflow.directions import step_compute_format
+from msprobe_mlflow.dump import findings_dir, read_summary, step_dir, summary_csv_path
 from msprobe_mlflow.pytorch import GradientMonitor
 
 STEPS = 30
@@ -94,10 +96,28 @@ def runs(tmp_path_factory) -> dict[str, Path]:
     runs["weights_corrupted"] = train(root / "weights_corrupted", torch.float64, "weights_corrupted")
     runs["weights_corrupted_from_0"] = train(root / "weights_corrupted_from_0", torch.float64, "weights_corrupted", 0)
     runs["bf16_autocast"] = train(root / "bf16_autocast", autocast=True)
+    runs["head_in_bf16_float32_from_0"] = train(root / "head_in_bf16_float32_from_0", torch.float32, "head_in_bf16", 0)
     runs["gradients_only"] = train(root / "gradients_only", statistics=[])
     runs["weights_corrupted_gradients_only"] = train(root / "weights_corrupted_gradients_only", torch.float64,
                                                      "weights_corrupted", statistics=[])
     return runs
+
+
+def unrecorded(dump: Path, copy: Path) -> Path:
+    """A copy of ``dump`` whose direction archives do not record the format the run computed in (an earlier
+    version's dump; msprobe's ``.npy`` form has no place for it): a pair with it has no recorded precision."""
+    shutil.copytree(dump, copy)
+    for archive in copy.glob("rank*/step*/directions.npz"):
+        with np.load(archive, allow_pickle=False) as fields:
+            kept = {key: fields[key] for key in fields.files if key != "compute_format"}
+        assert len(kept) == 5  # the format was recorded
+        np.savez(archive, **kept)
+    return copy
+
+
+@pytest.fixture(scope="module")
+def unknown_baseline(runs, tmp_path_factory) -> Path:
+    return unrecorded(runs["baseline"], tmp_path_factory.mktemp("unrecorded") / "baseline")
 
 
 def verdict(runs, candidate: str, rule: str = "noise", precision: str | None = None):
@@ -233,7 +253,9 @@ def test_a_weight_corrupted_before_the_first_update_is_named_at_step_0_against_r
     found = verdict(runs, "weights_corrupted_from_0")
     first = found.parameter_trips[0]
     assert found.first_suspicious_step == 0 and (first.name, first.reason) == ("conv.weight", "weight")
-    assert "before the first update (the weights' rounding moves it by 10% at most)" in first.detail
+    bound = first_steps_tolerance("float32", [Tiny().conv.weight.numel()])[0]  # the pair recorded float32 (float64)
+    assert found.recorded_precision == "float32"
+    assert f"before the first update (the weights' rounding moves it by {bound * 100:.2g}% at most)" in first.detail
 
 
 def test_a_weight_that_jumped_ranks_before_a_gradient_that_moved_more():
@@ -271,27 +293,34 @@ def test_a_bug_present_from_step_0_is_named_at_step_0(runs):
     assert found.parameter_trips  # named by its parameters, whose norms differ beyond rounding
 
 
-def test_a_bug_from_step_0_below_bfloat16_rounding_is_named_there_once_the_pairs_precision_is_given(runs):
+def test_a_bug_from_step_0_below_bfloat16_rounding_is_named_there_once_the_pairs_precision_is_known(
+        runs, unknown_baseline):
     """The head in bfloat16 from step 0 on top of float64-vs-float32 noise moves the norms by about 1e-3 at step 0:
     within what bfloat16 rounding can do (the tolerance when the pair's precision is not known), far beyond what
-    float32's can. Given ``precision="float32"`` (the coarser format of the pair), step 0 is named; the benign pair
-    stays quiet at that precision."""
-    unknown = verdict(runs, "head_in_bf16_from_0")
-    assert unknown.first_suspicious_step != 0
-    given = verdict(runs, "head_in_bf16_from_0", precision="float32")
+    float32's can. Given ``precision="float32"`` (the coarser format of the pair), or recorded by both runs'
+    monitors (float64 and float32: the head's cast is in the model's code, not torch's settings), step 0 is named;
+    the benign pair stays quiet at that precision."""
+    unknown = compare_dumps(unknown_baseline, runs["head_in_bf16_from_0"], None, plots=False).verdict.ranks[0]
+    assert unknown.first_suspicious_step != 0 and unknown.recorded_precision is None
+    recorded = verdict(runs, "head_in_bf16_from_0")
+    assert recorded.first_suspicious_step == 0 and recorded.recorded_precision == "float32"
+    given = compare_dumps(unknown_baseline, runs["head_in_bf16_from_0"], None, precision="float32",
+                          plots=False).verdict.ranks[0]
+    assert given.recorded_precision is None and given.parameter_trips == recorded.parameter_trips
     assert given.first_suspicious_step == 0 and given.parameter_trips
     bound = 0.1 * 2.0 ** -16  # 26 float32 units: 0.1 for 26 bfloat16 units, times 2**-24 / 2**-8
     assert given.parameter_trips[0].detail.endswith(f"(rounding moves it by {bound * 100:.2g}% at most in the first "
                                                      f"steps)")
     assert verdict(runs, "float64", precision="float32").first_suspicious_step is None
+    assert verdict(runs, "float64").first_suspicious_step is None and verdict(runs, "float64").recorded_precision
 
 
-def test_first_steps_beyond_float32_rounding_are_said_where_the_pairs_precision_is_not_given(runs):
+def test_first_steps_beyond_float32_rounding_are_said_where_the_pairs_precision_is_not_known(runs, unknown_baseline):
     """Without the pair's precision, the head in bfloat16 from step 0 (on float64-vs-float32 noise) is within what
     bfloat16 rounding can do and not named; the verdict says instead that the first steps' norms differ beyond
     float32 rounding, where and by how much, and how to judge them at float32's bound. The benign pair, whose first
-    steps stay within float32 rounding, says nothing; nor does a pair judged at a given precision."""
-    comparison = compare_dumps(runs["baseline"], runs["head_in_bf16_from_0"], None, plots=False)
+    steps stay within float32 rounding, says nothing; nor does a pair judged at a given or recorded precision."""
+    comparison = compare_dumps(unknown_baseline, runs["head_in_bf16_from_0"], None, plots=False)
     note = comparison.verdict.ranks[0].first_steps
     assert note is not None and note.step < 5 and note.bound == 0.1 * 2.0 ** -16
     # the named parameter's norms at that step, from the two CSVs: the scaled difference is at most the relative one
@@ -302,8 +331,9 @@ def test_first_steps_beyond_float32_rounding_are_said_where_the_pairs_precision_
     printed = comparison.verdict.describe()
     assert f"{note.name}'s norm differs by {note.difference:.2%}" in printed and "--precision float32" in printed
     assert comparison.verdict.to_dict()["ranks"][0]["first_steps"]["name"] == note.name
-    assert verdict(runs, "float64").first_steps is None
+    assert compare_dumps(unknown_baseline, runs["float64"], None, plots=False).verdict.ranks[0].first_steps is None
     assert verdict(runs, "head_in_bf16_from_0", precision="float32").first_steps is None
+    assert verdict(runs, "head_in_bf16_from_0").first_steps is None
 
 
 def sixteen_bit_gradients(dump: Path, steps: range) -> set[str]:
@@ -323,25 +353,28 @@ def sixteen_bit_gradients(dump: Path, steps: range) -> set[str]:
     return found
 
 
-def test_the_first_steps_note_says_which_run_computes_in_a_16_bit_format(runs):
+def test_the_first_steps_note_says_which_run_computes_in_a_16_bit_format(runs, unknown_baseline, tmp_path):
     """IEEE 754 rounds a bfloat16 result to 8 significant bits: under autocast the matmuls' gradients show it, so the
     note says which run computes so (autocast: the pair's rounding, not a reason for --precision float32). Where
     both runs do, there is no note: the same autocast run against the float64 run carries one, against a run
     whose head is cast to bfloat16 none. (The note stands whatever the verdict: on this 16-wide model the rule
-    calls the autocast pair suspicious at step 22, see docs/compare.md.)"""
-    autocast = compare_dumps(runs["baseline"], runs["bf16_autocast"], None, plots=False).verdict
+    calls the autocast pair suspicious at step 22, see docs/compare.md.) The pairs' precision is not recorded here:
+    recorded, it leaves nothing to note."""
+    autocast = compare_dumps(unknown_baseline, runs["bf16_autocast"], None, plots=False).verdict
     note = autocast.ranks[0].first_steps
     coarse = sixteen_bit_gradients(runs["bf16_autocast"], range(5))
     assert note is not None and note.sixteen_bit == "B"
     assert note.sixteen_bit_parameters == len(coarse) > 0 and note.sixteen_bit_example in coarse
     assert not sixteen_bit_gradients(runs["baseline"], range(5))
     assert "run B computes" in autocast.describe() and "16-bit format" in autocast.describe()
-    swapped = compare_dumps(runs["bf16_autocast"], runs["float64"], None, plots=False).verdict.ranks[0].first_steps
+    unknown_autocast = unrecorded(runs["bf16_autocast"], tmp_path / "autocast")
+    swapped = compare_dumps(unknown_autocast, runs["float64"], None, plots=False).verdict.ranks[0].first_steps
     assert swapped is not None and swapped.sixteen_bit == "A"
-    cast = compare_dumps(runs["baseline"], runs["head_in_bf16_from_0"], None, plots=False).verdict.ranks[0]
+    cast = compare_dumps(unknown_baseline, runs["head_in_bf16_from_0"], None, plots=False).verdict.ranks[0]
     assert cast.first_steps.sixteen_bit == "B" and cast.first_steps.sixteen_bit_example.startswith("head.")
-    both = compare_dumps(runs["bf16_autocast"], runs["head_in_bf16_from_0"], None, plots=False).verdict.ranks[0]
+    both = compare_dumps(unknown_autocast, runs["head_in_bf16_from_0"], None, plots=False).verdict.ranks[0]
     assert sixteen_bit_gradients(runs["head_in_bf16_from_0"], range(5)) and both.first_steps is None
+    assert verdict(runs, "bf16_autocast").first_steps is None
 
 
 def test_the_first_steps_tolerance_covers_what_summing_a_norm_in_float32_rounds():
@@ -365,39 +398,63 @@ def test_the_first_steps_tolerance_covers_what_summing_a_norm_in_float32_rounds(
     assert np.all(first_steps_tolerance(None, sizes) == 0.1)  # not known: bfloat16's, whatever the size
 
 
-def test_the_live_verdict_takes_the_pairs_precision_and_equals_compares(runs, tmp_path):
-    train(tmp_path / "live", torch.float64, "head_in_bf16", 0, baseline=str(runs["baseline"]), precision="float32")
+def test_the_live_verdict_takes_the_pairs_precision_and_equals_compares(runs, unknown_baseline, tmp_path):
+    train(tmp_path / "live", torch.float64, "head_in_bf16", 0, baseline=str(unknown_baseline), precision="float32")
     live = json.loads((findings_dir(tmp_path / "live", 0) / "verdict.json").read_text())["verdict"]
-    afterwards = compare_dumps(runs["baseline"], tmp_path / "live", None, precision="float32", plots=False).verdict
+    afterwards = compare_dumps(unknown_baseline, tmp_path / "live", None, precision="float32", plots=False).verdict
     assert live == afterwards.to_dict() and afterwards.first_suspicious_step == 0 and live["precision"] == "float32"
 
 
-def test_the_comparison_runs_second_line_gives_the_first_steps_beyond_float32_rounding(runs, tmp_experiment):
+def test_gradients_out_of_a_16_bit_format_in_both_runs_make_the_recorded_precision_bfloat16(runs):
+    """Both runs cast the head to bfloat16 from step 0 (a cast in the model's code: torch reports float32 and
+    float64): both runs' head gradients show a 16-bit format, so the first steps are judged at bfloat16's rounding,
+    not float32's, and the pair is quiet."""
+    found = compare_dumps(runs["head_in_bf16_float32_from_0"], runs["head_in_bf16_from_0"], None,
+                          plots=False).verdict
+    assert found.ranks[0].recorded_precision == "bfloat16" and not found.suspicious
+    recorded = {step_compute_format(step_dir(runs[name], 0, 0)) for name in ("head_in_bf16_float32_from_0",
+                                                                             "head_in_bf16_from_0")}
+    assert recorded == {"float32", "float64"}
+    assert "first steps judged at bfloat16 rounding, from what both runs recorded" in found.describe()
+
+
+def test_the_live_verdict_reads_the_recorded_precision_as_compare_does(runs, tmp_path):
+    """Both runs' monitors recorded their formats (float32, float64): the live verdict judges the first steps at
+    float32's rounding, names the head cast to bfloat16 at step 0 and equals compare's afterwards."""
+    train(tmp_path / "live", torch.float64, "head_in_bf16", 0, baseline=str(runs["baseline"]))
+    live = json.loads((findings_dir(tmp_path / "live", 0) / "verdict.json").read_text())["verdict"]
+    afterwards = compare_dumps(runs["baseline"], tmp_path / "live", None, plots=False).verdict
+    assert live == afterwards.to_dict() and afterwards.first_suspicious_step == 0
+    assert live["ranks"][0]["recorded_precision"] == "float32" and "precision" not in live
+
+
+def test_the_comparison_runs_second_line_gives_the_first_steps_beyond_float32_rounding(runs, unknown_baseline,
+                                                                                       tmp_experiment):
     """In the UI, below the verdict's line: short, as the description's lines do not wrap beside its wide table."""
     from mlflow.tracking import MlflowClient
 
     from msprobe_mlflow import compare_runs
 
-    result = compare_runs(runs["baseline"], runs["head_in_bf16_from_0"], plots=False)
+    result = compare_runs(unknown_baseline, runs["head_in_bf16_from_0"], plots=False)
     note = result.verdict.ranks[0].first_steps
     lines = MlflowClient().get_run(result.run_id).data.tags["mlflow.note.content"].splitlines()
     assert lines[0].startswith("**Consistent**") and lines[2] == (
         f"**First steps** beyond float32 rounding: `{note.name}` {note.difference:.2%} at step {note.step}, within "
         f"{note.finest}'s; run B has {note.sixteen_bit_parameters} gradient(s) in a 16-bit format "
         f"(`{note.sixteen_bit_example}`): if by a cast, not autocast, use `--precision float32`")
-    quiet = compare_runs(runs["baseline"], runs["float64"], plots=False)
+    quiet = compare_runs(unknown_baseline, runs["float64"], plots=False)
     assert "**First steps**" not in MlflowClient().get_run(quiet.run_id).data.tags["mlflow.note.content"]
 
 
 def test_the_live_verdict_says_the_same_of_the_first_steps_in_its_file_and_its_runs_description(
-        runs, tmp_path, tmp_experiment):
+        runs, unknown_baseline, tmp_path, tmp_experiment):
     import mlflow
     from mlflow.tracking import MlflowClient
 
     with mlflow.start_run() as run:
-        train(tmp_path / "live", torch.float64, "head_in_bf16", 0, baseline=str(runs["baseline"]), log_to_mlflow=True)
+        train(tmp_path / "live", torch.float64, "head_in_bf16", 0, baseline=str(unknown_baseline), log_to_mlflow=True)
     live = json.loads((findings_dir(tmp_path / "live", 0) / "verdict.json").read_text())["verdict"]
-    afterwards = compare_dumps(runs["baseline"], tmp_path / "live", None, plots=False).verdict
+    afterwards = compare_dumps(unknown_baseline, tmp_path / "live", None, plots=False).verdict
     note = afterwards.ranks[0].first_steps
     assert live == afterwards.to_dict() and note is not None and not afterwards.suspicious
     description = MlflowClient().get_run(run.info.run_id).data.tags["mlflow.note.content"]

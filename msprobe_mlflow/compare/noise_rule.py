@@ -103,8 +103,8 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from msprobe_mlflow.compare.verdict import (PRECISION, UNIT_ROUNDOFF, FirstSteps, RankVerdict, SignNoise, Trip,
-                                            judged_values, slots_of)
+from msprobe_mlflow.compare.verdict import PRECISION, FirstSteps, RankVerdict, SignNoise, Trip, judged_values, slots_of
+from msprobe_mlflow.formats import UNIT_ROUNDOFF, coarsest
 
 DEVIATIONS = 10.0  # robust deviations beyond the noise that make a break
 WINDOW = 20  # past values a series' noise is learnt from
@@ -185,7 +185,9 @@ class NoiseAwareJudge:
 
     def __init__(self, rank: int, precision: str | None = None):
         self.rank = rank
-        self.precision = precision
+        self.precision = precision  # given; else judged at what the runs recorded, if they did (recorded_precision)
+        self.recorded_precision: str | None = None
+        self._formats_seen: set[str | None] = set()
         self.first_steps: FirstSteps | None = None
         self._largest_first: FirstSteps | None = None  # the first steps' largest difference, before the 16-bit check
         self._sixteen_bit: tuple[dict, dict] = ({}, {})  # names of the gradients coarse in the first steps, A and B
@@ -207,7 +209,8 @@ class NoiseAwareJudge:
         """The verdict, or (nothing suspicious) what was found: the same after the verdict, as judging stops. A
         break at the last step judged, with no step after it to say whether it persists, is no verdict."""
         return self.verdict or RankVerdict(self.rank, sign_noise=list(self.sign_noise.values()),
-                                           summary_band=dict(self.summary_band), first_steps=self.first_steps)
+                                           summary_band=dict(self.summary_band), first_steps=self.first_steps,
+                                           recorded_precision=self.recorded_precision)
 
     def judge_step(self, comparison) -> RankVerdict | None:
         """Judges a step. A step that breaks is held until the next one: the first suspicious step is one whose
@@ -222,7 +225,7 @@ class NoiseAwareJudge:
         if first is not None:
             noise = [*self.sign_noise.values(), *first.noise.values()]
             self.verdict = RankVerdict(self.rank, first.step, first.summary_trip, first.trips, noise,
-                                       dict(self.summary_band), self.first_steps)
+                                       dict(self.summary_band), self.first_steps, self.recorded_precision)
             return self.verdict
         if held is not None:
             held.remember(self)
@@ -249,9 +252,13 @@ class NoiseAwareJudge:
         _, similarities = judged_values(comparison)
         series = {"direction": 1.0 - similarities}  # NaN for an empty parameter
         side_a, side_b = comparison.statistics_a, comparison.statistics_b
+        both = side_a is not None and side_b is not None
+        tiny = _at_rounding_level(comparison) if both else np.zeros(len(names), dtype=bool)
+        coarse = [_coarse(side) for side in (side_a, side_b)] if both else []
+        precision = self._first_steps_precision(comparison, names, places, tiny, coarse)
         pushes, magnitudes = [], {}  # series -> (A's norms, B's norms) it compares
         moved_alike = np.zeros(len(places), dtype=bool)  # the runs' weights moved alike this step
-        if side_a is not None and side_b is not None:
+        if both:
             magnitudes["norm"] = (side_a.norm, side_b.norm)
             usual = self._usual_norm.center_and_spread(places)[0]
             series["norm"] = scaled_difference(side_a.norm, side_b.norm, np.where(usual > 0, usual, np.nan))
@@ -273,7 +280,7 @@ class NoiseAwareJudge:
                 moves = [now - was for now, was in zip(magnitudes[WEIGHT], before)]
                 moved_alike = np.abs(moves[1] - moves[0]) <= DEVIATIONS * np.minimum(*np.abs(moves))
         breaks, scores, centers = {}, {}, {}
-        tolerance = first_steps_tolerance(self.precision, numels)  # per parameter: what rounding cannot do early
+        tolerance = first_steps_tolerance(precision, numels)  # per parameter: what rounding cannot do early
         for name, values in series.items():
             if name in COUNT_SERIES:
                 breaks[name], scores[name], centers[name] = self._count_breaks(name, places, values, numels)
@@ -282,14 +289,12 @@ class NoiseAwareJudge:
                     name, places, values, numels, tolerance if name == "norm" or step == 0 else np.inf)
         if WEIGHT in series:
             breaks[WEIGHT] &= ~moved_alike
-        tiny = _at_rounding_level(comparison) if "norm" in series else np.zeros(len(names), dtype=bool)
         recognised = self._recognise_noise(comparison, places, series, breaks, tiny)
         noise = self._noise[places].copy()
         for i, found in recognised.items():
             noise[i] = found.kind
-        coarse = [_coarse(side) for side in (side_a, side_b)] if "norm" in series else []
-        if coarse and self.precision is None:
-            self._note_first_steps(step, names, places, series["norm"], numels, tiny, coarse)
+        if both and precision is None:
+            self._note_first_steps(step, names, places, series["norm"], numels, tiny)
         for name in breaks:  # sign noise: not judged on signs (buckets split at 0 are signs too) nor on its weights,
             # which its noise moves (a whole step each under Adam); whole: not at all
             breaks[name] &= (noise == "") if name in (*COUNT_SERIES, WEIGHT) else (noise != WHOLE)
@@ -334,15 +339,28 @@ class NoiseAwareJudge:
                         any(np.any(found) for found in differs.values()),
                         {int(places[i]): found for i, found in recognised.items()})
 
-    def _note_first_steps(self, step: int, names, places, norms, numels, tiny, coarse) -> None:
-        """Keeps the largest norm difference of the first steps (gradients at rounding level aside) where it is
-        beyond float32 rounding's and within bfloat16's, with the run whose first steps' gradients came out of a
-        16-bit format, if one did (gradients at rounding level aside: their few bits are not a format's); none where
-        both runs' did (bfloat16's rounding is then the pair's): see
-        :class:`~msprobe_mlflow.compare.verdict.FirstSteps`."""
+    def _first_steps_precision(self, comparison, names, places, tiny, coarse) -> str | None:
+        """The format the first steps are judged at: the given precision; else, from what the runs recorded
+        (``recorded_precision``), the coarsest format both monitors recorded at every step so far, bfloat16 where
+        both runs' first steps hold gradients out of a 16-bit format (a cast in both models' code, which torch does
+        not report). Keeps, per run, the names of those gradients (those at rounding level aside: their few bits
+        are not a format's), for the first-steps note."""
         first = self._histories["norm"].counts(places) < MIN_HISTORY
         for found, now in zip(self._sixteen_bit, coarse):
             found.update(dict.fromkeys(names[i] for i in np.flatnonzero(first & ~tiny & (now == 1))))
+        if self.precision is not None:
+            return self.precision
+        self._formats_seen.update(comparison.compute_formats)
+        recorded = coarsest(self._formats_seen)
+        self.recorded_precision = coarsest([recorded, "bfloat16"]) if recorded and all(self._sixteen_bit) else recorded
+        return self.recorded_precision
+
+    def _note_first_steps(self, step: int, names, places, norms, numels, tiny) -> None:
+        """Keeps the largest norm difference of the first steps (gradients at rounding level aside) where it is
+        beyond float32 rounding's and within bfloat16's, with the run whose first steps' gradients came out of a
+        16-bit format, if one did; none where both runs' did (bfloat16's rounding is then the pair's): see
+        :class:`~msprobe_mlflow.compare.verdict.FirstSteps`."""
+        first = self._histories["norm"].counts(places) < MIN_HISTORY
         bound = first_steps_tolerance("float32", numels)
         differences = np.abs(norms)
         beyond = first & ~tiny & (differences > bound)

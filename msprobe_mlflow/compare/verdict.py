@@ -110,7 +110,10 @@ class RankVerdict:
     """``parameter_trips``: the parameters tripping at ``first_suspicious_step``, most evidence first;
     ``summary_trip``: the summary's trip at that step, if it trips there too; ``sign_noise``: parameters whose
     sign disagreement was recognised as noise (noise rule); ``summary_band``: per judged step, the lowest summary
-    similarity the rule expected from noise (noise rule); ``first_steps``: see :class:`FirstSteps` (noise rule)."""
+    similarity the rule expected from noise (noise rule); ``first_steps``: see :class:`FirstSteps` (noise rule);
+    ``recorded_precision``: where the pair's precision was not given, the format the noise rule judged the first
+    steps at from what the runs recorded: the coarsest format both monitors recorded at every compared step,
+    bfloat16 where both runs' first steps hold gradients out of a 16-bit format (a cast torch does not report)."""
 
     rank: int
     first_suspicious_step: int | None = None
@@ -119,6 +122,7 @@ class RankVerdict:
     sign_noise: list[SignNoise] = field(default_factory=list)
     summary_band: dict[int, float] = field(default_factory=dict)
     first_steps: FirstSteps | None = None
+    recorded_precision: str | None = None
 
     @property
     def suspicious(self) -> bool:
@@ -317,7 +321,9 @@ class Verdict:
                        "summary_trip": trip_dict(r.summary_trip),
                        "parameter_trips": [trip_dict(t) for t in r.parameter_trips],
                        "sign_noise": [asdict(noise) for noise in r.sign_noise],
-                       "first_steps": asdict(r.first_steps) if r.first_steps else None} for r in self.ranks],
+                       "first_steps": asdict(r.first_steps) if r.first_steps else None,
+                       **({"recorded_precision": r.recorded_precision} if r.recorded_precision else {})}
+                      for r in self.ranks],
         }
 
     def describe(self, max_parameters: int = 5) -> str:
@@ -325,8 +331,10 @@ class Verdict:
         then the parameters whose sign disagreement is noise and what the first steps' differences allow."""
         lines = []
         for rank in self.ranks:
+            recorded = f"; first steps judged at {rank.recorded_precision} rounding, from what both runs recorded" \
+                if rank.recorded_precision else ""
             if not rank.suspicious:
-                lines.append(f"rank {rank.rank}: no suspicious step ({self.settings.describe()})")
+                lines.append(f"rank {rank.rank}: no suspicious step ({self.settings.describe()}{recorded})")
             else:
                 line = f"rank {rank.rank}: first suspicious step {rank.first_suspicious_step}"
                 if rank.summary_trip:
