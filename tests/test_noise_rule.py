@@ -603,3 +603,15 @@ def test_the_comparison_run_records_the_pairs_precision(runs, tmp_experiment):
     result = compare_runs(runs["baseline"], runs["head_in_bf16_from_0"], precision="float32", plots=False)
     params = MlflowClient().get_run(result.run_id).data.params
     assert params == {"rule": "noise", "precision": "float32"} and result.verdict.first_suspicious_step == 0
+
+
+def test_the_comparison_run_records_the_precision_both_runs_recorded(runs, tmp_experiment):
+    """Not given: the comparison run's params say which format the first steps were judged at, from the runs."""
+    from mlflow.tracking import MlflowClient
+
+    from msprobe_mlflow import compare_runs
+
+    result = compare_runs(runs["baseline"], runs["head_in_bf16_from_0"], plots=False)
+    params = MlflowClient().get_run(result.run_id).data.params
+    assert params == {"rule": "noise", "recorded_precision": "float32"}
+    assert result.verdict.first_suspicious_step == 0

@@ -14,7 +14,7 @@ the runs table can show as a column, sort and search. It holds:
   ``...rank{R}.suspicious_parameters`` and ``...rank{R}.sign_noise``; as the run's description (Markdown), the
   verdict in one line, links to both sources, and the printed verdict and table in a fenced block;
 - params ``rule`` (and msprobe's rule's ``first_threshold``, ``drop_threshold``; the noise rule's ``precision``
-  when given);
+  when given, else ``recorded_precision`` where it judged the first steps at what both runs recorded);
 - metrics ``summary_similarity/rank{R}`` whose MLflow step is the training step (the UI draws the curve), and
   ``verdict/suspicious``, ``verdict/first_suspicious_step``, ``verdict/rank{R}/first_suspicious_step``,
   ``verdict/rank{R}/suspicious_parameters`` (a count);
@@ -306,8 +306,10 @@ def log_comparison_run(client: MlflowClient, comparison: DumpComparison, sources
     run_name = run_name or f"{sources[0].label} vs {sources[1].label}"
     with created_run(client, experiment_id, run_name=run_name) as run_id:
         verdict = comparison.verdict
+        recorded = sorted({rank.recorded_precision for rank in verdict.ranks} - {None})
+        params = {**verdict.settings.to_dict(), **({"recorded_precision": ", ".join(recorded)} if recorded else {})}
         log_batched(client, run_id, metrics=_metrics(comparison), tags=_tags(comparison, sources, pair, previous),
-                    params=[param(key, value) for key, value in verdict.settings.to_dict().items()])
+                    params=[param(key, value) for key, value in params.items()])
         if comparison.output_dir is not None:
             client.log_artifacts(run_id, str(comparison.output_dir), ARTIFACT_FOLDER)
     return run_id, experiment_id, previous
