@@ -3,7 +3,8 @@ the parameter the bug touched, and stay quiet on pairs that only differ in round
 
 Two model families, trained with the real ``GradientMonitor`` (L2, bounds ``[-1, 0, 1]``, the weights' norms
 ``statistics=["param_norm"]``, local dump only; the rule ``noise, gradients only`` judges the same dumps with that
-column left out of the baseline's, as a monitor without it records them), each
+column left out of the baseline's, as a monitor without it records them, and ``noise, formats not recorded`` with
+the baseline's recorded compute formats left out, as for a MindSpore run or msprobe's dumps), each
 a function of (seed, step) alone: a GPT-2 from ``transformers.GPT2Config`` (2 layers, width 64, 4 heads, 128 tokens,
 random weights, AdamW, batches of 8 x 32 synthetic tokens; the key third of its fused attention bias ``c_attn.bias``
 has a gradient that is zero in exact arithmetic, so its signs are rounding noise) and a small conv net (Conv2d with
@@ -51,13 +52,14 @@ import statistics
 import subprocess
 import sys
 import time
+import zipfile
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from msprobe_mlflow import GradProbeConfig
+from msprobe_mlflow import GradProbeConfig, directions
 from msprobe_mlflow.compare.engine import compare_dumps
 from msprobe_mlflow.directions import read_step_directions
 from msprobe_mlflow.dump import findings_dir, step_dir, summary_csv_path
@@ -562,17 +564,21 @@ PAIR_PRECISION = {"float32": "float32", "float64": "float32", "rounding": "float
 
 
 GRADIENTS_ONLY = "noise, gradients only"  # the default rule on the same dumps, the weights' norms left out
+NOT_RECORDED = "noise, formats not recorded"  # the default rule, the baseline's recorded compute formats left out
+# (as a MindSpore run's, msprobe's dumps or an earlier version's): the first steps judged at bfloat16's rounding
 
 
 def compare_rules() -> list[str]:
     """The rules ``compare_dumps`` offers: its default first, then msprobe's, then the noise rule told each pair's
-    precision (where ``compare_dumps`` takes ``precision=``), then the default rule on the gradients alone; only
-    msprobe's before ``rule=``."""
+    precision (where ``compare_dumps`` takes ``precision=``), then the default rule on the gradients alone, and
+    without recorded formats (where monitors record them); only msprobe's before ``rule=``."""
     parameters = inspect.signature(compare_dumps).parameters
     if "rule" not in parameters:
         return ["msprobe"]
     rules = list(dict.fromkeys([parameters["rule"].default, "msprobe"]))
-    return rules + [PRECISION_GIVEN, GRADIENTS_ONLY] if "precision" in parameters else rules
+    if "precision" not in parameters:
+        return rules
+    return rules + [PRECISION_GIVEN, GRADIENTS_ONLY] + ([NOT_RECORDED] if hasattr(directions, "COMPUTE_FORMAT") else [])
 
 
 def gradients_only(dump: Path, folder: Path) -> Path:
@@ -591,6 +597,23 @@ def gradients_only(dump: Path, folder: Path) -> Path:
     return copy
 
 
+def formats_unrecorded(dump: Path, folder: Path) -> Path:
+    """``folder/<dump's name>``: ``dump`` with its direction archives' ``compute_format`` left out (its other files
+    linked): compared with it, the rule knows no pair's precision, as for a run whose monitor did not record it."""
+    copy = folder / dump.name
+    shutil.rmtree(copy, ignore_errors=True)
+    shutil.copytree(dump, copy, copy_function=os.link)  # hard links: no data copied
+    for path in copy.glob(f"rank*/step*/{directions.PACKED_FILE_NAME}"):
+        with zipfile.ZipFile(path) as archive:
+            members = {info.filename: archive.read(info) for info in archive.infolist()}
+        path.unlink()  # a hard link: the original stays as it is
+        with zipfile.ZipFile(path, "w", zipfile.ZIP_STORED) as archive:
+            for name, data in members.items():
+                if name != f"{directions.COMPUTE_FORMAT}.npy":
+                    archive.writestr(name, data)
+    return copy
+
+
 def live_takes(keyword: str) -> bool:
     """Whether the live verdict (``GradientMonitor(baseline=...)``) takes ``keyword``."""
     try:
@@ -604,7 +627,7 @@ def rule_options(rule: str, takes_rule: bool, noise: str) -> dict:
     """The keywords of ``rule`` for a pair whose candidate has ``noise`` (what its precision is)."""
     if rule == PRECISION_GIVEN:
         return {"rule": "noise", "precision": PAIR_PRECISION[noise]}
-    if rule == GRADIENTS_ONLY:
+    if rule in (GRADIENTS_ONLY, NOT_RECORDED):
         return {"rule": "noise"}
     return {"rule": rule} if takes_rule else {}
 
@@ -622,7 +645,8 @@ def verdict_of(baseline: Path, candidate: Path, rule: str, noise: str) -> dict:
 def live(work: Work, plan: Plan, rules: list[str]) -> dict:
     """The on-noise cases of the first seed trained again with ``baseline=``, per rule the live verdict takes."""
     takes_rule = live_takes("rule")
-    rules = [r for r in rules if r != GRADIENTS_ONLY and (r != PRECISION_GIVEN or live_takes("precision"))] \
+    rules = [r for r in rules if r not in (GRADIENTS_ONLY, NOT_RECORDED) and
+             (r != PRECISION_GIVEN or live_takes("precision"))] \
         if takes_rule else ["msprobe"]
     load_before, start, rows = os.getloadavg(), time.perf_counter(), []
     cases = live_cases(plan)
@@ -746,9 +770,10 @@ def evaluate(work: Work, plan: Plan, rules: list[str], jobs: int) -> dict:
     judged = [(row, rule) for row in benign + [r for r in harmful if r["truth"] is not None] for rule in rules]
     baselines = {(f, seed): work.dump(baseline_spec(f, seed, plan))
                  for f in BENIGN_FAMILIES for seed in plan.seeds}
-    stripped = {key: gradients_only(dump, work.folder / "gradients-only") for key, dump in baselines.items()} \
-        if GRADIENTS_ONLY in rules else {}
-    pairs = [((stripped if rule == GRADIENTS_ONLY else baselines)[row["family"], row["seed"]],
+    variants = {GRADIENTS_ONLY: ("gradients-only", gradients_only), NOT_RECORDED: ("unrecorded", formats_unrecorded)}
+    baselines_of = {rule: {key: strip(dump, work.folder / name) for key, dump in baselines.items()}
+                    for rule, (name, strip) in variants.items() if rule in rules}
+    pairs = [(baselines_of.get(rule, baselines)[row["family"], row["seed"]],
               work.dump(row["spec"]), rule, row["spec"].noise) for row, rule in judged]
     for (row, rule), verdict in zip(judged, verdicts(pairs, jobs)):
         if "truth" in row:
