@@ -74,9 +74,12 @@ confirmation). A break at the last compared step is not confirmed, so it is no v
   judged again; its norm still is. A parameter disagreeing on more than half its signs is anti-aligned, never noise.
 
 A bug present from the first step still trips there: it changes norms beyond rounding (a wrong operator by tens of
-percent, a magnitude bug by its factor) or flips more than half the signs. One smaller than bfloat16 rounding, the
-pair's precision not given, cannot be told from a bfloat16 pair's noise: the verdict then says where the first
-steps' norms differ beyond float32 rounding (:class:`~msprobe_mlflow.compare.verdict.FirstSteps`). At the first
+percent, a magnitude bug by its factor) or flips more than half the signs. One smaller than bfloat16 rounding is
+named at step 0 where the pair's precision is known: given (``precision``), or recorded by both runs' monitors
+with each step (:mod:`msprobe_mlflow.pytorch.compute_format`; the coarsest format both recorded at every step,
+bfloat16 where both runs' first steps hold 16-bit gradients). Where it is not known, it cannot be told from a
+bfloat16 pair's noise: the verdict then says where the first steps' norms differ beyond float32 rounding
+(:class:`~msprobe_mlflow.compare.verdict.FirstSteps`). At the first
 suspicious step the parameters that break are ranked by how far beyond their own noise they moved (``score``, in
 deviations), each with its reason and numbers; a weight that broke first (the gradients before agreed: the change
 entered there, where the gradients show it most in the layer feeding it), and so does a parameter whose gradient's
