@@ -38,11 +38,12 @@ FOLDER = click.Path(file_okay=False)  # checked only if it exists: created when 
               help="--rule msprobe only: a drop of more than X from one compared step to the next is suspicious "
                    "(default 0.03). Example: --rule msprobe --drop-threshold 0.05")
 @click.option("--precision", type=click.Choice(list(UNIT_ROUNDOFF)), default=None, metavar="FORMAT",
-              help="--rule noise: the coarsest floating-point format either run computed in, when you know it "
-                   "(autocast and TF32 count; one of " + ", ".join(UNIT_ROUNDOFF) + "). The first steps, before "
-                   "the pair's noise is learnt, are then judged against its rounding instead of bfloat16's, so a "
-                   "bug present from step 0 that is smaller than bfloat16 rounding is named there. Example: "
-                   "--precision float32 (fp32 on CPU against fp64, TF32 off)")
+              help="--rule noise: the coarsest floating-point format either run computed in (autocast and TF32 "
+                   "count; one of " + ", ".join(UNIT_ROUNDOFF) + "). The first steps, before the pair's noise is "
+                   "learnt, are judged against its rounding, so a bug present from step 0 that is smaller than "
+                   "bfloat16 rounding is named there. Default: what both runs' PyTorch monitors recorded with each "
+                   "step; bfloat16 where they did not (MindSpore, msprobe's dumps). Example: --precision float32 "
+                   "(fp32 on CPU against fp64, TF32 off)")
 @click.option("--no-mlflow", is_flag=True,
               help="log no comparison run: print (and with --output write) the result only; run IDs as sources "
                    "still need the tracking store")
@@ -67,8 +68,9 @@ def compare(a: str, b: str, output: str | None, experiment: str | None, run_name
     Verdict (--rule noise, the default): a step is suspicious when the runs differ there by more than their own
     numerical noise, learnt from the pair: in the directions, or (at L1/L2) in the gradient norms (and the weights'
     own, where both runs recorded param_norm) or the L2 distribution. Parameters whose signs differ only at
-    rounding level are reported as "sign is noise". --precision tells it the coarsest format the runs computed in,
-    for their first steps; without it, first steps that differ beyond float32 rounding are noted ("first steps").
+    rounding level are reported as "sign is noise". The first steps are judged at the coarsest format the runs
+    computed in: --precision, else what both runs' monitors recorded; where neither says, at bfloat16's rounding,
+    and first steps that differ beyond float32 rounding are noted ("first steps").
     --rule msprobe: the first compared step below --first-threshold, or a drop of more than --drop-threshold. The
     first suspicious step per rank is printed with the parameters that moved most beyond their noise.
 

@@ -283,10 +283,11 @@ def compare_dumps(dump_a: str | os.PathLike, dump_b: str | os.PathLike, output_d
     """Compares two local dumps rank by rank, step by step, parameter by parameter, and judges the steps with
     ``rule`` (``"noise"``, the default, or ``"msprobe"``, whose thresholds are ``first_threshold`` and
     ``drop_threshold``; see ``compare/verdict.py``). ``precision``: the coarsest floating-point format either run
-    computed in (``float64``, ``float32``, ``tf32``, ``float16``, ``bfloat16``; autocast and TF32 count), when you
-    know it: the noise rule then judges the first steps, before it has learnt the pair's noise, against that
-    format's rounding instead of bfloat16's, so a bug present from step 0 that is smaller than bfloat16 rounding is
-    named there too. A format finer than the runs really used makes their rounding look like a bug.
+    computed in (``float64``, ``float32``, ``tf32``, ``float16``, ``bfloat16``; autocast and TF32 count): the noise
+    rule judges the first steps, before it has learnt the pair's noise, against that format's rounding, so a bug
+    present from step 0 that is smaller than bfloat16 rounding is named there too. Not given, it is what both runs'
+    PyTorch monitors recorded with each step (``recorded_precision`` in the verdict), else bfloat16's. A format
+    finer than the runs really used makes their rounding look like a bug.
 
     Writes ``{output_dir}/rank{R}/similarities.csv`` (msprobe's format), ``similarities_picture/`` (the summary
     curve and the heat map; one curve per parameter with ``per_param_plots``) and ``verdict.json``; nothing when
