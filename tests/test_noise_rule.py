@@ -418,6 +418,19 @@ def test_gradients_out_of_a_16_bit_format_in_both_runs_make_the_recorded_precisi
     assert "first steps judged at bfloat16 rounding, from what both runs recorded" in found.describe()
 
 
+def test_steps_recorded_without_a_format_after_the_first_ones_leave_their_recorded_precision(runs, tmp_path):
+    """The baseline's archives from step 10 on hold no format (as where a step's forward went past the monitored
+    module): the first steps were judged at float32, both runs having recorded it there, and the verdict says so."""
+    partly = unrecorded(runs["baseline"], tmp_path / "partly")
+    for step in range(10):
+        shutil.copyfile(step_dir(runs["baseline"], 0, step) / "directions.npz",
+                        step_dir(partly, 0, step) / "directions.npz")
+    assert step_compute_format(step_dir(partly, 0, 9)) == "float32"
+    assert step_compute_format(step_dir(partly, 0, 10)) is None
+    found = compare_dumps(partly, runs["float64"], None, plots=False).verdict
+    assert not found.suspicious and found.ranks[0].recorded_precision == "float32"
+
+
 def test_the_live_verdict_reads_the_recorded_precision_as_compare_does(runs, tmp_path):
     """Both runs' monitors recorded their formats (float32, float64): the live verdict judges the first steps at
     float32's rounding, names the head cast to bfloat16 at step 0 and equals compare's afterwards."""

@@ -76,7 +76,7 @@ confirmation). A break at the last compared step is not confirmed, so it is no v
 A bug present from the first step still trips there: it changes norms beyond rounding (a wrong operator by tens of
 percent, a magnitude bug by its factor) or flips more than half the signs. One smaller than bfloat16 rounding is
 named at step 0 where the pair's precision is known: given (``precision``), or recorded by both runs' monitors
-with each step (:mod:`msprobe_mlflow.pytorch.compute_format`; the coarsest format both recorded at every step,
+with each step (:mod:`msprobe_mlflow.pytorch.compute_format`; the coarsest format both recorded at every first step,
 bfloat16 where both runs' first steps hold 16-bit gradients). Where it is not known, it cannot be told from a
 bfloat16 pair's noise: the verdict then says where the first steps' norms differ beyond float32 rounding
 (:class:`~msprobe_mlflow.compare.verdict.FirstSteps`). At the first
@@ -344,7 +344,7 @@ class NoiseAwareJudge:
 
     def _first_steps_precision(self, comparison, names, places, tiny, coarse) -> str | None:
         """The format the first steps are judged at: the given precision; else, from what the runs recorded
-        (``recorded_precision``), the coarsest format both monitors recorded at every step so far, bfloat16 where
+        (``recorded_precision``), the coarsest format both monitors recorded at every first step, bfloat16 where
         both runs' first steps hold gradients out of a 16-bit format (a cast in both models' code, which torch does
         not report). Keeps, per run, the names of those gradients (those at rounding level aside: their few bits
         are not a format's), for the first-steps note."""
@@ -353,7 +353,8 @@ class NoiseAwareJudge:
             found.update(dict.fromkeys(names[i] for i in np.flatnonzero(first & ~tiny & (now == 1))))
         if self.precision is not None:
             return self.precision
-        self._formats_seen.update(comparison.compute_formats)
+        if first.any():  # the steps it judges; a later step recorded without a format does not unsay it
+            self._formats_seen.update(comparison.compute_formats)
         recorded = coarsest(self._formats_seen)
         self.recorded_precision = coarsest([recorded, "bfloat16"]) if recorded and all(self._sixteen_bit) else recorded
         return self.recorded_precision

@@ -75,7 +75,7 @@ class SignNoise:
 
 @dataclass(frozen=True)
 class FirstSteps:
-    """Where the pair's precision was not given: the largest difference of the first steps' norms (``difference``
+    """Where the pair's precision was neither given nor recorded: the largest difference of the first steps' norms (``difference``
     of its scale, ``name`` at ``step``) when it is beyond what float32 rounding does there (``bound``) and within
     what ``finest`` (the finest format whose rounding can) does. A bug present from step 0 and smaller than
     bfloat16 rounding, the bound the rule then judges against, looks like this, so the verdict says it.
@@ -112,7 +112,7 @@ class RankVerdict:
     sign disagreement was recognised as noise (noise rule); ``summary_band``: per judged step, the lowest summary
     similarity the rule expected from noise (noise rule); ``first_steps``: see :class:`FirstSteps` (noise rule);
     ``recorded_precision``: where the pair's precision was not given, the format the noise rule judged the first
-    steps at from what the runs recorded: the coarsest format both monitors recorded at every compared step,
+    steps at from what the runs recorded: the coarsest format both monitors recorded at every first step,
     bfloat16 where both runs' first steps hold gradients out of a 16-bit format (a cast torch does not report)."""
 
     rank: int
