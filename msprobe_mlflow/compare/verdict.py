@@ -75,10 +75,11 @@ class SignNoise:
 
 @dataclass(frozen=True)
 class FirstSteps:
-    """Where the pair's precision was neither given nor recorded: the largest difference of the first steps' norms (``difference``
-    of its scale, ``name`` at ``step``) when it is beyond what float32 rounding does there (``bound``) and within
-    what ``finest`` (the finest format whose rounding can) does. A bug present from step 0 and smaller than
-    bfloat16 rounding, the bound the rule then judges against, looks like this, so the verdict says it.
+    """Where the pair's precision was neither given nor recorded: the largest difference of the first steps' norms
+    (``difference`` of its scale, ``name`` at ``step``) when it is beyond what float32 rounding does there
+    (``bound``) and within what ``finest`` (the finest format whose rounding can) does. A bug present from step 0
+    and smaller than bfloat16 rounding, the bound the rule then judges against, looks like this, so the verdict
+    says it.
     ``sixteen_bit``: the one run (``"A"`` or ``"B"``) whose first steps' gradients came out of a 16-bit format
     (their max and min carry at most 11 significant bits), in ``sixteen_bit_parameters`` (the first of them named
     ``sixteen_bit_example``): autocast, or a cast the other run does not make. Where both runs' gradients do,

@@ -232,8 +232,9 @@ def _first_steps_line(verdict: Verdict) -> str | None:
 
 def _description(comparison: DumpComparison, sources: list[ComparisonSource], previous: Run | None = None) -> str:
     """The run's description in the UI (Markdown): the verdict in one line (and what the first steps allow, where
-    the pair's precision was neither given nor recorded), links to both sources (and to the previous comparison of the pair), then
-    the printed verdict and table in a fenced block, which keeps its columns aligned (cut to fit MLflow's limit)."""
+    the pair's precision was neither given nor recorded), links to both sources (and to the previous comparison of
+    the pair), then the printed verdict and table in a fenced block, which keeps its columns aligned (cut to fit
+    MLflow's limit)."""
     first_steps = _first_steps_line(comparison.verdict)
     lines = [_headline(comparison.verdict), "", *([first_steps, ""] if first_steps else [])]
     for side, source in zip("AB", sources):
