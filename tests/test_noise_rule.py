@@ -239,6 +239,21 @@ def test_a_layer_computed_in_bfloat16_is_named_first_by_its_gradients_coarse_sig
     assert "precision" not in {trip.reason for trip in found.parameter_trips[2:]}
 
 
+def test_a_layer_cast_to_bfloat16_from_step_0_is_named_first_where_its_run_recorded_a_finer_format(runs, tmp_path):
+    """The head cast to bfloat16 in B's code from step 0, on float64-vs-float32 noise: no earlier step shows its
+    format change, but B's monitor recorded float64 while the head's gradients carry at most 8 significant bits (and
+    A's more): a 16-bit format B did not report. Without B's recorded format that is no evidence."""
+    found = verdict(runs, "head_in_bf16_from_0")
+    assert found.first_suspicious_step == 0
+    first_two = found.parameter_trips[:2]
+    assert {trip.name for trip in first_two} == {"head.weight", "head.bias"}, found
+    assert all(trip.reason == "precision" and "where B recorded float64" in trip.detail for trip in first_two)
+    unknown = compare_dumps(runs["baseline"], unrecorded(runs["head_in_bf16_from_0"], tmp_path / "unrecorded"), None,
+                            precision="float32", plots=False).verdict.ranks[0]
+    assert unknown.first_suspicious_step == 0
+    assert "precision" not in {trip.reason for trip in unknown.parameter_trips}
+
+
 def test_coarse_significands_alone_are_no_break():
     """By hand: from step 20 B's gradient extremes of w carry 8 significant bits (a clip to +-0.5078125, say) while
     its norm and signs agree with A's as before: evidence of where a change entered, never a verdict by itself
@@ -350,8 +365,8 @@ def test_a_bug_from_step_0_below_bfloat16_rounding_is_named_there_once_the_pairs
     assert given.recorded_precision is None and given.parameter_trips == recorded.parameter_trips
     assert given.first_suspicious_step == 0 and given.parameter_trips
     bound = 0.1 * 2.0 ** -16  # 26 float32 units: 0.1 for 26 bfloat16 units, times 2**-24 / 2**-8
-    assert given.parameter_trips[0].detail.endswith(f"(rounding moves it by {bound * 100:.2g}% at most in the first "
-                                                     f"steps)")
+    norm = next(trip for trip in given.parameter_trips if trip.reason == "norm")  # after the head's format
+    assert norm.detail.endswith(f"(rounding moves it by {bound * 100:.2g}% at most in the first steps)")
     assert verdict(runs, "float64", precision="float32").first_suspicious_step is None
     assert verdict(runs, "float64").first_suspicious_step is None and verdict(runs, "float64").recorded_precision
 

@@ -90,7 +90,8 @@ entered there, where the gradients show it most in the layer feeding it), and so
 max and min carry at most :data:`COARSE_BITS` significant bits from this step in one run, after :data:`MIN_HISTORY`
 steps and in the other run with more (``precision``: a layer cast to bfloat16, a float32 operator an accelerator
 computes in float16; its rounding reaches every gradient below it at the same relative size, so only its own
-gradient's format names it; a run under autocast is coarse from its first step and drops nothing); those whose
+gradient's format names it; a run under autocast is coarse from its first step and drops nothing), or from its
+first step in a run whose monitor recorded a format finer than 16 bits (a cast in its code); those whose
 gradient is at rounding level last, noise or not, since any change anywhere in the model moves them by their whole
 size.
 
@@ -127,6 +128,7 @@ JUMP_FLOOR = 2.0 ** -24  # float32's unit roundoff: norm differences below it ar
 WEIGHT = "weight"  # the series of the parameters' own norms (recorded with statistics=["param_norm"])
 DIRECT = (WEIGHT, PRECISION)  # evidence of where a change entered, not of where it spread
 COARSE_BITS = 11  # float16's significand; bfloat16 has 8: extremes that carry no more came from a 16-bit format
+FINER_THAN_16_BIT = ("float64", "float32", "tf32")  # recorded formats whose results carry more (TF32 sums in float32)
 COUNT_SERIES = ("direction", "distribution")  # fractions of elements
 SIGNS, WHOLE = "signs", "whole gradient"  # what of a parameter is noise
 
@@ -338,7 +340,8 @@ class NoiseAwareJudge:
                     best[names[i]] = trip
         pushes += [(history, places, now) for history, now in zip(self._coarse, coarse)]
         if summary_trip is not None or best:  # where the change entered: evidence for the culprits, never a break
-            for i, trip in self._precision_trips(step, names, places, coarse, noise, (side_a, side_b)).items():
+            for i, trip in self._precision_trips(step, names, places, coarse, noise, (side_a, side_b),
+                                                 comparison.compute_formats).items():
                 best[names[i]] = trip
         certain = any(bool(np.any(breaks[name] & (np.abs(series[name] - centers[name]) > FIRST_STEPS_TOLERANCE)))
                       for name in magnitudes if name == "norm" or step == 0)  # what rounding cannot do
@@ -397,25 +400,31 @@ class NoiseAwareJudge:
         else:
             self.first_steps = self._largest_first
 
-    def _precision_trips(self, step: int, names, places, coarse, noise, sides) -> dict[int, Trip]:
+    def _precision_trips(self, step: int, names, places, coarse, noise, sides, formats) -> dict[int, Trip]:
         """The parameters (by index in this step) whose gradient extremes are coarse (at most :data:`COARSE_BITS`
         significant bits: a 16-bit format) in one run while the other's are not, after :data:`MIN_HISTORY` steps in
         which that run's never were: that gradient went through a 16-bit format from this step on (a layer cast to
         bfloat16, an accelerator computing a float32 operator in float16). Two random float32 values are both that
-        coarse once in 2**26; a run under autocast is coarse from its first step, so nothing drops."""
+        coarse once in 2**26; a run under autocast is coarse from its first step, so nothing drops. At a
+        parameter's first compared step, with no past, a run whose monitor recorded a format finer than 16 bits
+        (``formats``, A's and B's) computed that gradient in a 16-bit format it did not report: a cast in its code."""
         if not coarse:  # no statistics on one side
             return {}
         trips = {}
         for side, other, label in ((1, 0, "B"), (0, 1, "A")):
             window = self._coarse[side].values[:, places]
             fine_before = (np.sum(window == 0, axis=0) >= MIN_HISTORY) & ~np.any(window == 1, axis=0)
-            for i in np.flatnonzero((coarse[side] == 1) & (coarse[other] == 0) & fine_before & (noise == "")):
+            first = np.all(np.isnan(window), axis=0) & (formats[side] in FINER_THAN_16_BIT)
+            for i in np.flatnonzero((coarse[side] == 1) & (coarse[other] == 0) & (fine_before | first)
+                                    & (noise == "")):
                 top, bottom = sides[side].max[i], sides[side].min[i]
                 bits = int(np.nanmax(significant_bits(np.array([top, bottom]))))
+                since = f"at its first step (a 16-bit format, where {label} recorded {formats[side]}); more than " \
+                    f"{COARSE_BITS} in the other run" if first[i] else \
+                    f"from this step (a 16-bit format); more than {COARSE_BITS} before and in the other run"
                 trips[int(i)] = Trip(names[i], step, None, None, PRECISION, 0.0,
                                      f"gradient max {top:.6g}, min {bottom:.6g} in {label}: {bits} significant "
-                                     f"bits from this step (a 16-bit format); more than {COARSE_BITS} before and in "
-                                     f"the other run")
+                                     f"bits {since}")
         return trips
 
     def _recognise_noise(self, comparison, places, series, breaks, tiny) -> dict[int, SignNoise]:
