@@ -556,7 +556,7 @@ class _Finding:
     @property
     def spread(self) -> bool:
         """The model's norm differences jumped here: a change a step before reached every gradient."""
-        return self.summary_trip is not None and self.summary_trip.reason != "direction"
+        return self.summary_trip is not None and self.summary_trip.reason in ("norm", WEIGHT)
 
     def remember(self, judge: NoiseAwareJudge) -> None:
         """Adds this step to the judge's past, once it is known not to be the first suspicious step."""
