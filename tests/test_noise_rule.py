@@ -168,6 +168,8 @@ def test_one_element_corrupted_once_below_the_magnitude_floor_is_named_at_its_st
     assert 1e-3 < moved < 1e-2  # below the floor
     assert found.first_suspicious_step == BUG_FROM
     assert (found.parameter_trips[0].name, found.parameter_trips[0].reason) == ("head.weight", "norm")
+    assert f"under the 1% floor, it spread: step {BUG_FROM + 1}'s median norm difference" in \
+        found.parameter_trips[0].detail
 
 
 @pytest.mark.parametrize("next_step", ["spreads", "breaks alone"])

@@ -237,7 +237,13 @@ class NoiseAwareJudge:
         first = held if confirmed else found if found.certain else None
         if first is not None:
             noise = [*self.sign_noise.values(), *first.noise.values()]
-            self.verdict = RankVerdict(self.rank, first.step, first.summary_trip, first.trips, noise,
+            trips = first.trips
+            if first.faint:  # under the floor: the person reading it needs what confirmed it
+                spread = f"; under the {MAGNITUDE_FLOOR:.0%} floor, it spread: step {found.step}'s " \
+                    f"{found.summary_trip.detail}"
+                trips = [replace(trip, detail=trip.detail + spread) if trip.reason == "norm" else trip
+                         for trip in trips]
+            self.verdict = RankVerdict(self.rank, first.step, first.summary_trip, trips, noise,
                                        dict(self.summary_band), self.first_steps, self.recorded_precision)
             return self.verdict
         if held is not None:
