@@ -44,11 +44,12 @@ def main() -> None:
     monitor.stop()
     if args.inner:  # the test reads what failed
         first = monitor.errors[0].replace("\n", " ") if monitor.errors else ""
-        sys.stdout.write(f"rank {rank} errors {len(monitor.errors)}: {first}\n")  # one write: the ranks share stdout
-        sys.stdout.flush()
+        # one write per line: the ranks share stdout, and under PYTHONUNBUFFERED print() writes the text and its
+        # newline apart, so the other rank's line could start after "rank 0 done" (CI, stop 38)
+        sys.stdout.write(f"rank {rank} errors {len(monitor.errors)}: {first}\n")
     elif monitor.errors:
         raise SystemExit(f"rank {rank}: monitor errors {monitor.errors}")
-    print(f"rank {rank} done", flush=True)
+    sys.stdout.write(f"rank {rank} done\n")
     end_process_group()
 
 

@@ -42,7 +42,9 @@ def test_fsdp1_shards_the_monitor_cannot_place_warn_and_fail_every_probe_never_r
     dump = tmp_path / "inner"
     done = run(WORKER, "--dump", str(dump), "--steps", "2", "--orig", "0", "--inner", ranks=2)
     for rank in (0, 1):
-        (line,) = [line for line in done.stdout.splitlines() if line.startswith(f"rank {rank} errors")]
+        lines = [line for line in done.stdout.splitlines() if line.startswith(f"rank {rank} errors")]
+        assert len(lines) == 1, done.stdout
+        (line,) = lines
         assert line.startswith(f"rank {rank} errors 2: ") and "FSDP1" in line and "fully_shard" in line, line
     assert done.stderr.count("UserWarning: msprobe-mlflow: FSDP1 (FullyShardedDataParallel) as monitored here") == 2
     assert not list(dump.rglob("*.csv"))
