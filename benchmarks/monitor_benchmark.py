@@ -3,7 +3,8 @@
 Two models: 16 x nn.Linear(2048, 2048) (67M float32 parameters, 32 tensors, batch 8), where the gradients' bytes
 dominate, and 256 x nn.Linear(64, 64) (512 small tensors, batch 8), where per-parameter overheads dominate; SGD
 with momentum. Variants: no monitor; msprobe 1.0.3 and ours at L0, L1, L2 (bounds [-1, 0, 1]); ours at L2 logging
-into MLflow (a SQLite store in a temporary folder). Every round runs each variant once, in an order rotated by
+into MLflow (a SQLite store in a temporary folder); ours at L2 cut short after its probe, its writer thread and
+its local dump (``STAGES``: where the time goes). Every round runs each variant once, in an order rotated by
 one each round (drift in the machine's load hits all alike): attach, one probed warm-up iteration, ``--iterations``
 timed iterations, detach. Reported per variant, as medians over rounds:
 
@@ -131,13 +132,26 @@ def timed(hook: Callable, seconds: list[float]) -> Callable:
     return wrapper
 
 
-def attach_ours(level: str, with_mlflow: bool, workload: Workload, folder: Path) -> Attached:
+# Ours at L2 cut short after one stage of a step's path, to show where its time goes (the full path adds the
+# anomaly flags' thread). Benchmark only: each cut replaces a part of the monitor's session.
+PROBE_ONLY, WRITER_ONLY, DUMP_ONLY = "ours L2: probe only", "ours L2: + writer thread", "ours L2: + local dump"
+STAGES = {PROBE_ONLY: "the hook computes each step's statistics, which go nowhere",
+          WRITER_ONLY: "the writer thread turns them into a record, and no file is written",
+          DUMP_ONLY: "the record goes into the local dump (CSV and directions), without the anomaly flags"}
+
+
+def attach_ours(level: str, with_mlflow: bool, workload: Workload, folder: Path,
+                stage: str | None = None) -> Attached:
     import mlflow
 
     run = mlflow.start_run() if with_mlflow else None
     monitor = GradientMonitor(GradProbeConfig(dump_path=str(folder), level=level, bounds=BOUNDS),
-                              log_to_mlflow=with_mlflow)
+                              log_to_mlflow=with_mlflow, anomaly_flags=stage is None)
     monitor.monitor(workload.model, workload.optimizer)
+    if stage == PROBE_ONLY:
+        monitor._session.submit = lambda pending: None
+    elif stage == WRITER_ONLY:
+        monitor._session._writer.handlers = []
     hook_seconds: list[float] = []
     # Benchmark only: re-register the monitor's hook wrapped in a timer (as benchmarks/gpu_check.py does).
     monitor._hook.remove()
@@ -192,6 +206,7 @@ def variants() -> list[Variant]:
         found.append(Variant(f"msprobe 1.0.3 {level}", lambda w, f, level=level: attach_msprobe(level, w, f)))
         found.append(Variant(f"ours {level}", lambda w, f, level=level: attach_ours(level, False, w, f)))
     found.append(Variant(MLFLOW_VARIANT, lambda w, f: attach_ours("L2", True, w, f)))
+    found += [Variant(stage, lambda w, f, stage=stage: attach_ours("L2", False, w, f, stage)) for stage in STAGES]
     return found
 
 
@@ -487,7 +502,9 @@ def markdown(result: dict) -> str:
         "CPU time (all threads) over that span; *in monitor* is the training thread's time in the optimizer "
         "pre-hook, also in floor passes (one `torch._foreach_norm` over all gradients); *peak RSS* is over the "
         "no-monitor variant's; *written* is bytes under `rank*/` per probed step; *dir.* is direction bytes per "
-        "gradient element.",
+        "gradient element. The last rows cut ours at L2 short, to show where its time goes: "
+        + "; ".join(f"*{name.removeprefix('ours L2: ')}*: {what}" for name, what in STAGES.items())
+        + " (the full path, *ours L2*, adds the anomaly flags' thread).",
     ]
     for model in result["models"]:
         load = model["load"]
