@@ -1,11 +1,11 @@
 """The CPU statistics in one read of each gradient: a numba kernel, compiled once per dtype and cached on disk.
 
 numpy needs one call, and so one pass over memory, per statistic; here one kernel walks each gradient in blocks
-that fit the L1 cache: one loop over rows of 8 computes max and min as integer order keys in the element's own
-width (see :func:`_order_key_to_values`), the zero and NaN counts and the sum of squares in torch's own order, and
-while the block sits in the cache, vectorised loops count each bound and pack the sign bits eight at a time by one
-multiplication. It releases the GIL: :func:`statistics` spreads the gradients over
-torch's intra-op thread count (both cores while the training thread waits in the optimizer's pre-hook).
+that fit the L1 cache: one loop over rows of 8 adds the squares in torch's own order and takes the largest and
+smallest IEEE words as integers in the element's own width (the max and min follow from them, see
+:func:`_extremes`), at the speed memory delivers the block; while it sits in the cache, vectorised loops count
+each bound and the zeros and pack the sign bits eight at a time by one multiplication. It releases the GIL:
+:func:`statistics` spreads the gradients over torch's intra-op thread count (both cores while the training thread waits in the optimizer's pre-hook).
 """
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ import numpy as np
 import torch
 from numba import carray, njit, types
 from numba.core import cgutils
-from numba.extending import intrinsic
+from numba.extending import intrinsic, overload
 
 from msprobe_mlflow.compat import foreach_norm, numba_slp_vectorize, set_numba_cache_dir
 from msprobe_mlflow.statistics_table import md5_hex
@@ -28,7 +28,7 @@ BLOCK = 1 << 13  # elements per block (32 KiB of float32): every loop over a blo
 SMALL_ARRAY = 1 << 14  # elements: smaller arrays share one kernel call, so a model of many pays one call's cost
 PARALLEL_MIN = 1 << 20  # elements: below this, threads cost more than they save
 _GATHER_BITS = np.uint64(0x8040201008040201)  # (8 bytes of 0/1) * this >> 56: byte k's bit lands at bit 7-k
-_LIMITS = {  # per dtype, in its bits' integer type: the smallest order key, the magnitude mask (the largest), +inf
+_LIMITS = {  # per dtype, in its bits' integer type: the sign bit (the smallest), the magnitude mask (the largest), +inf
     np.dtype(np.float32): np.array([-(1 << 31), 0x7FFFFFFF, 0x7F800000], np.int32),
     np.dtype(np.float64): np.array([-(1 << 63), 0x7FFFFFFFFFFFFFFF, 0x7FF0000000000000], np.int64)}
 CACHE_ENV = "NUMBA_CACHE_DIR"
@@ -74,12 +74,31 @@ _vectorised: set = set()
 _compiling = threading.Lock()
 
 
-def _lane(x, word, high, low, zeros, nans, square, magnitude, infinity):
-    """One element into one lane's state: max and min order key, zero and NaN counts, sum of squares."""
-    absolute = word & magnitude
-    key = word if word >= 0 else word ^ magnitude
-    return (max(high, key), min(low, key), zeros + (np.int32(1) if absolute == 0 else np.int32(0)),
-            nans + (np.int32(1) if absolute > infinity else np.int32(0)), square + x * x)
+def _in_width_of(value, like):
+    """``value`` as ``like``'s integer type: numba widens ``int32 & int32`` to 64 bits, which would halve the
+    lanes of each vector (and double the work) in the kernel's row loop."""
+
+
+@overload(_in_width_of)
+def _in_width_of_typed(value, like):
+    narrow = np.int32 if like.bitwidth == 32 else np.int64
+    return lambda value, like: narrow(value)
+
+
+def _extremes(high, low, flipped_high, sign, magnitude, infinity):
+    """Order keys of the floats' max and min, and whether a NaN was among them, from the largest and smallest of
+    their IEEE words read as signed integers (``high``, ``low``) and the largest with the sign bit flipped (the
+    largest read unsigned): integer reductions in the words' own width, which vectorise well.
+
+    Non-negative floats order as their words read signed, negative ones in reverse: the max is the largest signed
+    word when one is non-negative, else the smallest (the negative of least magnitude); the min is the largest
+    word read unsigned when one is negative (the negative of most magnitude), else the smallest. A NaN's
+    magnitude bits exceed infinity's, so it is the largest word of its sign either way."""
+    top = _in_width_of(flipped_high ^ sign, high)
+    maximum, minimum = high if high >= 0 else low, top if low < 0 else low
+    has_nan = high > infinity or (low < 0 and _in_width_of(top & magnitude, top) > infinity)
+    return (maximum if maximum >= 0 else _in_width_of(maximum ^ magnitude, maximum),
+            minimum if minimum >= 0 else _in_width_of(minimum ^ magnitude, minimum), has_nan)
 
 
 def _fused_square_add(x, total):
@@ -97,10 +116,20 @@ def _fused_square_add(x, total):
     return np.float32(high)
 
 
+def _count_zeros(block):
+    """``np.sum(block == 0)`` (-0.0 too), in 32-bit lanes as :func:`_count_below`."""
+    zeros = np.int32(0)
+    for i in range(block.size):
+        zeros = np.int32(zeros + (np.int32(1) if block[i] == 0 else np.int32(0)))
+    return zeros
+
+
 def _count_below(block, bound):
+    """``np.sum(block <= bound)``, added in 32-bit lanes (numba widens ``int32 + int32`` to 64 bits: half the
+    lanes per vector unless each sum is narrowed again)."""
     below = np.int32(0)
     for i in range(block.size):
-        below += np.int32(1) if block[i] <= bound else np.int32(0)
+        below = np.int32(below + (np.int32(1) if block[i] <= bound else np.int32(0)))
     return below
 
 
@@ -119,49 +148,58 @@ def _pack_signs(block, positive, out):
 def _segments_statistics(values, words, ends, rows, bounds, limits, with_counts, with_signs, with_squares,
                          keys, counts, squares, signs, sign_offsets, positive):
     """For segment ``s = values[ends[s-1]:ends[s]]``, writes into row ``rows[s]``: ``keys`` (max and min order
-    keys), ``counts`` (``x <= b`` per bound, then ``x == 0``, then NaN), ``squares`` (the sum of ``x * x`` in
-    torch's order), and its packed signs at ``signs[sign_offsets[s]:]``.
+    keys), ``counts`` (``x <= b`` per bound and ``x == 0`` when ``with_counts``, then 1 if it holds NaN), ``squares``
+    (the sum of ``x * x`` in torch's order), and its packed signs at ``signs[sign_offsets[s]:]``.
 
-    One loop over rows of 8 elements does the keys, zero and NaN counts and squares, element ``i`` of a segment in
-    lane ``i % 8``: 8 named lane states that the compiler keeps in vector registers (SLP, see :func:`_slp`), and
-    8 float32 sums of squares added in the segment's order, as torch's CPU norm does (equal bit for bit, checked
-    once by :func:`_squares_match_torch`). The signs and each bound's count are loops over the block while it
-    sits in the L1 cache (``positive``: a scratch block of bytes)."""
-    zero, magnitude, infinity = values.dtype.type(0), limits[1], limits[2]
+    One loop over rows of 8 elements, element ``i`` of a segment in lane ``i % 8``, keeps 8 named lane states that
+    the compiler holds in vector registers (SLP, see :func:`_slp`): 8 float32 sums of squares added in the
+    segment's order, as torch's CPU norm does (equal bit for bit, checked once by :func:`_squares_match_torch`),
+    and the words' extremes for :func:`_extremes`. Only what vectorises cleanly belongs in that loop: a count or
+    a conditional there, or the lanes' variables reused for the tail, made the compiler shuffle lanes and the loop
+    four times slower. The signs and each count are loops over the block while it sits in the L1 cache
+    (``positive``: a scratch block of bytes)."""
+    zero, sign, magnitude, infinity = values.dtype.type(0), limits[0], limits[1], limits[2]
     start = 0
     for s in range(ends.size):
         end, row = ends[s], rows[s]
-        h0 = h1 = h2 = h3 = h4 = h5 = h6 = h7 = limits[0]
-        l0 = l1 = l2 = l3 = l4 = l5 = l6 = l7 = limits[1]
-        z0 = z1 = z2 = z3 = z4 = z5 = z6 = z7 = n0 = n1 = n2 = n3 = n4 = n5 = n6 = n7 = np.int32(0)
+        h0 = h1 = h2 = h3 = h4 = h5 = h6 = h7 = f0 = f1 = f2 = f3 = f4 = f5 = f6 = f7 = sign
+        l0 = l1 = l2 = l3 = l4 = l5 = l6 = l7 = magnitude
         q0 = q1 = q2 = q3 = q4 = q5 = q6 = q7 = zero
         tail = end - (end - start) % 8
-        for low in range(start, end, BLOCK):
-            block, w = values[low:min(low + BLOCK, tail)], words[low:min(low + BLOCK, tail)]
-            for r in range(block.size // 8):
+        for first in range(start, end, BLOCK):
+            block = values[first:min(first + BLOCK, end)]
+            w = words[first:min(first + BLOCK, end)]
+            for r in range((min(first + BLOCK, tail) - first) // 8):
                 b = 8 * r
-                h0, l0, z0, n0, q0 = _lane(block[b], w[b], h0, l0, z0, n0, q0, magnitude, infinity)
-                h1, l1, z1, n1, q1 = _lane(block[b + 1], w[b + 1], h1, l1, z1, n1, q1, magnitude, infinity)
-                h2, l2, z2, n2, q2 = _lane(block[b + 2], w[b + 2], h2, l2, z2, n2, q2, magnitude, infinity)
-                h3, l3, z3, n3, q3 = _lane(block[b + 3], w[b + 3], h3, l3, z3, n3, q3, magnitude, infinity)
-                h4, l4, z4, n4, q4 = _lane(block[b + 4], w[b + 4], h4, l4, z4, n4, q4, magnitude, infinity)
-                h5, l5, z5, n5, q5 = _lane(block[b + 5], w[b + 5], h5, l5, z5, n5, q5, magnitude, infinity)
-                h6, l6, z6, n6, q6 = _lane(block[b + 6], w[b + 6], h6, l6, z6, n6, q6, magnitude, infinity)
-                h7, l7, z7, n7, q7 = _lane(block[b + 7], w[b + 7], h7, l7, z7, n7, q7, magnitude, infinity)
-            block = values[low:min(low + BLOCK, end)]
+                q0, q1, q2, q3 = q0 + block[b] * block[b], q1 + block[b + 1] * block[b + 1], \
+                    q2 + block[b + 2] * block[b + 2], q3 + block[b + 3] * block[b + 3]
+                q4, q5, q6, q7 = q4 + block[b + 4] * block[b + 4], q5 + block[b + 5] * block[b + 5], \
+                    q6 + block[b + 6] * block[b + 6], q7 + block[b + 7] * block[b + 7]
+                h0, h1, h2, h3 = max(h0, w[b]), max(h1, w[b + 1]), max(h2, w[b + 2]), max(h3, w[b + 3])
+                h4, h5, h6, h7 = max(h4, w[b + 4]), max(h5, w[b + 5]), max(h6, w[b + 6]), max(h7, w[b + 7])
+                l0, l1, l2, l3 = min(l0, w[b]), min(l1, w[b + 1]), min(l2, w[b + 2]), min(l3, w[b + 3])
+                l4, l5, l6, l7 = min(l4, w[b + 4]), min(l5, w[b + 5]), min(l6, w[b + 6]), min(l7, w[b + 7])
+                f0, f1 = max(f0, _in_width_of(w[b] ^ sign, sign)), max(f1, _in_width_of(w[b + 1] ^ sign, sign))
+                f2, f3 = max(f2, _in_width_of(w[b + 2] ^ sign, sign)), max(f3, _in_width_of(w[b + 3] ^ sign, sign))
+                f4, f5 = max(f4, _in_width_of(w[b + 4] ^ sign, sign)), max(f5, _in_width_of(w[b + 5] ^ sign, sign))
+                f6, f7 = max(f6, _in_width_of(w[b + 6] ^ sign, sign)), max(f7, _in_width_of(w[b + 7] ^ sign, sign))
             if with_counts:
                 for k in range(bounds.size):
                     counts[row, k] += _count_below(block, bounds[k])
+                counts[row, bounds.size] += _count_zeros(block)
             if with_signs:
-                _pack_signs(block, positive, signs[sign_offsets[s] + (low - start) // 8:])
+                _pack_signs(block, positive, signs[sign_offsets[s] + (first - start) // 8:])
         total = q0 + q1 + q2 + q3 + q4 + q5 + q6 + q7  # in lane order, then torch's compiled tail: 4 products
         for i in range(tail, end):  # added in order, then fused adds
-            h0, l0, z0, n0, _ = _lane(values[i], words[i], h0, l0, z0, n0, zero, magnitude, infinity)
             total = total + values[i] * values[i] if end - tail >= 4 and i < tail + 4 else \
                 _fused_square_add(values[i], total)
-        keys[row, 0], keys[row, 1] = max(h0, h1, h2, h3, h4, h5, h6, h7), min(l0, l1, l2, l3, l4, l5, l6, l7)
-        counts[row, bounds.size] += z0 + z1 + z2 + z3 + z4 + z5 + z6 + z7
-        counts[row, bounds.size + 1] += n0 + n1 + n2 + n3 + n4 + n5 + n6 + n7
+        high, low, flipped_high = max(h0, h1, h2, h3, h4, h5, h6, h7), min(l0, l1, l2, l3, l4, l5, l6, l7), \
+            max(f0, f1, f2, f3, f4, f5, f6, f7)
+        for i in range(tail, end):
+            high, low = max(high, words[i]), min(low, words[i])
+            flipped_high = max(flipped_high, _in_width_of(words[i] ^ sign, sign))
+        keys[row, 0], keys[row, 1], has_nan = _extremes(high, low, flipped_high, sign, magnitude, infinity)
+        counts[row, bounds.size + 1] = 1 if has_nan else 0
         if with_squares:
             squares[row] = total
         start = end
@@ -190,9 +228,9 @@ def _addressed_statistics(addresses, sizes, rows, like, word_like, bounds, limit
                              with_squares, keys, counts, squares, signs, sign_offsets[s:s + 1], positive)
 
 
-_lane = njit(inline="always")(_lane)  # inlined before compiling: the 8 lanes are straight-line code to vectorise
-_fused_square_add, _count_below, _pack_signs, _segments_statistics, _addressed_statistics = map(_compiled, (
-    _fused_square_add, _count_below, _pack_signs, _segments_statistics, _addressed_statistics))
+_fused_square_add, _extremes, _count_zeros, _count_below, _pack_signs, _segments_statistics, _addressed_statistics = \
+    map(_compiled, (_fused_square_add, _extremes, _count_zeros, _count_below, _pack_signs, _segments_statistics,
+                    _addressed_statistics))
 
 
 def _order_key_to_values(keys: np.ndarray, dtype: np.dtype) -> np.ndarray:
@@ -312,7 +350,7 @@ def located_statistics(located: Located, bounds, *, with_counts: bool, with_sign
 
     maxima, minima: float64, NaN for an empty array or one holding NaN (NaN propagates, as ``np.max``); of +0.0 and
     -0.0, max is +0.0 and min -0.0. counts: int64 ``(len(arrays), len(bounds) + 1)``, the elements ``x <= b`` for
-    each bound (compared in the array's dtype; zeros when not ``with_counts``), then those ``== 0`` (-0.0 too).
+    each bound (compared in the array's dtype), then those ``== 0`` (-0.0 too); zeros when not ``with_counts``.
     norms (``with_norms``): float32, ``torch.linalg.vector_norm`` of each float32 array bit for bit, NaN where it
     could not be computed so (another dtype, or a torch whose kernel sums in another order): the caller asks torch.
     """
