@@ -58,9 +58,13 @@ def test_sizes_around_rows_and_blocks_match_numpy_and_torch(dtype):
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_nan_infinities_and_signed_zeros(dtype):
+    """The max and min come from the words' extremes read signed and unsigned: all-negative and all-positive rows,
+    and NaN with its sign bit set (the largest word read unsigned), each through the 8 lanes and the tail."""
     special = [np.array(v, dtype) for v in (
         [np.nan, 1.0, -2.0], [np.inf, -np.inf, 3.0], [-0.0, 0.0], [0.0, -0.0], [-0.0, -0.0, -0.0],
-        [-np.inf] * 9, [1e-45, -1e-45, 0.0], [np.inf] * 17)]
+        [-np.inf] * 9, [1e-45, -1e-45, 0.0], [np.inf] * 17,
+        [-3.0, -0.5, -7.0, -1e-30, -2.0, -0.25, -9.0, -1.5, -4.0], [-np.nan, -1.0, 2.0], [-np.nan, -1.0, -np.inf],
+        [2.0, 0.5, 8.0, 1e-30, 3.0, 0.25, 9.0, 1.5, 4.0, 6.0], [-np.nan] * 10)]
     big = arrays_of([fused.BLOCK + 3], dtype)[0]
     big[fused.BLOCK + 1] = np.nan  # NaN in the last block only
     assert_matches(special + [big])
