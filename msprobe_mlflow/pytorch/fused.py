@@ -5,7 +5,8 @@ that fit the L1 cache: one loop over rows of 8 adds the squares in torch's own o
 smallest IEEE words as integers in the element's own width (the max and min follow from them, see
 :func:`_extremes`), at the speed memory delivers the block; while it sits in the cache, vectorised loops count
 each bound and the zeros and pack the sign bits eight at a time by one multiplication. It releases the GIL:
-:func:`statistics` spreads the gradients over torch's intra-op thread count (both cores while the training thread waits in the optimizer's pre-hook).
+:func:`statistics` spreads the gradients over torch's intra-op thread count (both cores while the training thread
+waits in the optimizer's pre-hook).
 """
 from __future__ import annotations
 
