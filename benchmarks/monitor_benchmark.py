@@ -563,6 +563,41 @@ def profile(level: str, iterations: int = 12) -> int:
     return 0
 
 
+def kernel_passes(repeats: int = 30) -> int:
+    """The CPU kernel alone on 16 x 4M float32 (the 67M model's gradient sizes) at torch's thread count, the
+    fastest of ``repeats`` calls each, beside ``np.max`` and ``torch._foreach_norm`` over the same arrays."""
+    from msprobe_mlflow.pytorch import fused
+
+    rng = np.random.default_rng(0)
+    arrays = [rng.standard_normal(1 << 22).astype(np.float32) for _ in range(16)]
+    located = fused.Located.of_arrays(arrays)
+    offsets = np.cumsum([0] + [(a.size + 7) // 8 for a in arrays[:-1]])
+    signs = np.empty(sum((a.size + 7) // 8 for a in arrays), np.uint8)
+    bounds = np.array(BOUNDS, np.float32)
+
+    def fastest(work: Callable[[], object]) -> float:
+        work()  # compiles the kernel or loads it from numba's cache
+        seconds = []
+        for _ in range(repeats):
+            start = time.perf_counter()
+            work()
+            seconds.append(time.perf_counter() - start)
+        return min(seconds)
+
+    def kernel(counts: bool, signs_too: bool) -> Callable[[], object]:
+        return lambda: fused.located_statistics(located, bounds, with_counts=counts, with_signs=signs_too,
+                                                sign_offsets=offsets, signs=signs, with_norms=True)
+
+    tensors = [torch.from_numpy(a) for a in arrays]
+    np_max, norm = fastest(lambda: [np.max(a) for a in arrays]), fastest(lambda: torch._foreach_norm(tensors))
+    core, l1, l2 = fastest(kernel(False, False)), fastest(kernel(False, True)), fastest(kernel(True, True))
+    print(f"16 x 4M float32, {torch.get_num_threads()} thread(s): np.max {np_max * 1e3:.1f} ms, "
+          f"torch._foreach_norm {norm * 1e3:.1f} ms; kernel: max, min and norm {core * 1e3:.1f} ms, "
+          f"L1 (+ signs) {l1 * 1e3:.1f} ms = {l1 / np_max:.2f} np.max passes, "
+          f"L2 (+ bound and zero counts) {l2 * 1e3:.1f} ms = {l2 / np_max:.2f}")
+    return 0
+
+
 def code_version() -> str:
     """The commit of msprobe-mlflow measured, and whether its package folder had uncommitted changes."""
     root = Path(__file__).resolve().parent.parent
@@ -593,11 +628,15 @@ def main() -> int:
                         help="only train the 67M model under our monitor at LEVEL (12 iterations), to profile it: "
                              "py-spy record --threads -o profile.svg -- .venv/bin/python monitor_benchmark.py "
                              "--profile L2")
+    parser.add_argument("--kernel", action="store_true",
+                        help="only time the CPU statistics kernel on the 67M model's gradient sizes, in np.max passes")
     args = parser.parse_args()
     if args.torch_threads:
         torch.set_num_threads(args.torch_threads)
     if args.profile:
         return profile(args.profile)
+    if args.kernel:
+        return kernel_passes()
     import mlflow
 
     scratch = Path(tempfile.mkdtemp(prefix="monitor-bench-"))
