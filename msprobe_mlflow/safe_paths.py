@@ -59,7 +59,7 @@ def refuse_symlink(path: Path) -> Path:
 
 
 @contextlib.contextmanager
-def atomic_writer(path: Path) -> Iterator[BinaryIO]:
+def atomic_writer(path: Path) -> Iterator["_PiecewiseWriter"]:
     """A file to write ``path`` through: a temporary file renamed to ``path`` when the block ends without an
     error, so a crash never leaves a half-written file under ``path``; a failed write removes the temporary file.
 
@@ -71,11 +71,29 @@ def atomic_writer(path: Path) -> Iterator[BinaryIO]:
     descriptor = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
     try:
         with os.fdopen(descriptor, "wb") as f:
-            yield f
+            yield _PiecewiseWriter(f)
         os.replace(partial, path)
     except BaseException:
         partial.unlink(missing_ok=True)
         raise
+
+
+class _PiecewiseWriter:
+    """A file whose ``write`` hands the kernel at most ``PIECE`` bytes a call: on Linux 6.18 (ext4, a Firecracker
+    VM, this project's machines) one ``write`` of 2 MiB or more into a new file cost 20 times the CPU of the same
+    bytes in 1 MiB calls (70 ms against 3.5 ms for a step's 8.4 MB of directions), on the writer thread that
+    shares the cores with training. Elsewhere the extra calls cost microseconds."""
+
+    PIECE = 1 << 20
+
+    def __init__(self, file: BinaryIO):
+        self._file = file
+
+    def write(self, data) -> int:
+        view = memoryview(data).cast("B")
+        for start in range(0, len(view), self.PIECE):
+            self._file.write(view[start:start + self.PIECE])
+        return len(view)
 
 
 def atomic_write_bytes(path: Path, data: bytes) -> None:

@@ -1,12 +1,15 @@
 """Untrusted names become paths only through safe_paths: they stay inside their folder, fit a file name, never
 collide, and files appear whole or not at all."""
 import hashlib
+import io
 import os
 import stat
 
+import numpy as np
 import pytest
 
-from msprobe_mlflow.safe_paths import atomic_write_bytes, confined_path, param_file_stem
+from msprobe_mlflow.safe_paths import _PiecewiseWriter, atomic_write_bytes, atomic_writer, confined_path, \
+    param_file_stem
 
 
 @pytest.mark.parametrize("name", ["fc1.weight", "layers.0.attn:q_proj.weight", "embed tokens.weight",
@@ -93,6 +96,28 @@ def test_atomic_write_creates_folders_replaces_whole_and_leaves_no_partial_file(
     atomic_write_bytes(target, b"second")
     assert target.read_bytes() == b"second"
     assert sorted(p.name for p in target.parent.iterdir()) == ["file.bin"]
+
+
+def test_writes_larger_than_a_piece_arrive_whole_in_pieces_the_kernel_handles_cheaply(tmp_path):
+    data = np.random.default_rng(0).integers(0, 256, 2 * _PiecewiseWriter.PIECE + 3, dtype=np.uint8)
+    atomic_write_bytes(tmp_path / "bytes.bin", data.tobytes())
+    assert (tmp_path / "bytes.bin").read_bytes() == data.tobytes()
+    floats = np.random.default_rng(1).standard_normal((700, 500)).astype(np.float32)  # 1.4 MB, one np.save
+    with atomic_writer(tmp_path / "floats.npy") as f:
+        np.save(f, floats)
+    assert np.array_equal(np.load(tmp_path / "floats.npy", allow_pickle=False), floats)
+
+    class Recorded(io.BytesIO):
+        sizes = []
+
+        def write(self, piece):
+            self.sizes.append(len(piece))
+            return super().write(piece)
+
+    into = Recorded()
+    assert _PiecewiseWriter(into).write(data) == data.size
+    assert into.getvalue() == data.tobytes()
+    assert Recorded.sizes == [_PiecewiseWriter.PIECE, _PiecewiseWriter.PIECE, 3]
 
 
 def test_atomic_write_gives_the_permissions_of_an_ordinary_new_file(tmp_path):
