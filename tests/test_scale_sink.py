@@ -55,6 +55,10 @@ def test_an_archive_expands_into_the_dump_layout_byte_for_byte(tmp_path):
         write_step(tmp_path / "dump", record(step))
     archive = write_steps_archive(tmp_path / "dump", 0, [0, 1, 3], tmp_path, packed_directions_file)
     assert archive.name == "steps_0-1_3.zip"
+    with zipfile.ZipFile(archive) as opened:  # sign bits do not compress: stored, not deflated again
+        assert {info.filename: info.compress_type for info in opened.infolist()} == {
+            **{f"step{step}/directions.npz": zipfile.ZIP_STORED for step in (0, 1, 3)},
+            **{f"grad_summary_{step}.csv": zipfile.ZIP_DEFLATED for step in (0, 1, 3)}}
     assert extract_steps_archive(archive, tmp_path / "out" / "rank0") == [0, 1, 3]
     for step in (0, 1, 3):
         assert summary_csv_path(tmp_path / "out", 0, step).read_bytes() == \
