@@ -82,11 +82,3 @@ def test_many_small_arrays_share_a_call_and_big_ones_spread_over_threads(monkeyp
     arrays = arrays_of(sizes, np.float32, seed=1)
     arrays[1][:] = [np.nan, -0.0, 0.0]
     assert_matches(arrays)
-
-
-def test_md5_digests_are_those_of_the_float32_bytes(monkeypatch):
-    import hashlib
-    monkeypatch.setattr(fused, "worker_threads", lambda: 2)
-    arrays = arrays_of([0, 5, fused.PARALLEL_MIN], np.float32) + arrays_of([9], np.float64)
-    expected = [hashlib.md5(a.astype("<f4").tobytes()).hexdigest() for a in arrays]
-    assert fused.md5_digests(arrays) == expected

@@ -23,7 +23,6 @@ from numba.core import cgutils
 from numba.extending import intrinsic, overload
 
 from msprobe_mlflow.compat import foreach_norm, numba_slp_vectorize, set_numba_cache_dir
-from msprobe_mlflow.statistics_table import md5_hex
 
 BLOCK = 1 << 13  # elements per block (32 KiB of float32): every loop over a block reads it from the L1 cache
 SMALL_ARRAY = 1 << 14  # elements: smaller arrays share one kernel call, so a model of many pays one call's cost
@@ -373,17 +372,3 @@ def located_statistics(located: Located, bounds, *, with_counts: bool, with_sign
         if with_squares:
             norms[found] = np.sqrt(squares)
     return maxima, minima, counts, norms
-
-
-def md5_digests(arrays: list[np.ndarray]) -> list[str]:
-    """Hex MD5 of each array's float32 little-endian C-order bytes (msprobe's L0 column), read where the bytes are
-    (a float32 gradient is hashed in place; another dtype is converted one array at a time), the arrays spread
-    over :func:`worker_threads` threads (hashlib releases the GIL on large buffers)."""
-    digests = [""] * len(arrays)
-
-    def digest(index: int) -> None:
-        digests[index] = md5_hex(arrays[index])
-
-    order = sorted(range(len(arrays)), key=lambda i: -arrays[i].size)
-    in_parallel(digest, order, worker_threads() if sum(a.size for a in arrays) >= PARALLEL_MIN else 1)
-    return digests

@@ -23,7 +23,7 @@ from msprobe_mlflow.compat import foreach_norm
 from msprobe_mlflow.layout import (CHECKSUM, CHECKSUMS, CUMULATIVE_COUNTS, EXTRA, EXTREMES, StatisticsLayout,
                                    packed_length)
 from msprobe_mlflow.levels import LEVELS, Level
-from msprobe_mlflow.pytorch import fused
+from msprobe_mlflow.pytorch import fused, md5
 from msprobe_mlflow.pytorch.host_copy import pinned, start_host_copy as _to_host  # any accelerator, no sync
 from msprobe_mlflow.records import StepRecord, record_from_statistics
 from msprobe_mlflow.statistics_table import BIT_WEIGHTS, Statistic, byte_padding, extra_statistics, float32_bounds
@@ -102,7 +102,7 @@ def launch_step_statistics(names: list[str], grads: list[torch.Tensor], *, rank:
             by_device.setdefault(grad.device, []).append(index)
     digests = None
     if recorded.has_md5 and not device_checksum and list(by_device) == [torch.device("cpu")]:
-        digests = fused.md5_digests([_host_array(g) for g in grads])  # in place, before the optimizer writes
+        digests = md5.md5_digests([_host_array(g) for g in grads])  # in place, before the optimizer writes
         recorded = dataclasses.replace(recorded, has_md5=False)  # so no snapshot is taken
     pending = [(indices, _launch_group([grads[i] for i in indices], recorded, bounds32, device_checksum, statistics,
                                            cache))
