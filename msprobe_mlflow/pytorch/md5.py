@@ -13,11 +13,12 @@ import math
 import sys
 
 import numpy as np
+import torch
 from llvmlite import ir
 from numba import carray, types
 from numba.extending import intrinsic
 
-from msprobe_mlflow.pytorch.fused import PARALLEL_MIN, _compiled, _pointer, in_parallel, worker_threads
+from msprobe_mlflow.pytorch.fused import PARALLEL_MIN, Located, _compiled, _pointer, in_parallel, worker_threads
 from msprobe_mlflow.statistics_table import md5_hex
 
 LANES = 16
@@ -164,28 +165,28 @@ def _plan(sizes: list[int], threads: int) -> tuple[list[int], list[list[int]]]:
     return order[:alone], [group for group in groups if group]
 
 
-def md5_digests(arrays: list[np.ndarray]) -> list[str]:
-    """Hex MD5 of each array's float32 little-endian C-order bytes (msprobe's L0 column), read where the bytes are:
-    contiguous float32 arrays through the lanes, the rest (another dtype, converted one array at a time, or a
-    big-endian machine) through ``hashlib``; spread over :func:`worker_threads` threads (both release the GIL)."""
-    digests = [""] * len(arrays)
-    laned = [i for i, a in enumerate(arrays) if a.dtype == np.float32 and a.flags.c_contiguous and a.size
+def md5_digests(grads: list[torch.Tensor]) -> list[str]:
+    """Hex MD5 of each CPU gradient's float32 little-endian C-order bytes (msprobe's L0 column): contiguous float32
+    gradients read where they lie, through the lanes; the others (another dtype or layout, converted one at a
+    time, or any on a big-endian machine) through ``hashlib``; spread over :func:`worker_threads` threads (both
+    release the GIL). The caller keeps the gradients unchanged until it returns."""
+    laned = [k for k, g in enumerate(grads) if g.dtype is torch.float32 and g.is_contiguous() and g.numel()
              and sys.byteorder == "little"]
-    threads = worker_threads() if sum(a.size for a in arrays) >= PARALLEL_MIN else 1
-    alone, groups = _plan([arrays[i].nbytes for i in laned], threads)
-    by_hashlib = sorted({*range(len(arrays))} - {*laned} | {laned[i] for i in alone}, key=lambda i: -arrays[i].size)
+    located = Located.of_tensors([grads[k] for k in laned], float64=False)
+    threads = worker_threads() if sum(g.numel() for g in grads) >= PARALLEL_MIN else 1
+    alone, groups = _plan((4 * located.sizes).tolist(), threads)
+    by_hashlib = sorted({*range(len(grads))} - {*laned} | {laned[i] for i in alone}, key=lambda k: -grads[k].numel())
+    digests = [""] * len(grads)
 
     def digest(work) -> None:
         if isinstance(work, int):
-            digests[work] = md5_hex(arrays[work])
+            digests[work] = md5_hex(grads[work].detach().float().contiguous().numpy())
             return
-        members = [laned[i] for i in work]
-        words = np.zeros((len(members), 4), np.uint32)
-        _hash_streams(np.array([arrays[i].ctypes.data for i in members], np.int64),
-                      np.array([arrays[i].nbytes for i in members], np.int64), words, _INITIAL)
-        for i, row in zip(members, words):
-            digests[i] = row.astype("<u4").tobytes().hex()
+        words = np.zeros((len(work), 4), "<u4")
+        _hash_streams(located.addresses[work], 4 * located.sizes[work], words, _INITIAL)
+        text = words.tobytes().hex()
+        for j, i in enumerate(work):
+            digests[laned[i]] = text[32 * j:32 * j + 32]
 
     in_parallel(digest, [*groups, *by_hashlib], threads)
     return digests
-

@@ -102,7 +102,7 @@ def launch_step_statistics(names: list[str], grads: list[torch.Tensor], *, rank:
             by_device.setdefault(grad.device, []).append(index)
     digests = None
     if recorded.has_md5 and not device_checksum and list(by_device) == [torch.device("cpu")]:
-        digests = md5.md5_digests([_host_array(g) for g in grads])  # in place, before the optimizer writes
+        digests = md5.md5_digests(grads)  # in place, before the optimizer writes
         recorded = dataclasses.replace(recorded, has_md5=False)  # so no snapshot is taken
     pending = [(indices, _launch_group([grads[i] for i in indices], recorded, bounds32, device_checksum, statistics,
                                            cache))
