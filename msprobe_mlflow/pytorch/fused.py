@@ -44,7 +44,7 @@ def _cache_folder() -> str | None:
     return os.path.join(base, "msprobe-mlflow", "numba")
 
 
-def _compiled(function: Callable) -> Callable:
+def kernel(function: Callable) -> Callable:
     """``function`` compiled at its first call for each dtype (only the dtypes a model has: seconds each), cached on
     disk (:func:`_cache_folder`) for the later processes; compiled in each process if no folder can be written."""
     folder = _cache_folder()
@@ -206,7 +206,7 @@ def _segments_statistics(values, words, ends, rows, bounds, limits, with_counts,
 
 
 @intrinsic
-def _pointer(typing_context, address):
+def pointer(typing_context, address):
     """An integer address as a ``void *``, which ``carray`` reads as an array."""
     def generate(context, builder, signature, arguments):
         return builder.inttoptr(arguments[0], cgutils.voidptr_t)
@@ -222,14 +222,14 @@ def _addressed_statistics(addresses, sizes, rows, like, word_like, bounds, limit
     positive = np.zeros(BLOCK, np.uint8)
     for s in range(addresses.size):
         ends[0] = sizes[s]
-        values = carray(_pointer(addresses[s]), (sizes[s],), like.dtype)
-        words = carray(_pointer(addresses[s]), (sizes[s],), word_like.dtype)
+        values = carray(pointer(addresses[s]), (sizes[s],), like.dtype)
+        words = carray(pointer(addresses[s]), (sizes[s],), word_like.dtype)
         _segments_statistics(values, words, ends, rows[s:s + 1], bounds, limits, with_counts, with_signs,
                              with_squares, keys, counts, squares, signs, sign_offsets[s:s + 1], positive)
 
 
 _fused_square_add, _extremes, _count_zeros, _count_below, _pack_signs, _segments_statistics, _addressed_statistics = \
-    map(_compiled, (_fused_square_add, _extremes, _count_zeros, _count_below, _pack_signs, _segments_statistics,
+    map(kernel, (_fused_square_add, _extremes, _count_zeros, _count_below, _pack_signs, _segments_statistics,
                     _addressed_statistics))
 
 

@@ -18,7 +18,7 @@ from llvmlite import ir
 from numba import carray, types
 from numba.extending import intrinsic
 
-from msprobe_mlflow.pytorch.fused import PARALLEL_MIN, Located, _compiled, _pointer, in_parallel, worker_threads
+from msprobe_mlflow.pytorch.fused import PARALLEL_MIN, Located, in_parallel, kernel, pointer, worker_threads
 from msprobe_mlflow.statistics_table import md5_hex
 
 LANES = 16
@@ -105,7 +105,7 @@ def _hash_streams(addresses, lengths, digests, initial):
                 rest = lengths[s] % 64 // 4  # words after the last whole block
                 total[k] = whole[k] + (1 if rest < 14 else 2)
                 tails[k, :] = 0
-                tails[k, :rest] = carray(_pointer(addresses[s] + 64 * whole[k]), (rest,), np.uint32)
+                tails[k, :rest] = carray(pointer(addresses[s] + 64 * whole[k]), (rest,), np.uint32)
                 tails[k, rest] = 0x80
                 bits = np.uint64(8 * lengths[s])
                 tails[k, 16 * (total[k] - whole[k]) - 2] = np.uint32(bits & np.uint64(0xFFFFFFFF))
@@ -133,7 +133,7 @@ def _hash_streams(addresses, lengths, digests, initial):
                     stream[k] = -1
 
 
-_hash_streams = _compiled(_hash_streams)
+_hash_streams = kernel(_hash_streams)
 
 
 def _plan(sizes: list[int], threads: int) -> tuple[list[int], list[list[int]]]:
