@@ -104,13 +104,14 @@ def _hash_streams(addresses, lengths, digests, initial):
                 stream[k], done[k], whole[k] = s, 0, lengths[s] // 64
                 rest = lengths[s] % 64 // 4  # words after the last whole block
                 total[k] = whole[k] + (1 if rest < 14 else 2)
-                tails[k, :] = 0
-                tails[k, :rest] = carray(pointer(addresses[s] + 64 * whole[k]), (rest,), np.uint32)
-                tails[k, rest] = 0x80
+                last = carray(pointer(addresses[s] + 64 * whole[k]), (rest,), np.uint32)
+                for w in range(32):
+                    tails[k, w] = last[w] if w < rest else 0x80 if w == rest else 0
                 bits = np.uint64(8 * lengths[s])
                 tails[k, 16 * (total[k] - whole[k]) - 2] = np.uint32(bits & np.uint64(0xFFFFFFFF))
                 tails[k, 16 * (total[k] - whole[k]) - 1] = np.uint32(bits >> np.uint64(32))
-                state[:, k] = initial
+                for w in range(4):
+                    state[w, k] = initial[w]
             sources[k], strides[k] = tails.ctypes.data + 128 * k, 0
             if stream[k] >= 0:
                 in_place = done[k] < whole[k]
@@ -129,7 +130,8 @@ def _hash_streams(addresses, lengths, digests, initial):
             if stream[k] >= 0:
                 done[k] += run
                 if done[k] == total[k]:
-                    digests[stream[k], :] = state[:, k]
+                    for w in range(4):
+                        digests[stream[k], w] = state[w, k]
                     stream[k] = -1
 
 
