@@ -230,7 +230,7 @@ def _addressed_statistics(addresses, sizes, rows, like, word_like, bounds, limit
 
 _fused_square_add, _extremes, _count_zeros, _count_below, _pack_signs, _segments_statistics, _addressed_statistics = \
     map(kernel, (_fused_square_add, _extremes, _count_zeros, _count_below, _pack_signs, _segments_statistics,
-                    _addressed_statistics))
+                 _addressed_statistics))
 
 
 def _order_key_to_values(keys: np.ndarray, dtype: np.dtype) -> np.ndarray:

@@ -172,8 +172,8 @@ def md5_digests(grads: list[torch.Tensor]) -> list[str]:
     gradients read where they lie, through the lanes; the others (another dtype or layout, converted one at a
     time, or any on a big-endian machine) through ``hashlib``; spread over :func:`worker_threads` threads (both
     release the GIL). The caller keeps the gradients unchanged until it returns."""
-    laned = [k for k, g in enumerate(grads) if g.dtype is torch.float32 and g.is_contiguous() and g.numel()
-             and sys.byteorder == "little"]
+    laned = [k for k, g in enumerate(grads) if g.dtype is torch.float32 and g.is_contiguous() and g.numel()] \
+        if sys.byteorder == "little" else []
     located = Located.of_tensors([grads[k] for k in laned], float64=False)
     threads = worker_threads() if sum(g.numel() for g in grads) >= PARALLEL_MIN else 1
     alone, groups = _plan((4 * located.sizes).tolist(), threads)
