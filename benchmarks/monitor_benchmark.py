@@ -595,6 +595,43 @@ def kernel_passes(repeats: int = 30) -> int:
           f"torch._foreach_norm {norm * 1e3:.1f} ms; kernel: max, min and norm {core * 1e3:.1f} ms, "
           f"L1 (+ signs) {l1 * 1e3:.1f} ms = {l1 / np_max:.2f} np.max passes, "
           f"L2 (+ bound and zero counts) {l2 * 1e3:.1f} ms = {l2 / np_max:.2f}")
+    return md5_and_write_costs(tensors, fastest)
+
+
+def md5_and_write_costs(tensors: list[torch.Tensor], fastest: Callable[[Callable[[], object]], float]) -> int:
+    """L0's MD5s 16 side by side against ``hashlib`` one after the other (all 16 tensors, then one alone), and
+    a step's 8.4 MB of packed directions written into new files in one ``write`` and through ``atomic_writer``'s
+    1 MiB pieces (the CPU the writer thread spends: ``thread_time``, median of 9 files each)."""
+    from msprobe_mlflow.pytorch import md5
+    from msprobe_mlflow.safe_paths import atomic_writer
+
+    lanes, one_by_one = fastest(lambda: md5.md5_digests(tensors)), \
+        fastest(lambda: [hashlib.md5(t.numpy()).hexdigest() for t in tensors])
+    words = np.zeros((1, 4), np.uint32)
+    alone = fastest(lambda: md5._hash_streams(np.array([tensors[0].data_ptr()]), np.array([4 * tensors[0].numel()]),
+                                              words, md5._INITIAL))
+    single = fastest(lambda: hashlib.md5(tensors[0].numpy()).hexdigest())
+    megabytes = sum(t.numel() for t in tensors) * 4 / 1e6
+    print(f"MD5, {len(tensors)} x {tensors[0].numel() // (1 << 20)}M float32, {torch.get_num_threads()} thread(s): "
+          f"16 side by side {lanes * 1e3:.1f} ms ({megabytes / lanes / 1e3:.1f} GB/s), hashlib one after the other "
+          f"{one_by_one * 1e3:.1f} ms ({one_by_one / lanes:.1f}x); one tensor in a lane alone {alone * 1e3:.1f} ms, "
+          f"in hashlib {single * 1e3:.1f} ms ({alone / single:.1f}x)")
+    bits = np.random.default_rng(1).integers(0, 256, 8_400_000, dtype=np.uint8)
+    costs = {}
+    with tempfile.TemporaryDirectory() as folder:
+        for round_ in range(9):
+            for way in ("one write", "1 MiB pieces"):
+                path = Path(folder) / f"{way[0]}{round_}"
+                start = time.thread_time()
+                if way == "one write":
+                    with open(path, "wb") as f:
+                        f.write(bits)
+                else:
+                    with atomic_writer(path) as f:
+                        f.write(bits)
+                costs.setdefault(way, []).append(time.thread_time() - start)
+    print("8.4 MB into a new file, CPU of the writing thread (median of 9): " + ", ".join(
+        f"{way} {statistics.median(seconds) * 1e3:.1f} ms" for way, seconds in costs.items()))
     return 0
 
 
@@ -629,7 +666,9 @@ def main() -> int:
                              "py-spy record --threads -o profile.svg -- .venv/bin/python monitor_benchmark.py "
                              "--profile L2")
     parser.add_argument("--kernel", action="store_true",
-                        help="only time the CPU statistics kernel on the 67M model's gradient sizes, in np.max passes")
+                        help="only time the CPU kernels alone on the 67M model's gradient sizes (the statistics in "
+                             "np.max passes, L0's MD5s against hashlib) and a step's 8.4 MB of directions written in "
+                             "one call and in 1 MiB pieces")
     args = parser.parse_args()
     if args.torch_threads:
         torch.set_num_threads(args.torch_threads)

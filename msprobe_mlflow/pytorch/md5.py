@@ -4,8 +4,9 @@ One MD5 is a chain of dependent 32-bit operations: about 700 MB/s on one core (`
 is. :func:`_md5_blocks` is the MD5 compression (RFC 1321) written once on vectors of 16 32-bit lanes as LLVM IR
 (compiled in about a second, where numba's vectoriser took minutes on the same rounds written per lane), and
 :func:`_hash_streams` feeds each lane the next 64 bytes of its own gradient, read where the gradient lies, and
-the next gradient when one is done. Measured here (AVX-512; 16 x 16 MB): 5.3 GB/s on one core with every lane
-busy, 0.4 GB/s in a lane alone; so a gradient much longer than the others goes to ``hashlib`` (:func:`_plan`).
+the next gradient when one is done. Measured here (AVX-512; 16 x 16 MB; ``benchmarks/monitor_benchmark.py
+--kernel``): 5.3-5.9 GB/s on one core with every lane busy, 0.4 GB/s in a lane alone; so a gradient much longer
+than the others goes to ``hashlib`` (:func:`_plan`).
 """
 from __future__ import annotations
 
