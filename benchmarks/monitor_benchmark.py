@@ -11,7 +11,8 @@ timed iterations, detach. Reported per variant, as medians over rounds:
 - iteration: wall time of one full iteration (zero_grad, forward, backward, optimizer step with the probe);
 - with drain: the timed iterations plus ``stop()`` (our writer thread finishing the steps it queued, MLflow
   uploads included), per iteration: the rate training could sustain when the background work must keep up;
-- CPU: process CPU time (all threads) over the same span, per iteration: the cost independent of other tenants;
+- CPU: process CPU time (all threads, and child processes: the local dump's) over the same span, per iteration:
+  the cost independent of other tenants;
 - in monitor: wall time the training thread spends inside the monitor's optimizer pre-hook, also in floor passes
   (one ``torch._foreach_norm`` over all gradients, the least any probe reading every gradient can cost);
 - peak RSS: the process's peak resident memory during the variant minus its resident memory at the start, less
@@ -219,6 +220,22 @@ def resident_kib(field_name: str = "VmRSS") -> int:
     raise RuntimeError(f"/proc/self/status has no {field_name}")
 
 
+def children_cpu_seconds() -> float:
+    """CPU time of this process's child processes so far: those ended and waited for (``os.times``), and those
+    running (``/proc``): the local dump's process of our monitor on the 512-tensor model."""
+    ended = os.times()
+    seconds = ended.children_user + ended.children_system
+    tick = os.sysconf("SC_CLK_TCK")
+    for children in Path("/proc/self/task").glob("*/children"):
+        for pid in children.read_text().split():
+            try:
+                fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:  # ended meanwhile: counted once waited for
+                continue
+            seconds += (int(fields[11]) + int(fields[12])) / tick
+    return seconds
+
+
 class PeakResidentMemory:
     """Peak resident memory of this process while it is open, over what was resident when it opened.
 
@@ -326,7 +343,7 @@ def measure(workload: Workload, variant: Variant, folder: Path, iterations: int)
         if attached:
             attached.flush()  # the warm-up step's background work stays out of the timed span
         iteration_seconds = []
-        wall_start, cpu_start = time.perf_counter(), time.process_time()
+        wall_start, cpu_start = time.perf_counter(), time.process_time() + children_cpu_seconds()
         while len(iteration_seconds) < iterations or time.perf_counter() - wall_start < MIN_TURN_SECONDS:
             start = time.perf_counter()
             workload.iteration()
@@ -334,7 +351,7 @@ def measure(workload: Workload, variant: Variant, folder: Path, iterations: int)
         iterations = len(iteration_seconds)
         if attached:
             attached.stop()
-        wall, cpu = time.perf_counter() - wall_start, time.process_time() - cpu_start
+        wall, cpu = time.perf_counter() - wall_start, time.process_time() + children_cpu_seconds() - cpu_start
     turn = {"iteration_s": iteration_seconds, "with_drain_s": wall / iterations, "cpu_s": cpu / iterations,
             "peak_rss_increase_mib": memory.increase_mib}
     if attached:
@@ -499,9 +516,9 @@ def markdown(result: dict) -> str:
         "the median over rounds of the ratio of the variant's median to no monitor's in the same round (the lowest "
         "and highest such ratio in brackets); *with drain* adds our "
         "writer thread finishing its queued steps (and MLflow uploads) at `stop()`, per iteration; *CPU* is process "
-        "CPU time (all threads) over that span; *in monitor* is the training thread's time in the optimizer "
+        "CPU time (all threads, and child processes: our local dump's, on the 512-tensor model) over that span; *in monitor* is the training thread's time in the optimizer "
         "pre-hook, also in floor passes (one `torch._foreach_norm` over all gradients); *peak RSS* is over the "
-        "no-monitor variant's; *written* is bytes under `rank*/` per probed step; *dir.* is direction bytes per "
+        "no-monitor variant's (this process's); *written* is bytes under `rank*/` per probed step; *dir.* is direction bytes per "
         "gradient element. The last rows cut ours at L2 short, to show where its time goes: "
         + "; ".join(f"*{name.removeprefix('ours L2: ')}*: {what}" for name, what in STAGES.items())
         + " (the full path, *ours L2*, adds the anomaly flags' thread).",

@@ -18,8 +18,9 @@ from typing import Callable
 
 from msprobe_mlflow.background import BackgroundStepWriter, PendingStep
 from msprobe_mlflow.config import GradProbeConfig
-from msprobe_mlflow.dump import (new_training_id, set_aside_other_training, short_list, write_dump_config,
-                                 write_step, write_training_id)
+from msprobe_mlflow.dump import new_training_id, set_aside_other_training, short_list, write_dump_config, \
+    write_training_id
+from msprobe_mlflow.dump_process import LocalDump
 from msprobe_mlflow.notices import Notices
 from msprobe_mlflow.vocabulary import FAILED, FINISHED, KILLED
 
@@ -94,8 +95,8 @@ def set_aside_message(dump_path: str, moved: list[Path], training_id: str) -> st
 
 
 class ProbeSession:
-    """One monitoring session: a writer thread that writes each step to the local dump, then hands it to each sink
-    in order. A failing sink is counted in ``errors`` and never stops the dump or the other sinks.
+    """One monitoring session: a writer thread that writes each step to the local dump (through its own process
+    for steps of many parameters: :mod:`msprobe_mlflow.dump_process`), then hands it to each sink in order. A failing sink is counted in ``errors`` and never stops the dump or the other sinks.
 
     ``training_id`` (None: a new one) names the training in its dump; a monitor that opens a session again passes
     its own, so its earlier steps stay in place. ``from_rank_zero(value)`` returns rank 0's value on every rank: the
@@ -112,7 +113,8 @@ class ProbeSession:
         self.training_id = self._claim_dump_folder(training_id or new_training_id(), from_rank_zero)
         self.sinks: list = []
         self._after_sinks: list[Callable[[], None]] = []
-        self._writer = BackgroundStepWriter([self._write_local_dump])
+        self._local_dump = LocalDump(config.dump_path, config.direction_format, self.notices)
+        self._writer = BackgroundStepWriter([self._local_dump.write])
         self.closed = False
         self.outcome: tuple[str, str] | None = None  # (status, reason), see end_as()
         _open_sessions.add(self)
@@ -151,9 +153,6 @@ class ProbeSession:
         self.sinks += sinks
         self._writer.handlers += [sink.handle for sink in sinks]
 
-    def _write_local_dump(self, record) -> None:
-        write_step(self.config.dump_path, record, self.config.direction_format)
-
     def submit(self, pending: PendingStep) -> None:
         self._writer.submit(pending)
 
@@ -189,6 +188,7 @@ class ProbeSession:
             if hasattr(sink, "training_ended"):
                 sink.training_ended(*self.outcome)
         self._writer.close()
+        self._writer.guarded("closing the local dump failed", self._local_dump.close)
         for sink in self.sinks:
             self._writer.guarded(f"{type(sink).__name__}.close failed", sink.close)
         for release in self._after_sinks:

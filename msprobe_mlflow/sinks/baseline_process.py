@@ -27,10 +27,9 @@ import signal
 import subprocess
 import sys
 import threading
-from pathlib import Path
 
-import msprobe_mlflow
 from msprobe_mlflow.config import GradProbeConfig
+from msprobe_mlflow.dump_process import start_module_process
 from msprobe_mlflow.notices import Notices
 from msprobe_mlflow.records import StepRecord
 from msprobe_mlflow.sinks.baseline import BaselineOptions, LiveComparison, StepLayout
@@ -89,11 +88,8 @@ class BaselineSink:
                               f"are judged once it is ready")
 
     def _start(self, setup: Setup) -> subprocess.Popen | None:
-        package_root = str(Path(msprobe_mlflow.__file__).resolve().parent.parent)
-        path = os.pathsep.join(filter(None, [package_root, os.environ.get("PYTHONPATH")]))
         try:
-            process = subprocess.Popen([sys.executable, "-m", __name__], stdin=subprocess.PIPE,
-                                       stdout=subprocess.PIPE, env={**os.environ, "PYTHONPATH": path})
+            process = start_module_process(__name__)
             pickle.dump(setup, process.stdin)
             process.stdin.flush()
         except OSError as e:  # no interpreter to start, or it ended at once: training goes on without the verdict
