@@ -27,6 +27,7 @@ import pickle
 import signal
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 from msprobe_mlflow.dump import summary_csv_bytes, write_step
@@ -34,7 +35,6 @@ from msprobe_mlflow.notices import Notices
 from msprobe_mlflow.records import StepRecord
 
 PROCESS_MIN_PARAMETERS = 128
-CLOSE_WAIT_SECONDS = 60  # for the process to exit once told to: it has no step left to write by then
 PIPE_BYTES = 1 << 20  # a step's directions pass in 1 MiB pieces, not the pipe's default 64 KiB
 
 
@@ -66,7 +66,7 @@ class LocalDump:
                 self.process.stdin.flush()
                 outcome, value = pickle.load(self.process.stdout)
             except Exception as e:  # it ended (or its answer cannot be read): it is stopped
-                self._write_here_from_now(f"the local dump's process ended (exit code {self._end(kill=True)}, "
+                self._write_here_from_now(f"the local dump's process ended (exit code {self._end(kill=True)}: "
                                           f"{e!r})", record.step)
             else:
                 if outcome == "failed":
@@ -97,30 +97,27 @@ class LocalDump:
                           f"run slower)")
 
     def _end(self, kill: bool = False) -> int | None:
-        """Stops the process (told to, else killed); its exit code."""
+        """Stops the process, killed or told to; its exit code if it had ended on its own. Told to, it exits on its
+        own, not waited for: every step it was sent is on disk already (it answered each)."""
         process, self.process = self.process, None
         if process is None:
             return None
+        code = process.poll()  # ended on its own, or None
         if kill:
             process.kill()
-        try:
+        with contextlib.suppress(OSError):
             pickle.dump(None, process.stdin)
             process.stdin.close()
-        except OSError:
-            pass
-        try:
-            return process.wait(CLOSE_WAIT_SECONDS)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            return process.wait()
-        finally:
-            process.stdout.close()
+        process.stdout.close()
+        if kill:
+            process.wait()
+            return code
+        threading.Thread(target=process.wait, daemon=True, name="msprobe-mlflow-dump-process-exit").start()
+        return None
 
     def close(self) -> None:
         """Ends the process once the writer thread is done; safe to call twice."""
-        code = self._end()
-        if code:
-            self.notices.warn(f"the local dump's process exited with code {code}")
+        self._end()
 
 
 def main() -> None:

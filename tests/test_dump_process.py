@@ -70,7 +70,7 @@ def test_a_monitor_writes_steps_of_many_parameters_in_the_process_as_numpy_says(
     process = monitor._session._local_dump.process
     assert process is not None and process.poll() is None  # the steps went to the process
     monitor.stop()
-    assert process.returncode == 0 and monitor.errors == []
+    assert process.wait(60) == 0 and monitor.errors == []
     for step, grads in enumerate(steps):
         header, rows = read_rows(summary_csv_path(tmp_path, 0, step))
         assert list(rows) == list(grads)
