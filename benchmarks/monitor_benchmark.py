@@ -516,10 +516,11 @@ def markdown(result: dict) -> str:
         "the median over rounds of the ratio of the variant's median to no monitor's in the same round (the lowest "
         "and highest such ratio in brackets); *with drain* adds our "
         "writer thread finishing its queued steps (and MLflow uploads) at `stop()`, per iteration; *CPU* is process "
-        "CPU time (all threads, and child processes: our local dump's, on the 512-tensor model) over that span; *in monitor* is the training thread's time in the optimizer "
-        "pre-hook, also in floor passes (one `torch._foreach_norm` over all gradients); *peak RSS* is over the "
-        "no-monitor variant's (this process's); *written* is bytes under `rank*/` per probed step; *dir.* is direction bytes per "
-        "gradient element. The last rows cut ours at L2 short, to show where its time goes: "
+        "CPU time (all threads, and child processes: our local dump's, on the 512-tensor model) over that span; "
+        "*in monitor* is the training thread's time in the optimizer pre-hook, also in floor passes (one "
+        "`torch._foreach_norm` over all gradients); *peak RSS* is over the no-monitor variant's (this process's); "
+        "*written* is bytes under `rank*/` per probed step; *dir.* is direction bytes per gradient element. The "
+        "last rows cut ours at L2 short, to show where its time goes: "
         + "; ".join(f"*{name.removeprefix('ours L2: ')}*: {what}" for name, what in STAGES.items())
         + " (the full path, *ours L2*, adds the anomaly flags' thread).",
     ]

@@ -96,7 +96,8 @@ def set_aside_message(dump_path: str, moved: list[Path], training_id: str) -> st
 
 class ProbeSession:
     """One monitoring session: a writer thread that writes each step to the local dump (through its own process
-    for steps of many parameters: :mod:`msprobe_mlflow.dump_process`), then hands it to each sink in order. A failing sink is counted in ``errors`` and never stops the dump or the other sinks.
+    for steps of many parameters: :mod:`msprobe_mlflow.dump_process`), then hands it to each sink in order. A
+    failing sink is counted in ``errors`` and never stops the dump or the other sinks.
 
     ``training_id`` (None: a new one) names the training in its dump; a monitor that opens a session again passes
     its own, so its earlier steps stay in place. ``from_rank_zero(value)`` returns rank 0's value on every rank: the
