@@ -66,8 +66,8 @@ class LocalDump:
                 self.process.stdin.flush()
                 outcome, value = pickle.load(self.process.stdout)
             except Exception as e:  # it ended (or its answer cannot be read): it is stopped
-                self._write_here_from_now(f"the local dump's process ended (exit code {self._end(kill=True)}: "
-                                          f"{e!r})", record.step)
+                self._write_here_from_now(f"the local dump's process ended (exit code {self._kill()}: {e!r})",
+                                          record.step)
             else:
                 if outcome == "failed":
                     raise value
@@ -81,7 +81,8 @@ class LocalDump:
             pickle.dump((self.dump_path, self.direction_format), self.process.stdin)
             self.process.stdin.flush()
         except OSError as e:
-            self._end()
+            if self.process is not None:
+                self._kill()
             self._write_here_from_now(f"the local dump's process could not start ({e!r})", None)
             return
         for pipe in (self.process.stdin, self.process.stdout):
@@ -96,28 +97,28 @@ class LocalDump:
         self.notices.warn(f"{why}; the writer thread writes the local dump{since} (no step is lost, training may "
                           f"run slower)")
 
-    def _end(self, kill: bool = False) -> int | None:
-        """Stops the process, killed or told to; its exit code if it had ended on its own. Told to, it exits on its
-        own, not waited for: every step it was sent is on disk already (it answered each)."""
+    def _kill(self) -> int | None:
+        """Stops a process that failed us; the exit code it had ended with, if it had ended."""
+        process, self.process = self.process, None
+        code = process.poll()
+        process.kill()
+        process.wait()
+        for pipe in (process.stdin, process.stdout):
+            with contextlib.suppress(OSError):
+                pipe.close()
+        return code
+
+    def close(self) -> None:
+        """Tells the process to end, once the writer thread is done; safe to call twice. Nobody waits for its
+        interpreter to exit: every step it was sent is on disk already (it answered each)."""
         process, self.process = self.process, None
         if process is None:
-            return None
-        code = process.poll()  # ended on its own, or None
-        if kill:
-            process.kill()
+            return
         with contextlib.suppress(OSError):
             pickle.dump(None, process.stdin)
             process.stdin.close()
         process.stdout.close()
-        if kill:
-            process.wait()
-            return code
         threading.Thread(target=process.wait, daemon=True, name="msprobe-mlflow-dump-process-exit").start()
-        return None
-
-    def close(self) -> None:
-        """Ends the process once the writer thread is done; safe to call twice."""
-        self._end()
 
 
 def main() -> None:

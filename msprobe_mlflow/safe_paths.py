@@ -82,8 +82,8 @@ class _PiecewiseWriter:
     """A file whose ``write`` hands the kernel at most ``PIECE`` bytes a call: on Linux 6.18 (ext4, a Firecracker
     VM, this project's machines) one ``write`` of 2 MiB or more into a new file cost 10 to 20 times the CPU of the
     same bytes in 1 MiB calls (a step's 8.4 MB of directions: 22-70 ms against 2.3-3.5 ms; ``monitor_benchmark.py
-    --kernel``), on the writer thread that shares the cores with training. Elsewhere the extra calls cost
-    microseconds."""
+    --kernel``), in the writer (thread, or the local dump's process) that shares the cores with training.
+    Elsewhere the extra calls cost microseconds."""
 
     PIECE = 1 << 20
 
