@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import mlflow
@@ -135,9 +136,11 @@ def test_the_overlap_keeps_the_directions_schedule_the_steps_and_the_parameters_
     assert on.early_gradients > 0
 
 
-def test_the_check_keeps_only_buckets_whose_gradients_are_unchanged_since_computed(monkeypatch):
+@pytest.mark.parametrize("two_cores_from", [overlap.PARALLEL_MIN, 0])  # 0: the check's norms on two threads
+def test_the_check_keeps_only_buckets_whose_gradients_are_unchanged_since_computed(monkeypatch, two_cores_from):
     """Computed during backward, then each gradient changed in one way after its statistics were taken."""
     monkeypatch.setattr(overlap, "BUCKET_ELEMENTS", 1)
+    monkeypatch.setattr(overlap, "PARALLEL_MIN", two_cores_from)
     model = Model()
     parameters = list(model.layers.parameters())
     with_signs = (overlap.step_level("L2", True), [torch.tensor(b).float().numpy() for b in (-1.0, 0.0, 1.0)], ())
@@ -170,6 +173,26 @@ def test_the_check_keeps_only_buckets_whose_gradients_are_unchanged_since_comput
     assert usable(directions=False) == [0, 1, 2, 4, 5] and usable(directions=True) == []  # 3: NaN still
     assert overlap.usable_parts(buckets, [0, 1, 2, 4, 5], grads[:3] + grads[4:], False) != []
     early.close()
+
+
+def test_the_checks_norms_on_two_cores_are_each_tensors_own(monkeypatch):
+    threads = set()
+
+    def foreach_norm_noting_the_thread(tensors):
+        threads.add(threading.get_ident())
+        return torch._foreach_norm(tensors)
+
+    monkeypatch.setattr(overlap, "foreach_norm", foreach_norm_noting_the_thread)
+    generator = torch.Generator().manual_seed(3)
+    tensors = [torch.randn(size, generator=generator) * (k + 1)
+               for k, size in enumerate([3, 1 << 19, 7, 1 << 18, 1 << 19, 5, 1])]
+    alone = [torch._foreach_norm([tensor])[0] for tensor in tensors]
+    together = overlap.norms_on_two_cores(tensors)
+    assert len(threads) == 2  # the helper took the second half
+    assert torch.equal(torch.stack(together), torch.stack(alone))
+    threads.clear()
+    assert torch.equal(torch.stack(overlap.norms_on_two_cores(tensors[:3])), torch.stack(alone[:3]))
+    assert len(threads) == 1  # too few elements to be worth a thread
 
 
 def test_l0_and_the_option_say_why_the_overlap_is_off_in_the_runs_tags(tmp_experiment, tmp_path):

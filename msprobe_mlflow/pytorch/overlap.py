@@ -10,7 +10,7 @@ they were taken from:
 - the same tensor object, same storage and same ``_version`` (in-place ops bump it: a later micro-batch's
   accumulation, ``clip_grad_norm_``'s ``mul_``, ``zero_grad(set_to_none=False)``; ``set_to_none`` or a reassigned
   ``.grad`` gives another object);
-- the same float32 norm, bit for bit, computed again on the training thread: writes that bypass the version
+- the same float32 norm, bit for bit, computed again at ``step()`` (on two cores): writes that bypass the version
   counter (``GradScaler.unscale_``, ``dist.all_reduce`` of a gradient, ``.data`` in-place ops, extensions' kernels)
   change the norm unless they leave every value as it was (or only permute or negate values, which no training
   stack does to a gradient);
@@ -38,6 +38,7 @@ import torch
 from msprobe_mlflow.compat import foreach_norm, tensor_version
 from msprobe_mlflow.layout import EXTREMES, StatisticsLayout
 from msprobe_mlflow.levels import LEVELS, Level
+from msprobe_mlflow.pytorch.fused import PARALLEL_MIN, in_parallel
 from msprobe_mlflow.pytorch.statistics import StatisticsCache, _launch_group, launch_step_statistics
 from msprobe_mlflow.records import StepRecord, record_from_statistics
 from msprobe_mlflow.statistics_table import extra_statistics
@@ -227,7 +228,7 @@ def usable_parts(buckets: dict[int, _Bucket], indices: list[int], grads: list[to
     if not candidates:
         return []
     with torch.no_grad():
-        now = foreach_norm([grads[k] for positions, _ in candidates for k in positions])
+        now = norms_on_two_cores([grads[k] for positions, _ in candidates for k in positions])
     now = torch.stack(now).float().numpy().view(np.uint32)
     parts, start = [], 0
     for positions, bucket in candidates:
@@ -236,6 +237,23 @@ def usable_parts(buckets: dict[int, _Bucket], indices: list[int], grads: list[to
         if np.isfinite(early).all() and np.array_equal(early.view(np.uint32), mine):
             parts.append((positions, bucket.result))
     return parts
+
+
+def norms_on_two_cores(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
+    """:func:`foreach_norm` of ``tensors``, about half of their elements on a helper thread: at ``step()`` the
+    overlap's worker is idle, so a core is free (:func:`why_off`), and reading every gradient once more runs at
+    memory speed, which two cores exceed (67M float32 in training: 11 ms against 13 ms). Each norm is the same."""
+    ends = np.cumsum([tensor.numel() for tensor in tensors])
+    if len(tensors) < 2 or ends[-1] < PARALLEL_MIN:
+        return foreach_norm(tensors)
+    split = min(int(np.searchsorted(ends, ends[-1] / 2)) + 1, len(tensors) - 1)
+    halves, norms = [tensors[:split], tensors[split:]], [[], []]
+
+    def norms_of(half: int) -> None:
+        norms[half] = foreach_norm(halves[half])
+
+    in_parallel(norms_of, [0, 1], 2)
+    return norms[0] + norms[1]
 
 
 def step_level(level: str, directions: bool) -> Level:
