@@ -23,7 +23,6 @@ import os
 import struct
 import tempfile
 import zipfile
-import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -31,6 +30,11 @@ from typing import Callable
 import numpy as np
 
 from msprobe_mlflow.formats import UNIT_ROUNDOFF
+
+try:  # the same CRC-32 with the CPU's carry-less multiply: a step's 8.4 MB of signs in 0.16 ms, zlib's 2 to 3 ms
+    from zlib_ng.zlib_ng import crc32
+except ImportError:  # a platform without its wheel: the same values, slower
+    from zlib import crc32
 from msprobe_mlflow.layout import consecutive_slices, packed_slices
 from msprobe_mlflow.safe_paths import atomic_write_bytes, atomic_writer, param_file_stem, refuse_symlink
 
@@ -76,7 +80,7 @@ def write_packed(path: Path, names: list[str], shapes: list[tuple[int, ...]], bi
     bits = np.ascontiguousarray(bits, dtype=np.uint8).reshape(-1)
     template = _packed_template(tuple(names), tuple(tuple(shape) for shape in shapes), len(bits), compute_format)
     head, tail = bytearray(template.head), bytearray(template.tail)
-    crc = zlib.crc32(bits, template.bits_header_crc)
+    crc = crc32(bits, template.bits_header_crc)
     struct.pack_into("<I", head, template.local_crc_at, crc)
     struct.pack_into("<I", tail, template.central_crc_at, crc)
     with atomic_writer(path) as f:
@@ -121,7 +125,7 @@ def _packed_template(names: tuple[str, ...], shapes: tuple[tuple[int, ...], ...]
     entry -= bits_at + length  # the central directory's place in the tail
     for _ in members[:before]:
         entry += 46 + sum(struct.unpack("<HHH", tail[entry + 28:entry + 34]))
-    return _PackedTemplate(head, tail, zlib.crc32(head[header_at:]), bits_member.header_offset + 14, entry + 16)
+    return _PackedTemplate(head, tail, crc32(head[header_at:]), bits_member.header_offset + 14, entry + 16)
 
 
 def _read_npy_header(f) -> tuple[tuple[int, ...], np.dtype]:

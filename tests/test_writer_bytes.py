@@ -6,10 +6,12 @@ import csv
 import io
 import math
 import re
+import zlib
 
 import numpy as np
 import pytest
 
+from msprobe_mlflow import directions
 from msprobe_mlflow.directions import _layout_fields, read_packed, write_packed
 from msprobe_mlflow.dump import read_summary, summary_csv_bytes, write_step
 from msprobe_mlflow.metrics import record_metrics
@@ -91,8 +93,14 @@ LAYOUTS = [(["a", "b.weight", "ü,x"], [(3, 4), (5,), ()]), ([], []), (["z"], [(
            ([f"{i}.weight" for i in range(300)], [(64, 64)] * 300)]
 
 
+@pytest.mark.parametrize("crc32", ["zlib-ng", "zlib"])  # zlib: where zlib-ng has no wheel
 @pytest.mark.parametrize("names, shapes", LAYOUTS)
-def test_packed_archive_is_what_numpy_savez_writes(tmp_path, names, shapes):
+def test_packed_archive_is_what_numpy_savez_writes(tmp_path, monkeypatch, names, shapes, crc32):
+    if crc32 == "zlib":
+        monkeypatch.setattr(directions, "crc32", zlib.crc32)
+        directions._packed_template.cache_clear()  # its CRC of the header too
+    else:
+        assert directions.crc32.__module__.startswith("zlib_ng")  # the dependency is the one used
     length = sum((math.prod(shape) + 7) // 8 for shape in shapes)
     for seed in range(3):  # the layout's template, reused with other bits
         bits = np.random.default_rng(seed).integers(0, 256, length, dtype=np.uint8)
