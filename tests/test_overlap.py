@@ -195,6 +195,30 @@ def test_the_checks_norms_on_two_cores_are_each_tensors_own(monkeypatch):
     assert len(threads) == 1  # too few elements to be worth a thread
 
 
+def test_the_worker_computes_on_one_core_and_the_step_on_the_ranks_cores(tmp_path, monkeypatch):
+    """Beside backward the worker takes one core; in the pre-hook, where training waits, the statistics may use
+    this rank's cores even when torch was given fewer threads."""
+    from msprobe_mlflow.pytorch import fused
+
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 1)  # as a user's torch.set_num_threads(1) leaves it
+    monkeypatch.setattr(fused, "rank_cores", lambda: 3)
+    monkeypatch.setattr(fused, "PARALLEL_MIN", 0)  # these gradients are small
+    monkeypatch.setattr(overlap, "BUCKET_ELEMENTS", 1)  # every gradient a bucket the worker computes
+    threads_by_caller = {}
+    in_parallel = fused.in_parallel
+
+    def in_parallel_noting_the_threads(work, items, threads):
+        threads_by_caller.setdefault(threading.current_thread().name, set()).add(threads)
+        return in_parallel(work, items, threads)
+
+    monkeypatch.setattr(fused, "in_parallel", in_parallel_noting_the_threads)
+    on, off = train(tmp_path / "on", True, "plain"), train(tmp_path / "off", False, "plain")
+    assert on.early_gradients > 0 and off.early_gradients == 0
+    assert threads_by_caller["msprobe-mlflow-overlap"] == {1}
+    assert threads_by_caller["MainThread"] == {3}  # the path without the overlap, and take() at step()
+    assert_same_dumps(tmp_path / "on", tmp_path / "off")
+
+
 def test_l0_and_the_option_say_why_the_overlap_is_off_in_the_runs_tags(tmp_experiment, tmp_path):
     with pytest.raises(ValueError, match="overlap = 'yes' is not accepted; expected True or False"):
         GradientMonitor(GradProbeConfig(dump_path=str(tmp_path / "x")), overlap="yes")

@@ -5,8 +5,8 @@ that fit the L1 cache: one loop over rows of 8 adds the squares in torch's own o
 smallest IEEE words as integers in the element's own width (the max and min follow from them, see
 :func:`_extremes`), at the speed memory delivers the block; while it sits in the cache, vectorised loops count
 each bound and the zeros and pack the sign bits eight at a time by one multiplication. It releases the GIL:
-:func:`statistics` spreads the gradients over torch's intra-op thread count (both cores while the training thread
-waits in the optimizer's pre-hook).
+:func:`statistics` spreads the gradients over this rank's cores while the training thread waits in the optimizer's
+pre-hook (:func:`worker_threads`).
 """
 from __future__ import annotations
 
@@ -331,9 +331,27 @@ def in_parallel(work: Callable, items: list, threads: int) -> None:
 
 
 def worker_threads() -> int:
-    """Threads the statistics may use: torch's intra-op thread count (what the user or the launcher gave this
-    process), as those threads idle while the training thread is in the optimizer's pre-hook."""
-    return max(1, torch.get_num_threads())
+    """Threads the statistics may use: this rank's cores (:func:`rank_cores`), or torch's intra-op thread count
+    where that is more, since the training thread, and torch's threads with it, wait for them in the optimizer's
+    pre-hook; one on a thread that runs beside training (:func:`on_one_core`)."""
+    if getattr(_this_thread, "one_core", False):
+        return 1
+    return max(torch.get_num_threads(), rank_cores())
+
+
+def rank_cores() -> int:
+    """This process's cores: its CPU affinity shared among the ranks torchrun started on this machine."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(1, cores // max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1"))))
+
+
+def on_one_core() -> None:
+    """The statistics computed on the calling thread from now on use no other thread: it runs beside training
+    (the overlap's worker, during backward)."""
+    _this_thread.one_core = True
+
+
+_this_thread = threading.local()
 
 
 def statistics(arrays: list[np.ndarray], bounds, *, with_counts: bool, with_signs: bool, sign_offsets: list[int],

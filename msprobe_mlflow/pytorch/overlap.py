@@ -26,7 +26,6 @@ or not in ``.grad``, keep the path without overlap (:func:`why_off`).
 from __future__ import annotations
 
 import dataclasses
-import os
 import threading
 from collections import deque
 from dataclasses import dataclass, field
@@ -38,7 +37,7 @@ import torch
 from msprobe_mlflow.compat import foreach_norm, tensor_version
 from msprobe_mlflow.layout import EXTREMES, StatisticsLayout
 from msprobe_mlflow.levels import LEVELS, Level
-from msprobe_mlflow.pytorch.fused import PARALLEL_MIN, in_parallel
+from msprobe_mlflow.pytorch.fused import PARALLEL_MIN, in_parallel, on_one_core, rank_cores
 from msprobe_mlflow.pytorch.statistics import StatisticsCache, _launch_group, launch_step_statistics
 from msprobe_mlflow.records import StepRecord, record_from_statistics
 from msprobe_mlflow.statistics_table import extra_statistics
@@ -79,10 +78,9 @@ def why_off(model: torch.nn.Module, parameters: list, *, level: str, writes: boo
 
 
 def cores_left_to_a_worker() -> int:
-    """This process's cores (its CPU affinity shared among the ranks torchrun started on this machine) that
-    torch's intra-op threads leave free: the early statistics only gain where their worker has one."""
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    return cores // max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1"))) - torch.get_num_threads()
+    """This rank's cores that torch's intra-op threads leave free: the early statistics only gain where their
+    worker has one."""
+    return rank_cores() - torch.get_num_threads()
 
 
 @dataclass(eq=False)
@@ -170,6 +168,7 @@ class EarlyStatistics:
             self._open = None
 
     def _work(self) -> None:
+        on_one_core()  # beside backward, which uses torch's threads
         while True:
             with self._ready:
                 while not self._queue:

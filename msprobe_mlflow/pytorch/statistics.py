@@ -83,7 +83,7 @@ def launch_step_statistics(names: list[str], grads: list[torch.Tensor], *, rank:
     writer thread. ``directions=False`` skips the sign bits this step (the record then has none). ``checksum``
     (L0): ``md5``, or ``mix64``, computed where the gradients are (:func:`_row_checksums`) instead of copying
     them to the host for MD5; it takes the device path on the CPU too. MD5 of gradients that are all on the CPU is
-    computed here, on the training thread while torch waits (over its threads), reading the gradients in place:
+    computed here, on the training thread while torch waits (over this rank's cores), reading the gradients in place:
     no model-sized snapshot, and no hashing left to compete with the next steps. ``extra``: the names of opt-in
     statistics (:mod:`msprobe_mlflow.statistics_table`) to compute too. ``cache``: the buffers reused from step to
     step (a monitor's own; None: made for this call only).
