@@ -1,5 +1,5 @@
 """How often the anomaly flags fire on clean trainings, and how many injected faults they catch: the measurement
-behind ``SpikeRule``'s defaults (``msprobe_mlflow/sinks/anomalies.py``).
+behind ``SpikeRule``'s defaults (``msprobe_mlflow/anomaly_rule.py``).
 
 Four small trainings of 300 steps (CPU, one torch thread): an MLP with Adam on a noisy regression, the same MLP with
 SGD momentum and a tenfold learning-rate decay at step 150, a CNN with SGD momentum, a 2-layer transformer encoder
@@ -24,7 +24,7 @@ import numpy as np
 import torch
 
 from msprobe_mlflow.records import StepRecord
-from msprobe_mlflow.sinks.anomalies import AnomalyFlags, SpikeRule
+from msprobe_mlflow.anomaly_rule import AnomalyFlags, SpikeRule
 
 RESULTS = Path(__file__).resolve().parent / "results"
 STEPS = 300

@@ -11,13 +11,21 @@ millisecond of Python, less than handing the step over would cost. The writer th
 first such step, as ``python -m`` this module (as the live verdict's process: ``multiprocessing``'s spawn would
 import the user's training script again).
 
-How: the writer thread pickles the step's record into the process's input and waits, without the interpreter
-lock, for its answer: the step's CSV bytes (which the MLflow sink's metrics read back), or the exception writing
-raised, raised again on the writer thread, so that it is reported as any failure of the local dump. The sinks get
-the step once it is on disk, as before. If the process cannot start or ends, the writer thread writes that step
-and every later one itself and says so once: no step is lost. The process ignores Ctrl-C (training closes it at
-``stop()``); if the training process dies, the process writes what it was sent and ends (its input closes).
-Pickles pass between two processes of the same user and program only.
+How: the writer thread pickles the step's record into the process's input and waits, without the interpreter lock,
+for its answer: the step's CSV bytes (which the MLflow sink's metrics read back), or the exception writing raised,
+raised again on the writer thread, so that it is reported as any failure of the local dump. The sinks get the step
+once it is on disk, as before. If the process cannot start or ends, the writer thread writes that step and every
+later one itself and says so once: no step is lost. The process ignores Ctrl-C (training closes it at ``stop()``);
+if the training process dies, the process writes what it was sent and ends (its input closes). Pickles pass
+between two processes of the same user and program only.
+
+Anomaly flags: given their rule (:attr:`LocalDump.spike_rule`), the process also judges each step
+(:mod:`msprobe_mlflow.anomaly_rule`) and answers the step's flags with it, in ``record.anomaly_flags``, for the
+sinks that report or act on them (once it ended, those sinks judge the later steps, from empty windows). Judged in
+the training process (1 ms of CPU a step for 512 parameters, dozens of numpy calls each taking the interpreter lock
+back from training), the flags made a step of 512 small tensors on one torch thread 1.27x the step without a
+monitor, against 1.17x judged here and 1.18x without flags (15 interleaved rounds; with torch's default threads,
+1.15x against 1.13x).
 """
 from __future__ import annotations
 
@@ -30,6 +38,7 @@ import sys
 import threading
 from pathlib import Path
 
+from msprobe_mlflow.anomaly_rule import AnomalyFlags, SpikeRule
 from msprobe_mlflow.dump import summary_csv_bytes, write_step
 from msprobe_mlflow.notices import Notices
 from msprobe_mlflow.records import StepRecord
@@ -55,6 +64,7 @@ class LocalDump:
         self.direction_format = direction_format
         self.notices = notices
         self.process: subprocess.Popen | None = None
+        self.spike_rule: SpikeRule | None = None  # set before the first step: the process judges the flags too
         self._in_thread = False  # the process could not start or ended: every step is written here
 
     def write(self, record: StepRecord) -> None:
@@ -64,8 +74,9 @@ class LocalDump:
             try:
                 pickle.dump(record, self.process.stdin, protocol=pickle.HIGHEST_PROTOCOL)
                 self.process.stdin.flush()
-                outcome, value = pickle.load(self.process.stdout)
+                outcome, value, record.anomaly_flags = pickle.load(self.process.stdout)
             except Exception as e:  # it ended (or its answer cannot be read): it is stopped
+                record.anomaly_flags = None
                 self._write_here_from_now(f"the local dump's process ended (exit code {self._kill()}: {e!r})",
                                           record.step)
             else:
@@ -78,7 +89,7 @@ class LocalDump:
     def _start(self) -> None:
         try:
             self.process = start_module_process(__name__)
-            pickle.dump((self.dump_path, self.direction_format), self.process.stdin)
+            pickle.dump((self.dump_path, self.direction_format, self.spike_rule), self.process.stdin)
             self.process.stdin.flush()
         except OSError as e:
             if self.process is not None:
@@ -129,9 +140,10 @@ def main() -> None:
     inbox = sys.stdin.buffer
     answering = True
     try:
-        dump_path, direction_format = pickle.load(inbox)
+        dump_path, direction_format, spike_rule = pickle.load(inbox)
+        flags = AnomalyFlags(spike_rule) if spike_rule else None
         while (record := pickle.load(inbox)) is not None:
-            answer = _written(dump_path, record, direction_format)
+            answer = _written(dump_path, record, direction_format, flags)
             try:
                 if answering:
                     answers.write(answer)
@@ -142,16 +154,28 @@ def main() -> None:
         return
 
 
-def _written(dump_path: str, record: StepRecord, direction_format: str) -> bytes:
-    """The answer to ``record``, pickled, once it is written: its CSV bytes, or the exception writing raised."""
+def _written(dump_path: str, record: StepRecord, direction_format: str, flags: AnomalyFlags | None) -> bytes:
+    """The answer to ``record``, pickled, once it is written: its CSV bytes, or the exception writing raised; then
+    its anomaly flags (None: not judged here)."""
+    judged = _judged(record, flags)
     try:
         write_step(dump_path, record, direction_format)
-        return pickle.dumps(("written", summary_csv_bytes(record)), protocol=pickle.HIGHEST_PROTOCOL)
+        return pickle.dumps(("written", summary_csv_bytes(record), judged), protocol=pickle.HIGHEST_PROTOCOL)
     except Exception as e:
         try:
-            return pickle.dumps(("failed", e), protocol=pickle.HIGHEST_PROTOCOL)
+            return pickle.dumps(("failed", e, judged), protocol=pickle.HIGHEST_PROTOCOL)
         except Exception:  # an exception that does not pickle: its text does
-            return pickle.dumps(("failed", RuntimeError(repr(e))))
+            return pickle.dumps(("failed", RuntimeError(repr(e)), judged))
+
+
+def _judged(record: StepRecord, flags: AnomalyFlags | None) -> list | Exception | None:
+    """``record``'s anomaly flags, or what judging raised (its text: it must pickle), for the sinks to report."""
+    if flags is None:
+        return None
+    try:
+        return flags.step_flags(record)
+    except Exception as e:
+        return RuntimeError(f"judging step {record.step}'s anomaly flags in the local dump's process: {e!r}")
 
 
 if __name__ == "__main__":

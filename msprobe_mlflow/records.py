@@ -33,7 +33,8 @@ class StepRecord:
     ``summary_csv``: the step's ``grad_summary`` bytes, kept by ``dump.summary_csv_bytes`` so that the sinks that
     read them back (metrics) do not format them again on the writer thread. ``compute_format``: the coarsest format
     the run computed this step in, where the monitor knows it (:mod:`msprobe_mlflow.formats`), written with the
-    directions.
+    directions. ``anomaly_flags``: the step's flags as the local dump's process judged them, or the exception
+    judging raised there; None where the sinks judge it (:mod:`msprobe_mlflow.anomaly_rule`).
     """
 
     rank: int
@@ -51,6 +52,7 @@ class StepRecord:
     extra: dict[str, np.ndarray] | None = None
     summary_csv: bytes | None = field(default=None, repr=False, compare=False)  # set once written: sinks reuse it
     compute_format: str | None = None
+    anomaly_flags: list | Exception | None = field(default=None, repr=False, compare=False)  # set where judged
 
     @functools.cached_property
     def numels(self) -> list[int]:

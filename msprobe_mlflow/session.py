@@ -149,6 +149,12 @@ class ProbeSession:
         aggregation's collective group, whose last exchange is in a sink's ``close``)."""
         self._after_sinks.append(release)
 
+    def judge_anomalies(self, rule) -> None:
+        """Steps written by the local dump's process come back with their anomaly flags by ``rule`` (a
+        :class:`~msprobe_mlflow.anomaly_rule.SpikeRule`; see :mod:`msprobe_mlflow.dump_process`), for the sinks that
+        report them or act on them. Before the first step; other steps are judged by those sinks."""
+        self._local_dump.spike_rule = rule
+
     def add_sinks(self, sinks: list) -> None:
         """Sinks get the steps submitted from now on, after the local dump."""
         self.sinks += sinks

@@ -1,6 +1,6 @@
 """The local dump's own process (``msprobe_mlflow.dump_process``): steps of many parameters are written there, byte
-for byte as the writer thread writes them; a failure to write is reported as before; a process that ends costs no
-step."""
+for byte as the writer thread writes them, and their anomaly flags judged as the flags' sink judges them; a failure
+to write is reported as before; a process that ends costs no step and no flag."""
 from __future__ import annotations
 
 import os
@@ -11,13 +11,15 @@ import pytest
 import torch
 
 from gradient_expectations import assert_row, expected_row, read_rows
+from msprobe_mlflow.anomaly_rule import AnomalyFlags, SpikeRule
 from msprobe_mlflow.config import GradProbeConfig
 from msprobe_mlflow.directions import read_step_directions
-from msprobe_mlflow.dump import summary_csv_bytes, summary_csv_path, write_step
-from msprobe_mlflow.dump_process import PROCESS_MIN_PARAMETERS, LocalDump
+from msprobe_mlflow.dump import findings_dir, read_csv, summary_csv_bytes, summary_csv_path, write_step
+from msprobe_mlflow.dump_process import PROCESS_MIN_PARAMETERS, LocalDump, _judged
 from msprobe_mlflow.notices import Notices
 from msprobe_mlflow.pytorch import GradientMonitor
 from msprobe_mlflow.pytorch.statistics import launch_step_statistics
+from msprobe_mlflow.sinks.anomalies import ANOMALIES_FILE_NAME, AnomalySink
 
 LAYERS = PROCESS_MIN_PARAMETERS // 2 + 3  # a weight and a bias each: just past the threshold
 
@@ -137,3 +139,66 @@ def test_steps_of_few_parameters_stay_on_the_writer_thread(tmp_path):
     local_dump.write(record)
     assert local_dump.process is None and not local_dump._in_thread
     assert summary_csv_path(tmp_path, 0, 0).read_bytes() == summary_csv_bytes(record)
+
+
+def train_with_faults(dump, faults: dict, steps: int, kill_after: int | None = None, in_process: bool = True):
+    """SGD on many parameters with random gradients; ``faults``: step -> (parameter, "nan" or "zero"). The local
+    dump's process judges the anomaly flags (or, ``in_process=False``, the flags' sink does: the rule is not given
+    to the process); ``kill_after``: the process is killed after that step."""
+    rng = np.random.default_rng(5)
+    model = many_parameters()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.0)
+    monitor = GradientMonitor(GradProbeConfig(dump_path=str(dump), level="L1"), log_to_mlflow=False, silent=True,
+                              spike_window=8).monitor(model, optimizer)
+    if not in_process:
+        monitor._session._local_dump.spike_rule = None
+    parameters = dict(model.named_parameters())
+    for step in range(steps):
+        random_grads(model, rng)
+        name, kind = faults.get(step, (None, None))
+        if name:
+            parameters[name].grad.fill_(float("nan") if kind == "nan" else 0.0)
+        optimizer.step()
+        if step == kill_after:
+            monitor.flush()
+            os.kill(monitor._session._local_dump.process.pid, signal.SIGKILL)
+    monitor.flush()
+    sink = next(sink for sink in monitor._session.sinks if isinstance(sink, AnomalySink))
+    monitor.stop()
+    return monitor, sink
+
+
+def flag_rows(dump) -> list[list[str]]:
+    return read_csv(findings_dir(dump, 0) / ANOMALIES_FILE_NAME)
+
+
+def test_the_process_judges_the_anomaly_flags_as_the_flags_sink_would(tmp_path):
+    faults = {10: ("3.weight", "zero"), 12: ("7.bias", "nan")}
+    monitor, sink = train_with_faults(tmp_path / "process", faults, 14)
+    assert monitor.errors == []
+    assert sink.flags.parameters.rows == {}  # the sink judged no step: the process did
+    rows = flag_rows(tmp_path / "process")
+    assert ["10", "parameter", "3.weight", "collapse"] in [row[:4] for row in rows]
+    assert ["12", "parameter", "7.bias", "nonfinite"] in [row[:4] for row in rows]
+    _, sink = train_with_faults(tmp_path / "thread", faults, 14, in_process=False)
+    assert len(sink.flags.parameters.rows) == 2 * LAYERS  # judged by the sink, as for steps of few parameters
+    assert flag_rows(tmp_path / "thread") == rows  # the same flags, bands and all
+
+
+def test_when_the_process_ends_the_flags_sink_judges_the_next_steps_from_fresh_windows(tmp_path):
+    monitor, sink = train_with_faults(tmp_path, {7: ("2.bias", "nan")}, 9, kill_after=4)
+    assert ["7", "parameter", "2.bias", "nonfinite"] in [row[:4] for row in flag_rows(tmp_path)]
+    assert monitor.errors == []
+    assert sink.flags.parameters.column == 4  # steps 5 to 8 entered its windows, none before the process ended
+
+
+def test_a_failure_judging_in_the_process_is_the_flags_failure_not_the_dumps():
+    model = many_parameters()
+    random_grads(model, np.random.default_rng(6))
+    record = step_record(model, 3, "L1")
+    record.values = record.values[:-1]  # one parameter short: the rule cannot read the norms
+    judged = _judged(record, AnomalyFlags(SpikeRule()))
+    assert isinstance(judged, RuntimeError) and "step 3" in str(judged)
+    record.anomaly_flags = judged
+    with pytest.raises(RuntimeError, match="step 3's anomaly flags"):
+        AnomalyFlags(SpikeRule()).flags_of(record)

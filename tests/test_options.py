@@ -18,7 +18,8 @@ from msprobe_mlflow.config import GradProbeConfig
 from msprobe_mlflow.monitoring.directions_schedule import TierOptions
 from msprobe_mlflow.monitoring.options import KEYWORDS
 from msprobe_mlflow.pytorch import GradientMonitor
-from msprobe_mlflow.sinks.anomalies import AnomalyOptions, SpikeRule
+from msprobe_mlflow.anomaly_rule import SpikeRule
+from msprobe_mlflow.sinks.anomalies import AnomalyOptions
 from msprobe_mlflow.sinks.baseline import BaselineOptions
 from msprobe_mlflow.tracking.options import TrackingOptions
 

@@ -5,7 +5,7 @@ Directions are recorded at steps ``0, N, 2N...`` (``directions_every_n_steps`` =
 two runs with the same N hold directions at the same steps and compare there) and, with ``directions_on_anomaly``,
 at the ``directions_steps_after_anomaly`` = K steps that follow a trigger: a non-finite gradient appearing (a
 parameter's norm NaN or infinite where the step before had none) or a gradient-norm spike, by the anomaly flags'
-rule (:class:`msprobe_mlflow.sinks.anomalies.SpikeRule`, the monitor's ``spike_threshold`` and ``spike_window``).
+rule (:class:`msprobe_mlflow.anomaly_rule.SpikeRule`, the monitor's ``spike_threshold`` and ``spike_window``).
 A run that stays non-finite triggers once, not at every step.
 
 Why the trigger arms the steps *after* it: deciding on the training thread whether the current step is anomalous
@@ -27,7 +27,7 @@ from dataclasses import asdict, dataclass
 from msprobe_mlflow.config import GradProbeConfig
 from msprobe_mlflow.notices import Notices
 from msprobe_mlflow.records import StepRecord
-from msprobe_mlflow.sinks.anomalies import AnomalyFlags, SpikeRule
+from msprobe_mlflow.anomaly_rule import AnomalyFlags, SpikeRule
 
 TIER_OPTIONS_SOURCE = "monitor options"  # what an error about a tier option given to a monitor starts with
 
@@ -105,7 +105,7 @@ class DirectionsTrigger:
         self._was_nonfinite = False
 
     def handle(self, record: StepRecord) -> None:
-        flags = self.flags.step_flags(record)
+        flags = self.flags.flags_of(record)
         nonfinite = [flag for flag in flags if flag.kind == "nonfinite"]
         spikes = [flag for flag in flags if flag.kind != "nonfinite"]
         onset, self._was_nonfinite = bool(nonfinite) and not self._was_nonfinite, bool(nonfinite)

@@ -61,6 +61,8 @@ class SessionMonitor:
         self.training_id = session.training_id
         anomalies = self.options.anomalies
         trigger = directions_sinks(self.directions_schedule, anomalies.rule, ranks.rank, self.notices)
+        if trigger or anomalies.flag_rule:
+            session.judge_anomalies(anomalies.rule)
         gathers = []
 
         def make_gather() -> SummaryGather:

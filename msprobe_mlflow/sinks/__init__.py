@@ -21,7 +21,7 @@ from msprobe_mlflow.session import RankPolicy
 
 if TYPE_CHECKING:
     from msprobe_mlflow.tracking.aggregate import SummaryGather
-    from msprobe_mlflow.sinks.anomalies import SpikeRule
+    from msprobe_mlflow.anomaly_rule import SpikeRule
     from msprobe_mlflow.sinks.baseline import BaselineOptions
 
 
