@@ -202,3 +202,21 @@ def test_a_failure_judging_in_the_process_is_the_flags_failure_not_the_dumps():
     record.anomaly_flags = judged
     with pytest.raises(RuntimeError, match="step 3's anomaly flags"):
         AnomalyFlags(SpikeRule()).flags_of(record)
+
+
+def test_a_process_that_cannot_start_costs_no_step_the_writer_thread_writes_them_and_says_so(tmp_path, monkeypatch):
+    def cannot_start(module):
+        raise OSError(24, "Too many open files")
+
+    monkeypatch.setattr("msprobe_mlflow.dump_process.start_module_process", cannot_start)
+    model, rng, warnings = many_parameters(), np.random.default_rng(7), Warnings()
+    local_dump = LocalDump(str(tmp_path), "packed", warnings)
+    for step in (0, 1):
+        random_grads(model, rng)
+        record = step_record(model, step, "L1")
+        local_dump.write(record)
+        assert summary_csv_path(tmp_path, 0, step).read_bytes() == summary_csv_bytes(record)
+    assert local_dump.process is None and local_dump._in_thread
+    assert len(warnings.said) == 1 and "could not start" in warnings.said[0] and "Too many open files" in \
+        warnings.said[0] and "no step is lost" in warnings.said[0]
+    local_dump.close()
