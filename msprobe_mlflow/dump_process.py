@@ -21,11 +21,10 @@ between two processes of the same user and program only.
 
 Anomaly flags: given their rule (:attr:`LocalDump.spike_rule`), the process also judges each step
 (:mod:`msprobe_mlflow.anomaly_rule`) and answers the step's flags with it, in ``record.anomaly_flags``, for the
-sinks that report or act on them (once it ended, those sinks judge the later steps, from empty windows). Judged in
-the training process (1 ms of CPU a step for 512 parameters, dozens of numpy calls each taking the interpreter lock
-back from training), the flags made a step of 512 small tensors on one torch thread 1.27x the step without a
-monitor, against 1.17x judged here and 1.18x without flags (15 interleaved rounds; with torch's default threads,
-1.15x against 1.13x).
+sinks that report or act on them (once it ended, those sinks judge the later steps, from empty windows). In the
+training process, judging 512 parameters takes about 1 ms of CPU a step in dozens of numpy calls, each taking the
+interpreter lock back from training: the flags cost 1.02x-1.07x a step of 512 small tensors there, 0.92x-0.96x
+judged here (``benchmarks/live_benchmark.py``, *flags / L1*).
 """
 from __future__ import annotations
 
