@@ -24,10 +24,10 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
+from msprobe_mlflow.anomaly_rule import AnomalyFlags, SpikeRule
 from msprobe_mlflow.config import GradProbeConfig
 from msprobe_mlflow.notices import Notices
 from msprobe_mlflow.records import StepRecord
-from msprobe_mlflow.anomaly_rule import AnomalyFlags, SpikeRule
 
 TIER_OPTIONS_SOURCE = "monitor options"  # what an error about a tier option given to a monitor starts with
 
