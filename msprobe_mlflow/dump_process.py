@@ -75,7 +75,6 @@ class LocalDump:
                 self.process.stdin.flush()
                 outcome, value, record.anomaly_flags = pickle.load(self.process.stdout)
             except Exception as e:  # it ended (or its answer cannot be read): it is stopped
-                record.anomaly_flags = None
                 self._write_here_from_now(f"the local dump's process ended (exit code {self._kill()}: {e!r})",
                                           record.step)
             else:
