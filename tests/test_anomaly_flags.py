@@ -18,10 +18,10 @@ import torch
 from mlflow.tracking import MlflowClient
 
 from msprobe_mlflow import GradProbeConfig
+from msprobe_mlflow.anomaly_rule import AnomalyFlags, SpikeRule, robust_bands
 from msprobe_mlflow.dump import findings_dir
 from msprobe_mlflow.pytorch import GradientMonitor
 from msprobe_mlflow.records import StepRecord
-from msprobe_mlflow.anomaly_rule import AnomalyFlags, SpikeRule, robust_bands
 from msprobe_mlflow.sinks.anomalies import ANOMALIES_FILE_NAME
 from msprobe_mlflow.tracking.upload import upload_dump
 

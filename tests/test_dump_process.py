@@ -192,7 +192,7 @@ def test_when_the_process_ends_the_flags_sink_judges_the_next_steps_from_fresh_w
     assert sink.flags.parameters.column == 4  # steps 5 to 8 entered its windows, none before the process ended
 
 
-def test_a_failure_judging_in_the_process_is_the_flags_failure_not_the_dumps():
+def test_a_failure_judging_in_the_process_is_the_flags_failure_not_the_dumps(tmp_path):
     model = many_parameters()
     random_grads(model, np.random.default_rng(6))
     record = step_record(model, 3, "L1")
@@ -202,6 +202,12 @@ def test_a_failure_judging_in_the_process_is_the_flags_failure_not_the_dumps():
     record.anomaly_flags = judged
     with pytest.raises(RuntimeError, match="step 3's anomaly flags"):
         AnomalyFlags(SpikeRule()).flags_of(record)
+    warnings = Warnings()  # the flags' sink counts it as its own failure and says so at the end
+    sink = AnomalySink(SpikeRule(), str(tmp_path), 0, notices=warnings)
+    sink.handle(record)
+    sink.close()
+    assert len(sink._worker.errors) == 1 and "step 3's anomaly flags" in sink._worker.errors[0]
+    assert len(warnings.said) == 1 and "the anomaly flags failed 1 time(s)" in warnings.said[0]
 
 
 def test_a_process_that_cannot_start_costs_no_step_the_writer_thread_writes_them_and_says_so(tmp_path, monkeypatch):
