@@ -23,6 +23,7 @@ from numba.core import cgutils
 from numba.extending import intrinsic, overload
 
 from msprobe_mlflow.compat import foreach_norm, numba_slp_vectorize, set_numba_cache_dir
+from msprobe_mlflow.pytorch.openmp import on_torch_threads
 
 BLOCK = 1 << 13  # elements per block (32 KiB of float32): every loop over a block reads it from the L1 cache
 SMALL_ARRAY = 1 << 14  # elements: smaller arrays share one kernel call, so a model of many pays one call's cost
@@ -308,7 +309,9 @@ def _run(located: Located, dtype: np.dtype, bounds, with_counts, with_signs, wit
 
 def in_parallel(work: Callable, items: list, threads: int) -> None:
     """``work(item)`` for every item, on this thread and up to ``threads - 1`` more, each taking the next item
-    when done with its last (``work`` must release the GIL: numba's nogil kernels, hashlib on large buffers)."""
+    when done with its last (``work`` must release the GIL: numba's nogil kernels, hashlib on large buffers).
+    The others are torch's idle OpenMP threads where it has them (:mod:`~msprobe_mlflow.pytorch.openmp`), else
+    threads started for this call."""
     pending = iter(items)
     failures = []
 
@@ -319,13 +322,15 @@ def in_parallel(work: Callable, items: list, threads: int) -> None:
         except BaseException as e:  # raised again on the calling thread
             failures.append(e)
 
-    helpers = [threading.Thread(target=worker, name="msprobe-mlflow-statistics", daemon=True)
-               for _ in range(min(threads, len(items)) - 1)]
-    for helper in helpers:
-        helper.start()
-    worker()
-    for helper in helpers:
-        helper.join()
+    threads = min(threads, len(items))
+    if threads < 2 or not on_torch_threads(worker, threads):
+        helpers = [threading.Thread(target=worker, name="msprobe-mlflow-statistics", daemon=True)
+                   for _ in range(threads - 1)]
+        for helper in helpers:
+            helper.start()
+        worker()
+        for helper in helpers:
+            helper.join()
     if failures:
         raise failures[0]
 
