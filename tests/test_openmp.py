@@ -2,11 +2,13 @@
 torch has fewer threads than asked for."""
 import os
 import threading
+from pathlib import Path
 
 import pytest
 import torch
 
-from msprobe_mlflow.pytorch import fused, openmp
+from msprobe_mlflow import GradProbeConfig
+from msprobe_mlflow.pytorch import GradientMonitor, fused, openmp
 
 needs_openmp = pytest.mark.skipif(openmp._torch_libgomp() is None, reason="torch does not run on OpenMP here")
 
@@ -82,3 +84,40 @@ def test_the_statistics_are_the_same_on_either_kind_of_thread(torch_threads, thr
         results.append([*out, signs])
     for one_core, spread in zip(*results):
         assert one_core.tobytes() == spread.tobytes()
+
+
+def dump_of_training(dump: Path, level: str) -> dict[str, bytes]:
+    """Three steps of a model of 2.1M parameters (above fused.PARALLEL_MIN: the pre-hook spreads its work), torch
+    on 2 threads; every file under the rank folders but the training's ID."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(1024, 1024), torch.nn.Tanh(), torch.nn.Linear(1024, 1024))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    with GradientMonitor(GradProbeConfig(dump_path=str(dump), level=level), log_to_mlflow=False,
+                         anomaly_flags=False).monitor(model, optimizer) as monitor:
+        for step in range(3):
+            optimizer.zero_grad()
+            model(torch.randn(8, 1024, generator=torch.Generator().manual_seed(step))).square().mean().backward()
+            optimizer.step()
+    assert not monitor.errors, monitor.errors
+    return {str(path.relative_to(dump)): path.read_bytes() for path in sorted(dump.glob("rank*/**/*"))
+            if path.is_file() and path.name != "training_id"}
+
+
+@needs_openmp
+@pytest.mark.parametrize("level", ["L0", "L2"])
+def test_the_monitors_dump_is_the_same_through_torchs_threads(tmp_path, monkeypatch, torch_threads, level):
+    torch_threads(2)
+    on_torch_threads, used = openmp.on_torch_threads, []
+
+    def noting_its_use(work, threads):
+        used.append(on_torch_threads(work, threads))
+        return used[-1]
+
+    monkeypatch.setattr(fused, "on_torch_threads", noting_its_use)
+    through_torch = dump_of_training(tmp_path / "torch", level)
+    assert used and all(used)  # the pre-hook's MD5s (L0) or kernel (L2) ran on torch's threads
+    monkeypatch.setattr(fused, "on_torch_threads", lambda work, threads: False)
+    of_its_own = dump_of_training(tmp_path / "own", level)
+    assert sorted(through_torch) == sorted(of_its_own) and any(name.endswith(".csv") for name in of_its_own)
+    for name, content in of_its_own.items():
+        assert through_torch[name] == content, name
