@@ -2,11 +2,12 @@
 
 Two models: 16 x nn.Linear(2048, 2048) (67M float32 parameters, 32 tensors, batch 8), where the gradients' bytes
 dominate, and 256 x nn.Linear(64, 64) (512 small tensors, batch 8), where per-parameter overheads dominate; SGD
-with momentum. Variants: no monitor; msprobe 1.0.3 and ours at L0, L1, L2 (bounds [-1, 0, 1]); ours at L2 logging
-into MLflow (a SQLite store in a temporary folder); ours at L2 cut short after its probe, its writer thread and
-its local dump (``STAGES``: where the time goes). Every round runs each variant once, in an order rotated by
-one each round (drift in the machine's load hits all alike): attach, one probed warm-up iteration, ``--iterations``
-timed iterations, detach. Reported per variant, as medians over rounds:
+with momentum. Variants: no monitor; msprobe 1.0.3 and ours at L0, L1, L2 (bounds [-1, 0, 1]); ours at L1 and L2
+with ``overlap=True`` (on where torch leaves a core free, else off as by default); ours at L2 logging into MLflow
+(a SQLite store in a temporary folder); ours at L2 cut short after its probe, its writer thread and its local dump
+(``STAGES``: where the time goes). Every round runs each variant once, in an order rotated by one each round
+(drift in the machine's load hits all alike): attach, one probed warm-up iteration, ``--iterations`` timed
+iterations, detach. Reported per variant, as medians over rounds:
 
 - iteration: wall time of one full iteration (zero_grad, forward, backward, optimizer step with the probe);
 - with drain: the timed iterations plus ``stop()`` (our writer thread finishing the steps it queued, MLflow
@@ -143,12 +144,12 @@ STAGES = {PROBE_ONLY: "the hook computes each step's statistics, which go nowher
 
 
 def attach_ours(level: str, with_mlflow: bool, workload: Workload, folder: Path,
-                stage: str | None = None) -> Attached:
+                stage: str | None = None, overlap: bool | None = None) -> Attached:
     import mlflow
 
     run = mlflow.start_run() if with_mlflow else None
     monitor = GradientMonitor(GradProbeConfig(dump_path=str(folder), level=level, bounds=BOUNDS),
-                              log_to_mlflow=with_mlflow, anomaly_flags=stage is None)
+                              log_to_mlflow=with_mlflow, anomaly_flags=stage is None, overlap=overlap)
     monitor.monitor(workload.model, workload.optimizer)
     if stage == PROBE_ONLY:
         monitor._session.submit = lambda pending: None
@@ -207,6 +208,9 @@ def variants() -> list[Variant]:
     for level in LEVELS:
         found.append(Variant(f"msprobe 1.0.3 {level}", lambda w, f, level=level: attach_msprobe(level, w, f)))
         found.append(Variant(f"ours {level}", lambda w, f, level=level: attach_ours(level, False, w, f)))
+    found += [Variant(f"ours {level} + overlap", lambda w, f, level=level: attach_ours(level, False, w, f,
+                                                                                    overlap=True))
+              for level in ("L1", "L2")]
     found.append(Variant(MLFLOW_VARIANT, lambda w, f: attach_ours("L2", True, w, f)))
     found += [Variant(stage, lambda w, f, stage=stage: attach_ours("L2", False, w, f, stage)) for stage in STAGES]
     return found

@@ -253,6 +253,17 @@ def test_distributed_stacks_record_the_same_with_the_overlap_or_fall_back_and_sa
     assert_same_dumps(tmp_path / "on", tmp_path / "off")
 
 
+def test_the_overlap_is_off_unless_asked_for_and_the_run_says_why(tmp_path):
+    """Where every rule would allow it (this module's fixture), the overlap still waits for ``overlap=True``."""
+    model = Model()
+    by_default = GradientMonitor(GradProbeConfig(dump_path=str(tmp_path / "default"), level="L1"),
+                                 log_to_mlflow=False).monitor(model, torch.optim.SGD(model.parameters(), lr=0.1))
+    assert by_default.overlap == f"off: {overlap.NOT_ASKED_FOR}"
+    by_default.stop()
+    asked = train(tmp_path / "asked", True, "plain")
+    assert asked.overlap == "on" and asked.early_gradients > 0
+
+
 def test_small_gradients_take_the_path_without_overlap_and_say_why(tmp_path, monkeypatch):
     """A hook per gradient costs more than the statistics of a small one: below MIN_AVERAGE_ELEMENTS on average,
     the overlap is off, with the reason, and the records are the same."""

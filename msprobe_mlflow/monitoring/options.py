@@ -35,8 +35,9 @@ class MonitorOptions:
     - ``metrics_file``: also each step's summary metrics in ``{dump_path}/rank{R}/metrics.jsonl``; ``sinks``: more
       outputs (``handle(record)``, ``flush()``, ``close()``), fed after the local dump; ``silent``: problems go to
       the ``msprobe_mlflow`` logger only, no warnings.
-    - ``overlap`` (the PyTorch monitor's only; None: its default, on): statistics computed during backward where
-      that is exact (``msprobe_mlflow.pytorch.overlap``); False: all at ``step()``.
+    - ``overlap`` (the PyTorch monitor's only): True: statistics computed during backward where that is exact
+      (``msprobe_mlflow.pytorch.overlap``); None (the default) and False: all at ``step()`` (None: the run's tag
+      says why, as measured on the CPU).
     - ``statistics``: opt-in columns after ``norm`` in the summary CSV (names from
       :data:`msprobe_mlflow.statistics_table.OPT_IN`): the gradient's ``mean``, ``abs_mean`` (and their run
       metrics), then the parameter's own ``param_norm`` (the comparator judges it too); none by default, so

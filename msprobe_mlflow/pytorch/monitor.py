@@ -11,9 +11,10 @@ unscaling and clipping when those happen before ``step()``. Names are the eager 
 (:mod:`msprobe_mlflow.pytorch.sharded`), as do FSDP1's flattened gradients, under the original parameters' names and
 shapes (:mod:`msprobe_mlflow.pytorch.fsdp1`).
 
-With ``overlap`` (on by default), each gradient's statistics are computed as it becomes final during backward, on
-a worker thread, and checked at ``step()`` (:mod:`msprobe_mlflow.pytorch.overlap`): the records are the same, the
-training thread waits less. The run's tag ``msprobe_mlflow.overlap`` says ``on``, or ``off: <why>``.
+With ``overlap=True``, each gradient's statistics are computed as it becomes final during backward, on a worker
+thread, and checked at ``step()`` (:mod:`msprobe_mlflow.pytorch.overlap`): the records are the same. It is off by
+default: the pre-hook's kernel reads at memory speed, so the check costs the training thread as much as computing
+at ``step()``, and the worker adds CPU. The run's tag ``msprobe_mlflow.overlap`` says ``on``, or ``off: <why>``.
 """
 from __future__ import annotations
 
@@ -31,7 +32,8 @@ from msprobe_mlflow.parameter_names import eager_named_parameters
 from msprobe_mlflow.pytorch.compute_format import ComputeFormatWatch
 from msprobe_mlflow.pytorch.distributed import current_rank, shared_run_id, summary_all_gather, world_size
 from msprobe_mlflow.pytorch.parameter_norms import launch_parameter_norms
-from msprobe_mlflow.pytorch.overlap import EarlyStatistics, launch_with_early, step_level, usable_parts, why_off
+from msprobe_mlflow.pytorch.overlap import (NOT_ASKED_FOR, EarlyStatistics, launch_with_early, step_level,
+                                            usable_parts, why_off)
 from msprobe_mlflow.pytorch.fsdp1 import FlatSlot, fsdp1_named_parameters, has_fsdp1
 from msprobe_mlflow.pytorch.sharded import FlatPiece, has_sharded, launch_sharded_statistics
 from msprobe_mlflow.pytorch.statistics import StatisticsCache, launch_step_statistics
@@ -56,7 +58,7 @@ class GradientMonitor(SessionMonitor):
     def __init__(self, config: GradProbeConfig | str | os.PathLike | dict, *, options: MonitorOptions | None = None,
                  **keywords):
         super().__init__(config, options=options, **keywords)
-        self._overlap_wanted = self.options.overlap is not False
+        self._overlap_wanted = self.options.overlap is not False  # True: on where exact; None: says why it is off
         self.overlap = "off: not monitoring yet"  # "on", or "off: <why>" (also the run's tag)
         self._early: EarlyStatistics | None = None
         self.early_gradients = 0  # gradients whose statistics the overlap computed during backward (all steps)
@@ -125,6 +127,8 @@ class GradientMonitor(SessionMonitor):
         """Hooks each parameter for the early statistics, or says why not (a warning only if asked for and off)."""
         reason = "overlap=False" if not self._overlap_wanted else self._unsupported or \
             why_off(model, self._parameters, level=self.config.level, writes=self._session.ranks.probes)
+        if reason is None and self.options.overlap is None:
+            reason = NOT_ASKED_FOR
         self.overlap = "on" if reason is None else f"off: {reason}"
         if reason is None:
             self._early = EarlyStatistics([p for _, p, _ in self._parameters], self._early_settings)

@@ -42,6 +42,9 @@ from msprobe_mlflow.pytorch.statistics import StatisticsCache, _launch_group, la
 from msprobe_mlflow.records import StepRecord, record_from_statistics
 from msprobe_mlflow.statistics_table import extra_statistics
 
+NOT_ASKED_FOR = ("not asked for (overlap=True turns it on): the pre-hook reads each gradient once at memory speed "
+                 "over the rank's cores, as the overlap's check at step() would, so its worker beside backward only "
+                 "adds CPU")  # 67M fp32, torch on 1 of 2 cores: L1 1.10x without, 1.15x with; CPU 1.18x, 1.36x
 MIN_AVERAGE_ELEMENTS = 1 << 14  # per gradient: a hook costs ~10 us of Python, the kernel that many elements' time
 BUCKET_ELEMENTS = 1 << 21  # a bucket goes to the worker once its gradients hold this many elements (8 MB float32)
 
