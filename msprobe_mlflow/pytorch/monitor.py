@@ -58,7 +58,7 @@ class GradientMonitor(SessionMonitor):
     def __init__(self, config: GradProbeConfig | str | os.PathLike | dict, *, options: MonitorOptions | None = None,
                  **keywords):
         super().__init__(config, options=options, **keywords)
-        self._overlap_wanted = self.options.overlap is not False  # True: on where exact; None: says why it is off
+        self._overlap_wanted = self.options.overlap is not False
         self.overlap = "off: not monitoring yet"  # "on", or "off: <why>" (also the run's tag)
         self._early: EarlyStatistics | None = None
         self.early_gradients = 0  # gradients whose statistics the overlap computed during backward (all steps)
