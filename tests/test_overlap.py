@@ -176,13 +176,17 @@ def test_the_check_keeps_only_buckets_whose_gradients_are_unchanged_since_comput
 
 
 def test_the_checks_norms_on_two_cores_are_each_tensors_own(monkeypatch):
-    threads = set()
+    threads, both_halves = set(), threading.Barrier(2, timeout=60)
 
     def foreach_norm_noting_the_thread(tensors):
         threads.add(threading.get_ident())
         return torch._foreach_norm(tensors)
 
-    monkeypatch.setattr(overlap, "foreach_norm", foreach_norm_noting_the_thread)
+    def foreach_norm_of_a_half(tensors):  # returns once both halves run at once, each on a thread of its own
+        both_halves.wait()
+        return foreach_norm_noting_the_thread(tensors)
+
+    monkeypatch.setattr(overlap, "foreach_norm", foreach_norm_of_a_half)
     generator = torch.Generator().manual_seed(3)
     tensors = [torch.randn(size, generator=generator) * (k + 1)
                for k, size in enumerate([3, 1 << 19, 7, 1 << 18, 1 << 19, 5, 1])]
@@ -190,6 +194,7 @@ def test_the_checks_norms_on_two_cores_are_each_tensors_own(monkeypatch):
     together = overlap.norms_on_two_cores(tensors)
     assert len(threads) == 2  # the helper took the second half
     assert torch.equal(torch.stack(together), torch.stack(alone))
+    monkeypatch.setattr(overlap, "foreach_norm", foreach_norm_noting_the_thread)
     threads.clear()
     assert torch.equal(torch.stack(overlap.norms_on_two_cores(tensors[:3])), torch.stack(alone[:3]))
     assert len(threads) == 1  # too few elements to be worth a thread
