@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 import threading
+import warnings
 from pathlib import Path
 
 import mlflow
@@ -229,8 +230,12 @@ def test_l0_and_the_option_say_why_the_overlap_is_off_in_the_runs_tags(tmp_exper
         GradientMonitor(GradProbeConfig(dump_path=str(tmp_path / "x")), overlap="yes")
     for dump, level, tag in [("l0", "L0", "off: L0 hashes each gradient's bytes in the optimizer's pre-hook, where they are final"),
                              ("l1", "L1", "on")]:
-        with mlflow.start_run() as run:
+        with mlflow.start_run() as run, warnings.catch_warnings(record=True) as said:
+            warnings.simplefilter("always")
             monitor = train(tmp_path / dump, True, "plain", log_to_mlflow=True, level=level)
+        about_the_overlap = [str(w.message) for w in said if "overlap=True" in str(w.message)]
+        assert about_the_overlap == ([] if tag == "on" else [f"msprobe-mlflow: overlap=True, but the overlap is "
+                                                             f"{tag.replace('off:', 'off here:')}"])
         assert monitor.overlap == tag
         assert MlflowClient().get_run(run.info.run_id).data.tags["msprobe_mlflow.overlap"] == tag
         assert (monitor.early_gradients > 0) == (tag == "on")

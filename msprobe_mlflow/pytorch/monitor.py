@@ -132,6 +132,8 @@ class GradientMonitor(SessionMonitor):
         self.overlap = "on" if reason is None else f"off: {reason}"
         if reason is None:
             self._early = EarlyStatistics([p for _, p, _ in self._parameters], self._early_settings)
+        elif self.options.overlap:
+            self.notices.warn(f"overlap=True, but the overlap is off here: {reason}")
         ranks = self._session.ranks
         self.tag_run({OVERLAP_TAG if ranks.world_size == 1 else rank_tag(ranks.rank, "overlap"):
                       self.overlap}, self.step)
