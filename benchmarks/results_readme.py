@@ -1,7 +1,8 @@
 """Writes ``results/README.md``: issue 7's targets against what was measured, then the monitor table (from
 ``monitor.json``), the comparator table (from ``compare.json``), the GPU figures (``gpu.md``, as measured on a
-lent GPU by ``gpu_check.py``) and the live verdicts' figures (``live.md``, ``anomalies.md``). ``benchmarks/run``
-calls it after the benchmarks; it only reads their results.
+lent GPU by ``gpu_check.py``), where a probed step's time goes (``step_profile.md``) and the live verdicts'
+figures (``live.md``, ``anomalies.md``). ``benchmarks/run`` calls it after the benchmarks; it only reads their
+results.
 """
 from __future__ import annotations
 
@@ -160,7 +161,7 @@ def main() -> None:
         *([monitor_benchmark.markdown(default_threads)] if default_threads else []),
         demoted(compare_benchmark.markdown(compare, COMPARATOR_REFERENCE)),
         demoted((results / "gpu.md").read_text(encoding="utf-8")),
-        *(demoted((results / name).read_text(encoding="utf-8")) for name in ("live.md", "anomalies.md")
+        *(demoted((results / name).read_text(encoding="utf-8")) for name in ("step_profile.md", "live.md", "anomalies.md")
           if (results / name).exists()),
     ]
     (results / "README.md").write_text("\n".join(parts), encoding="utf-8")
