@@ -1,15 +1,16 @@
 """Where a probed step's time goes: the CPU each thread and process of ours adds per step, beside the iteration.
 
 ``monitor_benchmark.py`` gives the ratios; this gives the profile behind them. Same models and monitor as there
-(16 x Linear(2048, 2048) and 256 x Linear(64, 64), SGD with momentum, batch 8; ours at L1 and L2 with the anomaly
-flags and the local dump, no MLflow), torch on 1 thread and with its default threads. Each round runs no monitor and
-ours in turn (the order rotated by one each round), each for at least ``--seconds`` of iterations after one warm-up
-step whose background work is waited for; medians over rounds of, per iteration:
+(16 x Linear(2048, 2048) and 256 x Linear(64, 64), SGD with momentum, batch 8; ours with the anomaly flags and the
+local dump, no MLflow) at L0, L1 and L2, torch on 1 thread and with its default threads. Each round runs no monitor
+and ours in turn (the order rotated by one each round), each for at least ``--seconds`` of iterations after one
+warm-up step whose background work is waited for; medians over rounds of, per iteration (the pre-hook's figures: a turn's
+mean):
 
 - iteration: wall time, and its ratio to no monitor's in the same round;
 - pre-hook: the training thread's wall time in the optimizer pre-hook, and of that the statistics kernel's (the
-  calls spread over the cores, ``fused.in_parallel``); the rest is Python over the gradients (lists, checks,
-  addresses, the step's layout);
+  calls spread over the cores, ``fused.in_parallel``: at L0 the MD5s); the rest is Python over the gradients
+  (lists, checks, addresses, the step's layout);
 - CPU by thread, over no monitor's: the training thread; the writer thread (the record, and handing it to the local
   dump: for steps of 128 parameters or more, a pickle into the local dump's process, else the dump itself); the
   anomaly flags' thread; the process's other threads (torch's OpenMP workers, the kernel's helper threads); the
@@ -46,7 +47,7 @@ from monitor_benchmark import (NO_MONITOR, WARM_UP_ITERATIONS, OtherLoad, attach
                                children_cpu_seconds, code_version, floor_seconds, workloads)
 
 from msprobe_mlflow import dump_process  # noqa: E402
-from msprobe_mlflow.pytorch import fused  # noqa: E402
+from msprobe_mlflow.pytorch import fused, md5  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
 TRAINING, WRITER, FLAGS, OTHER, DUMP = ("training thread", "writer thread", "anomaly flags' thread",
@@ -72,23 +73,28 @@ def cpu_by_part() -> dict[str, float]:
 
 
 class KernelTimer:
-    """The training thread's wall time in the statistics kernel's calls (``fused.in_parallel``), per step."""
+    """The training thread's wall time in the statistics kernel's calls and the MD5s (``in_parallel``), per step."""
+
+    MODULES = (fused, md5)  # md5 imports in_parallel by name
 
     def __init__(self):
         self.seconds = 0.0
-        self._original = fused.in_parallel
+        original = fused.in_parallel
 
         def timed(*args, **kwargs):
             start = time.perf_counter()
             try:
-                return self._original(*args, **kwargs)
+                return original(*args, **kwargs)
             finally:
                 if threading.current_thread() is threading.main_thread():
                     self.seconds += time.perf_counter() - start
-        fused.in_parallel = timed  # benchmark only
+        self._original = original
+        for module in self.MODULES:
+            module.in_parallel = timed  # benchmark only
 
     def close(self) -> None:
-        fused.in_parallel = self._original
+        for module in self.MODULES:
+            module.in_parallel = self._original
 
 
 def turn(workload, level: str | None, seconds: float, folder: Path) -> dict:
@@ -116,7 +122,7 @@ def turn(workload, level: str | None, seconds: float, folder: Path) -> dict:
     result = {"iteration_s": statistics.median(iteration_seconds),
               "cpu_s": {part: (cpu_end[part] - cpu_start[part]) / count for part in cpu_start}}
     if attached:
-        result.update(hook_s=statistics.median(attached.hook_seconds[1:]), kernel_s=kernel.seconds / count)
+        result.update(hook_s=statistics.fmean(attached.hook_seconds[1:]), kernel_s=kernel.seconds / count)
     return result
 
 
@@ -160,11 +166,11 @@ def markdown(result: dict) -> str:
              f"`benchmarks/.venv/bin/python benchmarks/step_profile.py --rounds {result['rounds']} "
              f"--seconds {result['seconds']}`. {result['rounds']} rounds, each running no monitor and ours in turn "
              f"for {result['seconds']} s of iterations; medians over rounds, per iteration. *Pre-hook*: the training "
-             f"thread's wall time in the monitor's optimizer pre-hook, *kernel* the statistics kernel's calls in it "
-             f"(spread over the cores), the rest is Python over the gradients. *CPU +ms*: CPU time over no monitor's, "
-             f"by thread and process (*other threads*: torch's OpenMP workers and the kernel's helpers; the local "
-             f"dump is written by a process of its own for steps of {dump_process.PROCESS_MIN_PARAMETERS} "
-             f"parameters or more, else on the writer thread).", ""]
+             f"thread's mean wall time in the monitor's optimizer pre-hook, *kernel* the statistics kernel's calls in it "
+             f"(spread over the cores; at L0 the MD5s), the rest is Python over the gradients. *CPU +ms*: CPU time "
+             f"over no monitor's, by thread and process (*other threads*: torch's OpenMP workers and the kernel's "
+             f"helpers; the local dump is written by a process of its own for steps of "
+             f"{dump_process.PROCESS_MIN_PARAMETERS} parameters or more, else on the writer thread).", ""]
     parts = (TRAINING, WRITER, FLAGS, OTHER, DUMP)
     for threads, workloads_profiled in result["by_threads"].items():
         lines += [f"## torch threads: {threads}", "",
@@ -191,7 +197,7 @@ def main() -> None:
                                             "--rounds 7 --seconds 2")
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--seconds", type=float, default=2.0, help="timed iterations per turn, at least")
-    parser.add_argument("--levels", nargs="+", default=["L1", "L2"], choices=["L0", "L1", "L2"])
+    parser.add_argument("--levels", nargs="+", default=["L0", "L1", "L2"], choices=["L0", "L1", "L2"])
     parser.add_argument("--quick", action="store_true", help="small models, a dry run of the harness")
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args()
