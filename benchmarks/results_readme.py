@@ -89,10 +89,9 @@ def overhead_targets_table(one_thread: dict, default_threads: dict | None) -> li
                              f"(rounds {low:.2f}-{high:.2f}; with drain {row['with_drain_ratio']:.2f}x; CPU "
                              f"{row['cpu_ratio']:.2f}x) | {verdict(judged, target)} |")
             for level, target in (("L1", 1.5), ("L2", 2.0)):
-                ours, theirs = rows[f"ours {level}"]["hook_floor_passes"], rows[f"msprobe 1.0.3 {level}"]
-                lines.append(f"| {where}: the training thread in the monitor, floor passes | {level} | "
-                             f"{theirs['hook_floor_passes']:.1f} | <= {target} | {ours:.1f} | "
-                             f"{verdict(ours, target)} |")
+                ours, theirs = (rows[f"{who} {level}"]["hook_floor_passes"] for who in ("ours", "msprobe 1.0.3"))
+                lines.append(f"| {where}: the training thread in the monitor, floor passes | {level} | {theirs:.1f} | "
+                             f"<= {target} | {ours:.1f} | {verdict(ours, target)} |")
             ours, theirs = rows["ours L2"]["cpu_ratio"], rows["msprobe 1.0.3 L2"]["cpu_ratio"]
             lines.append(f"| {where}: total CPU time of all threads | L2 | {theirs:.2f}x | <= 1.25x | {ours:.2f}x | "
                          f"{verdict(ours, 1.25)} |")
