@@ -58,7 +58,6 @@ class GradientMonitor(SessionMonitor):
     def __init__(self, config: GradProbeConfig | str | os.PathLike | dict, *, options: MonitorOptions | None = None,
                  **keywords):
         super().__init__(config, options=options, **keywords)
-        self._overlap_wanted = self.options.overlap is not False
         self.overlap = "off: not monitoring yet"  # "on", or "off: <why>" (also the run's tag)
         self._early: EarlyStatistics | None = None
         self.early_gradients = 0  # gradients whose statistics the overlap computed during backward (all steps)
@@ -125,7 +124,7 @@ class GradientMonitor(SessionMonitor):
 
     def _start_overlap(self, model: torch.nn.Module) -> None:
         """Hooks each parameter for the early statistics, or says why not (a warning only if asked for and off)."""
-        reason = "overlap=False" if not self._overlap_wanted else self._unsupported or \
+        reason = "overlap=False" if self.options.overlap is False else self._unsupported or \
             why_off(model, self._parameters, level=self.config.level, writes=self._session.ranks.probes)
         if reason is None and self.options.overlap is None:
             reason = NOT_ASKED_FOR
