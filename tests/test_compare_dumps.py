@@ -249,9 +249,9 @@ def no_common_step(a: Path, b: Path) -> str:
 
 
 def no_common_parameter(a: Path, b: Path) -> str:
-    for path in (b / "rank0" / "step0").glob("*.npy"):
-        path.rename(path.with_name("renamed." + path.name))
-    return "rank0 step0: no parameter in both dumps"
+    for index, path in enumerate(sorted((b / "rank0" / "step0").glob("*.npy"))):
+        path.rename(path.with_name(f"unrelated{index}.npy"))  # no name, kind or shape order to pair by
+    return "rank0 step0: no parameter of A could be paired with one of B"
 
 
 def not_a_dump(a: Path, b: Path) -> str:

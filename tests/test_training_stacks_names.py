@@ -58,6 +58,6 @@ def test_compare_matches_old_prefixed_names_and_says_so(tmp_path):
     (rank,) = comparison.ranks
     assert rank.parameters == ["_orig_mod.0.weight", "_orig_mod.0.bias", "_orig_mod.2.weight", "_orig_mod.2.bias"]
     assert rank.summary == [1.0, 1.0] and not rank.only_in_a and not rank.only_in_b
-    assert rank.unwrapped_matches[0] == ("_orig_mod.0.weight", "0.weight")
-    assert "4 parameters matched once wrapper prefixes were removed" in comparison.table()
-    assert comparison.to_dict()["ranks"][0]["unwrapped_matches"][0] == ["_orig_mod.0.weight", "0.weight"]
+    assert rank.renamed_matches[0] == ("_orig_mod.0.weight", "0.weight", "wrapper")
+    assert "4 parameters paired once wrapper prefixes were removed" in comparison.table()
+    assert comparison.to_dict()["ranks"][0]["renamed_matches"][0] == ["_orig_mod.0.weight", "0.weight", "wrapper"]

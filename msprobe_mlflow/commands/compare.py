@@ -44,6 +44,11 @@ FOLDER = click.Path(file_okay=False)  # checked only if it exists: created when 
                    "bfloat16 rounding is named there. Default: what both runs' PyTorch monitors recorded with each "
                    "step; bfloat16 where they did not (MindSpore, msprobe's dumps). Example: --precision float32 "
                    "(fp32 on CPU against fp64, TF32 off)")
+@click.option("--name-map", metavar="FILE", type=click.Path(dir_okay=False),
+              help="a JSON object, parameter name in A -> name in B, for parameters the automatic pairing does not "
+                   "find (it pairs equal names, wrapper prefixes, MindSpore's gamma/beta with torch's weight/bias, "
+                   "numbered SequentialCell children by order and shape). Example: --name-map names.json with "
+                   "{\"encoder.norm.weight\": \"encoder.final_ln.gamma\"}")
 @click.option("--no-mlflow", is_flag=True,
               help="log no comparison run: print (and with --output write) the result only; run IDs as sources "
                    "still need the tracking store")
@@ -57,13 +62,15 @@ FOLDER = click.Path(file_okay=False)  # checked only if it exists: created when 
                    "~/.cache/msprobe-mlflow/runs)")
 def compare(a: str, b: str, output: str | None, experiment: str | None, run_name: str | None,
             tracking_uri: str | None, rule: str, first_threshold: float | None, drop_threshold: float | None,
-            precision: str | None, no_mlflow: bool,
+            precision: str | None, name_map: str | None, no_mlflow: bool,
             fail_on_suspicious: bool, per_param_plots: bool, no_plots: bool, cache_dir: str | None) -> int:
     """Compares the gradient directions (signs) of two trainings, step by step: for each rank, parameter and step
     present in both, similarity = elements whose sign agrees / elements. The summary per step weighs parameters by
     size. A (the baseline) and B (the run to check against it) are each an MLflow run ID (a run logged by
     autolog(), GradientMonitor or 'msprobe-mlflow upload') or a grad_probe dump folder (ours, or msprobe 1.0.3's).
-    Dumps must be grad_level L1 or L2 (L0 has no directions).
+    Dumps must be grad_level L1 or L2 (L0 has no directions). Parameters are paired by name, across wrappers and
+    across frameworks (a MindSpore run against its PyTorch twin: gamma/beta = weight/bias, numbered SequentialCell
+    children by order and shape); --name-map pairs the rest. A verdict on part of either model says "partial".
 
     Verdict (--rule noise, the default): a step is suspicious when the runs differ there by more than their own
     numerical noise, learnt from the pair: in the directions, or (at L1/L2) in the gradient norms (and the weights'
@@ -86,6 +93,7 @@ def compare(a: str, b: str, output: str | None, experiment: str | None, run_name
       msprobe-mlflow compare $BASELINE_RUN $CANDIDATE_RUN --tracking-uri http://mlflow:5000 --fail-on-suspicious
       msprobe-mlflow compare ./dump_a ./dump_b --no-mlflow --rule msprobe --drop-threshold 0.05
       msprobe-mlflow compare ./dump_cpu_fp64 ./dump_cpu_fp32 --no-mlflow --precision float32
+      msprobe-mlflow compare ./dump_torch_gpu ./dump_mindspore_npu --no-mlflow --name-map names.json
     """
     from msprobe_mlflow.compare.engine import compare_dumps
 
@@ -98,7 +106,7 @@ def compare(a: str, b: str, output: str | None, experiment: str | None, run_name
         raise ValueError(f"--precision applies to --rule noise only (msprobe's rule reads fixed thresholds); "
                          f"leave it out with --rule {rule}")
     options = dict(rule=rule, precision=precision, plots=not no_plots, per_param_plots=per_param_plots,
-                   **thresholds)
+                   name_map=name_map, **thresholds)
     if no_mlflow and Path(a).exists() and Path(b).exists():  # two dumps: no tracking store involved
         comparison = compare_dumps(a, b, output, **options)
         _print_result(comparison)

@@ -21,10 +21,11 @@ import numpy as np
 
 from msprobe_mlflow.progress import ProgressLine
 from msprobe_mlflow.compare.similarity import judged_similarity, similarity, summary_similarity
+from msprobe_mlflow.compare.pairing import HOW, PAIRED_BY, example_name_map, name_map_from
 from msprobe_mlflow.compare.rules import judge_for
 from msprobe_mlflow.compare.step import StepMismatch, compare_step
 from msprobe_mlflow.compare.verdict import (DEFAULT_DROP_THRESHOLD, DEFAULT_FIRST_THRESHOLD, DEFAULT_RULE,
-                                            RankVerdict, RuleSettings, Verdict)
+                                            Coverage, RankVerdict, RuleSettings, Verdict)
 from msprobe_mlflow.dump import (dump_folder, indexed_children, rank_dir, short_list, step_dir, summary_steps,
                                  write_csv)
 
@@ -52,9 +53,9 @@ class RankComparison:
     summary_counts: list[tuple[int, int]]
     only_in_a: list[str] = field(default_factory=list)
     only_in_b: list[str] = field(default_factory=list)
-    # (name in A, name in B) of parameters matched only once wrapper prefixes (``module.``, ``_orig_mod.``) were
-    # removed: dumps written before names were unwrapped.
-    unwrapped_matches: list[tuple[str, str]] = field(default_factory=list)
+    # (name in A, name in B, how) of parameters paired under other names (``compare/pairing.py``): wrapper prefixes
+    # of dumps written before names were unwrapped, another framework's names, the model's order, the name map.
+    renamed_matches: list[tuple[str, str, str]] = field(default_factory=list)
     steps_only_in_a: list[int] = field(default_factory=list)  # directions in one dump only (say, the always-on tier)
     steps_only_in_b: list[int] = field(default_factory=list)
 
@@ -106,7 +107,7 @@ class DumpComparison:
             "verdict": self.verdict.to_dict(),
             "ranks": [{"rank": r.rank, "steps": r.steps, "summary": r.summary, "parameters": len(r.parameters),
                        "only_in_a": r.only_in_a, "only_in_b": r.only_in_b,
-                       "unwrapped_matches": [list(pair) for pair in r.unwrapped_matches],
+                       "renamed_matches": [list(pair) for pair in r.renamed_matches],
                        "steps_only_in_a": r.steps_only_in_a, "steps_only_in_b": r.steps_only_in_b} for r in self.ranks],
         }
 
@@ -130,10 +131,11 @@ class DumpComparison:
                 chunk = slice(start, start + steps_per_line)
                 lines.append("  step    " + "".join(f"{s:>9}" for s in rank.steps[chunk]))
                 lines.append("  summary " + "".join(f"{v:>9.4f}" for v in rank.summary[chunk]))
-            if rank.unwrapped_matches:
-                a, b = rank.unwrapped_matches[0]
-                lines.append(f"  {len(rank.unwrapped_matches)} parameters matched once wrapper prefixes were "
-                             f"removed (e.g. A {a!r} = B {b!r})")
+            for how in HOW:
+                renamed = [(a, b) for a, b, found in rank.renamed_matches if found == how]
+                if renamed:
+                    lines.append(f"  {len(renamed)} parameters paired {PAIRED_BY[how]} (e.g. A {renamed[0][0]!r} = "
+                                 f"B {renamed[0][1]!r})")
             for side, names in (("A", rank.only_in_a), ("B", rank.only_in_b)):
                 if names:
                     lines.append(f"  only in {side} (not compared): {short_list(names, 5)}")
@@ -156,7 +158,7 @@ def direction_steps(dump: Path, rank: int, label: str) -> list[int]:
 
 
 def _compare_rank(dump_a: Path, dump_b: Path, rank: int, settings: RuleSettings, pool: ThreadPoolExecutor,
-                  progress: bool | None) -> tuple[RankComparison, RankVerdict]:
+                  progress: bool | None, name_map: dict[str, str] | None) -> tuple[RankComparison, RankVerdict]:
     """Compares a rank's common steps one by one (``compare_step``, as the live verdict does) and judges each as
     it is compared."""
     steps_a = direction_steps(dump_a, rank, "dump A")
@@ -170,20 +172,24 @@ def _compare_rank(dump_a: Path, dump_b: Path, rank: int, settings: RuleSettings,
     counts: dict[str, list[Counts]] = {}
     only_a: dict[str, None] = {}
     only_b: dict[str, None] = {}
-    unwrapped: dict[tuple[str, str], None] = {}
+    renamed: dict[tuple[str, str, str], None] = {}
     summary_counts = []
     line = ProgressLine(f"rank{rank} steps", len(steps), progress)
     for index, step in enumerate(steps):
         try:
-            compared = compare_step(step, step_dir(dump_a, rank, step), step_dir(dump_b, rank, step), pool=pool)
+            compared = compare_step(step, step_dir(dump_a, rank, step), step_dir(dump_b, rank, step), pool=pool,
+                                    name_map=name_map)
         except StepMismatch as e:
             raise CompareInputError(f"rank{rank} {e}") from None
         if not compared.compared:
-            raise CompareInputError(f"rank{rank} step{step}: no parameter in both dumps (A has "
-                                    f"{sorted(compared.only_in_a)[:5]}, B has {sorted(compared.only_in_b)[:5]})")
+            raise CompareInputError(
+                f"rank{rank} step{step}: no parameter of A could be paired with one of B (A has "
+                f"{sorted(compared.only_in_a)[:5]}, B has {sorted(compared.only_in_b)[:5]}); pair them with a name "
+                f"map: a JSON file of name in A -> name in B, given as --name-map FILE (name_map= in Python), e.g. "
+                f"{{{example_name_map(compared.only_in_a, compared.only_in_b)}}}")
         only_a.update(dict.fromkeys(compared.only_in_a))
         only_b.update(dict.fromkeys(compared.only_in_b))
-        unwrapped.update(dict.fromkeys(compared.unwrapped_matches))
+        renamed.update(dict.fromkeys(compared.renamed_matches))
         for name, agree, numel in zip(compared.compared, compared.agreeing.tolist(), compared.numels.tolist()):
             if name not in counts:
                 order.append(name)
@@ -193,11 +199,35 @@ def _compare_rank(dump_a: Path, dump_b: Path, rank: int, settings: RuleSettings,
         judge.judge_step(compared)
         line.advance()
     line.close()
-    compared_a, compared_b = set(counts), {b for _, b in unwrapped} | set(counts)
+    compared_a, compared_b = set(counts), {b for _, b, _ in renamed} | set(counts)
     comparison = RankComparison(rank, steps, order, counts, summary_counts,
                                 [n for n in only_a if n not in compared_a], [n for n in only_b if n not in compared_b],
-                                list(unwrapped), sorted(set(steps_a) - set(steps)), sorted(set(steps_b) - set(steps)))
+                                list(renamed), sorted(set(steps_a) - set(steps)), sorted(set(steps_b) - set(steps)))
     return comparison, judge.report()
+
+
+def coverage_of(ranks: list[RankComparison]) -> Coverage:
+    """The parameters paired and left unpaired over all ranks (a name counts once)."""
+    return Coverage(len({name for rank in ranks for name in rank.parameters}),
+                    len({name for rank in ranks for name in rank.only_in_a}),
+                    len({name for rank in ranks for name in rank.only_in_b}))
+
+
+def _check_name_map_used(name_map: dict[str, str] | None, ranks: list[RankComparison]) -> None:
+    """Refuses a name map entry that paired nothing on any rank: a misspelt name would otherwise leave its
+    parameters out silently."""
+    if not name_map:
+        return
+    used = {(a, b) for rank in ranks for a, b, how in rank.renamed_matches if how == "map"}
+    used |= {(a, a) for rank in ranks for a in rank.parameters}
+    unused = [(a, b) for a, b in name_map.items() if (a, b) not in used]
+    if unused:
+        a, b = unused[0]
+        known_a = {n for rank in ranks for n in [*rank.parameters, *rank.only_in_a]}
+        missing = f"A has no parameter {a!r}" if a not in known_a else f"B has no parameter {b!r} (or it was " \
+            f"paired with another of A first)"
+        raise CompareInputError(f"name map entry {a!r}: {b!r} paired nothing: {missing}; names are as the dumps' "
+                                f"grad_summary CSVs list them ({len(unused)} unused entr{'y' if len(unused) == 1 else 'ies'})")
 
 
 def _check_output_folder(output_dir: Path, ranks: list[int]) -> None:
@@ -278,8 +308,8 @@ def write_comparison(comparison: DumpComparison, output_dir: str | os.PathLike, 
 def compare_dumps(dump_a: str | os.PathLike, dump_b: str | os.PathLike, output_dir: str | os.PathLike | None,
                   *, rule: str = DEFAULT_RULE, first_threshold: float = DEFAULT_FIRST_THRESHOLD,
                   drop_threshold: float = DEFAULT_DROP_THRESHOLD, precision: str | None = None, plots: bool = True,
-                  per_param_plots: bool = False, workers: int | None = None,
-                  progress: bool | None = None) -> DumpComparison:
+                  per_param_plots: bool = False, workers: int | None = None, progress: bool | None = None,
+                  name_map: dict[str, str] | str | os.PathLike | None = None) -> DumpComparison:
     """Compares two local dumps rank by rank, step by step, parameter by parameter, and judges the steps with
     ``rule`` (``"noise"``, the default, or ``"msprobe"``, whose thresholds are ``first_threshold`` and
     ``drop_threshold``; see ``compare/verdict.py``). ``precision``: the coarsest floating-point format either run
@@ -289,12 +319,17 @@ def compare_dumps(dump_a: str | os.PathLike, dump_b: str | os.PathLike, output_d
     PyTorch monitors recorded with each step (``recorded_precision`` in the verdict), else bfloat16's. A format
     finer than the runs really used makes their rounding look like a bug.
 
+    Parameters are paired by name, across wrappers and across frameworks (MindSpore's ``ln.gamma`` is torch's
+    ``ln.weight``; ``compare/pairing.py``), and by ``name_map`` (name in A -> name in B, or a JSON file of them) for the rest. A verdict on
+    part of either model says so (``verdict.partial``).
+
     Writes ``{output_dir}/rank{R}/similarities.csv`` (msprobe's format), ``similarities_picture/`` (the summary
     curve and the heat map; one curve per parameter with ``per_param_plots``) and ``verdict.json``; nothing when
     ``output_dir`` is None. Raises ``CompareInputError`` (or ``ValueError`` for a damaged file), naming the file
     and the reason, before anything is written. ``progress``: None shows it when stderr is a terminal.
     """
     settings = RuleSettings(rule, first_threshold, drop_threshold, precision)
+    name_map = name_map_from(name_map)
     folder_a, folder_b = dump_folder(dump_a, "dump_a"), dump_folder(dump_b, "dump_b")
     ranks_a, ranks_b = indexed_children(folder_a, "rank"), indexed_children(folder_b, "rank")
     ranks = sorted(set(ranks_a) & set(ranks_b))
@@ -304,9 +339,11 @@ def compare_dumps(dump_a: str | os.PathLike, dump_b: str | os.PathLike, output_d
         _check_output_folder(Path(output_dir), ranks)
     workers = workers or min(4, os.cpu_count() or 1)
     with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="msprobe-compare") as pool:
-        results = [_compare_rank(folder_a, folder_b, rank, settings, pool, progress) for rank in ranks]
-    comparison = DumpComparison(folder_a, folder_b, [c for c, _ in results],
-                                Verdict(settings, [verdict for _, verdict in results]))
+        results = [_compare_rank(folder_a, folder_b, rank, settings, pool, progress, name_map) for rank in ranks]
+    compared = [c for c, _ in results]
+    _check_name_map_used(name_map, compared)
+    comparison = DumpComparison(folder_a, folder_b, compared,
+                                Verdict(settings, [verdict for _, verdict in results], coverage_of(compared)))
     if output_dir is not None:
         write_comparison(comparison, output_dir, plots, per_param_plots, progress)
     return comparison

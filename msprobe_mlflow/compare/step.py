@@ -2,13 +2,14 @@
 verdict (each step as it lands) share, so both see the same matching, the same counts and the same statistics.
 
 A step of side A (the reference: the baseline) and side B (the run being checked) gives, for every parameter
-present in both with the same shape (names matched exactly, else once wrapper prefixes such as ``module.`` or
-``_orig_mod.`` are removed, see :func:`matched_names`), the number of gradient elements whose direction agrees,
+present in both with the same shape (paired by name, by the user's name map, or across wrappers and frameworks:
+:mod:`msprobe_mlflow.compare.pairing`), the number of gradient elements whose direction agrees,
 and, where both sides wrote their ``grad_summary_{S}.csv`` beside the step folder, each parameter's statistics on
 both sides (``norm``, ``max``, ``min`` and, at L2, the bucket fractions), which the noise-aware rule reads.
 """
 from __future__ import annotations
 
+import functools
 import math
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
@@ -16,39 +17,16 @@ from pathlib import Path
 
 import numpy as np
 
+from msprobe_mlflow.compare.pairing import pair_parameters
 from msprobe_mlflow.compare.similarity import PackedLayout, agreeing_directions, similarity
 from msprobe_mlflow.directions import (PACKED_FILE_NAME, LaidOutReader, StoredDirection, open_step_directions,
                                        step_compute_format)
 from msprobe_mlflow.dump import SUMMARY_PREFIX, SUMMARY_SUFFIX, SummaryTable, csv_cells, csv_text, read_summary
-from msprobe_mlflow.parameter_names import strip_wrapper_components
 from msprobe_mlflow.statistics_table import PARAMETER_NORM
 
 
 class StepMismatch(ValueError):
     """The two sides of a step cannot be compared (nothing in common, shapes differ where shapes must match)."""
-
-
-def matched_names(names_a: list[str], names_b) -> list[tuple[str, str]]:
-    """Pairs ``(name in A, name in B)`` in A's order: equal names, else names equal once the components wrappers
-    add (``module.``, ``_orig_mod.``...) are removed from both, where that stripped name is unique on each side."""
-    exact = set(names_a) & set(names_b)
-
-    def unique_stripped(names) -> dict[str, str]:
-        stripped: dict[str, list[str]] = {}
-        for name in names:
-            if name not in exact:
-                stripped.setdefault(strip_wrapper_components(name), []).append(name)
-        return {key: found[0] for key, found in stripped.items() if len(found) == 1}
-
-    stripped_b = unique_stripped(names_b)
-    stripped_a = unique_stripped(names_a)
-    pairs = []
-    for name in names_a:
-        if name in exact:
-            pairs.append((name, name))
-        elif (key := strip_wrapper_components(name)) in stripped_b and stripped_a.get(key) == name:
-            pairs.append((name, stripped_b[key]))
-    return pairs
 
 
 @dataclass
@@ -114,14 +92,16 @@ class StepComparison:
     only_in_b: list[str] = field(default_factory=list)
     shape_differs: list[str] = field(default_factory=list)
     compute_formats: tuple[str | None, str | None] = (None, None)
+    paired_by: tuple[str, ...] = ()  # how each compared pair was found (``pairing.HOW``); empty: all by name
 
     @property
     def summary_counts(self) -> tuple[int, int]:
         return int(self.agreeing.sum()), int(self.numels.sum())
 
     @property
-    def unwrapped_matches(self) -> list[tuple[str, str]]:
-        return [(a, b) for a, b in zip(self.compared, self.names_b) if a != b]
+    def renamed_matches(self) -> list[tuple[str, str, str]]:
+        """(name in A, name in B, how) of the pairs whose names differ."""
+        return [(a, b, how) for a, b, how in zip(self.compared, self.names_b, self.paired_by) if a != b]
 
     def similarities(self) -> np.ndarray:
         """Each compared parameter's similarity (msprobe's values: 0.0 for an empty parameter)."""
@@ -177,12 +157,14 @@ def _agreeing(pair: tuple[StoredDirection, StoredDirection]) -> int:
 
 
 def compare_step(step: int, folder_a: Path, folder_b: Path, *, layout: StepLayout | None = None,
-                 pool: Executor | None = None, shapes_must_match: bool = True) -> StepComparison:
+                 pool: Executor | None = None, shapes_must_match: bool = True,
+                 name_map: dict[str, str] | None = None) -> StepComparison:
     """Compares the directions of ``step`` in two step folders (``rank{R}/step{S}``), and reads both sides'
     statistics from the ``grad_summary_{S}.csv`` beside them.
 
     With ``layout`` (B's names and shapes), two archives that both hold exactly those parameters are compared
-    whole; otherwise (other names, msprobe's npy form, wrapper prefixes) parameter by parameter, one in memory at a
+    whole; otherwise (other names, msprobe's npy form, wrapper prefixes, another framework's names; ``name_map``:
+    name in A -> name in B, see :func:`~msprobe_mlflow.compare.pairing.pair_parameters`) parameter by parameter, one in memory at a
     time per worker of ``pool``. A parameter whose shapes differ raises :class:`StepMismatch` naming both files,
     unless ``shapes_must_match`` is False (the live verdict: it is listed in ``shape_differs`` and left out).
     """
@@ -196,24 +178,32 @@ def compare_step(step: int, folder_a: Path, folder_b: Path, *, layout: StepLayou
                               layout.packed.numels, side_statistics(table_a, names), side_statistics(table_b, names),
                               compute_formats=formats)
     stored_a, stored_b = _open_side(folder_a), _open_side(folder_b)
-    matches = matched_names(_model_order(table_a, stored_a), _model_order(table_b, stored_b))
+    matches = _paired(tuple((n, stored_a[n].shape) for n in _model_order(table_a, stored_a)),
+                      tuple((n, stored_b[n].shape) for n in _model_order(table_b, stored_b)),
+                      tuple((name_map or {}).items()))
     pairs, shape_differs = [], []
-    for name_a, name_b in matches:
+    for name_a, name_b, how in matches:
         shape_a, shape_b = stored_a[name_a].shape, stored_b[name_b].shape
         if shape_a == shape_b:
-            pairs.append((name_a, name_b))
+            pairs.append((name_a, name_b, how))
         elif shapes_must_match:
             raise StepMismatch(f"step{step}: parameter {name_a!r} has shape {list(shape_a)} in "
                                f"{stored_a[name_a].path} but {list(shape_b)} in {stored_b[name_b].path}; shapes "
                                f"must match (were both runs the same model?)")
         else:
             shape_differs.append(f"{name_b} {list(shape_b)} (baseline {list(shape_a)})")
-    work = [(stored_a[a], stored_b[b]) for a, b in pairs]
+    work = [(stored_a[a], stored_b[b]) for a, b, _ in pairs]
     agreeing = list(pool.map(_agreeing, work)) if pool is not None else [_agreeing(item) for item in work]
-    names_a, names_b = [a for a, _ in pairs], [b for _, b in pairs]
-    matched_a, matched_b = {a for a, _ in matches}, {b for _, b in matches}
+    names_a, names_b = [a for a, _, _ in pairs], [b for _, b, _ in pairs]
+    matched_a, matched_b = {a for a, _, _ in matches}, {b for _, b, _ in matches}
     return StepComparison(step, tuple(names_a), tuple(names_b), np.array(agreeing, dtype=np.int64),
                           np.array([stored_a[a].numel for a in names_a], dtype=np.int64),
                           side_statistics(table_a, names_a), side_statistics(table_b, names_b),
                           [n for n in stored_a if n not in matched_a], [n for n in stored_b if n not in matched_b],
-                          shape_differs, formats)
+                          shape_differs, formats, tuple(how for _, _, how in pairs))
+
+
+@functools.lru_cache(maxsize=8)
+def _paired(shapes_a: tuple, shapes_b: tuple, name_map: tuple) -> list[tuple[str, str, str]]:
+    """:func:`pair_parameters` once per layout of the two sides (steps usually share one)."""
+    return [(pair.a, pair.b, pair.how) for pair in pair_parameters(dict(shapes_a), dict(shapes_b), dict(name_map))]

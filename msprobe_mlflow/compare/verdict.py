@@ -291,10 +291,31 @@ def judge_rank(rank: int, steps: list[int], summary: Series, parameters: dict[st
     return judge.report()
 
 
+@dataclass(frozen=True)
+class Coverage:
+    """How much of the two models was compared, over all ranks: parameters paired, and those of A and of B that
+    were not (no counterpart in the other run, or shapes that differ). A verdict on part of the models says so."""
+
+    paired: int
+    only_in_a: int = 0
+    only_in_b: int = 0
+
+    def partial(self) -> str | None:
+        """``partial: 2 of 6 parameters of A, 1 of 5 of B unpaired`` where something was left out, else None."""
+        sides = []
+        if self.only_in_a:
+            sides.append(f"{self.only_in_a} of {self.paired + self.only_in_a} parameters of A")
+        if self.only_in_b:
+            words = "of B" if sides else "parameters of B"
+            sides.append(f"{self.only_in_b} of {self.paired + self.only_in_b} {words}")
+        return f"partial: {', '.join(sides)} unpaired" if sides else None
+
+
 @dataclass
 class Verdict:
     settings: RuleSettings
     ranks: list[RankVerdict]
+    coverage: Coverage | None = None  # None: not known (the live verdict's steps, msprobe's rule on series)
 
     @property
     def rule(self) -> str:
@@ -310,6 +331,11 @@ class Verdict:
         steps = [rank.first_suspicious_step for rank in self.ranks if rank.suspicious]
         return min(steps) if steps else None
 
+    @property
+    def partial(self) -> str | None:
+        """Where part of either model was not compared, how much (:meth:`Coverage.partial`)."""
+        return self.coverage.partial() if self.coverage else None
+
     def to_dict(self) -> dict:
         def trip_dict(trip: Trip | None) -> dict | None:
             return None if trip is None else {**asdict(trip), "fall": trip.fall}
@@ -317,6 +343,7 @@ class Verdict:
         return {
             "suspicious": self.suspicious,
             "first_suspicious_step": self.first_suspicious_step,
+            **({"partial": self.partial} if self.partial else {}),
             **self.settings.to_dict(),
             "ranks": [{"rank": r.rank, "first_suspicious_step": r.first_suspicious_step,
                        "summary_trip": trip_dict(r.summary_trip),
@@ -330,7 +357,8 @@ class Verdict:
     def describe(self, max_parameters: int = 5) -> str:
         """A few lines for a person: per rank, the first suspicious step and the parameters with most evidence,
         then the parameters whose sign disagreement is noise and what the first steps' differences allow."""
-        lines = []
+        lines = [f"{self.partial}: a verdict on the compared parameters only (same model? see 'only in' above; "
+                 f"pair other names with --name-map)"] if self.partial else []
         for rank in self.ranks:
             recorded = f"; first steps judged at {rank.recorded_precision} rounding, from what both runs recorded" \
                 if rank.recorded_precision else ""

@@ -37,6 +37,7 @@ from mlflow.tracking import MlflowClient
 
 from msprobe_mlflow import __version__
 from msprobe_mlflow.compare.engine import CompareInputError, DumpComparison, compare_dumps, direction_steps
+from msprobe_mlflow.compare.pairing import name_map_from
 from msprobe_mlflow.compare.verdict import (DEFAULT_DROP_THRESHOLD, DEFAULT_FIRST_THRESHOLD, DEFAULT_RULE, RuleSettings,
                                             Verdict, culprit_text, summary_numbers, trip_numbers)
 from msprobe_mlflow.dump import dump_folder, indexed_children
@@ -199,7 +200,8 @@ def _headline(verdict: Verdict) -> str:
         ranks_word = "ranks" if len(verdict.ranks) > 1 else "rank"
         noise = sorted({n.name for rank in verdict.ranks for n in rank.sign_noise})
         noise_text = f"; sign is noise in {len(noise)} parameter(s): {', '.join(noise[:3])}" if noise else ""
-        return (f"**Consistent**: no suspicious step on {len(verdict.ranks)} {ranks_word} "
+        verdict_word = f"**Consistent where compared** ({verdict.partial})" if verdict.partial else "**Consistent**"
+        return (f"{verdict_word}: no suspicious step on {len(verdict.ranks)} {ranks_word} "
                 f"({verdict.settings.describe()}){noise_text}")
     step = verdict.first_suspicious_step
     ranks = [rank for rank in verdict.ranks if rank.first_suspicious_step == step]
@@ -211,7 +213,8 @@ def _headline(verdict: Verdict) -> str:
         more = f", and {len(trips) - 1} more parameters" if len(trips) > 1 else ""
         details.append(f"{trips[0].name} {trip_numbers(trips[0])}{more}")
     ranks_word = "ranks" if len(ranks) > 1 else "rank"
-    return (f"**Suspicious**: the runs part at step {step} on {ranks_word} {where} ({'; '.join(details)}) "
+    partial = f" ({verdict.partial})" if verdict.partial else ""
+    return (f"**Suspicious**{partial}: the runs part at step {step} on {ranks_word} {where} ({'; '.join(details)}) "
             f"[{verdict.rule} rule]")
 
 
@@ -263,6 +266,8 @@ def _tags(comparison: DumpComparison, sources: list[ComparisonSource], pair: str
             f"{COMPARE_TAG_PREFIX}rule": verdict.rule, PAIR_TAG: pair}
     if previous is not None:
         tags[PREVIOUS_TAG] = previous.info.run_id
+    if verdict.partial:
+        tags[f"{COMPARE_TAG_PREFIX}partial"] = verdict.partial
     for side, source in zip("ab", sources):
         if source.run_id:
             tags[f"{COMPARE_TAG_PREFIX}run_{side}"] = source.run_id
@@ -322,7 +327,8 @@ def compare_runs(run_a: str | os.PathLike, run_b: str | os.PathLike, tracking_ur
                  output_dir: str | os.PathLike | None = None, *, rule: str = DEFAULT_RULE,
                  precision: str | None = None, plots: bool = True, per_param_plots: bool = False,
                  cache_dir: str | os.PathLike | None = None, log_run: bool = True,
-                 progress: bool | None = None) -> RunComparison:
+                 progress: bool | None = None,
+                 name_map: dict[str, str] | str | os.PathLike | None = None) -> RunComparison:
     """Compares two sources (each an MLflow run ID or a dump folder) and logs a comparison run.
 
     ``tracking_uri`` None: the active one (``mlflow.set_tracking_uri`` / ``MLFLOW_TRACKING_URI``). Runs on a
@@ -330,9 +336,11 @@ def compare_runs(run_a: str | os.PathLike, run_b: str | os.PathLike, tracking_ur
     (default ``~/.cache/msprobe-mlflow/runs``). ``output_dir`` None: the local outputs go to a temporary folder,
     removed once logged. ``log_run=False`` writes the local outputs only (``run_id`` is then None). ``rule``:
     ``"noise"`` (the default, with ``precision`` as :func:`~msprobe_mlflow.compare.engine.compare_dumps` takes it)
-    or ``"msprobe"`` (with ``first_threshold`` and ``drop_threshold``), see ``compare/verdict.py``.
+    or ``"msprobe"`` (with ``first_threshold`` and ``drop_threshold``), see ``compare/verdict.py``. ``name_map``:
+    name in A -> name in B (or a JSON file of them) for parameters the automatic pairing does not find.
     """
     RuleSettings(rule, first_threshold, drop_threshold, precision)  # bad settings are refused before any reading
+    name_map = name_map_from(name_map)
     clients: list[MlflowClient] = []
 
     def client_factory(reading: str | None = None) -> MlflowClient:
@@ -352,7 +360,7 @@ def compare_runs(run_a: str | os.PathLike, run_b: str | os.PathLike, tracking_ur
     try:
         comparison = compare_dumps(folder_a, folder_b, output_dir, rule=rule, first_threshold=first_threshold,
                                    drop_threshold=drop_threshold, precision=precision, plots=plots,
-                                   per_param_plots=per_param_plots, progress=progress)
+                                   per_param_plots=per_param_plots, progress=progress, name_map=name_map)
         run_id = experiment_id = previous = None
         if log_run:
             run_id, experiment_id, previous = log_comparison_run(client_factory(), comparison, sources, experiment,
