@@ -112,6 +112,8 @@ def twins(tmp_path_factory):
         names = train_torch(folder / "torch"), train_mindspore(folder / "mindspore"), \
             train_mindspore(folder / "mindspore_bug", gamma_bug=True)
         train_torch(folder / "torch_without_last_bias", param_list=tuple(TORCH_NAMES[:-1]))
+        train_torch(folder / "torch_l2", level="L2")
+        train_mindspore(folder / "mindspore_l2", level="L2")
     finally:
         ms.set_context(mode=previous)
     return folder, names
@@ -185,3 +187,15 @@ def test_the_cli_takes_a_name_map_file_and_names_a_bad_one(twins, tmp_path):
                                       "--name-map", str(broken)])
     assert result.exit_code == 2
     assert f"name map {broken}: list is not accepted; expected an object" in result.output
+
+
+def test_l2_distributions_over_other_bounds_are_not_compared_and_the_comparison_says_so(twins):
+    folder, _ = twins  # each framework's default bounds: torch's [-1, 0, 1], MindSpore's eleven
+    comparison = compare_dumps(folder / "torch_l2", folder / "mindspore_l2", None, progress=False)
+    (rank,) = comparison.ranks
+    a, b = rank.bounds_differ
+    assert (a[0], len(a), b[0], len(b)) == ("(-inf, -1]", 4, "(-inf, -10]", 12)
+    assert "L2 distributions not compared: the runs counted them over other bounds (A (-inf, -1]," in \
+        comparison.table()
+    assert comparison.to_dict()["ranks"][0]["bounds_differ"] == {"a": list(a), "b": list(b)}
+    assert not comparison.verdict.suspicious, comparison.verdict.describe()

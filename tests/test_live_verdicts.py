@@ -38,15 +38,15 @@ def small_model() -> torch.nn.Module:
                                torch.nn.Linear(16, 3))
 
 
-def train(dump: Path, *, steps: int = STEPS, perturbation: str | None = None, param_list=(),
-          **options) -> GradientMonitor:
+def train(dump: Path, *, steps: int = STEPS, perturbation: str | None = None, param_list=(), level: str = "L1",
+          bounds=(-1, 0, 1), **options) -> GradientMonitor:
     """Trains the small model with a fixed data stream; ``perturbation`` changes the run from step
     ``PERTURBED_FROM`` on: ``data`` (other inputs), ``learning_rate`` (the update before that step is 20 times
     larger, so the weights, and the gradients, differ from that step), ``parameter`` (one weight matrix corrupted
     just before that step). Returns the monitor, to stop."""
     model = small_model()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
-    config = GradProbeConfig(dump_path=str(dump), level="L1", param_list=param_list)
+    config = GradProbeConfig(dump_path=str(dump), level=level, param_list=param_list, bounds=bounds)
     monitor = GradientMonitor(config, **options).monitor(model, optimizer)
     training_loop(model, optimizer, steps, perturbation)
     return monitor
@@ -232,6 +232,18 @@ def test_steps_and_parameters_the_baseline_lacks_are_reported_once_and_the_rest_
     rows = read_csv(findings_dir(tmp_path / "candidate", 0) / "similarities_4.csv")
     assert rows[1:] == [[name, "1.0"] for name in names[:-1]] + [["4.bias", ""], ["summary", "1.0"]]
     assert summary_steps(tmp_path / "candidate" / "rank0") == list(range(STEPS))  # the dump is complete
+
+
+def test_l2_distributions_over_other_bounds_than_the_baselines_are_said_once_not_compared(tmp_path):
+    train(tmp_path / "baseline", steps=3, level="L2", log_to_mlflow=False).stop()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        train(tmp_path / "candidate", steps=3, level="L2", bounds=(-2, 0, 2), log_to_mlflow=False,
+              baseline=str(tmp_path / "baseline")).stop()
+    messages = [str(w.message) for w in caught if "L2 distributions" in str(w.message)]
+    assert len(messages) == 1, messages
+    assert "not compared with the baseline: they were counted over other bounds (baseline (-inf, -1], (-1, 0], " \
+           "(0, 1], (1, inf); this run (-inf, -2], (-2, 0], (0, 2], (2, inf))" in messages[0]
 
 
 def test_a_damaged_baseline_step_is_skipped_with_a_warning_naming_the_file(tmp_path):

@@ -58,6 +58,7 @@ class RankComparison:
     renamed_matches: list[tuple[str, str, str]] = field(default_factory=list)
     steps_only_in_a: list[int] = field(default_factory=list)  # directions in one dump only (say, the always-on tier)
     steps_only_in_b: list[int] = field(default_factory=list)
+    bounds_differ: tuple | None = None  # A's and B's L2 bucket headers, where they differ: distributions not compared
 
     def similarities(self, name: str) -> list[float | None]:
         """msprobe's values: agreeing / numel, 0.0 for an empty parameter, ``None`` where not compared."""
@@ -108,7 +109,9 @@ class DumpComparison:
             "ranks": [{"rank": r.rank, "steps": r.steps, "summary": r.summary, "parameters": len(r.parameters),
                        "only_in_a": r.only_in_a, "only_in_b": r.only_in_b,
                        "renamed_matches": [list(pair) for pair in r.renamed_matches],
-                       "steps_only_in_a": r.steps_only_in_a, "steps_only_in_b": r.steps_only_in_b} for r in self.ranks],
+                       "steps_only_in_a": r.steps_only_in_a, "steps_only_in_b": r.steps_only_in_b,
+                       **({"bounds_differ": {"a": list(r.bounds_differ[0]), "b": list(r.bounds_differ[1])}}
+                          if r.bounds_differ else {})} for r in self.ranks],
         }
 
     def to_dataframe(self):
@@ -139,6 +142,10 @@ class DumpComparison:
             for side, names in (("A", rank.only_in_a), ("B", rank.only_in_b)):
                 if names:
                     lines.append(f"  only in {side} (not compared): {short_list(names, 5)}")
+            if rank.bounds_differ:
+                a, b = (", ".join(columns) for columns in rank.bounds_differ)
+                lines.append(f"  L2 distributions not compared: the runs counted them over other bounds (A {a}; "
+                             f"B {b}); give both the same grad_probe.bounds to compare them")
             for side, steps in (("A", rank.steps_only_in_a), ("B", rank.steps_only_in_b)):
                 if steps:
                     lines.append(f"  steps with directions in {side} only (not compared): {short_list(steps, 5)}")
@@ -174,6 +181,7 @@ def _compare_rank(dump_a: Path, dump_b: Path, rank: int, settings: RuleSettings,
     only_b: dict[str, None] = {}
     renamed: dict[tuple[str, str, str], None] = {}
     summary_counts = []
+    bounds_differ = None
     line = ProgressLine(f"rank{rank} steps", len(steps), progress)
     for index, step in enumerate(steps):
         try:
@@ -196,13 +204,15 @@ def _compare_rank(dump_a: Path, dump_b: Path, rank: int, settings: RuleSettings,
                 counts[name] = [None] * len(steps)
             counts[name][index] = (agree, numel)
         summary_counts.append(compared.summary_counts)
+        bounds_differ = bounds_differ or compared.bounds_differ
         judge.judge_step(compared)
         line.advance()
     line.close()
     compared_a, compared_b = set(counts), {b for _, b, _ in renamed} | set(counts)
     comparison = RankComparison(rank, steps, order, counts, summary_counts,
                                 [n for n in only_a if n not in compared_a], [n for n in only_b if n not in compared_b],
-                                list(renamed), sorted(set(steps_a) - set(steps)), sorted(set(steps_b) - set(steps)))
+                                list(renamed), sorted(set(steps_a) - set(steps)), sorted(set(steps_b) - set(steps)),
+                                bounds_differ)
     return comparison, judge.report()
 
 

@@ -34,13 +34,15 @@ class SideStatistics:
     """One side's statistics of the compared parameters, in their order (float64; NaN where the CSV says ``nan``):
     ``buckets`` is parameters x buckets of L2's fractions (None below L2), the two buckets that meet at 0 summed:
     which side of 0 an element lies on is its direction, compared on its own; the buckets tell its magnitude.
-    ``parameter_norm``: the parameters' own norms, where the monitor recorded them (``statistics=["param_norm"]``)."""
+    ``parameter_norm``: the parameters' own norms, where the monitor recorded them (``statistics=["param_norm"]``);
+    ``bucket_columns``: the CSV's bucket headers (the bounds they were counted over)."""
 
     norm: np.ndarray
     max: np.ndarray
     min: np.ndarray
     buckets: np.ndarray | None = None
     parameter_norm: np.ndarray | None = None
+    bucket_columns: tuple[str, ...] = ()
 
 
 def summary_beside(step_folder: Path, step: int) -> Path:
@@ -72,7 +74,17 @@ def side_statistics(table: SummaryTable | None, names: list[str]) -> SideStatist
     if at_zero is not None:  # "(-1, 0]" and "(0, 1]": one bucket of magnitudes below the next bounds
         buckets[at_zero:at_zero + 2] = [buckets[at_zero] + buckets[at_zero + 1]]
     return SideStatistics(column("norm"), column("max"), column("min"), np.stack(buckets, axis=1) if buckets else None,
-                          column(PARAMETER_NORM) if PARAMETER_NORM in table.header else None)
+                          column(PARAMETER_NORM) if PARAMETER_NORM in table.header else None, tuple(bucket_columns))
+
+
+def _other_bounds(side_a: SideStatistics | None, side_b: SideStatistics | None) -> tuple[str, ...] | None:
+    """Where both sides counted L2's buckets over other bounds, the two headers (``(-inf, -1]`` ...) and both
+    sides without buckets, which cannot be compared; else None and the sides as they are."""
+    if side_a is None or side_b is None or side_a.buckets is None or side_b.buckets is None \
+            or side_a.bucket_columns == side_b.bucket_columns:
+        return None
+    side_a.buckets = side_b.buckets = None
+    return side_a.bucket_columns, side_b.bucket_columns
 
 
 @dataclass
@@ -93,6 +105,12 @@ class StepComparison:
     shape_differs: list[str] = field(default_factory=list)
     compute_formats: tuple[str | None, str | None] = (None, None)
     paired_by: tuple[str, ...] = ()  # how each compared pair was found (``pairing.HOW``); empty: all by name
+    bounds_differ: tuple | None = field(init=False, default=None)  # A's and B's L2 bucket headers where they differ
+
+    def __post_init__(self):
+        """Buckets counted over other bounds are not compared: their headers are kept to say so, their counts
+        dropped from both sides' statistics."""
+        self.bounds_differ = _other_bounds(self.statistics_a, self.statistics_b)
 
     @property
     def summary_counts(self) -> tuple[int, int]:

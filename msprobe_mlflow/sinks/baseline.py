@@ -321,6 +321,11 @@ class LiveComparison:
                           f"logged, and listed in {findings_dir(self.dump_path, self.rank) / VERDICT_FILE_NAME}")
 
     def _report_parameters(self, comparison: StepComparison) -> None:
+        if comparison.bounds_differ and "bounds" not in self._warned:
+            self._warned.add("bounds")
+            a, b = (", ".join(columns) for columns in comparison.bounds_differ)
+            self.notices.warn(f"rank {self.rank}: L2 distributions not compared with the baseline: they were counted "
+                              f"over other bounds (baseline {a}; this run {b}); give both the same grad_probe.bounds")
         for what, names in (("not in the baseline", comparison.only_in_b),
                             ("only in the baseline", comparison.only_in_a),
                             ("shapes differ", comparison.shape_differs)):
