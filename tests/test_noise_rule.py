@@ -686,3 +686,35 @@ def test_the_comparison_run_records_the_precision_both_runs_recorded(runs, tmp_e
     params = MlflowClient().get_run(result.run_id).data.params
     assert params == {"rule": "noise", "recorded_precision": "float32"}
     assert result.verdict.first_suspicious_step == 0
+
+
+def train_on_threads(dump: Path, threads: int, steps: int = 12) -> Path:
+    """An MLP wide enough for torch to split its matrix products over ``threads``: the sums' order, so their last
+    bits, differ with the thread count (a new kernel, another cluster)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(128, 512), torch.nn.GELU(), torch.nn.LayerNorm(512),
+                                    torch.nn.Linear(512, 512), torch.nn.GELU(), torch.nn.Linear(512, 10))
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+        monitor = GradientMonitor(GradProbeConfig(dump_path=str(dump), level="L1"), log_to_mlflow=False)
+        monitor.monitor(model, optimizer)
+        data = torch.Generator().manual_seed(1)
+        for _ in range(steps):
+            x, y = torch.randn(256, 128, generator=data), torch.randint(0, 10, (256,), generator=data)
+            optimizer.zero_grad()
+            torch.nn.functional.cross_entropy(model(x), y).backward()
+            optimizer.step()
+        monitor.stop()
+    finally:
+        torch.set_num_threads(before)
+    return dump
+
+
+def test_runs_whose_signs_agree_while_their_statistics_differ_in_the_last_bits_are_not_bit_for_bit(tmp_path):
+    one, two = train_on_threads(tmp_path / "one", 1), train_on_threads(tmp_path / "two", 2)
+    first = compare_dumps(one, two, None, plots=False)
+    assert first.ranks[0].summary[0] == 1.0  # every sign agrees at step 0...
+    assert read_summary(summary_csv_path(one, 0, 0)).rows != read_summary(summary_csv_path(two, 0, 0)).rows  # not every bit
+    assert not first.verdict.suspicious, first.verdict.describe()

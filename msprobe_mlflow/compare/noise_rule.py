@@ -57,8 +57,8 @@ by far less than the floor, multiplies them by 208 to 1509 where the pair is fin
 :data:`MIN_HISTORY` values nothing has been learnt, and only what noise cannot do is judged: a norm off by more
 than :data:`FIRST_STEPS_TOLERANCE` (26 bfloat16 units, the coarsest precision training uses), a summary whose
 signs disagree on more than 3% of the elements that are not noise (msprobe's documented 0.97), a rate more than
-doubled since the step before. Runs that agreed bit for bit so far have no rounding between them: there, any
-difference breaks.
+doubled since the step before. Runs that agreed bit for bit so far, in every recorded byte (signs, norms, max,
+min, buckets; never judged from signs alone), have no rounding between them: there, any difference breaks.
 
 A step that breaks is *suspicious* when its break persists at the next step, judged against the same past: a bug's
 does (the runs' weights have parted), a rounding spike's does not (one parameter's sum that cancels, once). The
@@ -362,7 +362,8 @@ class NoiseAwareJudge:
         return _Finding(step, summary_trip,
                         sorted(best.values(), key=lambda t: (t.reason not in DIRECT, t.name in last, -t.score, t.name)),
                         pushes, certain,
-                        any(np.any(found) for found in differs.values()),
+                        not both or _statistics_differ(side_a, side_b)
+                        or any(np.any(found) for found in differs.values()),
                         {int(places[i]): found for i, found in recognised.items()}, only_faint and bool(best))
 
     def _first_steps_precision(self, comparison, names, places, tiny, coarse) -> str | None:
@@ -553,7 +554,7 @@ class _Finding:
     trips: list[Trip]
     pushes: list
     certain: bool  # beyond what rounding can do: suspicious without waiting for the next step
-    differs: bool  # the runs differ at all at this step
+    differs: bool  # the runs differ in a recorded bit at this step, or their statistics were not both recorded
     noise: dict  # slot -> SignNoise: parameters recognised as noise at this step
     faint: bool = False  # its only breaks are norms beyond their noise but below MAGNITUDE_FLOOR
 
@@ -687,6 +688,17 @@ def _coarse(side) -> np.ndarray:
     significant bits, 0 where they carry more, NaN where both are zero or not finite."""
     bits = np.fmax(significant_bits(side.max), significant_bits(side.min))
     return np.where(np.isnan(bits), np.nan, (bits <= COARSE_BITS).astype(np.float64))
+
+
+def _statistics_differ(side_a, side_b) -> bool:
+    """Whether any statistic both runs recorded differs in a bit (max and min too, which no series judges): two runs
+    whose signs agree while their statistics differ in the last bits (float32 on one thread against two) have
+    rounding between them."""
+    for a, b in ((side_a.norm, side_b.norm), (side_a.max, side_b.max), (side_a.min, side_b.min),
+                 (side_a.buckets, side_b.buckets), (side_a.parameter_norm, side_b.parameter_norm)):
+        if (a is None) != (b is None) or (a is not None and not np.array_equal(a, b, equal_nan=True)):
+            return True
+    return False
 
 
 def _at_rounding_level(comparison) -> np.ndarray:
