@@ -122,13 +122,14 @@ def test_a_perturbation_is_named_at_its_step_while_training_as_compare_names_it_
     afterwards = compare_runs(baseline_run, run.info.run_id)
     assert afterwards.verdict.first_suspicious_step == PERTURBED_FROM
     assert live == afterwards.verdict.ranks[0]  # same step, same summary trip, same parameters in the same order
+    assert live.grade == "break"  # the runs agreed bit for bit until the perturbation
     tags = MlflowClient().get_run(run.info.run_id).data.tags
     assert tags["msprobe_mlflow.live_verdict"] == "suspicious"
     assert tags["msprobe_mlflow.first_suspicious_step"] == str(PERTURBED_FROM)
     assert tags["msprobe_mlflow.suspicious_parameters"] == ", ".join(
         culprit_text(t) for t in afterwards.verdict.ranks[0].parameter_trips)
     assert tags["mlflow.note.content"].startswith(
-        f"msprobe-mlflow live verdict: suspicious from step {PERTURBED_FROM} against baseline {baseline_run}")
+        f"msprobe-mlflow live verdict: suspicious from step {PERTURBED_FROM}, a break against baseline {baseline_run}")
     live_summary = dict(summary_history(run.info.run_id))
     assert [live_summary[s] for s in afterwards.comparison.ranks[0].steps] == afterwards.comparison.ranks[0].summary
     saved = findings(tmp_path / "candidate")["verdict"]

@@ -300,8 +300,9 @@ def test_the_comparison_runs_first_line_says_that_the_norms_jumped(runs, tmp_exp
 
     result = compare_runs(runs["baseline"], runs["weight_decay_x10"], plots=False)
     headline = MlflowClient().get_run(result.run_id).data.tags["mlflow.note.content"].splitlines()[0]
-    assert headline.startswith(f"**Suspicious**: the runs part at step {BUG_FROM + 1} on rank 0 (summary norm: "
-                               f"median norm difference ")
+    assert headline.startswith(f"**Departure**: the runs part at step {BUG_FROM + 1} on rank 0 (beyond this "
+                               f"pair's learnt noise")  # a jump across the model, but no norm beyond 10%
+    assert "; summary norm: median norm difference " in headline
     assert "x the largest of the last 20 steps in one step" in headline and headline.endswith("[noise rule]")
 
 
@@ -718,3 +719,40 @@ def test_runs_whose_signs_agree_while_their_statistics_differ_in_the_last_bits_a
     assert first.ranks[0].summary[0] == 1.0  # every sign agrees at step 0...
     assert read_summary(summary_csv_path(one, 0, 0)).rows != read_summary(summary_csv_path(two, 0, 0)).rows  # not every bit
     assert not first.verdict.suspicious, first.verdict.describe()
+
+
+def test_a_doubled_gradient_is_a_break_and_a_jump_within_every_norms_rounding_a_departure(runs):
+    doubled = compare_dumps(runs["baseline"], runs["gradients_x2"], None, plots=False).verdict
+    assert (doubled.grade, doubled.ranks[0].grade) == ("break", "break")
+    assert "a norm moved by more than 10% of its scale" in doubled.ranks[0].evidence
+    decayed = compare_dumps(runs["baseline"], runs["weight_decay_x10"], None, plots=False).verdict
+    assert decayed.grade == "departure" and decayed.ranks[0].evidence.startswith("beyond this pair's learnt noise")
+    assert decayed.to_dict()["grade"] == "departure"
+    assert "first suspicious step 19, a departure: beyond this pair's learnt noise" in decayed.describe()
+    assert (decayed.fails("break"), decayed.fails("departure"), doubled.fails("break")) == (False, True, True)
+
+
+def test_runs_that_agreed_bit_for_bit_until_a_step_break_there():
+    """By hand: two runs equal in every recorded byte for 6 steps, then one norm differs by 0.01%: no rounding
+    lies between them, so the difference is a break, not a departure."""
+    judge = NoiseAwareJudge(0)
+    for step in range(8):
+        norm_b = 1.0001 if step >= 6 else 1.0
+        side_a = SideStatistics(np.array([1.0]), np.array([0.5]), np.array([-0.5]))
+        side_b = SideStatistics(np.array([norm_b]), np.array([0.5]), np.array([-0.5]))
+        judge.judge_step(StepComparison(step, ("w",), ("w",), np.array([100]), np.array([100]), side_a, side_b))
+    assert (judge.verdict.first_suspicious_step, judge.verdict.grade) == (6, "break")
+    assert judge.verdict.evidence == "the runs agreed bit for bit until this step"
+
+
+def test_the_cli_fails_on_a_break_by_default_and_on_a_departure_when_asked(runs):
+    from click.testing import CliRunner
+
+    from msprobe_mlflow.commands.cli import main
+
+    def exit_code(candidate, *grade):
+        return CliRunner().invoke(main, ["compare", str(runs["baseline"]), str(runs[candidate]), "--no-mlflow",
+                                         "--no-plots", "--fail-on-suspicious", *grade]).exit_code
+
+    assert (exit_code("weight_decay_x10"), exit_code("weight_decay_x10", "departure")) == (0, 3)
+    assert (exit_code("gradients_x2"), exit_code("float64", "departure")) == (3, 0)

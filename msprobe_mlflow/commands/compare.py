@@ -7,7 +7,7 @@ import click
 
 from msprobe_mlflow.commands import command, tracking_uri_option
 from msprobe_mlflow.commands.exit_codes import OK, SUSPICIOUS_RESULT
-from msprobe_mlflow.compare.verdict import DEFAULT_RULE, RULES
+from msprobe_mlflow.compare.verdict import BREAK, DEFAULT_RULE, GRADES, RULES
 from msprobe_mlflow.formats import UNIT_ROUNDOFF
 
 FOLDER = click.Path(file_okay=False)  # checked only if it exists: created when missing
@@ -52,8 +52,12 @@ FOLDER = click.Path(file_okay=False)  # checked only if it exists: created when 
 @click.option("--no-mlflow", is_flag=True,
               help="log no comparison run: print (and with --output write) the result only; run IDs as sources "
                    "still need the tracking store")
-@click.option("--fail-on-suspicious", is_flag=True,
-              help=f"exit with code {SUSPICIOUS_RESULT} when a suspicious step is found (for CI pipelines)")
+@click.option("--fail-on-suspicious", type=click.Choice(GRADES), is_flag=False, flag_value=BREAK, default=None,
+              metavar="[GRADE]",
+              help=f"exit with code {SUSPICIOUS_RESULT} when a suspicious step of at least GRADE is found (for CI "
+                   f"pipelines): 'break' (the default: beyond anything rounding can do) or 'departure' (also steps "
+                   f"beyond the pair's learnt noise only); msprobe's rule grades nothing: any suspicious step fails. "
+                   f"Example: --fail-on-suspicious departure")
 @click.option("--per-param-plots", is_flag=True, help="also draw one similarity curve per parameter (slow for "
                                                       "large models)")
 @click.option("--no-plots", is_flag=True, help="draw no pictures (CSV and verdict only)")
@@ -63,7 +67,7 @@ FOLDER = click.Path(file_okay=False)  # checked only if it exists: created when 
 def compare(a: str, b: str, output: str | None, experiment: str | None, run_name: str | None,
             tracking_uri: str | None, rule: str, first_threshold: float | None, drop_threshold: float | None,
             precision: str | None, name_map: str | None, no_mlflow: bool,
-            fail_on_suspicious: bool, per_param_plots: bool, no_plots: bool, cache_dir: str | None) -> int:
+            fail_on_suspicious: str | None, per_param_plots: bool, no_plots: bool, cache_dir: str | None) -> int:
     """Compares the gradient directions (signs) of two trainings, step by step: for each rank, parameter and step
     present in both, similarity = elements whose sign agrees / elements. The summary per step weighs parameters by
     size. A (the baseline) and B (the run to check against it) are each an MLflow run ID (a run logged by
@@ -74,7 +78,10 @@ def compare(a: str, b: str, output: str | None, experiment: str | None, run_name
 
     Verdict (--rule noise, the default): a step is suspicious when the runs differ there by more than their own
     numerical noise, learnt from the pair: in the directions, or (at L1/L2) in the gradient norms (and the weights'
-    own, where both runs recorded param_norm) or the L2 distribution. Parameters whose signs differ only at
+    own, where both runs recorded param_norm) or the L2 distribution. Each suspicious step is graded: a 'break' is
+    beyond anything rounding can do (a norm off by over 10%, anti-aligned signs, a weight that jumped in one run, a
+    format change, any difference after bit-for-bit agreement); a 'departure' is beyond the pair's learnt noise
+    only (amplified rounding, as in a sharp region or a loss spike, or a small bug). Parameters whose signs differ only at
     rounding level are reported as "sign is noise". The first steps are judged at the coarsest format the runs
     computed in: --precision, else what both runs' monitors recorded; where neither says, at bfloat16's rounding,
     and first steps that differ beyond float32 rounding are noted ("first steps").
@@ -120,7 +127,7 @@ def compare(a: str, b: str, output: str | None, experiment: str | None, run_name
                               output_dir=output, cache_dir=cache_dir, log_run=not no_mlflow, **options)
         _print_result(result.comparison, result)
         verdict = result.verdict
-    return SUSPICIOUS_RESULT if fail_on_suspicious and verdict.suspicious else OK
+    return SUSPICIOUS_RESULT if fail_on_suspicious and verdict.fails(fail_on_suspicious) else OK
 
 
 def _print_result(comparison, result=None) -> None:

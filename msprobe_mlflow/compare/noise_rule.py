@@ -113,7 +113,8 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from msprobe_mlflow.compare.verdict import PRECISION, FirstSteps, RankVerdict, SignNoise, Trip, judged_values, slots_of
+from msprobe_mlflow.compare.verdict import (BREAK, DEPARTURE, DEPARTURE_MEANS, PRECISION, FirstSteps, RankVerdict,
+                                            SignNoise, Trip, judged_values, slots_of)
 from msprobe_mlflow.formats import UNIT_ROUNDOFF, coarsest
 
 DEVIATIONS = 10.0  # robust deviations beyond the noise that make a break
@@ -245,8 +246,10 @@ class NoiseAwareJudge:
                     f"{found.summary_trip.detail}"
                 trips = [replace(trip, detail=trip.detail + spread) if trip.reason == "norm" else trip
                          for trip in trips]
+            evidence = first.beyond_rounding or (found.beyond_rounding if first is held else "")
             self.verdict = RankVerdict(self.rank, first.step, first.summary_trip, trips, noise,
-                                       dict(self.summary_band), self.first_steps, self.recorded_precision)
+                                       dict(self.summary_band), self.first_steps, self.recorded_precision,
+                                       BREAK if evidence else DEPARTURE, evidence or DEPARTURE_MEANS)
             return self.verdict
         if held is not None:
             held.remember(self)
@@ -359,12 +362,14 @@ class NoiseAwareJudge:
         # size). Gradients at rounding level move with any change anywhere: they come last even where nothing is
         # noise.
         last = {names[i] for i in np.flatnonzero(tiny)}
+        beyond_rounding = _beyond_rounding(certain, best.values(), self._agreed_bit_for_bit)
         return _Finding(step, summary_trip,
                         sorted(best.values(), key=lambda t: (t.reason not in DIRECT, t.name in last, -t.score, t.name)),
                         pushes, certain,
                         not both or _statistics_differ(side_a, side_b)
                         or any(np.any(found) for found in differs.values()),
-                        {int(places[i]): found for i, found in recognised.items()}, only_faint and bool(best))
+                        {int(places[i]): found for i, found in recognised.items()}, only_faint and bool(best),
+                        beyond_rounding)
 
     def _first_steps_precision(self, comparison, names, places, tiny, coarse) -> str | None:
         """The format the first steps are judged at: the given precision; else, from what the runs recorded
@@ -557,6 +562,7 @@ class _Finding:
     differs: bool  # the runs differ in a recorded bit at this step, or their statistics were not both recorded
     noise: dict  # slot -> SignNoise: parameters recognised as noise at this step
     faint: bool = False  # its only breaks are norms beyond their noise but below MAGNITUDE_FLOOR
+    beyond_rounding: str = ""  # what of it no rounding can do (a *break*); empty: beyond the learnt noise only
 
     @property
     def suspicious(self) -> bool:
@@ -634,6 +640,29 @@ def _model_spread(history: _History) -> float:
     if window.size < MIN_HISTORY:
         return 0.0
     return MAD_TO_SIGMA * float(np.median(np.abs(window - np.median(window))))
+
+
+def _beyond_rounding(certain: bool, trips, agreed_bit_for_bit: bool) -> str:
+    """What of a step's breaks no rounding can do, in words (empty: none): a norm beyond
+    :data:`FIRST_STEPS_TOLERANCE` (26 units of bfloat16, the coarsest format training uses), a parameter whose
+    signs disagree on more than half its elements (random rounding flips half at most), a weight that jumped in one
+    run only, a gradient whose format changed in one run, or any difference between runs that agreed bit for bit."""
+    trips = list(trips)
+    found = []
+    if certain:
+        found.append(f"a norm moved by more than {FIRST_STEPS_TOLERANCE:.0%} of its scale")
+    anti = [t.name for t in trips if t.reason == "direction" and t.similarity is not None and t.similarity < 0.5]
+    if anti:
+        found.append(f"{anti[0]}'s signs are anti-aligned (over half disagree)")
+    jumped = [t.name for t in trips if t.reason == WEIGHT]
+    if jumped:
+        found.append(f"{jumped[0]}'s weights jumped in one run only")
+    formats = [t.name for t in trips if t.reason == PRECISION]
+    if formats:
+        found.append(f"{formats[0]}'s gradient changed format in one run")
+    if agreed_bit_for_bit:
+        found.append("the runs agreed bit for bit until this step")
+    return "; ".join(found)
 
 
 def _evidence(trip: Trip) -> tuple[bool, float]:

@@ -32,6 +32,13 @@ _TOLERANCE = 1e-12
 
 Series = list[float | None]
 PRECISION = "precision"  # the noise rule's reason for a gradient in a 16-bit format: a format, not a distance
+# The noise rule's grades of a suspicious step, strongest first: a *break* is beyond anything rounding can do; a
+# *departure* is beyond the pair's learnt noise, within what amplified rounding has been measured to do (a sharp
+# region, a loss spike: a benign pair that genuinely parts) or a small bug.
+BREAK, DEPARTURE = "break", "departure"
+GRADES = (BREAK, DEPARTURE)
+DEPARTURE_MEANS = "beyond this pair's learnt noise, within what amplified rounding can do (a sharp region, a loss " \
+    "spike) or a small bug"
 
 
 @dataclass(frozen=True)
@@ -124,10 +131,16 @@ class RankVerdict:
     summary_band: dict[int, float] = field(default_factory=dict)
     first_steps: FirstSteps | None = None
     recorded_precision: str | None = None
+    grade: str | None = None  # noise rule: BREAK or DEPARTURE at the first suspicious step (msprobe's rule: None)
+    evidence: str = ""  # the grade's reason, in words
 
     @property
     def suspicious(self) -> bool:
         return self.first_suspicious_step is not None
+
+    def fails(self, grade: str) -> bool:
+        """Suspicious with at least ``grade``'s evidence (msprobe's rule, which grades nothing, fails at any)."""
+        return self.suspicious and (self.grade is None or GRADES.index(self.grade) <= GRADES.index(grade))
 
 
 def check_thresholds(first_threshold: float, drop_threshold: float) -> None:
@@ -332,6 +345,17 @@ class Verdict:
         return min(steps) if steps else None
 
     @property
+    def grade(self) -> str | None:
+        """The strongest grade of the ranks suspicious at the first suspicious step (None: none, or msprobe's)."""
+        grades = [rank.grade for rank in self.ranks if rank.suspicious and rank.grade
+                  and rank.first_suspicious_step == self.first_suspicious_step]
+        return min(grades, key=GRADES.index) if grades else None
+
+    def fails(self, grade: str = BREAK) -> bool:
+        """Whether a rank is suspicious with at least ``grade``'s evidence (``--fail-on-suspicious``)."""
+        return any(rank.fails(grade) for rank in self.ranks)
+
+    @property
     def partial(self) -> str | None:
         """Where part of either model was not compared, how much (:meth:`Coverage.partial`)."""
         return self.coverage.partial() if self.coverage else None
@@ -343,6 +367,7 @@ class Verdict:
         return {
             "suspicious": self.suspicious,
             "first_suspicious_step": self.first_suspicious_step,
+            **({"grade": self.grade} if self.grade else {}),
             **({"partial": self.partial} if self.partial else {}),
             **self.settings.to_dict(),
             "ranks": [{"rank": r.rank, "first_suspicious_step": r.first_suspicious_step,
@@ -350,7 +375,8 @@ class Verdict:
                        "parameter_trips": [trip_dict(t) for t in r.parameter_trips],
                        "sign_noise": [asdict(noise) for noise in r.sign_noise],
                        "first_steps": asdict(r.first_steps) if r.first_steps else None,
-                       **({"recorded_precision": r.recorded_precision} if r.recorded_precision else {})}
+                       **({"recorded_precision": r.recorded_precision} if r.recorded_precision else {}),
+                       **({"grade": r.grade, "evidence": r.evidence} if r.grade else {})}
                       for r in self.ranks],
         }
 
@@ -366,6 +392,8 @@ class Verdict:
                 lines.append(f"rank {rank.rank}: no suspicious step ({self.settings.describe()}{recorded})")
             else:
                 line = f"rank {rank.rank}: first suspicious step {rank.first_suspicious_step}"
+                if rank.grade:
+                    line += f", a {rank.grade}: {rank.evidence}"
                 if rank.summary_trip:
                     line += f" (summary {summary_numbers(rank.summary_trip)})"
                 lines.append(line)

@@ -216,7 +216,8 @@ def verdict_line(options: BaselineOptions, verdict: RankVerdict | None, compared
         if not evidence and verdict.summary_trip is not None:
             evidence = f"the summary {trip_numbers(verdict.summary_trip)}"
         more = len(verdict.parameter_trips) - 3
-        return (f"msprobe-mlflow live verdict: suspicious from step {verdict.first_suspicious_step} {against} "
+        graded = f", a {verdict.grade}" if verdict.grade else ""
+        return (f"msprobe-mlflow live verdict: suspicious from step {verdict.first_suspicious_step}{graded} {against} "
                 f"(rank {verdict.rank}; {evidence}{f' and {more} more' if more > 0 else ''})")
     line = (f"msprobe-mlflow live verdict: no suspicious step in {compared} compared step(s) {against} "
             f"({options.settings.describe()})")

@@ -9,8 +9,8 @@ the runs table can show as a column, sort and search. It holds:
   carries the same one) and, when the experiment holds an earlier comparison of that pair,
   ``msprobe_mlflow.compare.previous_run`` (the latest one's ID, also linked from the description: repeated
   comparisons are new runs, linked, never overwritten), ``msprobe_mlflow.compare.verdict`` (``suspicious`` or
-  ``consistent``), ``...rule`` (which rule judged),
-  ``msprobe_mlflow.compare.first_suspicious_step`` and per rank ``...rank{R}.first_suspicious_step``,
+  ``consistent``), ``...grade`` (the noise rule's ``break`` or ``departure``), ``...partial`` (where part of
+  either model was not compared), ``...rule`` (which rule judged), ``msprobe_mlflow.compare.first_suspicious_step`` and per rank ``...rank{R}.first_suspicious_step``,
   ``...rank{R}.suspicious_parameters`` and ``...rank{R}.sign_noise``; as the run's description (Markdown), the
   verdict in one line, links to both sources, and the printed verdict and table in a fenced block;
 - params ``rule`` (and msprobe's rule's ``first_threshold``, ``drop_threshold``; the noise rule's ``precision``
@@ -38,8 +38,8 @@ from mlflow.tracking import MlflowClient
 from msprobe_mlflow import __version__
 from msprobe_mlflow.compare.engine import CompareInputError, DumpComparison, compare_dumps, direction_steps
 from msprobe_mlflow.compare.pairing import name_map_from
-from msprobe_mlflow.compare.verdict import (DEFAULT_DROP_THRESHOLD, DEFAULT_FIRST_THRESHOLD, DEFAULT_RULE, RuleSettings,
-                                            Verdict, culprit_text, summary_numbers, trip_numbers)
+from msprobe_mlflow.compare.verdict import (BREAK, DEFAULT_DROP_THRESHOLD, DEFAULT_FIRST_THRESHOLD, DEFAULT_RULE,
+                                            DEPARTURE, RuleSettings, Verdict, culprit_text, summary_numbers, trip_numbers)
 from msprobe_mlflow.dump import dump_folder, indexed_children
 from msprobe_mlflow.vocabulary import DESCRIPTION_TAG, TAG_PREFIX
 from msprobe_mlflow.metrics import metric_key
@@ -214,7 +214,10 @@ def _headline(verdict: Verdict) -> str:
         details.append(f"{trips[0].name} {trip_numbers(trips[0])}{more}")
     ranks_word = "ranks" if len(ranks) > 1 else "rank"
     partial = f" ({verdict.partial})" if verdict.partial else ""
-    return (f"**Suspicious**{partial}: the runs part at step {step} on {ranks_word} {where} ({'; '.join(details)}) "
+    graded = {BREAK: "**Break**", DEPARTURE: "**Departure**"}.get(verdict.grade, "**Suspicious**")
+    if verdict.grade:
+        details.insert(0, ranks[0].evidence)
+    return (f"{graded}{partial}: the runs part at step {step} on {ranks_word} {where} ({'; '.join(details)}) "
             f"[{verdict.rule} rule]")
 
 
@@ -275,6 +278,8 @@ def _tags(comparison: DumpComparison, sources: list[ComparisonSource], pair: str
             tags[f"{COMPARE_TAG_PREFIX}dump_path_{side}"] = str(source.folder.resolve())
     if verdict.suspicious:
         tags[f"{COMPARE_TAG_PREFIX}first_suspicious_step"] = str(verdict.first_suspicious_step)
+    if verdict.grade:
+        tags[f"{COMPARE_TAG_PREFIX}grade"] = verdict.grade
     for rank in verdict.ranks:
         if rank.suspicious:
             tags[f"{COMPARE_TAG_PREFIX}rank{rank.rank}.first_suspicious_step"] = str(rank.first_suspicious_step)
