@@ -67,14 +67,15 @@ def loader() -> torch.utils.data.DataLoader:
     return torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=4)
 
 
-def fit(tracking_uri: str, experiment: str, callbacks: list) -> tuple[MLFlowLogger, AppliedGradients]:
+def fit(tracking_uri: str, experiment: str, callbacks: list, module: Regression | None = None,
+        **trainer_options) -> tuple[MLFlowLogger, AppliedGradients]:
     applied = AppliedGradients()
     logger = MLFlowLogger(experiment_name=experiment, tracking_uri=tracking_uri)
     trainer = lightning.Trainer(max_epochs=1, accumulate_grad_batches=2, gradient_clip_val=CLIP, logger=logger,
                                 callbacks=[applied, *callbacks], accelerator="cpu", devices=1,
                                 enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-                                log_every_n_steps=1)
-    trainer.fit(Regression(), loader())
+                                log_every_n_steps=1, **trainer_options)
+    trainer.fit(module or Regression(), loader())
     return logger, applied
 
 
@@ -114,6 +115,46 @@ def test_lightning_callback_records_the_accumulated_clipped_gradients_into_the_l
     assert [m.step for m in before] == [0, 1, 2]
     assert [m.value for m in before] == pytest.approx(applied.norms_before_clipping, rel=1e-5)
     assert min(applied.norms_before_clipping) > 2 * CLIP  # clipped at every step: the two charts differ
+
+
+class ClippedWithoutClipGradNorm(Regression):
+    """Clips by norm as accelerate 1.16 does: ``get_total_norm`` and ``clip_grads_with_norm_``, never
+    ``torch.nn.utils.clip_grad_norm_``."""
+
+    def configure_gradient_clipping(self, optimizer, gradient_clip_val=None, gradient_clip_algorithm=None):
+        parameters = list(self.parameters())
+        norm = torch.nn.utils.get_total_norm([p.grad for p in parameters])
+        torch.nn.utils.clip_grads_with_norm_(parameters, gradient_clip_val, norm)
+
+
+def test_a_norm_before_clipping_that_was_never_logged_is_not_announced_and_is_warned_about(tmp_path):
+    """Before, the run's tag announced total_norm_before_clipping from the start, logged or not."""
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    config = GradProbeConfig(dump_path=str(tmp_path / "dump"), level="L1")
+    with pytest.warns(UserWarning, match=r"total_norm_before_clipping was not logged \(nor announced in the run's "
+                                         r"tag\): no torch\.nn\.utils\.clip_grad_norm_ call returned a norm for the "
+                                         r"model's parameters"):
+        logger, applied = fit(uri, "lightning-own-clipping", [GradientProbeCallback(config)],
+                              ClippedWithoutClipGradNorm())
+    assert_applied_gradients_recorded(tmp_path / "dump", applied)  # clipped, by the module's own code
+    run = MlflowClient(uri).get_run(logger.run_id)
+    assert run.data.tags["msprobe_mlflow.gradients_recorded"] == f"after clipping (gradient_clip_val={CLIP})"
+    assert "grad/rank0/total_norm_before_clipping" not in run.data.metrics
+
+
+def test_clipping_by_value_is_tagged_as_such_with_no_norm_before_clipping(tmp_path):
+    """``gradient_clip_algorithm="value"``: no norm is computed, so none is announced (before, the tag said it was
+    logged); the recorded gradients are the clipped ones, each element within the clip value."""
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    config = GradProbeConfig(dump_path=str(tmp_path / "dump"), level="L1")
+    logger, applied = fit(uri, "lightning-by-value", [GradientProbeCallback(config)], gradient_clip_algorithm="value")
+    for step in range(BATCHES // 2):
+        table = read_summary(tmp_path / "dump/rank0" / f"grad_summary_{step}.csv")
+        np.testing.assert_allclose(table.numbers("norm"), applied.norms(step), rtol=2e-5)
+        assert max(np.abs(table.numbers("max")).max(), np.abs(table.numbers("min")).max()) <= CLIP * (1 + 1e-6)
+    run = MlflowClient(uri).get_run(logger.run_id)
+    assert run.data.tags["msprobe_mlflow.gradients_recorded"] == f"after clipping (gradient_clip_val={CLIP}, by value)"
+    assert "grad/rank0/total_norm_before_clipping" not in run.data.metrics
 
 
 def test_autolog_finds_the_loggers_run(tmp_path):

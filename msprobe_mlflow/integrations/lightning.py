@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import os
 
+import torch
+
 from msprobe_mlflow.config import GradProbeConfig
 from msprobe_mlflow.integrations import NormsBeforeClipping, callback_config, checked_callback_config, with_sink
 from msprobe_mlflow.metrics import NORM_BEFORE_CLIPPING
@@ -48,14 +50,19 @@ class GradientProbeCallback(Callback):
         run_id, tracking_uri = mlflow_logger_run(pl_module) or (None, None)
         config = callback_config(self.config, run_id, "GradientProbeCallback")
         optimizer = trainer.optimizers[0] if len(trainer.optimizers) == 1 else None
-        norms = NormsBeforeClipping(clips_inside_step=True) if trainer.gradient_clip_val else None  # in the closure
+        by_norm = (trainer.gradient_clip_algorithm or "norm") == "norm"  # Lightning's default
+        clipped = f"after clipping (gradient_clip_val={trainer.gradient_clip_val}{'' if by_norm else ', by value'})"
+        norms = None
+        if trainer.gradient_clip_val and by_norm:  # in the closure, with torch.nn.utils.clip_grad_norm_
+            norms = NormsBeforeClipping(clips_inside_step=True, clipped_by=torch.nn.utils,
+                                        tag=f"{clipped}; {NORM_BEFORE_CLIPPING} is the norm before clipping")
         self.monitor = GradientMonitor(config, options=with_sink(self.options, norms), run_id=run_id,
                                        tracking_uri=tracking_uri)
         self.monitor.monitor(pl_module, optimizer)
-        if norms is not None:
+        if trainer.gradient_clip_val:
+            self.monitor.tag_run({RECORDED_TAG: clipped})
+        if norms is not None:  # the norm before clipping: tagged when logged
             norms.watch(self.monitor, pl_module)
-            self.monitor.tag_run({RECORDED_TAG: f"after clipping (gradient_clip_val={trainer.gradient_clip_val}); "
-                                                f"{NORM_BEFORE_CLIPPING} is the norm before clipping"})
 
     def on_train_end(self, trainer, pl_module) -> None:
         if self.monitor is not None:
