@@ -33,9 +33,10 @@ OVERLAP_TAG = f"{TAG_PREFIX}overlap"  # whether the probe overlapped backward, o
 FAILED_STEPS_TAG = f"{TAG_PREFIX}failed_steps"  # steps whose probe failed
 TRAINING_ID_TAG = f"{TAG_PREFIX}training_id"  # the training whose dump the run holds (the dump's training ID)
 
-# An API's status in an API check: msprobe's words, used as they are in the CSVs, the tags, the metrics and the CLI.
-PASS, ERROR, SKIP = "pass", "error", "skip"
-API_CHECK_STATUSES = (PASS, ERROR, SKIP)
+# An API's status in an API check: msprobe's words, used as they are in the CSVs, the tags, the metrics and the CLI;
+# and ours, ``out_of_memory``: not checked, this machine lacks the memory the call needs (never counted as an error).
+PASS, ERROR, SKIP, OUT_OF_MEMORY = "pass", "error", "skip", "out_of_memory"
+API_CHECK_STATUSES = (PASS, ERROR, SKIP, OUT_OF_MEMORY)
 
 # What the live sinks find, by kind: the tag of the parameters it names (``first_{kind}_step`` holds the step).
 FINDING_KINDS = {"suspicious": "suspicious_parameters", "nonfinite": "nonfinite_parameters",

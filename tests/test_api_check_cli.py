@@ -2,6 +2,7 @@
 examples/mindspore_api_dump (made by running real mint ops on this CPU, see make_dump.py there)."""
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -136,3 +137,73 @@ def test_help_explains_every_option(option):
     result = CliRunner().invoke(main, ["api-check", "--help"])
     assert result.exit_code == 0
     assert option in result.stdout and "Example: " in result.stdout
+
+
+# --- what the machine lacks is not the model's inaccuracy (issue 48, items 5 and 6) ---------------------------------
+
+def environment_without(module, folder):
+    """An environment whose Pythons (the command and its worker processes alike) cannot import ``module``, as if it
+    were not installed: a ``sitecustomize`` on PYTHONPATH sets ``sys.modules[module] = None``, so that ``import``
+    raises ModuleNotFoundError and ``importlib.util.find_spec`` returns None. The package is this checkout's."""
+    folder.mkdir()
+    (folder / "sitecustomize.py").write_text(f"import sys\nsys.modules[{module!r}] = None\n", encoding="utf-8")
+    env = {key: value for key, value in os.environ.items() if not key.startswith("MLFLOW_")}
+    return {**env, "PYTHONPATH": os.pathsep.join([str(folder), str(REPO)])}
+
+
+@pytest.mark.parametrize("module", ["torch", "mindspore"])
+def test_without_torch_or_mindspore_the_check_exits_2_naming_the_extra_and_records_nothing(tmp_path, module):
+    """It marked every API error (17 nested [error] runs, pass_rate 0, exit 3): the environment read as accuracy."""
+    env = environment_without(module, tmp_path / "python_path")
+    assert subprocess.run([sys.executable, "-c", f"import {module}"], env=env, capture_output=True).returncode == 1
+    done = subprocess.run([sys.executable, "-m", "msprobe_mlflow", "api-check", str(EXAMPLE / "statistics" /
+                                                                                    "api_info.json"),
+                           "--output", str(tmp_path / "out"), "--tracking-uri", f"sqlite:///{tmp_path}/mlflow.db"],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 2, done.stdout
+    [line] = done.stderr.splitlines()
+    assert line.startswith(f"msprobe-mlflow api-check: error: the API checker needs {module}, which this Python")
+    assert line.endswith(f'install the extra: pip install "msprobe-mlflow[{module}]" '
+                         f'(from a clone of the repository: pip install ".[{module}]")')
+    assert done.stdout == ""
+    assert not (tmp_path / "out").exists() and not (tmp_path / "mlflow.db").exists()  # no CSV, no run
+
+
+def msprobe_tensor_dump(training):
+    """The tensor example as msprobe lays it out under a training's folder: dump_path/step0/rank0/dump.json, its
+    dump_data_dir relative to the training's folder (msprobe's dump_path as configured, ./dump_path)."""
+    rank = training / "dump_path" / "step0" / "rank0"
+    shutil.copytree(EXAMPLE / "tensor" / "dump_tensor_data", rank / "dump_tensor_data")
+    document = json.loads((EXAMPLE / "tensor" / "api_info.json").read_text(encoding="utf-8"))
+    document["dump_data_dir"] = "./dump_path/step0/rank0/dump_tensor_data"
+    (rank / "dump.json").write_text(json.dumps(document), encoding="utf-8")
+    return rank / "dump.json"
+
+
+def test_msprobes_relative_dump_data_dir_is_found_from_the_training_folder_and_named(tmp_path, monkeypatch):
+    """Taken relative to dump.json's folder only, it made every tensor API an error (16 of 17)."""
+    dump = msprobe_tensor_dump(tmp_path / "training")
+    monkeypatch.chdir(tmp_path / "training")
+    code, out, err = run_in_process("dump_path", "--output", tmp_path / "out", "--no-mlflow",
+                                    "--filter", r"^Mint\.(add|matmul)\.")
+    assert code == 0, out + err
+    names = [name for name in api_names(dump) if name.startswith(("Mint.add.", "Mint.matmul."))]
+    assert f"{len(names)} APIs: {len(names)} pass, 0 error, 0 skip" in out
+    assert (f"tensors: {tmp_path / 'training/dump_path/step0/rank0/dump_tensor_data'} (dump_data_dir "
+            "'./dump_path/step0/rank0/dump_tensor_data', relative to the current folder)") in out
+
+
+def test_a_dump_data_dir_where_no_tensor_file_is_exits_2_naming_the_file_the_value_and_the_folders_tried(
+        tmp_path, monkeypatch):
+    dump = msprobe_tensor_dump(tmp_path / "training")
+    shutil.rmtree(dump.parent / "dump_tensor_data")  # dump.json copied without its tensors
+    monkeypatch.chdir(tmp_path / "training")
+    code, out, err = run_in_process(dump, "--output", tmp_path / "out", "--no-mlflow")
+    assert code == 2 and out == ""
+    [line] = err.splitlines()
+    relative = "dump_path/step0/rank0/dump_tensor_data"
+    assert line.startswith(f"msprobe-mlflow api-check: error: {dump}: dump_data_dir = './{relative}' is not accepted")
+    assert f"{dump.parent / relative} (relative to the JSON file's folder)" in line
+    assert f"{tmp_path / 'training' / relative} (relative to the current folder)" in line
+    assert f"{tmp_path / relative} (relative to a folder above the JSON file)" in line
+    assert not (tmp_path / "out").exists()

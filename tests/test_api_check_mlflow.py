@@ -71,7 +71,7 @@ def logged(tracking_uri, dump_path, tmp_path_factory):
 def test_check_run_holds_summary_metrics(logged):
     _, _, run = logged
     assert run.data.metrics == {"apis_total": 4, "apis_checked": 3, "apis_pass": 2, "apis_error": 1,
-                                "apis_skip": 1, "pass_rate": pytest.approx(2 / 3)}
+                                "apis_skip": 1, "apis_out_of_memory": 0, "pass_rate": pytest.approx(2 / 3)}
     assert run.info.status == "FINISHED"
     assert run.data.tags["msprobe_mlflow.framework"] == "mindspore"
     assert run.data.params["task"] == "tensor" and run.data.params["cosine_threshold"] == "0.99"

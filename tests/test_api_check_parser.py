@@ -134,22 +134,87 @@ def test_unknown_suffix_and_other_families_are_skipped_with_a_reason(tmp_path):
     assert "not Family.function.index" in calls["Mint.add"].problem
 
 
+def npy_input(data_name):
+    return {"type": "mindspore.Tensor", "dtype": "Float32", "shape": [2], "data_name": data_name}
+
+
+def tensor_dump(folder, dump_data_dir, data_name="x.npy"):
+    """A tensor-task dump.json in ``folder`` whose one input is ``data_name`` in ``dump_data_dir``."""
+    folder.mkdir(parents=True, exist_ok=True)
+    return write_dump(folder, {"Mint.abs.0.forward": {"input_args": [npy_input(data_name)], "output": []}},
+                      task="tensor", dump_data_dir=dump_data_dir)
+
+
+def save_npy(folder, name="x.npy"):
+    folder.mkdir(parents=True, exist_ok=True)
+    np.save(folder / name, np.ones(2, np.float32))
+
+
 def test_relative_dump_data_dir_resolves_against_the_json_file(tmp_path, monkeypatch):
-    (tmp_path / "dump" / "npy").mkdir(parents=True)
-    path = write_dump(tmp_path / "dump", {"Mint.abs.0.forward": {"input_args": [
-        {"type": "mindspore.Tensor", "dtype": "Float32", "shape": [2], "data_name": "x.npy"}], "output": []}},
-                      task="tensor", dump_data_dir="npy")
+    save_npy(tmp_path / "dump" / "npy")
+    save_npy(tmp_path / "npy")  # also under the current folder: the JSON file's folder is tried first
+    tensor_dump(tmp_path / "dump", "npy")
     monkeypatch.chdir(tmp_path)
     dump = read_api_info("dump/api_info.json")
     assert dump.calls[0].forward.args[0].data_path == (tmp_path / "dump" / "npy" / "x.npy").resolve()
+    assert dump.dump_data_dir_found == "'npy', relative to the JSON file's folder"
+
+
+def test_msprobes_dump_data_dir_relative_to_the_training_folder_is_found_from_there(tmp_path, monkeypatch):
+    """msprobe writes dump_data_dir relative to the folder the training ran in (its dump_path as configured)."""
+    training = tmp_path / "training"
+    save_npy(training / "dump_path" / "step0" / "rank0" / "dump_tensor_data")
+    path = tensor_dump(training / "dump_path" / "step0" / "rank0", "./dump_path/step0/rank0/dump_tensor_data")
+    monkeypatch.chdir(training)
+    dump = read_api_info(path)
+    assert dump.dump_data_dir == training / "dump_path" / "step0" / "rank0" / "dump_tensor_data"
+    assert dump.dump_data_dir_found == "'./dump_path/step0/rank0/dump_tensor_data', relative to the current folder"
+    assert dump.calls[0].forward.args[0].data_path == dump.dump_data_dir / "x.npy"
+
+
+def test_msprobes_dump_data_dir_is_found_from_another_folder_in_a_folder_above_the_json_file(tmp_path, monkeypatch):
+    training = tmp_path / "training"
+    save_npy(training / "dump_path" / "step0" / "rank0" / "dump_tensor_data")
+    path = tensor_dump(training / "dump_path" / "step0" / "rank0", "dump_path/step0/rank0/dump_tensor_data")
+    (tmp_path / "elsewhere").mkdir()
+    monkeypatch.chdir(tmp_path / "elsewhere")
+    dump = read_api_info(path)
+    assert dump.dump_data_dir == training / "dump_path" / "step0" / "rank0" / "dump_tensor_data"
+    assert dump.dump_data_dir_found == ("'dump_path/step0/rank0/dump_tensor_data', relative to a folder above the "
+                                        "JSON file")
+
+
+def test_a_dump_data_dir_holding_none_of_the_files_is_refused_naming_every_folder_tried(tmp_path, monkeypatch):
+    folder = tmp_path / "dump_path" / "step0" / "rank0"
+    path = tensor_dump(folder, "dump_tensor_data")
+    save_npy(folder / "dump_tensor_data", "other.npy")  # the folder is there, the dump's file is not
+    (tmp_path / "elsewhere").mkdir()
+    monkeypatch.chdir(tmp_path / "elsewhere")
+    with pytest.raises(ValueError) as raised:
+        read_api_info(path)
+    tried = [f"{folder / 'dump_tensor_data'} (relative to the JSON file's folder)",
+             f"{tmp_path / 'elsewhere' / 'dump_tensor_data'} (relative to the current folder)",
+             *(f"{above / 'dump_tensor_data'} (relative to a folder above the JSON file)" for above in folder.parents)]
+    assert str(raised.value) == (
+        f"{path}: dump_data_dir = 'dump_tensor_data' is not accepted: no folder it may mean holds any of the dump's "
+        f"1 tensor files (the first: x.npy); tried {', '.join(tried)}; expected the folder of the .npy files, "
+        "absolute or relative to the JSON file's folder or to the folder the training ran in (msprobe writes it so: "
+        "run the check from there)")
+
+
+def test_an_absolute_dump_data_dir_is_taken_as_it_is(tmp_path):
+    save_npy(tmp_path / "npy")
+    dump = read_api_info(tensor_dump(tmp_path / "dump", str(tmp_path / "npy")))
+    assert dump.dump_data_dir == tmp_path / "npy"
+    assert dump.dump_data_dir_found == f"{str(tmp_path / 'npy')!r}, absolute"
 
 
 @pytest.mark.parametrize("data_name, reason", [("../secret.npy", "leads outside"),
                                                ("/etc/passwd", "is an absolute path")])
 def test_data_name_outside_dump_data_dir_is_refused(tmp_path, data_name, reason):
-    (tmp_path / "npy").mkdir()
-    path = write_dump(tmp_path, {"Mint.abs.0.forward": {"input_args": [
-        {"type": "mindspore.Tensor", "dtype": "Float32", "shape": [2], "data_name": data_name}]}},
+    save_npy(tmp_path / "npy")  # the dump's other input: dump_data_dir holds one of its files
+    path = write_dump(tmp_path, {"Mint.abs.0.forward": {"input_args": [npy_input(data_name)]},
+                                 "Mint.abs.1.forward": {"input_args": [npy_input("x.npy")]}},
                       task="tensor", dump_data_dir="npy")
     problem = calls_by_name(path)["Mint.abs.0"].forward_problem
     assert f"input_args[0].data_name = {data_name!r} {reason}" in problem

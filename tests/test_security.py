@@ -233,10 +233,13 @@ def test_a_run_id_from_a_hostile_server_cannot_leave_the_cache(tmp_path, trackin
 
 # --- data_name of the API checker's dumps ---------------------------------------------------------------------
 def api_dump(folder: Path, data_name: str):
+    """The call of ``data_name``; a second call's input, a plain file, makes ``npy`` the dump's tensor folder."""
+    np.save(folder / "npy" / "plain.npy", np.ones(2, np.float32))
     path = folder / "api_info.json"
-    path.write_text(json.dumps({"task": "tensor", "dump_data_dir": "npy", "data": {"Mint.abs.0.forward": {
-        "input_args": [{"type": "mindspore.Tensor", "dtype": "Float32", "shape": [2], "data_name": data_name}],
-        "output": []}}}), encoding="utf-8")
+    path.write_text(json.dumps({"task": "tensor", "dump_data_dir": "npy", "data": {
+        f"Mint.abs.{i}.forward": {"input_args": [{"type": "mindspore.Tensor", "dtype": "Float32", "shape": [2],
+                                                  "data_name": name}], "output": []}
+        for i, name in enumerate([data_name, "plain.npy"])}}), encoding="utf-8")
     return read_api_info(path).calls[0]
 
 

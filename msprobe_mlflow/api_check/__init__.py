@@ -5,13 +5,16 @@ formats).
 
 Importing this package (and its ``parser``, ``metrics``, ``results``, ``report`` and ``replay``) needs numpy only:
 torch and MindSpore are imported with the runner, once the whole input has been checked, so bad input fails in a
-moment; and only in the worker processes when the calls run there (``replay``).
+moment; and only in the worker processes when the calls run there (``replay``). Both must be installed (the extras
+``torch`` and ``mindspore``): the check refuses to start without them rather than report every API as an error.
 """
 from __future__ import annotations
 
+import importlib.util
 import math
 import os
 import re
+import sys
 from contextlib import nullcontext
 from pathlib import Path
 from typing import Callable
@@ -23,6 +26,10 @@ from msprobe_mlflow.api_check.report import write_reports
 from msprobe_mlflow.api_check.results import ApiCheckReport, ApiResult, OutputResult, SideResult
 
 __all__ = ["check_api_accuracy", "ApiCheckReport", "ApiResult", "OutputResult", "SideResult", "Thresholds"]
+
+# What the calls run in, and the extra of msprobe-mlflow that installs each: torch the benchmark, MindSpore the
+# tested side (its tensors are made in the tensor task too).
+FRAMEWORK_EXTRAS = {"torch": "torch", "mindspore": "mindspore"}
 
 
 def check_api_accuracy(path: str | os.PathLike, *, output_dir: str | os.PathLike = ".",
@@ -46,10 +53,11 @@ def check_api_accuracy(path: str | os.PathLike, *, output_dir: str | os.PathLike
     number of workers.
 
     Raises ``ValueError`` only for what stops the whole check (a missing or unreadable file, a folder with no
-    dump or several, no ``task``/``data``, a bad ``api_filter`` or ``workers``, a threshold that is NaN or not a
-    number, an ``output_dir`` that cannot be made, an ``experiment`` that is not the parent's), before torch or
-    MindSpore is imported and before any API is run; every problem of one entry becomes that API's ``error`` or
-    ``skip`` row.
+    dump or several, no ``task``/``data``, a tensor task whose ``dump_data_dir`` holds none of its files, a bad
+    ``api_filter`` or ``workers``, a threshold that is NaN or not a number, an ``output_dir`` that cannot be made,
+    an ``experiment`` that is not the parent's), before torch or MindSpore is imported and before any API is run;
+    ``ModuleNotFoundError`` naming the extra to install when torch or MindSpore is not installed. Every problem of
+    one entry becomes that API's ``error`` or ``skip`` row.
     """
     dump = read_api_info(path)
     try:
@@ -58,6 +66,7 @@ def check_api_accuracy(path: str | os.PathLike, *, output_dir: str | os.PathLike
         raise ValueError(f"api_filter = {api_filter!r} is not a regular expression ({error})") from None
     thresholds = _thresholds(cosine_threshold, max_abs_threshold)
     workers = check_workers(workers)
+    _require_frameworks()
     target = None
     if log_to_mlflow:  # looked up before anything is made: a wrong run ID leaves no empty output folder behind
         from msprobe_mlflow.tracking.api_check_runs import check_run, resolve_target
@@ -83,11 +92,24 @@ def check_api_accuracy(path: str | os.PathLike, *, output_dir: str | os.PathLike
     with running as run:  # the check's run lasts as long as the check
         results = replay_calls(calls, dump.task, thresholds, workers, on_result)
         details_csv, result_csv = write_reports(results, output_dir)
-        report = ApiCheckReport(results, details_csv, result_csv, api_info=dump.path)
+        report = ApiCheckReport(results, details_csv, result_csv, api_info=dump.path,
+                                dump_data_dir=dump.dump_data_dir, dump_data_dir_found=dump.dump_data_dir_found)
         if run is not None:
             run.log(report)
             report.run_id = run.run_id
     return report
+
+
+def _require_frameworks() -> None:
+    """Without torch or MindSpore every call would fail alike: the environment, reported as the model's inaccuracy.
+    Looked up without importing them, so that this process stays free of them."""
+    missing = [module for module in FRAMEWORK_EXTRAS if importlib.util.find_spec(module) is None]
+    if missing:
+        extras = ",".join(FRAMEWORK_EXTRAS[module] for module in missing)
+        raise ModuleNotFoundError(f"the API checker needs {' and '.join(missing)}, which this Python "
+                                  f"({sys.executable}) cannot import; install the extra: "
+                                  f'pip install "msprobe-mlflow[{extras}]" (from a clone of the repository: '
+                                  f'pip install ".[{extras}]")', name=missing[0])
 
 
 def _thresholds(cosine_threshold: float, max_abs_threshold: float) -> Thresholds:

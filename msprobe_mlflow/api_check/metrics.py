@@ -12,10 +12,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from msprobe_mlflow.vocabulary import API_CHECK_STATUSES as STATUSES, ERROR, PASS, SKIP
+from msprobe_mlflow.vocabulary import API_CHECK_STATUSES as STATUSES, ERROR, OUT_OF_MEMORY, PASS, SKIP
 
-__all__ = ["STATUSES", "ERROR", "PASS", "SKIP", "EPSILON", "Thresholds", "Comparison", "compare_arrays",
-           "cosine_similarity", "max_abs_err", "max_relative_err"]
+__all__ = ["STATUSES", "ERROR", "PASS", "SKIP", "OUT_OF_MEMORY", "EPSILON", "Thresholds", "Comparison",
+           "compare_arrays", "cosine_similarity", "max_abs_err", "max_relative_err"]
 
 EPSILON = 1e-8
 

@@ -14,7 +14,7 @@ import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Union
+from typing import Iterator, Union
 
 from msprobe_mlflow.api_check.results import INCOMPLETE_ENTRY, NOT_MINT
 from msprobe_mlflow.safe_paths import confined_path
@@ -118,18 +118,22 @@ class ApiCall:
 
 @dataclass
 class ApiDump:
+    """``dump_data_dir``: the folder the tensor task's ``.npy`` files are read from; ``dump_data_dir_found``: how it
+    was found, e.g. ``'dump_path/step0/rank0/dump_tensor_data', relative to the current folder``."""
+
     path: Path
     task: str
     dump_data_dir: Path | None
     calls: list[ApiCall] = field(default_factory=list)
+    dump_data_dir_found: str = ""
 
 
 def read_api_info(path: str | os.PathLike) -> ApiDump:
     """Parse ``api_info.json``; entries are validated one by one (see the module docstring). A folder stands for
     the one dump file in it or below it in msprobe's layout (``dump_file_in``); ``ApiDump.path`` is that file.
 
-    A relative ``dump_data_dir`` resolves against the JSON file's folder (msprobe resolves it against the current
-    directory); each ``data_name`` must stay inside ``dump_data_dir``.
+    A relative ``dump_data_dir`` is looked for in several folders (``find_dump_data_dir``); each ``data_name`` must
+    stay inside ``dump_data_dir``.
     """
     path = Path(path)
     if path.is_dir():
@@ -145,18 +149,19 @@ def read_api_info(path: str | os.PathLike) -> ApiDump:
     task = document.get("task")
     if task not in TASKS:
         raise ValueError(f"{path}: task = {task!r} is not accepted; expected one of {', '.join(TASKS)}")
-    dump_data_dir = None
+    data = document.get("data")
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: data = {_short(data)} is not accepted; expected an object of API entries")
+    dump_data_dir, found = None, ""
     if task == "tensor":
         raw_dir = document.get("dump_data_dir")
         if not isinstance(raw_dir, str) or not raw_dir:
             raise ValueError(f"{path}: dump_data_dir = {raw_dir!r} is not accepted; the tensor task needs the "
-                             "folder of the .npy files (absolute, or relative to the JSON file)")
-        dump_data_dir = (path.parent / raw_dir) if not os.path.isabs(raw_dir) else Path(raw_dir)
-    data = document.get("data")
-    if not isinstance(data, dict):
-        raise ValueError(f"{path}: data = {_short(data)} is not accepted; expected an object of API entries")
+                             "folder of the .npy files (absolute, or relative to the JSON file's folder or to the "
+                             "folder the training ran in)")
+        dump_data_dir, found = find_dump_data_dir(path, raw_dir, data)
 
-    dump = ApiDump(path, task, dump_data_dir)
+    dump = ApiDump(path, task, dump_data_dir, dump_data_dir_found=found)
     by_name: dict[str, ApiCall] = {}
     for key, entry in data.items():
         api_name, _, side = key.rpartition(".")
@@ -194,6 +199,46 @@ def dump_file_in(folder: Path) -> Path:
         raise ValueError(f"{folder}: is a folder with no {' or '.join(DUMP_FILE_NAMES)} in it nor below it in "
                          "msprobe's layout (rank*/dump.json, step*/rank*/dump.json); pass the dump file")
     raise ValueError(f"{folder}: holds {len(found)} dumps ({names}); pass the one to check, e.g. {found[0]}")
+
+
+def find_dump_data_dir(path: Path, raw_dir: str, data: dict) -> tuple[Path, str]:
+    """The folder of the tensor task's ``.npy`` files, and how it was found. An absolute ``dump_data_dir`` is taken
+    as it is. msprobe writes a relative one relative to the folder the training ran in (``./dump_path/step0/rank0/
+    dump_tensor_data``), so it is tried relative to the JSON file's folder, then to the current folder, then to each
+    folder above the JSON file (where the training ran, if the check runs elsewhere); the first folder that holds
+    one of the dump's ``data_name`` files is taken. Raises ``ValueError`` naming the folders tried when none does
+    (a dump without tensors takes the first)."""
+    names = [name for name in dict.fromkeys(_data_names(data)) if not os.path.isabs(name)]
+    if os.path.isabs(raw_dir):
+        tried = [(Path(raw_dir), "absolute")]
+    else:
+        folder = path.parent.resolve()
+        bases = [(folder, "relative to the JSON file's folder"), (Path.cwd(), "relative to the current folder"),
+                 *((above, "relative to a folder above the JSON file") for above in folder.parents)]
+        tried, seen = [], set()
+        for base, how in bases:  # the current folder is often one above the JSON file: tried once, as the former
+            if base not in seen:
+                seen.add(base)
+                tried.append((base / raw_dir, how))
+    for folder, how in tried:
+        if not names or any(os.path.isfile(os.path.join(folder, name)) for name in names):
+            return folder, f"{raw_dir!r}, {how}"
+    looked_in = ", ".join(f"{folder} ({how})" for folder, how in tried)
+    raise ValueError(f"{path}: dump_data_dir = {raw_dir!r} is not accepted: no folder it may mean holds any of the "
+                     f"dump's {len(names)} tensor files (the first: {names[0]}); tried {looked_in}; expected the "
+                     "folder of the .npy files, absolute or relative to the JSON file's folder or to the folder the "
+                     "training ran in (msprobe writes it so: run the check from there)")
+
+
+def _data_names(value) -> Iterator[str]:
+    """Every tensor's ``data_name`` in a part of the dump, in order."""
+    if isinstance(value, dict):
+        if value.get("type") == TENSOR_TYPE and isinstance(value.get("data_name"), str):
+            yield value["data_name"]
+        value = list(value.values())
+    if isinstance(value, list):
+        for item in value:
+            yield from _data_names(item)
 
 
 def _new_call(api_name: str) -> ApiCall:

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from msprobe_mlflow.api_check.metrics import ERROR, PASS, SKIP
+from msprobe_mlflow.api_check.metrics import ERROR, OUT_OF_MEMORY, PASS, SKIP
 
 if TYPE_CHECKING:
     import pandas
@@ -21,6 +21,10 @@ NO_BENCHMARK = "torch has no such function or cannot run the inputs"
 NO_GRADIENT = "no gradient to compare"
 NOT_MINT = "not a mint API (only Mint and MintFunctional calls are checked)"
 INCOMPLETE_ENTRY = "the dump lacks what the check needs"
+# The status of several results (a side's outputs, an API's sides): the first of these that one of them has, else
+# pass. A lack of memory is the machine's, not the model's: it never hides an error, and outranks a skip as the
+# thing to act on (check the call on a bigger machine).
+FIRST_STATUS = (ERROR, OUT_OF_MEMORY, SKIP)
 
 
 @dataclass
@@ -42,7 +46,8 @@ class OutputResult:
 @dataclass
 class SideResult:
     """The forward or backward check of one API: ``pass`` when every output passes, ``error`` when one fails,
-    ``skip`` when it could not be checked here (``skip_group`` says why, one of the groups above)."""
+    ``skip`` when it could not be checked here (``skip_group`` says why, one of the groups above),
+    ``out_of_memory`` when this machine lacks the memory it needs."""
 
     status: str
     message: str = ""
@@ -54,17 +59,22 @@ def side_from_outputs(outputs: list[OutputResult]) -> SideResult:
     failed = [output for output in outputs if output.status != PASS]
     if not outputs:
         return SideResult(ERROR, "there is no output to compare", outputs)
-    status = ERROR if any(output.status == ERROR for output in failed) else (SKIP if failed else PASS)
+    status = _first_status({output.status for output in failed}, PASS)
     return SideResult(status, " ".join(output.message for output in failed if output.message), outputs)
+
+
+def _first_status(statuses: set[str], otherwise: str) -> str:
+    return next((status for status in FIRST_STATUS if status in statuses), otherwise)
 
 
 @dataclass
 class ApiResult:
     """One API call. ``forward``/``backward`` are ``None`` when the dump has no such entry. ``status`` is ``error``
-    when a side failed, else ``skip`` when a side could not be checked (or the call is not checked at all), else
-    ``pass``; ``message`` joins the texts of the sides that did not pass. ``inputs`` describes the recorded
-    arguments, one text per top-level argument (``input_args.0``, ``input_kwargs.dim``). ``skip_group``: why a
-    ``skip`` was skipped (its first skipped side's group)."""
+    when a side failed, else ``out_of_memory`` when a side needs more memory than this machine has, else ``skip``
+    when a side could not be checked (or the call is not checked at all), else ``pass``; ``message`` joins the
+    texts of the sides that did not pass. ``inputs`` describes the recorded arguments, one text per top-level
+    argument (``input_args.0``, ``input_kwargs.dim``). ``skip_group``: why a ``skip`` was skipped (its first
+    skipped side's group)."""
 
     name: str
     status: str
@@ -79,7 +89,7 @@ class ApiResult:
                    inputs: dict[str, str]) -> ApiResult:
         sides = [side for side in (forward, backward) if side is not None]
         statuses = {side.status for side in sides}
-        status = ERROR if ERROR in statuses else SKIP if (SKIP in statuses or not sides) else PASS
+        status = _first_status(statuses, PASS if sides else SKIP)
         messages = [side.message for side in sides if side.status != PASS and side.message]
         message = " ".join(dict.fromkeys(messages))  # once each, in order: both sides often share the reason
         skip_group = next((side.skip_group for side in sides if side.status == SKIP), "") if status == SKIP else ""
@@ -93,17 +103,21 @@ class ApiResult:
 
 @dataclass
 class ApiCheckReport:
-    """The whole check: results in dump order, the two CSVs written, the MLflow run holding them (if logged), and
-    the dump file checked (the one found, when given a folder)."""
+    """The whole check: results in dump order, the two CSVs written, the MLflow run holding them (if logged), the
+    dump file checked (the one found, when given a folder), and in the tensor task the folder its ``.npy`` files
+    were read from with how its ``dump_data_dir`` was taken (``'dump_tensor_data', relative to the current
+    folder``)."""
 
     results: list[ApiResult]
     details_csv: Path | None = None
     result_csv: Path | None = None
     run_id: str | None = None
     api_info: Path | None = None
+    dump_data_dir: Path | None = None
+    dump_data_dir_found: str = ""
 
     def count(self, status: str) -> int:
-        """How many APIs have ``status``: ``pass``, ``error`` or ``skip``."""
+        """How many APIs have ``status``: ``pass``, ``error``, ``skip`` or ``out_of_memory``."""
         return len(self.with_status(status))
 
     def with_status(self, status: str) -> list[ApiResult]:

@@ -9,7 +9,9 @@ differentiates with ``GradOperation(get_all=True, sens_param=True)``, torch with
 respect to the floating-point tensors among the positional arguments (tuple arguments such as ``cat``'s included,
 depth first); ``backward.output.i`` is the gradient of the ``i``-th positional tensor, and int or bool tensors get
 no row (they have no gradient). In the tensor task a recorded gradient of null (the input needed none) gets no row
-either. A call MindSpore or torch cannot run here is a ``skip`` with the framework's message.
+either. A call MindSpore or torch cannot run here is a ``skip`` with the framework's message. A call that needs
+more memory than this machine has is ``out_of_memory``: refused before anything is allocated when its recorded
+tensors alone need more than is available (``memory``), or when a framework or numpy fails to allocate.
 """
 from __future__ import annotations
 
@@ -23,7 +25,8 @@ import torch
 
 from msprobe_mlflow.api_check.inputs import (InputCache, InputError, TensorPair, MINDSPORE_DTYPES, TORCH_DTYPES,
                                               dtype_name, make_pair, recorded_values, to_float64)
-from msprobe_mlflow.api_check.metrics import ERROR, SKIP, Thresholds, compare_arrays
+from msprobe_mlflow.api_check.memory import lack_of_memory
+from msprobe_mlflow.api_check.metrics import ERROR, OUT_OF_MEMORY, SKIP, Thresholds, compare_arrays
 from msprobe_mlflow.api_check.parser import (DTYPE_TYPE, FLOAT_DTYPES, ApiCall, Argument, ForwardEntry,
                                               TensorArg, ValueArg)
 from msprobe_mlflow.api_check.results import (INCOMPLETE_ENTRY, MINDSPORE_CANNOT_RUN, NO_BENCHMARK, NO_GRADIENT,
@@ -36,11 +39,13 @@ MODULES = {
                        ("torch.nn.functional", lambda: torch.nn.functional)),
 }
 DESCRIPTION_LIMIT = 500
+# How the frameworks say that an allocation failed on the CPU: a RuntimeError, not a MemoryError.
+ALLOCATION_FAILURES = ("DefaultCPUAllocator: can't allocate memory", "Allocate memory failed")
 
 
 class _SideStopped(Exception):
-    """A forward or backward check that ends before comparing; ``status`` is ``skip`` (``skip_group`` says why)
-    or ``error``."""
+    """A forward or backward check that ends before comparing; ``status`` is ``skip`` (``skip_group`` says why),
+    ``error`` or ``out_of_memory``."""
 
     def __init__(self, status: str, message: str, skip_group: str = ""):
         super().__init__(message)
@@ -88,6 +93,8 @@ def check_call(call: ApiCall, task: str, thresholds: Thresholds, cache: InputCac
     come from ``cache`` when given, except for a call that may change them in place (``_in_place``)."""
     inputs = describe_inputs(call.forward) if call.forward is not None else {}
     stop = (ERROR, call.problem) if call.problem else (SKIP, call.skip_reason) if call.skip_reason else None
+    if stop is None and (lacking := lack_of_memory(call)) is not None:
+        stop = (OUT_OF_MEMORY, lacking)
     if stop is not None:
         sides = {side: _stopped_side(call, side, *stop, call.skip_group) for side in ("forward", "backward")
                  if getattr(call, f"has_{side}")}
@@ -120,6 +127,8 @@ class _CallChecker:
             return side_from_outputs(compute())
         except _SideStopped as stopped:
             return _stopped_side(self.call, side, stopped.status, stopped.message, stopped.skip_group)
+        except MemoryError as error:  # numpy making the inputs or the metrics' float64 copies
+            return _stopped_side(self.call, side, OUT_OF_MEMORY, f"not checked: {_first_line(error)}")
 
     # --- what both sides need -------------------------------------------------------------------------------------
 
@@ -340,6 +349,7 @@ class _CallChecker:
         except _SideStopped:
             raise
         except Exception as error:  # noqa: BLE001 - any framework failure is reported, never raised
+            _raise_if_out_of_memory(error, self.qualified_name(0))
             # MindSpore's words for an op this device has no kernel for: "The kernel Atan2Ext unregistered."
             group = NO_KERNEL if "unregistered" in str(error) else MINDSPORE_CANNOT_RUN
             raise _SideStopped(SKIP, f"MindSpore cannot run {self.qualified_name(0)} here: "
@@ -351,8 +361,15 @@ class _CallChecker:
         except _SideStopped:
             raise
         except Exception as error:  # noqa: BLE001
+            _raise_if_out_of_memory(error, self.qualified_name(1))
             raise _SideStopped(SKIP, f"the benchmark {self.qualified_name(1)} cannot run these inputs: "
                                      f"{_first_line(error)}", NO_BENCHMARK) from None
+
+
+def _raise_if_out_of_memory(error: Exception, function: str) -> None:
+    if isinstance(error, MemoryError) or any(words in str(error) for words in ALLOCATION_FAILURES):
+        raise _SideStopped(OUT_OF_MEMORY, f"not checked: {function} ran out of memory here: "
+                                          f"{_first_line(error)}") from None
 
 
 def _first_line(error: Exception, limit: int = 300) -> str:

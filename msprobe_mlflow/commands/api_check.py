@@ -44,16 +44,19 @@ def api_check(api_info: str, output: str, experiment: str | None, parent_run_id:
               api_filter: str | None, cosine_threshold: float, max_abs_threshold: float, workers: int,
               tracking_uri: str | None, no_mlflow: bool) -> int:
     """Runs every Mint / MintFunctional call recorded in an msprobe MindSpore dump (API_INFO_JSON: api_info.json
-    or dump.json, task "statistics" or "tensor"; a relative dump_data_dir in it is taken relative to this file; or
-    a folder holding exactly one, also below it as msprobe lays it out: dump_path/step0/rank0/dump.json) in
-    MindSpore (tested) and in torch (benchmark), forward and backward, and compares the outputs. Each API gets
-    msprobe's status: pass (every output has Cosine > 0.99 and MaxAbsErr < 0.001), error or skip. Writes msprobe's
+    or dump.json, task "statistics" or "tensor"; a relative dump_data_dir in it is taken relative to this file's
+    folder, else to the current folder (msprobe writes it relative to the folder the training ran in), else to a
+    folder above this file; or a folder holding exactly one, also below it as msprobe lays it out:
+    dump_path/step0/rank0/dump.json) in MindSpore (tested) and in torch (benchmark), forward and backward, and
+    compares the outputs. It needs both installed (the extras [torch] and [mindspore]). Each API gets msprobe's
+    status: pass (every output has Cosine > 0.99 and MaxAbsErr < 0.001), error or skip; or out_of_memory, not
+    checked because this machine lacks the memory the call needs (never counted as an error). Writes msprobe's
     accuracy_checking_details_{stamp}.csv and accuracy_checking_result_{stamp}.csv, and records one MLflow run for
     the check (the CSVs, the number of APIs per status, the pass rate, the tag error_apis) in --experiment (else
     the --run-id parent's, else MLflow's current experiment), with one nested run per API (its metrics, and the
-    tags status and message). The summary lists the APIs with status error, and the skipped ones grouped by why
-    (most often no MindSpore kernel on this device: the platform, not the model). The command exits with code 3
-    when at least one API has status error.
+    tags status and message). The summary lists the APIs with status error, the skipped ones grouped by why (most
+    often no MindSpore kernel on this device: the platform, not the model), then those out of memory. The command
+    exits with code 3 when at least one API has status error.
 
     \b
     Examples:
@@ -63,16 +66,23 @@ def api_check(api_info: str, output: str, experiment: str | None, parent_run_id:
           --experiment api-check --filter '^Mint(Functional)?\\.(add|matmul)\\.'
     """
     from msprobe_mlflow.api_check import check_api_accuracy
-    from msprobe_mlflow.api_check.metrics import ERROR, STATUSES
+    from msprobe_mlflow.api_check.metrics import ERROR, OUT_OF_MEMORY, STATUSES
     report = check_api_accuracy(api_info, output_dir=output, experiment=experiment, parent_run_id=parent_run_id,
                                 nested=not no_nested, api_filter=api_filter, cosine_threshold=cosine_threshold,
                                 max_abs_threshold=max_abs_threshold, log_to_mlflow=not no_mlflow,
                                 tracking_uri=tracking_uri, on_progress=_progress_line(), workers=workers)
     _print_errors(report.with_status(ERROR))
-    _print_skips(report.skips_by_group())
+    for group, results in report.skips_by_group().items():
+        _print_listed(f"skip ({len(results)}): {group or 'other'}", results)
+    if report.count(OUT_OF_MEMORY):
+        _print_listed(f"{OUT_OF_MEMORY} ({report.count(OUT_OF_MEMORY)}): not checked, this machine lacks the memory "
+                      "(not a finding about your model)", report.with_status(OUT_OF_MEMORY))
     counts = ", ".join(f"{report.count(status)} {status}" for status in STATUSES)
     click.echo(f"\n{len(report.results)} APIs: {counts}")
-    click.echo(f"dump:    {report.api_info}\ndetails: {report.details_csv}\nresult:  {report.result_csv}")
+    click.echo(f"dump:    {report.api_info}")
+    if report.dump_data_dir is not None:
+        click.echo(f"tensors: {report.dump_data_dir} (dump_data_dir {report.dump_data_dir_found})")
+    click.echo(f"details: {report.details_csv}\nresult:  {report.result_csv}")
     if report.run_id is not None:
         click.echo(f"MLflow run: {report.run_id}")
     return SUSPICIOUS_RESULT if report.count(ERROR) else OK
@@ -107,12 +117,12 @@ def _print_errors(errors: list) -> None:
         click.echo(f"{result.name:<{width}}  {forward:<7}  {backward:<8}  {result.message}")
 
 
-def _print_skips(groups: dict) -> None:
-    """The skipped APIs under why they were skipped, one line each (``SKIPS_SHOWN`` per group at most)."""
-    for group, results in groups.items():
-        click.echo(f"\nskip ({len(results)}): {group or 'other'}")
-        width = max(len(result.name) for result in results[:SKIPS_SHOWN])
-        for result in results[:SKIPS_SHOWN]:
-            click.echo(f"  {result.name:<{width}}  {result.message}")
-        if len(results) > SKIPS_SHOWN:
-            click.echo(f"  ... and {len(results) - SKIPS_SHOWN} more (the result CSV lists them all)")
+def _print_listed(title: str, results: list) -> None:
+    """APIs under a title (the skipped ones of a group, those out of memory), one line each (``SKIPS_SHOWN`` at
+    most)."""
+    click.echo(f"\n{title}")
+    width = max(len(result.name) for result in results[:SKIPS_SHOWN])
+    for result in results[:SKIPS_SHOWN]:
+        click.echo(f"  {result.name:<{width}}  {result.message}")
+    if len(results) > SKIPS_SHOWN:
+        click.echo(f"  ... and {len(results) - SKIPS_SHOWN} more (the result CSV lists them all)")

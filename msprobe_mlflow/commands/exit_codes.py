@@ -1,8 +1,9 @@
 """The exit codes of every ``msprobe-mlflow`` command, and the one mapping from an exception to its code.
 
 0 done; 1 an operational failure (the tracking server cannot be reached, answers with a server error or is not
-MLflow, or something unforeseen broke); 2 bad input, which the user can fix on the command line or in the files; 3 a
-suspicious or failing result, which the command found rather than failed at.
+MLflow, or something unforeseen broke); 2 bad input, which the user can fix on the command line or in the files, or
+a package the command needs that is not installed (``ModuleNotFoundError``: the user installs it); 3 a suspicious or
+failing result, which the command found rather than failed at.
 """
 from __future__ import annotations
 
@@ -18,7 +19,8 @@ Exit codes:
   1  operational failure: the tracking server cannot be reached, answers with a server error, or is
      not an MLflow tracking server
   2  bad input: a missing or malformed file, a wrong option, a run or experiment MLflow does not know
-     (or no store at all), a parameter or credentials MLflow refuses
+     (or no store at all), a parameter or credentials MLflow refuses; or a package the command needs
+     is not installed (api-check without torch: the message names the extra)
   3  suspicious or failing result: compare --fail-on-suspicious found a suspicious step, api-check found
      an API whose status is error"""
 
@@ -37,7 +39,7 @@ def exit_code_for(error: Exception) -> int:
         return error.exit_code  # 2 for click's usage errors
     if _is_mlflow_error(error):
         return BAD_INPUT if error.get_http_status_code() in MLFLOW_BAD_INPUT_STATUSES else OPERATIONAL_FAILURE
-    if isinstance(error, (ValueError, *PATH_ERRORS)):
+    if isinstance(error, (ValueError, ModuleNotFoundError, *PATH_ERRORS)):
         return BAD_INPUT
     return OPERATIONAL_FAILURE
 
@@ -46,7 +48,7 @@ def error_message(error: Exception) -> str:
     """One line; an unforeseen exception keeps its type's name, which says where to look."""
     if isinstance(error, click.ClickException):
         message = error.format_message()
-    elif isinstance(error, (ValueError, OSError)) or _is_mlflow_error(error):
+    elif isinstance(error, (ValueError, OSError, ModuleNotFoundError)) or _is_mlflow_error(error):
         message = str(error)
     else:
         message = f"{type(error).__name__}: {error}"

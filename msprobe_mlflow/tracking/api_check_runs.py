@@ -1,12 +1,13 @@
 """The MindSpore API checker in MLflow: one run for the check, one nested run per API.
 
-Statuses are msprobe's words, ``pass``, ``error`` and ``skip``, in the CSVs, the tags and the metric names alike.
+Statuses are msprobe's words, ``pass``, ``error`` and ``skip``, and ``out_of_memory`` (not checked: this machine
+lacks the memory the call needs), in the CSVs, the tags and the metric names alike.
 The check's run is created when the check starts and ended when it ends, named after the dump's folder and the
 start time (``api-check dump_path/step0/rank0 20250101-120000.123``). It is nested under ``parent_run_id``, else
 under the active run when there is one (and then lives in its parent's experiment). It holds the summary metrics
-(``apis_total``, ``apis_checked`` = pass + error, ``apis_pass``, ``apis_error``, ``apis_skip``, ``pass_rate`` =
-pass / checked), the tag ``error_apis`` (the names of the APIs whose status is error), the options as params, and
-the two CSVs as artifacts under ``api_check/``.
+(``apis_total``, ``apis_checked`` = pass + error, ``apis_pass``, ``apis_error``, ``apis_skip``,
+``apis_out_of_memory``, ``pass_rate`` = pass / checked), the tag ``error_apis`` (the names of the APIs whose status
+is error), the options as params, and the two CSVs as artifacts under ``api_check/``.
 Each API's run is named after the call, marked with its status unless pass (``[error] Mint.erfinv.0``: in the
 UI's runs list every run shows a green Finished, so the name is where a failing API shows), and has the metrics
 of each output (``forward/output/0/cosine``, ``.../max_abs_err``, ``.../max_relative_err``: the UI groups them by
