@@ -6,6 +6,7 @@
 {dump_path}/rank{R}/step{S}/{param}.npy        L1/L2, msprobe's boolean form
 {dump_path}/rank{R}/findings/                  ours: what the live sinks found (live verdict, anomaly flags)
 {dump_path}/rank{R}/training_id                 ours: the ID of the training that writes this rank folder
+{dump_path}/rank{R}/training.lock               ours: there while a training writes this rank folder, locked by it
 {dump_path}/msprobe_mlflow_config.json         ours: the framework, config and training ID that wrote the dump
 {dump_path}/previous/{ID}/                     ours: an earlier training's dump, set aside by the next one
 ```
@@ -38,6 +39,11 @@ from pathlib import Path
 
 import numpy as np
 
+try:
+    import fcntl
+except ImportError:  # Windows: no lock file, so no training is ever taken for abandoned
+    fcntl = None
+
 from msprobe_mlflow.config import GradProbeConfig
 from msprobe_mlflow.directions import PACKED_FILE_NAME, write_npy, write_packed
 from msprobe_mlflow.levels import LEVELS, MD5_COLUMN
@@ -46,6 +52,7 @@ from msprobe_mlflow.safe_paths import atomic_write_bytes, confined_path, refuse_
 
 DUMP_CONFIG_FILE_NAME = "msprobe_mlflow_config.json"
 TRAINING_ID_FILE_NAME = "training_id"
+TRAINING_LOCK_FILE_NAME = "training.lock"
 PREVIOUS_FOLDER = "previous"
 RANK_PREFIX, STEP_PREFIX = "rank", "step"
 FINDINGS_FOLDER = "findings"
@@ -465,6 +472,53 @@ def read_training_id(rank_folder: str | os.PathLike) -> str | None:
     except (OSError, UnicodeDecodeError) as e:
         raise ValueError(f"{path}: not a readable text file ({e})") from None
     return _check_training_id(text, str(path))
+
+
+class TrainingLock:
+    """``rank{R}/training.lock``: held (``flock``) by the process that trains into the rank folder, from before its
+    first step until it closes. The operating system drops the lock when the process dies, however it dies, so a
+    lock file that no process holds is a training that died without closing (SIGKILL): :meth:`abandoned`. Where
+    the platform or the file system takes no locks, no file is written and no training is taken for abandoned."""
+
+    def __init__(self, dump_path: str | os.PathLike, rank: int):
+        self.path = rank_dir(dump_path, rank) / TRAINING_LOCK_FILE_NAME
+        self._handle = None
+
+    def hold(self) -> None:
+        """Creates the file locked (under a temporary name, then renamed): it is never seen unlocked while the
+        training lives."""
+        if fcntl is None:
+            return
+        temporary = self.path.with_name(f".{TRAINING_LOCK_FILE_NAME}.{os.getpid()}")
+        handle = open(temporary, "wb")
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            os.replace(temporary, self.path)
+        except OSError:
+            handle.close()
+            temporary.unlink(missing_ok=True)
+            return
+        self._handle = handle
+
+    def release(self) -> None:
+        """The training closed: the file goes, then the lock."""
+        if self._handle is not None:
+            self.path.unlink(missing_ok=True)
+            self._handle.close()
+            self._handle = None
+
+    @staticmethod
+    def abandoned(dump_path: str | os.PathLike, rank: int) -> bool:
+        """The rank's training died without closing: its lock file is there and no process holds it."""
+        path = rank_dir(dump_path, rank) / TRAINING_LOCK_FILE_NAME
+        if fcntl is None or path.is_symlink() or not path.is_file():
+            return False
+        try:
+            with open(path, "rb") as handle:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:  # held: the training lives (or a file system that takes no locks)
+            return False
+        return True
 
 
 def _holds_steps(rank_folder: Path) -> bool:

@@ -18,8 +18,8 @@ from typing import Callable
 
 from msprobe_mlflow.background import BackgroundStepWriter, PendingStep
 from msprobe_mlflow.config import GradProbeConfig
-from msprobe_mlflow.dump import new_training_id, set_aside_other_training, short_list, write_dump_config, \
-    write_training_id
+from msprobe_mlflow.dump import TrainingLock, new_training_id, set_aside_other_training, short_list, \
+    write_dump_config, write_training_id
 from msprobe_mlflow.dump_process import LocalDump
 from msprobe_mlflow.notices import Notices
 from msprobe_mlflow.vocabulary import FAILED, FINISHED, KILLED
@@ -111,6 +111,7 @@ class ProbeSession:
         self.framework = framework
         self.ranks = ranks
         self.notices = notices or Notices()
+        self._training_lock = TrainingLock(config.dump_path, ranks.rank)  # held while this session is open
         self.training_id = self._claim_dump_folder(training_id or new_training_id(), from_rank_zero)
         self.sinks: list = []
         self._after_sinks: list[Callable[[], None]] = []
@@ -128,7 +129,8 @@ class ProbeSession:
         written among, never deleted). Rank 0 sets aside every rank folder and writes the config before it hands
         on its ID, and the other ranks write nothing before they receive it: on a shared file system nothing of
         this training is there yet. Each other rank then sets aside its own rank folder (found only on a file
-        system rank 0 does not share). Each probing rank records the ID in ``rank{R}/training_id``."""
+        system rank 0 does not share). Each probing rank records the ID in ``rank{R}/training_id`` and holds
+        ``rank{R}/training.lock`` until :meth:`close` (``upload`` tells a SIGKILLed training from a live one by it)."""
         dump_path, rank, first = self.config.dump_path, self.ranks.rank, self.ranks.owns_run
         moved: list[Path] = []
         if first:
@@ -140,6 +142,7 @@ class ProbeSession:
             write_dump_config(dump_path, self.framework, self.config, training_id)
         if self.ranks.probes:
             write_training_id(dump_path, rank, training_id)
+            self._training_lock.hold()
         if moved:
             self.notices.warn(set_aside_message(dump_path, moved, training_id))
         return training_id
@@ -200,6 +203,7 @@ class ProbeSession:
             self._writer.guarded(f"{type(sink).__name__}.close failed", sink.close)
         for release in self._after_sinks:
             self._writer.guarded(f"releasing {release.__qualname__} failed", release)
+        self._training_lock.release()
         _open_sessions.discard(self)
         if self._writer.errors:
             self.notices.warn(f"{len(self._writer.errors)} write failure(s); first: {self._writer.errors[0]}")

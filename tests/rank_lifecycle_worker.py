@@ -5,7 +5,8 @@ under torchrun. Prints ``RUN_ID <id>`` (rank 0's) once its run exists.
 catches it. ``raise-in-monitor-block``: the training raises inside ``with GradientMonitor(...)``, inside ``with
 mlflow.start_run()``. ``raise-with-finally``: ``monitor.stop()`` in a ``finally:`` block, the run not in a ``with``.
 ``autolog-every-rank``: under torchrun, ``msprobe_mlflow.autolog()`` and every rank runs the README's snippet
-(``with mlflow.start_run():``), a 2-step DDP training that ends normally.
+(``with mlflow.start_run():``), a 2-step DDP training that ends normally. ``wait-to-be-killed``: 3 steps, then
+``TRAINED`` once they are in the dump and the run, and the process waits (for the SIGKILL the test sends).
 """
 from __future__ import annotations
 
@@ -60,6 +61,11 @@ def main(mode: str, dump: str) -> None:
     monitor = GradientMonitor(config).monitor(model, optimizer)
     if mode == "raise-uncaught":
         train(model, optimizer, 4, FAIL_AT)
+    elif mode == "wait-to-be-killed":
+        train(model, optimizer, 3)
+        monitor.flush()
+        print("TRAINED", flush=True)
+        sys.stdin.read()  # the test never writes: this process ends by its SIGKILL
     elif mode == "raise-with-finally":
         try:
             train(model, optimizer, 4, FAIL_AT)

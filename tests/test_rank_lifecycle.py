@@ -4,6 +4,7 @@ ranks), and when a later ``upload`` finds a run a launcher left RUNNING. Under `
 its own run (the README's snippet copied into a torchrun script) leaves no empty run."""
 from __future__ import annotations
 
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -143,6 +144,39 @@ def test_upload_closes_a_run_whose_job_lost_its_ranks(tmp_path, monkeypatch):
     assert (after.data.tags["msprobe_mlflow.missing_ranks"], after.data.tags["msprobe_mlflow.failed_ranks"]) == \
         ("0", "1")
     again = CliRunner().invoke(cli, ["upload", str(tmp_path / "dump"), "--run-id", run_id, "--tracking-uri", uri])
+    assert again.exit_code == 0 and "missing" not in again.output  # nothing left to close
+
+
+def test_upload_ends_a_single_process_run_once_its_process_was_sigkilled_and_not_before(tmp_path, monkeypatch):
+    """A training SIGKILLed (the out-of-memory killer, ``kill -9``) says nothing: its run stays RUNNING, rank 0
+    ``running``. ``upload`` ends it FAILED with rank 0 ``missing``, its steps all there; run while the same training
+    lives, it leaves the run alone."""
+    uri, dump = f"sqlite:///{tmp_path / 'mlflow.db'}", tmp_path / "dump"
+    training = subprocess.Popen([sys.executable, str(WORKER), "wait-to-be-killed", str(dump)], cwd=tmp_path,
+                                env=child_environment(uri), text=True, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    try:
+        run_id = run_id_in(training.stdout.readline())
+        assert training.stdout.readline().strip() == "TRAINED"  # its 3 steps are in the dump and the run
+        monkeypatch.chdir(tmp_path)
+        upload = ["upload", str(dump), "--run-id", run_id, "--tracking-uri", uri]
+        alive = CliRunner().invoke(cli, upload)
+        assert alive.exit_code == 0 and "missing" not in alive.output, alive.output
+        run = MlflowClient(uri).get_run(run_id)
+        assert (run.info.status, run.data.tags["msprobe_mlflow.rank0.status"]) == ("RUNNING", "running")
+    finally:
+        training.kill()
+        training.wait(timeout=60)
+    assert training.returncode == -signal.SIGKILL
+
+    result = CliRunner().invoke(cli, upload)
+    assert result.exit_code == 0, result.output
+    assert "ranks 0 never said how they ended" in result.output and "tagged missing" in result.output
+    after = MlflowClient(uri).get_run(run_id)
+    assert after.info.status == "FAILED"
+    assert after.data.tags["msprobe_mlflow.rank0.status"] == "missing"
+    assert after.data.tags["msprobe_mlflow.missing_ranks"] == "0"
+    assert [m.step for m in MlflowClient(uri).get_metric_history(run_id, "grad/rank0/total_norm")] == [0, 1, 2]
+    again = CliRunner().invoke(cli, upload)
     assert again.exit_code == 0 and "missing" not in again.output  # nothing left to close
 
 

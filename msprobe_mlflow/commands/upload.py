@@ -24,9 +24,10 @@ def upload(dump_path: Path, run_id: str | None, experiment: str | None, tracking
     rank and step).
 
     Completes a run whose live logging was interrupted (tracking server down): only what the run lacks is sent, so
-    running it twice adds nothing. A run left RUNNING by a job that lost ranks (a rank failed or was killed, the
-    others never said how they ended) is ended FAILED, those ranks tagged missing. Also imports dumps written by msprobe 1.0.3 (boolean .npy directions, either
-    CSV header spelling), so they get the MLflow UI and `compare`.
+    running it twice adds nothing. A run left RUNNING by a training that died without a word is ended FAILED,
+    its silent ranks tagged missing: a job that lost ranks (a rank failed or was killed, the others never said how
+    they ended), or ranks of DUMP_PATH whose process is gone (SIGKILL). Also imports dumps written by msprobe 1.0.3
+    (boolean .npy directions, either CSV header spelling), so they get the MLflow UI and `compare`.
 
     \b
     Examples:
@@ -46,5 +47,5 @@ def upload(dump_path: Path, run_id: str | None, experiment: str | None, tracking
     steps = sum(len(s) for s in report.steps_completed.values())
     click.echo(f"run {report.run_id}: {report.metrics_logged} metric values and {report.files_uploaded} files sent "
                f"({steps} step(s) completed)")
-    if run_id and (closed := close_abandoned_run_at(tracking_uri, run_id)):
+    if run_id and (closed := close_abandoned_run_at(tracking_uri, run_id, dump_path)):
         click.echo(closed)

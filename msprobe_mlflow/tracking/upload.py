@@ -20,10 +20,10 @@ from mlflow.tracking import MlflowClient
 
 from msprobe_mlflow import __version__
 from msprobe_mlflow.directions import PACKED_FILE_NAME, open_step_directions, read_step_directions, write_packed
-from msprobe_mlflow.dump import (RANK_PREFIX, dump_folder, dump_trainings, findings_dir, indexed_children,
-                                 parse_archive_name, parse_summary_name, rank_dir, read_dump_config, read_summary,
-                                 relative_rank_dir, relative_step_dir, step_dir, step_ranges, summary_csv_path,
-                                 summary_steps)
+from msprobe_mlflow.dump import (RANK_PREFIX, TRAINING_LOCK_FILE_NAME, TrainingLock, dump_folder, dump_trainings,
+                                 findings_dir, indexed_children, parse_archive_name, parse_summary_name, rank_dir,
+                                 read_dump_config, read_summary, relative_rank_dir, relative_step_dir, step_dir,
+                                 step_ranges, summary_csv_path, summary_steps)
 from msprobe_mlflow.levels import level_of_header
 from msprobe_mlflow.tracking.experiments import experiment_id_for
 from msprobe_mlflow.tracking.runs import created_run, log_batched, now_ms, tag
@@ -62,27 +62,38 @@ def end_run_failed(client: MlflowClient, run_id: str, news: dict[int, str], reas
     return failed
 
 
-def close_abandoned_run(client: MlflowClient, run_id: str, run: Run | None = None) -> str | None:
-    """A run some of whose ranks failed or were killed: the job is over, so ranks still ``running`` never said how
-    they ended (a launcher's SIGKILL: msrun's, or torchrun's after its SIGTERM): they are tagged ``missing`` and
-    the run ends FAILED. Returns what was done, or None for a run with no failed rank (it may still be training).
-    ``run``: the run as the caller just fetched it (None: fetched here)."""
+def close_abandoned_run(client: MlflowClient, run_id: str, run: Run | None = None,
+                        dump_path: str | os.PathLike | None = None) -> str | None:
+    """A run whose training is over while ranks still say ``running``: they never said how they ended (a
+    launcher's SIGKILL: msrun's, or torchrun's after its SIGTERM; the out-of-memory killer's). They are tagged
+    ``missing`` and the run ends FAILED. The training is over when a rank failed or was killed (that ends a
+    launcher's whole job), or, for a rank of ``dump_path`` (the local dump being uploaded), when no process holds
+    its lock file any more (:class:`~msprobe_mlflow.dump.TrainingLock`). Returns what was done, or None for a run
+    that may still be training. ``run``: the run as the caller just fetched it (None: fetched here)."""
     run = run or client.get_run(run_id)
     statuses = rank_statuses(run.data.tags)
-    if not any(status in RANK_FAILURES for status in statuses.values()):
-        return None
-    gone = {rank: MISSING for rank, status in statuses.items() if status == RUNNING}
+    running = sorted(rank for rank, status in statuses.items() if status == RUNNING)
+    if any(status in RANK_FAILURES for status in statuses.values()):
+        gone, why = running, ""
+    else:
+        gone = [rank for rank in running if dump_path is not None and TrainingLock.abandoned(dump_path, rank)]
+        why = f" (no process holds their {TRAINING_LOCK_FILE_NAME} in {dump_path}: killed by SIGKILL?)"
+        if not gone:
+            return None
     if not gone and run.info.status != "RUNNING" and FAILED_RANKS_TAG in run.data.tags:
         return None
-    failed = end_run_failed(client, run_id, gone)
-    return (f"run {run_id} lost ranks {step_ranges(failed)} (failed or killed)"
-            + (f"; ranks {step_ranges(sorted(gone))} never said how they ended: tagged missing" if gone else "")
-            + f"; the run is ended FAILED (it was {run.info.status})")
+    failed = end_run_failed(client, run_id, {rank: MISSING for rank in gone})
+    if not failed:  # no rank failed: the ranks that died end it
+        client.set_terminated(run_id, "FAILED")
+    return (f"run {run_id}" + (f" lost ranks {step_ranges(failed)} (failed or killed);" if failed else ":")
+            + (f" ranks {step_ranges(gone)} never said how they ended{why}: tagged missing;" if gone else "")
+            + f" the run is ended FAILED (it was {run.info.status})")
 
 
-def close_abandoned_run_at(tracking_uri: str | None, run_id: str) -> str | None:
+def close_abandoned_run_at(tracking_uri: str | None, run_id: str, dump_path: str | os.PathLike | None = None
+                           ) -> str | None:
     """:func:`close_abandoned_run` on the store at ``tracking_uri`` (None: MLflow's current one)."""
-    return close_abandoned_run(MlflowClient(tracking_uri), run_id)
+    return close_abandoned_run(MlflowClient(tracking_uri), run_id, dump_path=dump_path)
 
 
 def metric_entities(metrics: dict[str, float], step: int, timestamp_ms: int) -> list[Metric]:
