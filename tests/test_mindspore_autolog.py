@@ -2,9 +2,14 @@
 code, in GRAPH_MODE too, and ``disable=True`` gives ``Model.train`` back its own code."""
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import mlflow
+import numpy as np
 import pytest
 
 ms = pytest.importorskip("mindspore", reason="MindSpore is not installed (the torch-only stage)")
@@ -13,12 +18,14 @@ from mindspore.train import Model  # noqa: E402
 from mlflow.tracking import MlflowClient  # noqa: E402
 
 from fresh_interpreter import run_and_read_logged_steps
-from mindspore_training import assert_steps_match_numpy, batches, dense, sgd_model
+from mindspore_training import STEPS, assert_steps_match_numpy, batches, dense, numpy_gradients, sgd_model
 from msprobe_mlflow.config import GradProbeConfig
 from msprobe_mlflow.mindspore import GradientMonitor, GradProbeCallback
 from msprobe_mlflow.mindspore import autolog
 
 ORIGINAL_TRAIN = Model.train
+ORIGINAL_SET_TERMINATED = MlflowClient.set_terminated
+CUSTOM_LOOP = Path(__file__).with_name("mindspore_custom_loop.py")
 
 
 @pytest.fixture
@@ -34,6 +41,7 @@ def autolog_off_afterwards():
     yield
     autolog(disable=True)
     assert Model.train is ORIGINAL_TRAIN
+    assert MlflowClient.set_terminated is ORIGINAL_SET_TERMINATED
 
 
 def test_model_train_in_a_run_is_probed_into_it_until_disabled(graph_mode, autolog_off_afterwards, tmp_experiment,
@@ -109,3 +117,27 @@ def test_an_optimizer_the_user_monitors_already_trains_on_with_a_warning(autolog
         Model(net, loss_fn=nn.MSELoss(), optimizer=optimizer).train(1, batches(), dataset_sink_mode=False)
     own.stop()
     assert_steps_match_numpy(tmp_path / "own", [p.name for p in net.trainable_params()])
+
+
+def test_a_custom_loop_under_autolog_is_told_at_its_runs_end_which_two_lines_monitor_it(tmp_path):
+    """``value_and_grad`` + ``optimizer(grads)`` never calls ``Model.train``: the run ends empty, with one warning
+    naming it and the two lines; a second run that adds those lines gets the gradients, numpy's, and no warning."""
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    (tmp_path / "config.json").write_text(json.dumps({"task": "grad_probe", "dump_path": "dump",
+                                                      "grad_probe": {"grad_level": "L1"}}))
+    done = subprocess.run([sys.executable, str(CUSTOM_LOOP)], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=300, env={**os.environ, "MLFLOW_TRACKING_URI": uri})
+    assert done.returncode == 0, done.stderr[-3000:]
+    alone, monitored = [line.split()[1] for line in done.stdout.splitlines() if line.startswith("RUN_ID ")]
+    told = [line for line in done.stderr.splitlines() if "ended with no gradients" in line]
+    assert len(told) == 1 and f"MLflow run {alone} ended" in told[0], done.stderr[-3000:]
+    assert "autolog() probes MindSpore's Model.train only" in told[0]
+    assert ("`from msprobe_mlflow.mindspore import GradientMonitor` and "
+            "`monitor = GradientMonitor(\"config.json\").monitor(optimizer)`") in told[0]
+    assert "Traceback" not in done.stderr
+    client = MlflowClient(uri)
+    assert client.get_run(alone).data.metrics == {}
+    history = sorted(client.get_metric_history(monitored, "grad/rank0/total_norm"), key=lambda m: m.step)
+    expected = [np.sqrt(sum(np.sum(g ** 2) for g in numpy_gradients(step).values())) for step in range(STEPS)]
+    assert [m.step for m in history] == list(range(STEPS))
+    assert [m.value for m in history] == pytest.approx(expected, rel=1e-5)

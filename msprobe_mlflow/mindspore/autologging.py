@@ -7,8 +7,9 @@ Why ``Model.train``: it is the one MindSpore training entry point that Python se
 GRAPH_MODE alike, and it knows the optimizer. A custom loop (a ``TrainOneStepCell`` or a ``@jit`` step called by
 the user) offers no such place: the optimizer may run inside a compiled graph where no Python hook can see it
 step, so such loops use ``GradientMonitor(config).monitor(optimizer)`` (plus ``monitor.collect()`` after each
-step in GRAPH_MODE). MLflow: the active run; with none, the callback starts one for the training and ends it with
-the training (MLflow's autologging convention). Each run's dump goes to ``{dump_path}/{run_id}``.
+step in GRAPH_MODE); a run that ends with no ``Model.train`` and no monitor in it says so (``CUSTOM_LOOP``).
+MLflow: the active run; with none, the callback starts one for the training and ends it with the training
+(MLflow's autologging convention). Each run's dump goes to ``{dump_path}/{run_id}``.
 
 This module imports MindSpore only when the patch is installed: ``msprobe_mlflow.autolog()`` imports it always.
 """
@@ -19,9 +20,16 @@ import os
 
 from msprobe_mlflow.config import GradProbeConfig, autolog_config
 from msprobe_mlflow.monitoring.options import MonitorOptions
+from msprobe_mlflow.notices import Notices
 from msprobe_mlflow.tracking import autologging
+from msprobe_mlflow.vocabulary import rank_statuses
 
 FLAVOR_NAME = "msprobe_mlflow_mindspore"
+CUSTOM_LOOP = ("MLflow run {run_id} ended with no gradients: autolog() probes MindSpore's Model.train only, and "
+               "none ran in it. For a custom loop (value_and_grad + optimizer(grads)), add before it: "
+               "`from msprobe_mlflow.mindspore import GradientMonitor` and "
+               "`monitor = GradientMonitor(\"config.json\").monitor(optimizer)` (GRAPH_MODE: also "
+               "`monitor.collect()` after each step)")
 
 
 def autolog(config: GradProbeConfig | str | os.PathLike | dict | None = None, *, level: str | None = None,
@@ -46,8 +54,8 @@ def autolog(config: GradProbeConfig | str | os.PathLike | dict | None = None, *,
 @autologging.integration(FLAVOR_NAME)
 def _integration(config, *, level, bounds, dump_path, options: MonitorOptions, disable: bool = False,
                  silent: bool = False) -> None:
-    """MLflow's side of :func:`autolog`: stores the configuration, reverts the earlier patch and, unless
-    ``disable``, runs this body, which patches ``Model.train``."""
+    """MLflow's side of :func:`autolog`: stores the configuration, reverts the earlier patches and, unless
+    ``disable``, runs this body, which patches ``Model.train`` and the end of runs (``CUSTOM_LOOP``)."""
     from mindspore.train import Model
 
     from msprobe_mlflow.mindspore.callback import GradProbeCallback
@@ -55,8 +63,10 @@ def _integration(config, *, level, bounds, dump_path, options: MonitorOptions, d
     base = autolog_config(config, level=level, bounds=bounds, dump_path=dump_path)
     GradProbeCallback(base, options=options)  # refuses a bad option now, not at the first training
     signature = inspect.signature(Model.train)
+    trained_runs: set[str | None] = set()  # the runs active when a Model.train began (None: the callback starts one)
 
     def train_with_probe(original, model, *args, **kwargs):
+        trained_runs.add(autologging.active_run_id())
         bound = signature.bind(model, *args, **kwargs)
         callbacks = bound.arguments.get("callbacks")
         callbacks = [] if callbacks is None else list(callbacks) if isinstance(callbacks, (list, tuple)) \
@@ -67,7 +77,13 @@ def _integration(config, *, level, bounds, dump_path, options: MonitorOptions, d
                                                                           silent=silent_now)]
         return original(*bound.args, **bound.kwargs)
 
+    def say_if_nothing_probed(run_id: str, tags: dict[str, str]) -> None:
+        """A run without Model.train and without a monitor's rank statuses: a custom loop autolog cannot see."""
+        if run_id not in trained_runs and not rank_statuses(tags):
+            Notices(autologging.silent(FLAVOR_NAME) or options.silent).warn(CUSTOM_LOOP.format(run_id=run_id))
+
     autologging.patch(FLAVOR_NAME, Model, "train", train_with_probe)
+    autologging.after_run_end(FLAVOR_NAME, say_if_nothing_probed)
 
 
 _pending_call: dict | None = None

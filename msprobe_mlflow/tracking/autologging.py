@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import mlflow
 import mlflow.tracking.fluent
+from mlflow.tracking import MlflowClient
 from mlflow.utils.autologging_utils import autologging_integration, get_autologging_config, safe_patch
 from mlflow.utils.import_hooks import register_post_import_hook
 
@@ -25,6 +26,23 @@ def patch_end_run(flavor: str, wrapper) -> None:
     """``mlflow.end_run`` (both spellings) wrapped by ``wrapper``."""
     safe_patch(flavor, mlflow.tracking.fluent, "end_run", wrapper)
     safe_patch(flavor, mlflow, "end_run", wrapper)
+
+
+def after_run_end(flavor: str, hook) -> None:
+    """``hook(run_id, tags)`` once the fluent API ended its run and none is active any more (``mlflow.end_run``, a
+    ``with`` block's end, MLflow's exit handler), with the run's tags; runs a client ends (msprobe-mlflow's own
+    comparison and API-check runs) and nested runs are left out. A patch of ``flavor`` on
+    ``MlflowClient.set_terminated``, through which ``mlflow.end_run`` ends a run: not on ``mlflow.end_run``, which
+    ``msprobe_mlflow.autolog()`` patches already (``safe_patch`` wraps a function's original, so a second flavor's
+    patch of it would replace the first one's)."""
+    def set_terminated_then_hook(original, client, run_id, *args, **kwargs):
+        result = original(client, run_id, *args, **kwargs)
+        ended = mlflow.last_active_run() if mlflow.active_run() is None else None  # the run end_run just ended
+        if ended is not None and ended.info.run_id == run_id:
+            hook(run_id, ended.data.tags)
+        return result
+
+    safe_patch(flavor, MlflowClient, "set_terminated", set_terminated_then_hook)
 
 
 def when_imported(hook, module: str) -> None:
