@@ -56,8 +56,9 @@ above ten. The weights' own norms are judged the same way once learnt: their dif
 by far less than the floor, multiplies them by 208 to 1509 where the pair is finer than bfloat16. Until a series has
 :data:`MIN_HISTORY` values nothing has been learnt, and only what noise cannot do is judged: a norm off by more
 than :data:`FIRST_STEPS_TOLERANCE` (26 bfloat16 units, the coarsest precision training uses), a summary whose
-signs disagree on more than 3% of the elements that are not noise (msprobe's documented 0.97), a rate more than
-doubled since the step before. Runs that agreed bit for bit so far, in every recorded byte (signs, norms, max,
+signs disagree on more than 3% of the elements that are not noise (msprobe's documented 0.97), a parameter's signs
+disagreeing on more than 3% beyond its binomial noise; a sign series whose window holds none but zeros is judged so
+too, however long it is (no disagreement seen teaches nothing of the rate drift will reach). Runs that agreed bit for bit so far, in every recorded byte (signs, norms, max,
 min, buckets; never judged from signs alone), have no rounding between them: there, any difference breaks.
 
 A step that breaks is *suspicious* when its break persists at the next step, judged against the same past: a bug's
@@ -586,9 +587,11 @@ class _Finding:
 def count_break(rate, numels, center, spread, count, seen):
     """Where a fraction of elements (signs that disagree, or moved between buckets) breaks, and by how many
     deviations of its noise: the binomial spread of the rate seen so far, and once learnt the series' own robust
-    spread. With no value yet, a break is also above msprobe's 3%; with a few, above twice the largest value
-    seen (rounding differences grow as two trajectories part, by less than that in a step); once learnt, beyond
-    twice the largest deviation the window showed."""
+    spread. Until the series is learnt (:data:`MIN_HISTORY` values) or while its window holds none but zeros, a
+    break is also above msprobe's 3%, what rounding does not reach in the first steps: a window without one
+    disagreeing element, or a few steps' worth, says nothing of the rate rounding reaches once the trajectories
+    drift apart (float32 on one thread against two agrees on every sign at step 0, then flips the elements nearest
+    zero). Once learnt, a break is also beyond twice the largest deviation the window showed."""
     center = np.where(count > 0, center, 0.0)
     learnt = count >= MIN_HISTORY
     noise = np.sqrt(_binomial_spread(center, numels) ** 2 + np.where(learnt, spread, 0.0) ** 2)
@@ -596,9 +599,7 @@ def count_break(rate, numels, center, spread, count, seen):
     with np.errstate(invalid="ignore"):
         score = np.nan_to_num(excess / noise)
         breaks = score > DEVIATIONS
-        breaks &= np.where(count == 0, rate > SUMMARY_FIRST_TOLERANCE, True)
-        breaks &= np.where((count > 0) & ~learnt, rate > 2 * seen, True)
-        breaks &= np.where(learnt, excess > 2 * (seen - center), True)
+        breaks &= np.where(learnt & (seen > 0), excess > 2 * (seen - center), rate > SUMMARY_FIRST_TOLERANCE)
     return breaks, score
 
 
