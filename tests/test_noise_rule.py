@@ -342,7 +342,7 @@ def test_the_comparison_runs_first_line_gives_the_first_culprit_not_the_most_dev
     trips = [Trip("conv.weight", 18, None, None, "weight", 12.0, "parameter norm A 1, B 1.2: ..."),
              Trip("attention.out_proj.weight", 18, None, None, "norm", 900.0, "norm A 1, B 2: ...")]
     headline = _headline(Verdict(RuleSettings("noise"), [RankVerdict(0, 18, None, trips)]))
-    assert "(conv.weight weight: parameter norm A 1, B 1.2: ... (12 deviations beyond noise), and 1 more " \
+    assert "(conv.weight weight: parameter norm A 1, B 1.2: ... (12x its noise), and 1 more " \
            "parameters)" in headline
 
 
@@ -769,3 +769,16 @@ def test_the_first_sign_flips_after_steps_of_none_are_drift_not_a_break(tmp_path
     first, second = comparison.ranks[0].summary[:2]
     assert 1 - first < 1e-4 and 1 - second > 2 * (1 - first)  # more than doubled: the old early rule's break
     assert not comparison.verdict.suspicious, comparison.verdict.describe()
+
+
+def test_evidence_reads_as_ratios_and_percentages():
+    """A doubled norm is 'B = 2.00x A'; a difference far below a percent keeps two significant digits; a score
+    past a thousand deviations is not printed as a count nobody can read."""
+    from msprobe_mlflow.compare.noise_rule import _trip
+    from msprobe_mlflow.compare.verdict import trip_numbers
+
+    doubled = _trip("norm", "w", 3, 1.0, 0.5, 0.0, 872217.0, (1.0, 2.0))
+    assert doubled.detail.startswith("norm A 1, B 2: B = 2.00x A (usually +0.00%)")
+    assert trip_numbers(doubled).endswith("(over 1000x its noise)")
+    tiny = _trip("norm", "w", 3, 1.0, 3.1e-6, 1.2e-8, 14.0, (1.0, 1.0000031))
+    assert "+0.00031% of its scale (usually +1.2e-06%)" in tiny.detail and trip_numbers(tiny).endswith("(14x its noise)")

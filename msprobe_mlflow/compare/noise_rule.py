@@ -689,15 +689,29 @@ def _trip(series: str, name: str, step: int, similarity: float, value: float, ce
     if series == "distribution":
         detail = f"bucket fractions moved {value:.4f} (total variation; usually {center:.4f})"
     elif series == WEIGHT:
-        moved = f"{value:+.2%} of its scale before the first update (the weights' rounding moves it by " \
+        moved = f"{_percent(value)} of its scale before the first update (the weights' rounding moves it by " \
             f"{bound * 100:.2g}% at most)" if bound is not None else \
-            f"their difference moved {value:+.2%} of its scale in one step (usually {center:+.2%})"
+            f"their difference moved {_percent(value)} of its scale in one step (usually {_percent(center)})"
         detail = f"parameter norm A {norms[0]:.4g}, B {norms[1]:.4g}: {moved}"
     else:
         usual = f"rounding moves it by {bound * 100:.2g}% at most in the first steps" if bound is not None else \
-            f"usually {center:+.2%}"
-        detail = f"norm A {norms[0]:.4g}, B {norms[1]:.4g}: {value:+.2%} of its scale ({usual})"
+            f"usually {_percent(center)}"
+        detail = f"norm A {norms[0]:.4g}, B {norms[1]:.4g}: {_apart(*norms, value)} ({usual})"
     return Trip(name, step, similarity, None, series, float(score), detail)
+
+
+def _percent(value: float) -> str:
+    """A scaled difference in percent with two significant digits: ``+0.00031%``, never a bare ``+0.00%``."""
+    return f"{value:+.2%}" if abs(value) >= 1e-3 or value == 0 else f"{value * 100:+.2g}%"
+
+
+def _apart(a: float, b: float, scaled: float) -> str:
+    """How far two norms are apart, as a reader checks it: a ratio where one is more than 10% off the other (a
+    doubled norm is ``B = 2.00x A``, not ``+50.08% of its scale``), else the scaled difference in percent."""
+    if a > 0 and b > 0 and not 1 / 1.1 <= b / a <= 1.1:
+        ratio = b / a
+        return f"B = {ratio:.2f}x A" if ratio < 100 else f"B = {ratio:.3g}x A"
+    return f"{_percent(scaled)} of its scale"
 
 
 def significant_bits(values: np.ndarray) -> np.ndarray:

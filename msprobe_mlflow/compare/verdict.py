@@ -306,22 +306,38 @@ def judge_rank(rank: int, steps: list[int], summary: Series, parameters: dict[st
 
 @dataclass(frozen=True)
 class Coverage:
-    """How much of the two models was compared, over all ranks: parameters paired, and those of A and of B that
-    were not (no counterpart in the other run, or shapes that differ). A verdict on part of the models says so."""
+    """How much of the two runs was compared, over all ranks: parameters paired, and those of A and of B that
+    were not (no counterpart in the other run, or shapes that differ), and the steps left out as damaged
+    (``compare --skip-damaged``). A verdict on part of the runs says so."""
 
     paired: int
     only_in_a: int = 0
     only_in_b: int = 0
+    skipped_steps: int = 0
 
     def partial(self) -> str | None:
-        """``partial: 2 of 6 parameters of A, 1 of 5 of B unpaired`` where something was left out, else None."""
+        """``partial: 2 of 6 parameters of A, 1 of 5 of B unpaired; 1 damaged step skipped`` where something was
+        left out, else None."""
         sides = []
         if self.only_in_a:
             sides.append(f"{self.only_in_a} of {self.paired + self.only_in_a} parameters of A")
         if self.only_in_b:
             words = "of B" if sides else "parameters of B"
             sides.append(f"{self.only_in_b} of {self.paired + self.only_in_b} {words}")
-        return f"partial: {', '.join(sides)} unpaired" if sides else None
+        parts = [f"{', '.join(sides)} unpaired"] if sides else []
+        if self.skipped_steps:
+            parts.append(f"{self.skipped_steps} damaged step{'s' if self.skipped_steps > 1 else ''} skipped")
+        return f"partial: {'; '.join(parts)}" if parts else None
+
+    def caveat(self) -> str:
+        """What a partial verdict covers, and where to look for what it does not."""
+        caveats = []
+        if self.only_in_a or self.only_in_b:
+            caveats.append("a verdict on the compared parameters only (same model? see 'only in' above; pair other "
+                           "names with --name-map)")
+        if self.skipped_steps:
+            caveats.append("a verdict on the readable steps only (see 'damaged, skipped' above)")
+        return "; ".join(caveats)
 
 
 @dataclass
@@ -383,8 +399,7 @@ class Verdict:
     def describe(self, max_parameters: int = 5) -> str:
         """A few lines for a person: per rank, the first suspicious step and the parameters with most evidence,
         then the parameters whose sign disagreement is noise and what the first steps' differences allow."""
-        lines = [f"{self.partial}: a verdict on the compared parameters only (same model? see 'only in' above; "
-                 f"pair other names with --name-map)"] if self.partial else []
+        lines = [f"{self.partial}: {self.coverage.caveat()}"] if self.partial else []
         for rank in self.ranks:
             recorded = f"; first steps judged at {rank.recorded_precision} rounding, from what both runs recorded" \
                 if rank.recorded_precision else ""
@@ -413,12 +428,12 @@ class Verdict:
 
 def culprit_text(trip: Trip) -> str:
     """A tripping parameter in a few words, for tags: ``fc.weight (fell 0.2188)`` (msprobe's rule) or
-    ``fc.weight (norm, 12 deviations)``."""
+    ``fc.weight (norm, 12x its noise)``."""
     if trip.reason in ("first", "drop"):
         return f"{trip.name} (fell {trip.fall:.4f})"
     if trip.reason == PRECISION:
         return f"{trip.name} (precision)"
-    return f"{trip.name} ({trip.reason}, {trip.score:.0f} deviations)"
+    return f"{trip.name} ({trip.reason}, {beyond_noise(trip.score)})"
 
 
 def summary_numbers(trip: Trip) -> str:
@@ -436,4 +451,10 @@ def trip_numbers(trip: Trip) -> str:
         return f"{trip.previous:.4f} -> {trip.similarity:.4f} (fell {trip.fall:.4f})"
     if trip.reason == PRECISION:
         return f"{trip.reason}: {trip.detail}"
-    return f"{trip.reason}: {trip.detail} ({trip.score:.0f} deviations beyond noise)"
+    return f"{trip.reason}: {trip.detail} ({beyond_noise(trip.score)})"
+
+
+def beyond_noise(score: float) -> str:
+    """A noise rule score (robust deviations of the pair's learnt noise) as a reader takes it: ``12x its noise``;
+    past a thousand the exact multiple says nothing more."""
+    return f"{score:.0f}x its noise" if score < 1000 else "over 1000x its noise"
