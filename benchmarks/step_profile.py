@@ -47,7 +47,7 @@ from monitor_benchmark import (NO_MONITOR, WARM_UP_ITERATIONS, OtherLoad, attach
                                children_cpu_seconds, code_version, floor_seconds, workloads)
 
 from msprobe_mlflow import dump_process  # noqa: E402
-from msprobe_mlflow.pytorch import fused, md5  # noqa: E402
+from msprobe_mlflow.torch_kernels import fused, md5  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
 TRAINING, WRITER, FLAGS, OTHER, DUMP = ("training thread", "writer thread", "anomaly flags' thread",

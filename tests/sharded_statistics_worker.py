@@ -12,9 +12,9 @@ from torch.distributed.device_mesh import init_device_mesh
 from stacks_worker import end_process_group
 from torch.distributed.tensor import Replicate, Shard, distribute_tensor
 
-from msprobe_mlflow.pytorch.parameter_norms import launch_parameter_norms
-from msprobe_mlflow.pytorch.sharded import launch_sharded_statistics
-from msprobe_mlflow.pytorch.statistics import launch_step_statistics
+from msprobe_mlflow.torch_kernels.parameter_norms import launch_parameter_norms
+from msprobe_mlflow.torch_kernels.sharded import launch_sharded_statistics
+from msprobe_mlflow.torch_kernels.statistics import launch_step_statistics
 
 
 def full_tensors() -> dict[str, torch.Tensor]:

@@ -23,9 +23,9 @@ from msprobe_mlflow.dump import (csv_text, findings_dir, indexed_children, rank_
 from msprobe_mlflow.layout import StatisticsLayout
 from msprobe_mlflow.levels import LEVELS
 from msprobe_mlflow.pytorch import GradientMonitor
-from msprobe_mlflow.pytorch.statistics import _device_statistics, launch_step_statistics
 from msprobe_mlflow.sinks.baseline import BaselineOptions, verdict_line
 from msprobe_mlflow.tracking.upload import upload_dump
+from msprobe_mlflow.torch_kernels.statistics import _device_statistics, launch_step_statistics
 
 STEPS = 8
 NAMES = ["0.weight", "0.bias", "2.weight", "2.bias"]

@@ -1,15 +1,35 @@
 """The package's import layering, read from the source with ast (imports inside functions and under TYPE_CHECKING
-count): no module imports itself back, no package imports a package that imports it back, and the core (the
-top-level modules the packages build on) imports no package."""
+count): every import goes to its own layer or to one the layer stands on, and no module imports itself back."""
 from __future__ import annotations
 
 import ast
 from pathlib import Path
 
+import pytest
+
 PACKAGE = Path(__file__).resolve().parents[1] / "msprobe_mlflow"
-# The only top-level modules above the packages: the package's face (``__init__``, lazy exports) and
-# ``python -m msprobe_mlflow``; every other top-level module is the core, at the bottom, and imports no package.
-ABOVE_THE_PACKAGES = {"msprobe_mlflow", "msprobe_mlflow.__main__"}
+# The intended layers, bottom first, as (layer, its parts, the layers it stands on). A part is a sub-package or a
+# top-level module; ``__init__`` is the package's face, which Python loads before any module of the package, so it
+# is at the bottom (it exports the layers above by name, lazily). A module imports its own layer and the layers its
+# layer stands on, and theirs, down to the bottom: never a layer above, nor one beside it (MindSpore's monitor does
+# not import PyTorch's, the API checker does not import the sinks).
+LAYERS = [
+    ("bottom", {"__init__", "vocabulary", "formats", "levels", "statistics_table", "layout", "config", "compat",
+                "notices", "safe_paths", "parameter_names", "progress"}, []),
+    ("records", {"records", "directions", "dump", "dump_process", "anomaly_rule", "background", "metrics"},
+     ["bottom"]),
+    ("torch_kernels", {"torch_kernels"}, ["records"]),
+    ("compare", {"compare"}, ["records"]),
+    ("session", {"session"}, ["records"]),
+    ("tracking", {"tracking"}, ["compare", "session"]),
+    ("sinks", {"sinks"}, ["tracking"]),
+    ("monitoring", {"monitoring"}, ["sinks"]),
+    ("pytorch", {"pytorch"}, ["monitoring", "torch_kernels"]),
+    ("mindspore", {"mindspore"}, ["monitoring"]),
+    ("integrations", {"integrations"}, ["pytorch", "mindspore"]),
+    ("api_check", {"api_check"}, ["tracking"]),
+    ("commands", {"commands", "__main__"}, ["api_check", "tracking"]),
+]
 
 
 def module_imports() -> dict[str, set[str]]:
@@ -32,19 +52,26 @@ def module_imports() -> dict[str, set[str]]:
     return graph
 
 
-def unit(module: str) -> str:
-    """A module's unit of the layering: its sub-package, itself when above the packages, else ``(core)``."""
+def part(module: str) -> str:
+    """A module's part of the layering: its sub-package, else itself (``__init__`` for the package's face)."""
     parts = module.split(".")
-    if module in ABOVE_THE_PACKAGES:
-        return module
-    return parts[1] if (PACKAGE / parts[1]).is_dir() else "(core)"
+    return parts[1] if len(parts) > 1 else "__init__"
 
 
-def package_imports(graph: dict[str, set[str]]) -> dict[str, set[str]]:
-    units: dict[str, set[str]] = {}
-    for module, imported in graph.items():
-        units.setdefault(unit(module), set()).update(unit(m) for m in imported if unit(m) != unit(module))
-    return units
+def reachable_layers() -> dict[str, set[str]]:
+    """Layer -> the layers its modules may import: itself and those it stands on, transitively."""
+    reachable: dict[str, set[str]] = {}
+    for layer, _, stands_on in LAYERS:  # bottom first: the layers below are complete when a layer is reached
+        reachable[layer] = {layer}.union(*(reachable[below] for below in stands_on))
+    return reachable
+
+
+def layering_violations(graph: dict[str, set[str]]) -> list[str]:
+    """Every ``importer -> imported`` of ``graph`` to a layer the importer's layer does not stand on."""
+    layer_of = {name: layer for layer, parts, _ in LAYERS for name in parts}
+    reachable = reachable_layers()
+    return sorted(f"{module} -> {imported}" for module, imports in graph.items() for imported in imports
+                  if layer_of[part(imported)] not in reachable[layer_of[part(module)]])
 
 
 def cycle(graph: dict[str, set[str]]) -> list[str] | None:
@@ -75,11 +102,32 @@ def test_no_module_imports_itself_back():
     assert cycle(graph) is None
 
 
-def test_no_package_imports_a_package_that_imports_it_back():
-    units = package_imports(module_imports())
-    assert {"tracking", "sinks", "pytorch", "monitoring", "commands", "(core)"} <= set(units)  # the units found
-    assert cycle(units) is None
-    assert units["(core)"] <= {"(core)"}, "the core imports no package"
+def test_each_layer_stands_on_layers_listed_before_it():
+    names = [layer for layer, _, _ in LAYERS]
+    assert [(layer, below) for layer, _, stands_on in LAYERS for below in stands_on
+            if below not in names[:names.index(layer)]] == []
+
+
+def test_every_part_of_the_package_is_in_exactly_one_layer():
+    placed = [name for _, parts, _ in LAYERS for name in parts]
+    assert len(placed) == len(set(placed))
+    assert {part(module) for module in module_imports()} == set(placed)
+
+
+def test_every_import_goes_to_its_own_layer_or_one_it_stands_on():
+    assert layering_violations(module_imports()) == []
+
+
+@pytest.mark.parametrize("importer, imported", [
+    ("msprobe_mlflow.mindspore.monitor", "msprobe_mlflow.pytorch.monitor"),  # beside it
+    ("msprobe_mlflow.api_check", "msprobe_mlflow.sinks"),  # below it, but not one it stands on
+    ("msprobe_mlflow.torch_kernels.statistics", "msprobe_mlflow.monitoring.options"),  # above it
+    ("msprobe_mlflow.session", "msprobe_mlflow.tracking.runs"),  # the core stays free of MLflow's layer
+])
+def test_the_layer_check_refuses_an_import_outside_the_layers(importer, imported):
+    graph = module_imports()
+    graph[importer].add(imported)
+    assert layering_violations(graph) == [f"{importer} -> {imported}"]
 
 
 def test_mlflow_is_imported_in_tracking_only():

@@ -9,7 +9,7 @@ import torch
 from gradient_expectations import read_rows
 from msprobe_mlflow import GradProbeConfig
 from msprobe_mlflow.pytorch import GradientMonitor
-from msprobe_mlflow.pytorch.statistics import ROW, launch_step_statistics
+from msprobe_mlflow.torch_kernels.statistics import ROW, launch_step_statistics
 
 GOLDEN, MIX1, MIX2 = np.uint64(0x9E3779B97F4A7C15), np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB)
 

@@ -9,7 +9,7 @@ import torch
 
 from msprobe_mlflow.layout import StatisticsLayout
 from msprobe_mlflow.levels import LEVELS
-from msprobe_mlflow.pytorch.statistics import ROW, StatisticsCache, _device_statistics, _host_statistics
+from msprobe_mlflow.torch_kernels.statistics import ROW, StatisticsCache, _device_statistics, _host_statistics
 
 
 def awkward_gradients() -> list[torch.Tensor]:
@@ -55,7 +55,7 @@ def test_host_path_counts_match_numpy_by_hand():
 def test_results_of_several_devices_merge_back_into_parameter_order(level):
     """CPU offload puts some gradients on the host and others on the accelerator: each device's group is
     computed apart, then merged; here two CPU groups stand in for two devices."""
-    from msprobe_mlflow.pytorch.statistics import _launch_group
+    from msprobe_mlflow.torch_kernels.statistics import _launch_group
 
     grads = awkward_gradients()
     bounds = [np.float32(b) for b in (-1, 0, 1)]
@@ -74,7 +74,7 @@ def test_results_of_several_devices_merge_back_into_parameter_order(level):
 def test_gradients_across_kernel_blocks_and_batched_small_ones_give_numpy_numbers(level):
     """Gradients split across the kernel's blocks (sizes around ``BLOCK``), and small ones sharing one kernel
     call, give what one numpy pass per gradient gives."""
-    from msprobe_mlflow.pytorch.fused import BLOCK, SMALL_ARRAY
+    from msprobe_mlflow.torch_kernels.fused import BLOCK, SMALL_ARRAY
 
     generator = torch.Generator().manual_seed(1)
     sizes = [BLOCK - 1, BLOCK, BLOCK + 3, 2 * BLOCK + 9, SMALL_ARRAY - 1, SMALL_ARRAY + 1, 101, 51]

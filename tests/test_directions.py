@@ -12,7 +12,7 @@ import torch
 from msprobe_mlflow.directions import (MAX_METADATA_BYTES, NAME_MAP_FILE_NAME, PACKED_FILE_NAME, read_npy_folder,
                                        read_packed, LaidOutReader, read_step_directions, write_npy,
                                        write_packed)
-from msprobe_mlflow.pytorch.statistics import pack_signs
+from msprobe_mlflow.torch_kernels.statistics import pack_signs
 
 NAN, INF = float("nan"), float("inf")
 

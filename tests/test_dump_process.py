@@ -18,8 +18,8 @@ from msprobe_mlflow.dump import findings_dir, read_csv, summary_csv_bytes, summa
 from msprobe_mlflow.dump_process import PROCESS_MIN_PARAMETERS, LocalDump, _judged
 from msprobe_mlflow.notices import Notices
 from msprobe_mlflow.pytorch import GradientMonitor
-from msprobe_mlflow.pytorch.statistics import launch_step_statistics
 from msprobe_mlflow.sinks.anomalies import ANOMALIES_FILE_NAME, AnomalySink
+from msprobe_mlflow.torch_kernels.statistics import launch_step_statistics
 
 LAYERS = PROCESS_MIN_PARAMETERS // 2 + 3  # a weight and a bias each: just past the threshold
 

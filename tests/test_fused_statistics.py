@@ -1,10 +1,10 @@
-"""The CPU kernel (msprobe_mlflow.pytorch.fused) against numpy and torch computed here, on the edges: NaN, +-inf,
+"""The CPU kernel (msprobe_mlflow.torch_kernels.fused) against numpy and torch computed here, on the edges: NaN, +-inf,
 -0.0, empty arrays, sizes around the norm's rows of 8 and the kernel's blocks, float64, several threads."""
 import numpy as np
 import pytest
 import torch
 
-from msprobe_mlflow.pytorch import fused
+from msprobe_mlflow.torch_kernels import fused
 
 BOUNDS = np.array([-1, 0, 1e-3], np.float32)
 SIZES = [0, *range(1, 40), 100, fused.BLOCK - 1, fused.BLOCK, fused.BLOCK + 5, 3 * fused.BLOCK + 13]

@@ -1,4 +1,5 @@
-"""What importing costs: the API checker's numpy-only modules and the CLI's help load no framework, no MLflow.
+"""What importing costs: the API checker's numpy-only modules and the CLI's help load no framework, no MLflow; the
+PyTorch kernels load no monitor.
 
 Each check runs in a fresh interpreter, since this test process has imported everything already.
 """
@@ -12,9 +13,10 @@ REPO = Path(__file__).resolve().parents[1]
 HEAVY = ("torch", "mindspore", "mlflow", "matplotlib")
 
 
-def heavy_modules_after(code: str) -> list[str]:
-    """The heavy top-level packages in ``sys.modules`` after running ``code`` in a fresh interpreter."""
-    probe = f"{code}\nimport sys\nprint(sorted(m for m in {HEAVY!r} if m in sys.modules))"
+def heavy_modules_after(code: str, watched: tuple[str, ...] = HEAVY) -> list[str]:
+    """The ``watched`` modules (the heavy top-level packages unless told) in ``sys.modules`` after running ``code``
+    in a fresh interpreter."""
+    probe = f"{code}\nimport sys\nprint(sorted(m for m in {watched!r} if m in sys.modules))"
     done = subprocess.run([sys.executable, "-c", probe], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     return eval(done.stdout.strip().splitlines()[-1])
@@ -41,6 +43,17 @@ def test_the_documented_mindspore_autolog_is_the_function_and_importing_it_is_li
             "import msprobe_mlflow.integrations.autolog  # what msprobe_mlflow.autolog() imports\n"
             "assert msprobe_mlflow.mindspore.autolog is autolog")
     assert heavy_modules_after(code) == ["mlflow"]
+
+
+def test_the_torch_kernels_import_without_the_monitor():
+    """Every module of ``torch_kernels/`` loads torch and numba but no monitor, session, sink or MLflow: what is
+    built on the kernels without the monitor (an operator trace, a benchmark) pays for the kernels only."""
+    kernels = sorted(path.stem for path in (REPO / "msprobe_mlflow" / "torch_kernels").glob("*.py"))
+    assert "statistics" in kernels and "fused" in kernels  # the glob found them
+    monitor = ("mlflow", "msprobe_mlflow.pytorch", "msprobe_mlflow.monitoring", "msprobe_mlflow.session",
+               "msprobe_mlflow.sinks", "msprobe_mlflow.tracking")
+    code = "\n".join(f"import msprobe_mlflow.torch_kernels.{name}" for name in kernels if name != "__init__")
+    assert heavy_modules_after(code, watched=monitor) == []
 
 
 def test_command_line_help_imports_nothing_heavy():

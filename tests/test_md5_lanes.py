@@ -1,11 +1,11 @@
-"""The L0 column's MD5s, 16 at a time (msprobe_mlflow.pytorch.md5), against hashlib: every length around the
+"""The L0 column's MD5s, 16 at a time (msprobe_mlflow.torch_kernels.md5), against hashlib: every length around the
 64-byte blocks and the padding's two cases, more gradients than lanes, the dtypes and layouts hashlib takes."""
 import hashlib
 
 import pytest
 import torch
 
-from msprobe_mlflow.pytorch import md5
+from msprobe_mlflow.torch_kernels import md5
 
 
 def expected(tensors):

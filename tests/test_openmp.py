@@ -1,5 +1,5 @@
-"""fused.in_parallel on torch's own OpenMP threads (msprobe_mlflow.pytorch.openmp), and on threads of its own where
-torch has fewer threads than asked for."""
+"""fused.in_parallel on torch's own OpenMP threads (msprobe_mlflow.torch_kernels.openmp), and on threads of its own
+where torch has fewer threads than asked for."""
 import os
 import threading
 from pathlib import Path
@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from msprobe_mlflow import GradProbeConfig
-from msprobe_mlflow.pytorch import GradientMonitor, fused, openmp
+from msprobe_mlflow.pytorch import GradientMonitor
+from msprobe_mlflow.torch_kernels import fused, openmp
 
 needs_openmp = pytest.mark.skipif(openmp._torch_libgomp() is None, reason="torch does not run on OpenMP here")
 

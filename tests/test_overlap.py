@@ -204,7 +204,7 @@ def test_the_checks_norms_on_two_cores_are_each_tensors_own(monkeypatch):
 def test_the_worker_computes_on_one_core_and_the_step_on_the_ranks_cores(tmp_path, monkeypatch):
     """Beside backward the worker takes one core; in the pre-hook, where training waits, the statistics may use
     this rank's cores even when torch was given fewer threads."""
-    from msprobe_mlflow.pytorch import fused
+    from msprobe_mlflow.torch_kernels import fused
 
     monkeypatch.setattr(torch, "get_num_threads", lambda: 1)  # as a user's torch.set_num_threads(1) leaves it
     monkeypatch.setattr(fused, "rank_cores", lambda: 3)

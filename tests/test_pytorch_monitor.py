@@ -638,7 +638,7 @@ def test_the_accelerator_path_reads_nothing_on_the_host_until_the_writer_resolve
     """The path taken for CUDA (and other devices) runs here on CPU tensors: queuing it reads no value at all;
     only the writer thread's resolve step does."""
     from msprobe_mlflow.levels import LEVELS
-    from msprobe_mlflow.pytorch.statistics import _device_statistics
+    from msprobe_mlflow.torch_kernels.statistics import _device_statistics
 
     calls = count_host_reads(monkeypatch, (*SCALAR_READS, "numpy"))
     grads = [torch.randn(8, 8), torch.randn(8), torch.zeros(0), torch.randn((), dtype=torch.bfloat16)]

@@ -7,7 +7,7 @@ import torch
 from gradient_expectations import INF, NAN, ROUND_TO, assert_row, expected_row, read_rows
 from msprobe_mlflow.directions import read_step_directions
 from msprobe_mlflow.dump import write_step
-from msprobe_mlflow.pytorch.statistics import StatisticsCache, launch_step_statistics
+from msprobe_mlflow.torch_kernels.statistics import StatisticsCache, launch_step_statistics
 
 CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 DEVICES = ["cpu", pytest.param("cuda", marks=CUDA)]
@@ -97,7 +97,7 @@ def test_gradients_on_the_cpu_and_on_cuda_in_one_step(tmp_path):
 
 def test_l0_on_the_cpu_hashes_the_gradients_in_place_without_a_snapshot(tmp_path, monkeypatch):
     import hashlib
-    from msprobe_mlflow.pytorch import statistics
+    from msprobe_mlflow.torch_kernels import statistics
 
     def no_snapshot(cache, size):
         raise AssertionError(f"a snapshot of {size} elements was taken")

@@ -10,7 +10,7 @@ import torch
 
 from msprobe_mlflow import GradProbeConfig
 from msprobe_mlflow.pytorch import GradientMonitor
-from msprobe_mlflow.pytorch.statistics import ROW, StatisticsCache
+from msprobe_mlflow.torch_kernels.statistics import ROW, StatisticsCache
 
 
 def trained_monitor(tmp_path, name: str) -> tuple[GradientMonitor, torch.nn.Module]:

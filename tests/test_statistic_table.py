@@ -59,12 +59,12 @@ def edge_gradients(dtype: torch.dtype) -> list[torch.Tensor]:
 
 
 def on_cpu_kernel(grads, level):
-    from msprobe_mlflow.pytorch.statistics import launch_step_statistics
+    from msprobe_mlflow.torch_kernels.statistics import launch_step_statistics
     return launch_step_statistics(names(grads), grads, rank=0, step=0, level=level, bounds=BOUNDS, extra=EXTRA)()
 
 
 def on_device_rows(grads, level):
-    from msprobe_mlflow.pytorch.statistics import _device_statistics
+    from msprobe_mlflow.torch_kernels.statistics import _device_statistics
     bounds32 = statistics_table.float32_bounds(BOUNDS)
     statistics, signs, values = _device_statistics(grads, torch._foreach_norm(grads), LEVELS[level], bounds32,
                                                    False, statistics_table.extra_statistics(EXTRA))()
@@ -72,7 +72,7 @@ def on_device_rows(grads, level):
 
 
 def on_sharded_partials(grads, level):
-    from msprobe_mlflow.pytorch.sharded import launch_sharded_statistics
+    from msprobe_mlflow.torch_kernels.sharded import launch_sharded_statistics
     return launch_sharded_statistics(names(grads), grads, rank=0, step=0, level=level, bounds=BOUNDS, extra=EXTRA)()
 
 
@@ -185,6 +185,6 @@ def test_opt_in_columns_reach_the_csv_after_norm_and_a_summary_metric():
     metrics = record_metrics(record)
     assert metrics["grad/rank0/abs_mean"] == pytest.approx((2.0 * 2 + 2.0 * 4) / 6)  # weighted by elements
     assert metrics["grad/rank0/largest_square"] == pytest.approx((9.0 * 2 + 16.0 * 4) / 6)
-    from msprobe_mlflow.pytorch.statistics import launch_step_statistics
+    from msprobe_mlflow.torch_kernels.statistics import launch_step_statistics
     default = launch_step_statistics(["a", "b"], grads, rank=0, step=0, level="L1", bounds=BOUNDS)()
     assert default.csv_header() == ["param_name", "max", "min", "norm", "shape"] and default.extra is None

@@ -4,8 +4,8 @@ FSDP1 flattens a wrapped module's parameters into one ``FlatParameter`` and give
 ``use_orig_params=False`` the model's only parameter is that shard (``..._flat_param``); with ``True`` each original
 parameter's ``.grad`` is its 1-D piece of the shard (possibly empty). Either way this module maps every original
 parameter to its unwrapped name, its full shape and the range of its flattened full gradient this rank holds, so
-that :mod:`msprobe_mlflow.pytorch.sharded` records the full gradient's statistics under the unsharded model's names
-and in its order. Modules are recognised by class name, as in :mod:`msprobe_mlflow.parameter_names`.
+that :mod:`msprobe_mlflow.torch_kernels.sharded` records the full gradient's statistics under the unsharded model's
+names and in its order. Modules are recognised by class name, as in :mod:`msprobe_mlflow.parameter_names`.
 """
 from __future__ import annotations
 

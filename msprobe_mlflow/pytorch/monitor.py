@@ -8,8 +8,8 @@ What a step records is what the optimizer applies: with ``optimizer.step(closure
 optimization) the probe runs when the closure first returns, before the update; gradients are read after
 unscaling and clipping when those happen before ``step()``. Names are the eager model's
 (:mod:`msprobe_mlflow.parameter_names`), and DTensor gradients (FSDP2) get their full gradient's statistics
-(:mod:`msprobe_mlflow.pytorch.sharded`), as do FSDP1's flattened gradients, under the original parameters' names and
-shapes (:mod:`msprobe_mlflow.pytorch.fsdp1`).
+(:mod:`msprobe_mlflow.torch_kernels.sharded`), as do FSDP1's flattened gradients, under the original parameters'
+names and shapes (:mod:`msprobe_mlflow.pytorch.fsdp1`).
 
 With ``overlap=True``, each gradient's statistics are computed as it becomes final during backward, on a worker
 thread, and checked at ``step()`` (:mod:`msprobe_mlflow.pytorch.overlap`): the records are the same. It is off by
@@ -31,15 +31,15 @@ from msprobe_mlflow.monitoring.session_monitor import SessionMonitor
 from msprobe_mlflow.parameter_names import eager_named_parameters
 from msprobe_mlflow.pytorch.compute_format import ComputeFormatWatch
 from msprobe_mlflow.pytorch.distributed import current_rank, shared_run_id, summary_all_gather, world_size
-from msprobe_mlflow.pytorch.parameter_norms import launch_parameter_norms
 from msprobe_mlflow.pytorch.overlap import (NOT_ASKED_FOR, EarlyStatistics, launch_with_early, step_level,
                                             usable_parts, why_off)
 from msprobe_mlflow.pytorch.fsdp1 import FlatSlot, fsdp1_named_parameters, has_fsdp1
-from msprobe_mlflow.pytorch.sharded import FlatPiece, has_sharded, launch_sharded_statistics
-from msprobe_mlflow.pytorch.statistics import StatisticsCache, launch_step_statistics
 from msprobe_mlflow.records import with_compute_format, with_parameter_norms
 from msprobe_mlflow.session import RankPolicy
 from msprobe_mlflow.statistics_table import PARAMETER_NORM
+from msprobe_mlflow.torch_kernels.parameter_norms import launch_parameter_norms
+from msprobe_mlflow.torch_kernels.sharded import FlatPiece, has_sharded, launch_sharded_statistics
+from msprobe_mlflow.torch_kernels.statistics import StatisticsCache, launch_step_statistics
 from msprobe_mlflow.vocabulary import FAILED_STEPS_TAG, OVERLAP_TAG, RECORDED_TAG, TAG_RANGES_LIMIT, rank_tag
 
 

@@ -37,10 +37,10 @@ import torch
 from msprobe_mlflow.compat import foreach_norm, tensor_version
 from msprobe_mlflow.layout import EXTREMES, StatisticsLayout
 from msprobe_mlflow.levels import LEVELS, Level
-from msprobe_mlflow.pytorch.fused import PARALLEL_MIN, in_parallel, on_one_core, rank_cores
-from msprobe_mlflow.pytorch.statistics import StatisticsCache, _launch_group, launch_step_statistics
 from msprobe_mlflow.records import StepRecord, record_from_statistics
 from msprobe_mlflow.statistics_table import extra_statistics
+from msprobe_mlflow.torch_kernels.fused import PARALLEL_MIN, in_parallel, on_one_core, rank_cores
+from msprobe_mlflow.torch_kernels.statistics import StatisticsCache, _launch_group, launch_step_statistics
 
 NOT_ASKED_FOR = ("not asked for (overlap=True turns it on): the pre-hook reads each gradient once at memory speed "
                  "over the rank's cores, as the overlap's check at step() would, so its worker beside backward only "
@@ -53,7 +53,7 @@ def why_off(model: torch.nn.Module, parameters: list, *, level: str, writes: boo
     """Why this monitor computes no statistics early (None: it does). ``parameters``: the monitor's
     ``(name, parameter, FSDP1 slot)`` triples."""
     from torch.nn.parallel import DistributedDataParallel
-    from msprobe_mlflow.pytorch.sharded import has_sharded
+    from msprobe_mlflow.torch_kernels.sharded import has_sharded
 
     if not writes:
         return "this rank writes no statistics"

@@ -23,7 +23,7 @@ from numba.core import cgutils
 from numba.extending import intrinsic, overload
 
 from msprobe_mlflow.compat import foreach_norm, numba_slp_vectorize, set_numba_cache_dir
-from msprobe_mlflow.pytorch.openmp import on_torch_threads
+from msprobe_mlflow.torch_kernels.openmp import on_torch_threads
 
 BLOCK = 1 << 13  # elements per block (32 KiB of float32): every loop over a block reads it from the L1 cache
 SMALL_ARRAY = 1 << 14  # elements: smaller arrays share one kernel call, so a model of many pays one call's cost
@@ -310,7 +310,7 @@ def _run(located: Located, dtype: np.dtype, bounds, with_counts, with_signs, wit
 def in_parallel(work: Callable, items: list, threads: int) -> None:
     """``work(item)`` for every item, on this thread and up to ``threads - 1`` more, each taking the next item
     when done with its last (``work`` must release the GIL: numba's nogil kernels, hashlib on large buffers).
-    The others are torch's idle OpenMP threads where it has them (:mod:`~msprobe_mlflow.pytorch.openmp`), else
+    The others are torch's idle OpenMP threads where it has them (:mod:`~msprobe_mlflow.torch_kernels.openmp`), else
     threads started for this call."""
     pending = iter(items)
     failures = []

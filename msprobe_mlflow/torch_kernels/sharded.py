@@ -26,8 +26,8 @@ import torch.distributed as dist
 
 from msprobe_mlflow.layout import CUMULATIVE_COUNTS, EXTRA, EXTREMES, StatisticsLayout, packed_length
 from msprobe_mlflow.levels import LEVELS
-from msprobe_mlflow.pytorch.host_copy import start_host_copy
-from msprobe_mlflow.pytorch.statistics import StatisticsCache, _comparable, launch_step_statistics, pack_signs
+from msprobe_mlflow.torch_kernels.host_copy import start_host_copy
+from msprobe_mlflow.torch_kernels.statistics import StatisticsCache, _comparable, launch_step_statistics, pack_signs
 from msprobe_mlflow.records import StepRecord, record_from_statistics
 from msprobe_mlflow.statistics_table import Statistic, extra_statistics, float32_bounds
 
@@ -108,7 +108,7 @@ def _sharding(grad: torch.Tensor, name: str) -> _Sharding:
 def launch_sharded_statistics(names: list[str], grads: list[torch.Tensor], *, rank: int, step: int, level: str,
                               bounds: tuple, checksum: str = "md5", directions: bool = True, extra=(),
                               cache: StatisticsCache | None = None) -> Callable[[], StepRecord]:
-    """Like :func:`~msprobe_mlflow.pytorch.statistics.launch_step_statistics`, for gradients of which some are
+    """Like :func:`~msprobe_mlflow.torch_kernels.statistics.launch_step_statistics`, for gradients of which some are
     DTensors: the record holds each full gradient's statistics. A collective: every rank of each gradient's
     process group must call it, with the same parameters in the same order."""
     if LEVELS[level].has_md5:

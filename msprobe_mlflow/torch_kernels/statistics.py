@@ -6,7 +6,7 @@ float64 result tensor (float32 statistics and integer counts are exact in float6
 uint8 tensor, and both are copied to the host with ``non_blocking`` into pinned memory behind a device event (any
 accelerator: ``host_copy.py``). The training thread never waits for the device; the writer thread waits for the
 event. On the CPU, the gradients already are on the host: the statistics are computed at once by the numba kernel
-of :mod:`msprobe_mlflow.pytorch.fused`, on zero-copy views.
+of :mod:`msprobe_mlflow.torch_kernels.fused`, on zero-copy views.
 """
 from __future__ import annotations
 
@@ -23,8 +23,8 @@ from msprobe_mlflow.compat import foreach_norm
 from msprobe_mlflow.layout import (CHECKSUM, CHECKSUMS, CUMULATIVE_COUNTS, EXTRA, EXTREMES, StatisticsLayout,
                                    packed_length)
 from msprobe_mlflow.levels import LEVELS, Level
-from msprobe_mlflow.pytorch import fused, md5
-from msprobe_mlflow.pytorch.host_copy import pinned, start_host_copy as _to_host  # any accelerator, no sync
+from msprobe_mlflow.torch_kernels import fused, md5
+from msprobe_mlflow.torch_kernels.host_copy import pinned, start_host_copy as _to_host  # any accelerator, no sync
 from msprobe_mlflow.records import StepRecord, record_from_statistics
 from msprobe_mlflow.statistics_table import BIT_WEIGHTS, Statistic, byte_padding, extra_statistics, float32_bounds
 
@@ -157,7 +157,7 @@ _READ_IN_PLACE = {torch.float32, torch.float64}
 
 def _host_statistics(grads, level, bounds32, extra: tuple[Statistic, ...] = (),
                      cache: "StatisticsCache | None" = None):
-    """The CPU path: :mod:`msprobe_mlflow.pytorch.fused` reads each gradient once where it lies (bf16 and fp16
+    """The CPU path: :mod:`msprobe_mlflow.torch_kernels.fused` reads each gradient once where it lies (bf16 and fp16
     are compared in float32, non-contiguous gradients in a contiguous copy), computing max, min, the norm, the L2
     counts and the sign bits together. The norms it cannot give bit for bit as torch's (bf16/fp16/float64,
     non-contiguous) come from torch. Opt-in ``extra`` statistics are their numpy reference, one more read each."""

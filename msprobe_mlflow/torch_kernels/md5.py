@@ -19,7 +19,7 @@ from llvmlite import ir
 from numba import carray, types
 from numba.extending import intrinsic
 
-from msprobe_mlflow.pytorch.fused import PARALLEL_MIN, Located, in_parallel, kernel, pointer, worker_threads
+from msprobe_mlflow.torch_kernels.fused import PARALLEL_MIN, Located, in_parallel, kernel, pointer, worker_threads
 from msprobe_mlflow.statistics_table import md5_hex
 
 LANES = 16

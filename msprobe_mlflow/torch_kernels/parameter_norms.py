@@ -16,8 +16,8 @@ import torch
 import torch.distributed as dist
 
 from msprobe_mlflow.compat import foreach_norm
-from msprobe_mlflow.pytorch.host_copy import start_host_copy
-from msprobe_mlflow.pytorch.sharded import _dtensor_type, _sharding
+from msprobe_mlflow.torch_kernels.host_copy import start_host_copy
+from msprobe_mlflow.torch_kernels.sharded import _dtensor_type, _sharding
 
 
 def launch_parameter_norms(names: list[str], parameters: list[torch.Tensor]) -> Callable[[], np.ndarray]:
