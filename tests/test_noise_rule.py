@@ -782,3 +782,32 @@ def test_evidence_reads_as_ratios_and_percentages():
     assert trip_numbers(doubled).endswith("(over 1000x its noise)")
     tiny = _trip("norm", "w", 3, 1.0, 3.1e-6, 1.2e-8, 14.0, (1.0, 1.0000031))
     assert "+0.00031% of its scale (usually +1.2e-06%)" in tiny.detail and trip_numbers(tiny).endswith("(14x its noise)")
+
+
+@pytest.mark.parametrize("difference, silencer", [(3e-4, "tf32"), (0.2, None)])
+def test_a_first_steps_break_within_a_coarser_formats_rounding_names_that_format_and_its_flag(difference,
+                                                                                           silencer):
+    """By hand: both runs recorded float32; from step 0 B's norm of w is off by 0.03% (float32 allows 0.0006% for
+    100 elements, TF32 0.13%: a device running float32 matmuls in TF32 looks so) or by 20% (beyond any format's
+    rounding: a bug, and no flag is offered)."""
+    judge = NoiseAwareJudge(0)
+    extremes = np.array([0.1234567, 0.7654321], dtype=np.float32).astype(np.float64)  # float32's 24 bits
+    for step in range(3):
+        comparison = _step(step, [100, 100], [100, 100], [1, 1], [1 + difference, 1])
+        for side in (comparison.statistics_a, comparison.statistics_b):
+            side.max, side.min = extremes, -extremes
+        comparison.compute_formats = ("float32", "float32")
+        judge.judge_step(comparison)
+    verdict = judge.verdict
+    assert verdict.first_suspicious_step == 0 and verdict.coarser_format == silencer
+    described = Verdict_of(verdict).describe()
+    if silencer:
+        assert f"lies within tf32's rounding: if a run computed in tf32 without torch reporting it" in described
+        assert "--precision tf32" in described and "--precision tf32" in json.dumps(Verdict_of(verdict).to_dict())
+    else:
+        assert "--precision" not in described
+
+
+def Verdict_of(rank_verdict):
+    from msprobe_mlflow.compare.verdict import RuleSettings, Verdict
+    return Verdict(RuleSettings(), [rank_verdict])

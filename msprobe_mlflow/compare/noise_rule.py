@@ -250,7 +250,8 @@ class NoiseAwareJudge:
             evidence = first.beyond_rounding or (found.beyond_rounding if first is held else "")
             self.verdict = RankVerdict(self.rank, first.step, first.summary_trip, trips, noise,
                                        dict(self.summary_band), self.first_steps, self.recorded_precision,
-                                       BREAK if evidence else DEPARTURE, evidence or DEPARTURE_MEANS)
+                                       BREAK if evidence else DEPARTURE, evidence or DEPARTURE_MEANS,
+                                       first.coarser_format)
             return self.verdict
         if held is not None:
             held.remember(self)
@@ -364,13 +365,15 @@ class NoiseAwareJudge:
         # noise.
         last = {names[i] for i in np.flatnonzero(tiny)}
         beyond_rounding = _beyond_rounding(certain, best.values(), self._agreed_bit_for_bit)
+        coarser = _coarser_format_within(precision, names, series.get("norm"), numels, best.values(), summary_trip,
+                                         self._histories["norm"].counts(places) < MIN_HISTORY)
         return _Finding(step, summary_trip,
                         sorted(best.values(), key=lambda t: (t.reason not in DIRECT, t.name in last, -t.score, t.name)),
                         pushes, certain,
                         not both or _statistics_differ(side_a, side_b)
                         or any(np.any(found) for found in differs.values()),
                         {int(places[i]): found for i, found in recognised.items()}, only_faint and bool(best),
-                        beyond_rounding)
+                        beyond_rounding, coarser)
 
     def _first_steps_precision(self, comparison, names, places, tiny, coarse) -> str | None:
         """The format the first steps are judged at: the given precision; else, from what the runs recorded
@@ -564,6 +567,7 @@ class _Finding:
     noise: dict  # slot -> SignNoise: parameters recognised as noise at this step
     faint: bool = False  # its only breaks are norms beyond their noise but below MAGNITUDE_FLOOR
     beyond_rounding: str = ""  # what of it no rounding can do (a *break*); empty: beyond the learnt noise only
+    coarser_format: str | None = None  # the finest coarser format whose rounding reaches every break (first steps)
 
     @property
     def suspicious(self) -> bool:
@@ -641,6 +645,23 @@ def _model_spread(history: _History) -> float:
     if window.size < MIN_HISTORY:
         return 0.0
     return MAD_TO_SIGMA * float(np.median(np.abs(window - np.median(window))))
+
+
+def _coarser_format_within(precision: str | None, names, norms, numels, trips, summary_trip, early) -> str | None:
+    """Where a step's only breaks are gradient norms in the first steps, judged at ``precision`` (given or
+    recorded), the finest coarser format whose first-steps tolerance holds every one of them: a device that
+    computes float32 matmuls in TF32 or HF32 without torch knowing (Ascend can) looks so, and that format is what
+    ``--precision`` would have to say. Coarser only, never finer: a finer format makes a benign pair alarm."""
+    trips = list(trips)
+    if precision is None or norms is None or summary_trip is not None or not trips \
+            or any(t.reason != "norm" for t in trips):
+        return None
+    index = {name: i for i, name in enumerate(names)}
+    tripped = np.array([index[t.name] for t in trips])
+    return next((candidate for candidate in sorted(UNIT_ROUNDOFF, key=UNIT_ROUNDOFF.__getitem__)
+                 if UNIT_ROUNDOFF[candidate] > UNIT_ROUNDOFF[precision]
+                 and np.all(np.abs(norms[tripped]) <= first_steps_tolerance(candidate, numels[tripped]))
+                 and np.all(early[tripped])), None)
 
 
 def _beyond_rounding(certain: bool, trips, agreed_bit_for_bit: bool) -> str:

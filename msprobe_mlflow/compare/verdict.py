@@ -133,6 +133,17 @@ class RankVerdict:
     recorded_precision: str | None = None
     grade: str | None = None  # noise rule: BREAK or DEPARTURE at the first suspicious step (msprobe's rule: None)
     evidence: str = ""  # the grade's reason, in words
+    coarser_format: str | None = None  # a first-steps break within this coarser format's rounding (see silencer)
+
+    def silencer(self) -> str | None:
+        """What would make the verdict quiet where it would be right to: a first-steps break that lies within a
+        coarser format's rounding than the one judged at, if a run computed in that format unknown to torch."""
+        if self.coarser_format is None:
+            return None
+        return (f"every norm that broke at step {self.first_suspicious_step} lies within {self.coarser_format}'s "
+                f"rounding: if a run computed in {self.coarser_format} without torch reporting it (an accelerator "
+                f"running float32 matmuls in TF32 or HF32, as Ascend can), --precision {self.coarser_format} "
+                f"(precision='{self.coarser_format}') judges the first steps at its bound; if not, this is a bug")
 
     @property
     def suspicious(self) -> bool:
@@ -392,7 +403,8 @@ class Verdict:
                        "sign_noise": [asdict(noise) for noise in r.sign_noise],
                        "first_steps": asdict(r.first_steps) if r.first_steps else None,
                        **({"recorded_precision": r.recorded_precision} if r.recorded_precision else {}),
-                       **({"grade": r.grade, "evidence": r.evidence} if r.grade else {})}
+                       **({"grade": r.grade, "evidence": r.evidence} if r.grade else {}),
+                       **({"silencer": r.silencer()} if r.coarser_format else {})}
                       for r in self.ranks],
         }
 
@@ -416,6 +428,8 @@ class Verdict:
                 lines += [f"    {trip.name}: {trip_numbers(trip)}" for trip in shown]
                 if len(rank.parameter_trips) > len(shown):
                     lines.append(f"    ... and {len(rank.parameter_trips) - len(shown)} more parameters")
+                if rank.coarser_format:
+                    lines.append(f"    {rank.silencer()}")
             if rank.sign_noise:
                 names = ", ".join(noise.name for noise in rank.sign_noise[:max_parameters])
                 more = len(rank.sign_noise) - max_parameters
