@@ -7,7 +7,11 @@
   (archives, runs, the live verdict's baseline), and a reader that does not know the field ignores it.
 - ``npy`` (msprobe's): one boolean ``.npy`` per parameter, 1 byte per element.
 
-Everything loads with ``allow_pickle=False``; a malformed file raises ``ValueError`` naming the file and field. A
+Everything loads with ``allow_pickle=False``; a malformed or damaged file raises :class:`DamagedFile` (a
+``ValueError``) naming the file and field. Every read of a packed archive is checked against the CRC-32s the archive
+records (the zip's own checksums), the memory-mapped bits included, so a flipped byte is refused, never compared;
+msprobe's ``.npy`` form records no checksum: its header is checked against the file's size and each element must be
+the 0 or 1 ``np.save(grad > 0)`` writes. A
 compressed archive (``np.savez_compressed``: not ours, but accepted) is inflated no further than its shapes need,
 so a zip bomb is refused before it is inflated; its bits are then held in memory.
 ``open_step_directions`` lists a step's parameters (names, shapes) and reads each one's bits only when asked, so a
@@ -45,6 +49,16 @@ PACKED_FORMAT_VERSION = 1
 
 # Per-parameter directions as read back: name -> (shape, packed sign bits).
 Directions = dict[str, tuple[tuple[int, ...], np.ndarray]]
+
+
+class DamagedFile(ValueError):
+    """A dump file that cannot be read as it was written (damaged, truncated, or not what its name says): ``path``
+    names it and ``problem`` says what is wrong, so that a caller can name the step and go on without it (``compare
+    --skip-damaged``, the live verdict) rather than compare what the file no longer holds."""
+
+    def __init__(self, path: str | os.PathLike, problem: str):
+        super().__init__(f"{path}: {problem}")
+        self.path, self.problem = Path(path), problem
 
 
 @dataclass(frozen=True)
@@ -148,11 +162,11 @@ def checked_npy_header(path: Path) -> tuple[tuple[int, ...], np.dtype]:
             shape, dtype = _read_npy_header(f)
             held = os.fstat(f.fileno()).st_size - f.tell()
     except Exception as e:
-        raise ValueError(f"{path}: not a readable .npy file ({e})") from e
+        raise DamagedFile(path, f"not a readable .npy file ({e})") from e
     needed = math.prod(shape) * dtype.itemsize
     if not dtype.hasobject and held != needed:
-        raise ValueError(f"{path}: not a readable .npy file (it holds {held} data bytes, its header's shape "
-                         f"{list(shape)} needs {needed})")
+        raise DamagedFile(path, f"not a readable .npy file (it holds {held} data bytes, its header's shape "
+                                f"{list(shape)} needs {needed})")
     return shape, dtype
 
 
@@ -202,21 +216,37 @@ def _member_data_offset(f, info: zipfile.ZipInfo) -> int:
     return info.header_offset + 30 + name_length + extra_length
 
 
+def _check_crc(info: zipfile.ZipInfo, crc: int) -> None:
+    """Refuses a member whose bytes do not give the CRC-32 the archive records for it (its central directory's,
+    the one ``zipfile`` checks)."""
+    if crc != info.CRC:
+        raise _FieldError(f"field {info.filename.removesuffix('.npy')} fails its CRC-32 check (the archive records "
+                          f"{info.CRC:08x}, its bytes give {crc:08x}): the file was damaged after it was written")
+
+
 def _bits(archive: zipfile.ZipFile, path: Path, needed: int) -> np.ndarray:
-    """The ``bits`` field, ``needed`` bytes: memory-mapped when stored (as we write it), else read and capped."""
+    """The ``bits`` field, ``needed`` bytes: memory-mapped when stored (as we write it), else read and capped;
+    either way checked against its CRC-32 (``zipfile`` checks a field it reads; a mapped one is checked here, over
+    the bytes mapped: a step's 8.4 MB in 0.16 ms with zlib-ng)."""
     info = archive.getinfo("bits.npy")
     if info.compress_type != zipfile.ZIP_STORED:
         bits = _read_field(archive, "bits", needed, f"the shapes need {needed}")
         _check_bits(bits.dtype, bits.shape, needed)
         return bits
     with open(path, "rb") as f:
-        f.seek(_member_data_offset(f, info))
+        header_at = _member_data_offset(f, info)
+        f.seek(header_at)
         shape, dtype = _read_npy_header(f)
         offset = f.tell()
+        f.seek(header_at)
+        header = f.read(offset - header_at)
     _check_bits(dtype, shape, needed)
-    if needed == 0:
-        return np.empty(0, dtype=np.uint8)
-    return np.memmap(path, dtype=np.uint8, mode="r", offset=offset, shape=shape)
+    if info.file_size != len(header) + needed:
+        raise _FieldError(f"field bits is recorded as {info.file_size} bytes, its header and shapes make "
+                          f"{len(header) + needed}")
+    bits = np.memmap(path, dtype=np.uint8, mode="r", offset=offset, shape=shape) if needed else np.empty(0, np.uint8)
+    _check_crc(info, crc32(bits, crc32(header)))
+    return bits
 
 
 # The most the names, ndims or dims field may hold: a million parameters named in 64 characters (UTF-32).
@@ -254,9 +284,9 @@ def open_packed(path: Path) -> dict[str, StoredDirection]:
         with zipfile.ZipFile(path) as archive:
             names, shapes, bits = _read_packed_fields(archive, path)
     except _FieldError as e:
-        raise ValueError(f"{path}: {e}") from None
-    except Exception as e:  # zip or npy header damage, truncation, pickled objects
-        raise ValueError(f"{path}: not a readable direction archive ({e})") from e
+        raise DamagedFile(path, str(e)) from None
+    except Exception as e:  # zip or npy header damage, truncation, a CRC that zipfile checks, pickled objects
+        raise DamagedFile(path, f"not a readable direction archive ({e})") from e
     pieces = packed_slices(math.prod(shape) for shape in shapes)
     return {name: StoredDirection(path, shape, lambda piece=piece: np.array(bits[piece]))
             for name, shape, piece in zip(names, shapes, pieces)}
@@ -285,9 +315,12 @@ class _KnownPlaces:
     expected: tuple[tuple[int, bytes], ...]  # (offset, bytes): each layout field whole, the bits field's header
     bits_offset: int
     bits_length: int
+    crc_at: int  # the bits member's CRC-32 in the central directory
+    header_crc: int  # CRC-32 of the bits member's .npy header (among ``expected``), continued over the bits
 
     def read(self, path: Path) -> np.ndarray | None:
-        """The bits of the archive at ``path`` when it holds the expected bytes at their places, else None."""
+        """The bits of the archive at ``path`` when it holds the expected bytes at their places and the bits give
+        the CRC-32 it records, else None."""
         checked = max([self.bits_offset] + [at + len(field) for at, field in self.expected])
         with open(refuse_symlink(path), "rb") as f:
             if os.fstat(f.fileno()).st_size != self.size:
@@ -296,10 +329,15 @@ class _KnownPlaces:
             if any(head[at:at + len(field)] != field for at, field in self.expected):
                 return None
             if self.bits_length > _READ_WHOLE_UP_TO:  # a large model's bits: mapped, compared chunk by chunk
-                return np.memmap(path, dtype=np.uint8, mode="r", offset=self.bits_offset, shape=(self.bits_length,))
-            bits = np.empty(self.bits_length, dtype=np.uint8)
-            f.seek(self.bits_offset)
-            return bits if f.readinto(bits) == self.bits_length else None
+                bits = np.memmap(path, dtype=np.uint8, mode="r", offset=self.bits_offset, shape=(self.bits_length,))
+            else:
+                bits = np.empty(self.bits_length, dtype=np.uint8)
+                f.seek(self.bits_offset)
+                if f.readinto(bits) != self.bits_length:
+                    return None
+            f.seek(self.crc_at)
+            recorded = int.from_bytes(f.read(4), "little")
+        return bits if crc32(bits, self.header_crc) == recorded else None
 
 
 # Bits up to this size are read in the same open as the header check (cheaper per step than a memory map for a
@@ -321,9 +359,24 @@ def _learn_places(archive: zipfile.ZipFile, path: Path, layout: dict[str, bytes]
             expected.append((_member_data_offset(f, info), encoded))
         header_at = _member_data_offset(f, archive.getinfo("bits.npy"))
         f.seek(header_at)
-        expected.append((header_at, f.read(bits.offset - header_at)))
+        bits_header = f.read(bits.offset - header_at)
+        expected.append((header_at, bits_header))
         size = os.fstat(f.fileno()).st_size
-    return _KnownPlaces(size, tuple(expected), bits.offset, len(bits))
+        crc_at = _central_crc_at(f, archive, "bits.npy")
+    return _KnownPlaces(size, tuple(expected), bits.offset, len(bits), crc_at, crc32(bits_header))
+
+
+def _central_crc_at(f, archive: zipfile.ZipFile, member: str) -> int:
+    """Where the CRC-32 of ``member`` sits in the archive file ``f``: 16 bytes into its central directory entry,
+    whose size is 46 bytes and the lengths of what follows it at 28 (APPNOTE.TXT 4.3.12); entries are in
+    ``infolist()`` order."""
+    at = archive.start_dir
+    for info in archive.infolist():
+        if info.filename == member:
+            return at + 16
+        f.seek(at + 28)
+        at += 46 + sum(struct.unpack("<HHH", f.read(6)))
+    raise _FieldError(f"field {member.removesuffix('.npy')} is missing from the direction archive")
 
 
 class LaidOutReader:
@@ -338,8 +391,9 @@ class LaidOutReader:
         self._places: _KnownPlaces | None = None
 
     def read(self, path: Path) -> np.ndarray | None:
-        """The bits (memory-mapped as ``open_packed`` maps them, or read at the known places); None for an archive
-        of any other layout, or a damaged one (``open_packed`` then says what it holds)."""
+        """The bits (memory-mapped as ``open_packed`` maps them, or read at the known places), checked against
+        their CRC-32; None for an archive of any other layout, or a damaged one (``open_packed`` then says what is
+        wrong)."""
         try:
             bits = self._places.read(path) if self._places is not None else None
             if bits is not None:
@@ -371,12 +425,12 @@ def step_compute_format(step_dir: str | os.PathLike) -> str | None:
                 return None
             value = _read_field(archive, COMPUTE_FORMAT, 64, "more than a format's name needs")
     except _FieldError as e:
-        raise ValueError(f"{path}: {e}") from None
-    except Exception as e:  # zip or npy header damage, truncation, pickled objects
-        raise ValueError(f"{path}: not a readable direction archive ({e})") from e
+        raise DamagedFile(path, str(e)) from None
+    except Exception as e:  # zip or npy header damage, truncation, a CRC that zipfile checks, pickled objects
+        raise DamagedFile(path, f"not a readable direction archive ({e})") from e
     if value.shape != () or value.dtype.kind != "U" or str(value) not in UNIT_ROUNDOFF:
-        raise ValueError(f"{path}: field {COMPUTE_FORMAT} = {value.tolist()!r}, expected one of "
-                         f"{', '.join(map(repr, UNIT_ROUNDOFF))}")
+        raise DamagedFile(path, f"field {COMPUTE_FORMAT} = {value.tolist()!r}, expected one of "
+                                f"{', '.join(map(repr, UNIT_ROUNDOFF))}")
     return str(value)
 
 
@@ -400,13 +454,21 @@ def write_npy(step_dir: Path, names: list[str], shapes: list[tuple[int, ...]], b
 
 
 def _load_npy_bits(path: Path, shape: tuple[int, ...]) -> np.ndarray:
+    """The packed signs of msprobe's boolean ``.npy``; refused when a byte is neither 0 nor 1, which
+    ``np.save(grad > 0)`` never writes (the one damage this form, which records no checksum, shows: numpy would
+    read any other byte as True)."""
     try:
         signs = np.load(path, allow_pickle=False)
     except Exception as e:
-        raise ValueError(f"{path}: not a readable .npy file ({e})") from e
+        raise DamagedFile(path, f"not a readable .npy file ({e})") from e
     if signs.dtype != np.bool_ or signs.shape != shape:
-        raise ValueError(f"{path}: holds {signs.dtype} {list(signs.shape)}, its header said bool {list(shape)}")
-    return np.packbits(signs.reshape(-1))
+        raise DamagedFile(path, f"holds {signs.dtype} {list(signs.shape)}, its header said bool {list(shape)}")
+    raw = signs.reshape(-1).view(np.uint8)
+    if raw.size and raw.max() > 1:
+        at = int(np.argmax(raw > 1))
+        raise DamagedFile(path, f"element {at} is stored as byte {raw[at]}, a boolean .npy holds 0 or 1 only: the "
+                                f"file was damaged after it was written")
+    return np.packbits(raw)
 
 
 def open_npy_folder(step_dir: Path) -> dict[str, StoredDirection]:
@@ -417,17 +479,17 @@ def open_npy_folder(step_dir: Path) -> dict[str, StoredDirection]:
     if map_path.exists():
         try:
             renamed = json.loads(map_path.read_text(encoding="utf-8"))
-        except json.JSONDecodeError as e:
-            raise ValueError(f"{map_path}: not valid JSON ({e})") from e
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise DamagedFile(map_path, f"not valid JSON ({e})") from e
         if not isinstance(renamed, dict) or not all(isinstance(v, str) for v in renamed.values()):
-            raise ValueError(f"{map_path}: expected an object mapping file stems to parameter names, found "
-                             f"{json.dumps(renamed)[:200]}")
+            raise DamagedFile(map_path, f"expected an object mapping file stems to parameter names, found "
+                                        f"{json.dumps(renamed)[:200]}")
     result: dict[str, StoredDirection] = {}
     for path in sorted(step_dir.glob("*.npy")):
         refuse_symlink(path)
         shape, dtype = checked_npy_header(path)
         if dtype != np.bool_:
-            raise ValueError(f"{path}: dtype {dtype}, expected bool (np.save(grad > 0))")
+            raise DamagedFile(path, f"dtype {dtype}, expected bool (np.save(grad > 0))")
         result[renamed.get(path.stem, path.stem)] = StoredDirection(
             path, shape, lambda path=path, shape=shape: _load_npy_bits(path, shape))
     return result

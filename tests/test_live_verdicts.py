@@ -27,6 +27,7 @@ from msprobe_mlflow.dump import findings_dir, read_csv, step_dir, summary_steps
 from msprobe_mlflow.pytorch import GradientMonitor
 from msprobe_mlflow.sinks.baseline_process import BaselineSink
 from mlflow_server import MlflowServer
+from test_damaged_dumps import flip_a_byte
 
 PERTURBED_FROM = 4
 STEPS = 8
@@ -259,6 +260,19 @@ def test_a_damaged_baseline_step_is_skipped_with_a_warning_naming_the_file(tmp_p
     assert f"step 2 not compared with the baseline: the step cannot be read ({damaged}" in warning
     saved = findings(tmp_path / "candidate")
     assert saved["compared_steps"] == [0, 1, 3, 4, 5, 6, 7] and saved["verdict"]["suspicious"] is False
+
+
+def test_a_baseline_step_with_one_flipped_byte_is_skipped_by_its_crc_not_compared(tmp_path):
+    """The zip stays whole: only the CRC-32 the archive records tells, read on the live verdict's fast path."""
+    train(tmp_path / "baseline", log_to_mlflow=False).stop()
+    damaged = flip_a_byte(step_dir(tmp_path / "baseline", 0, 2) / "directions.npz")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        train(tmp_path / "candidate", log_to_mlflow=False, baseline=str(tmp_path / "baseline")).stop()
+    [warning] = [str(w.message) for w in caught if "msprobe-mlflow" in str(w.message)]
+    assert f"step 2 not compared with the baseline: the step cannot be read ({damaged}: field bits fails its " \
+           f"CRC-32 check" in warning
+    assert findings(tmp_path / "candidate")["compared_steps"] == [0, 1, 3, 4, 5, 6, 7]
 
 
 def test_an_l0_baseline_gets_one_clear_warning_and_training_goes_on(tmp_path):

@@ -49,6 +49,11 @@ FOLDER = click.Path(file_okay=False)  # checked only if it exists: created when 
                    "find (it pairs equal names, wrapper prefixes, MindSpore's gamma/beta with torch's weight/bias, "
                    "numbered SequentialCell children by order and shape). Example: --name-map names.json with "
                    "{\"encoder.norm.weight\": \"encoder.final_ln.gamma\"}")
+@click.option("--skip-damaged", is_flag=True,
+              help="compare the steps that can be read and list those that cannot (a file that fails its CRC-32 "
+                   "check, is truncated or malformed) in the output, the comparison run and verdict.json, and call "
+                   "the verdict partial; without it, a damaged step stops the comparison (exit 2) naming the file "
+                   "and the step. Example: --skip-damaged")
 @click.option("--no-mlflow", is_flag=True,
               help="log no comparison run: print (and with --output write) the result only; run IDs as sources "
                    "still need the tracking store")
@@ -66,7 +71,7 @@ FOLDER = click.Path(file_okay=False)  # checked only if it exists: created when 
                    "~/.cache/msprobe-mlflow/runs)")
 def compare(a: str, b: str, output: str | None, experiment: str | None, run_name: str | None,
             tracking_uri: str | None, rule: str, first_threshold: float | None, drop_threshold: float | None,
-            precision: str | None, name_map: str | None, no_mlflow: bool,
+            precision: str | None, name_map: str | None, skip_damaged: bool, no_mlflow: bool,
             fail_on_suspicious: str | None, per_param_plots: bool, no_plots: bool, cache_dir: str | None) -> int:
     """Compares the gradient directions (signs) of two trainings, step by step: for each rank, parameter and step
     present in both, similarity = elements whose sign agrees / elements. The summary per step weighs parameters by
@@ -75,14 +80,17 @@ def compare(a: str, b: str, output: str | None, experiment: str | None, run_name
     Dumps must be grad_level L1 or L2 (L0 has no directions). Parameters are paired by name, across wrappers and
     across frameworks (a MindSpore run against its PyTorch twin: gamma/beta = weight/bias, numbered SequentialCell
     children by order and shape); --name-map pairs the rest. A verdict on part of either model says "partial".
+    Every file read is checked (a direction archive against its CRC-32s): a damaged step is never compared, it
+    stops the comparison naming the file and the step, or with --skip-damaged is skipped and listed. A step whose
+    grad_summary_<S>.csv is absent is compared on its signs and listed.
 
     Verdict (--rule noise, the default): a step is suspicious when the runs differ there by more than their own
     numerical noise, learnt from the pair: in the directions, or (at L1/L2) in the gradient norms (and the weights'
     own, where both runs recorded param_norm) or the L2 distribution. Each suspicious step is graded: a 'break' is
     beyond anything rounding can do (a norm off by over 10%, anti-aligned signs, a weight that jumped in one run, a
     format change, any difference after bit-for-bit agreement); a 'departure' is beyond the pair's learnt noise
-    only (amplified rounding, as in a sharp region or a loss spike, or a small bug). Parameters whose signs differ only at
-    rounding level are reported as "sign is noise". The first steps are judged at the coarsest format the runs
+    only (amplified rounding, as in a sharp region or a loss spike, or a small bug). Parameters whose signs differ
+    only at rounding level are reported as "sign is noise". The first steps are judged at the coarsest format the runs
     computed in: --precision, else what both runs' monitors recorded; where neither says, at bfloat16's rounding,
     and first steps that differ beyond float32 rounding are noted ("first steps").
     --rule msprobe: the first compared step below --first-threshold, or a drop of more than --drop-threshold. The
@@ -113,7 +121,7 @@ def compare(a: str, b: str, output: str | None, experiment: str | None, run_name
         raise ValueError(f"--precision applies to --rule noise only (msprobe's rule reads fixed thresholds); "
                          f"leave it out with --rule {rule}")
     options = dict(rule=rule, precision=precision, plots=not no_plots, per_param_plots=per_param_plots,
-                   name_map=name_map, **thresholds)
+                   name_map=name_map, skip_damaged=skip_damaged, **thresholds)
     if no_mlflow and Path(a).exists() and Path(b).exists():  # two dumps: no tracking store involved
         comparison = compare_dumps(a, b, output, **options)
         _print_result(comparison)

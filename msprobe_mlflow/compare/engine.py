@@ -6,6 +6,11 @@ dumps, the parameters present in both at each step (those in one only are report
 agreeing elements / numel, the summary weighted by element count. Parameters are read one at a time, on a few
 threads, so memory stays bounded by the largest parameters, not by the dump. Every file is written in a staging
 folder first and moved into the output only once everything succeeded.
+
+A step with a file that cannot be read as written (``directions.DamagedFile``) is never compared: it stops the
+comparison, naming the file and the step, or with ``skip_damaged`` is left out and listed (``skipped_steps``, and
+the verdict is partial). A step whose summary CSV is absent is compared on its signs and listed
+(``statistics_missing``).
 """
 from __future__ import annotations
 
@@ -14,7 +19,7 @@ import os
 import shutil
 import tempfile
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -26,6 +31,7 @@ from msprobe_mlflow.compare.rules import judge_for
 from msprobe_mlflow.compare.step import StepMismatch, compare_step
 from msprobe_mlflow.compare.verdict import (DEFAULT_DROP_THRESHOLD, DEFAULT_FIRST_THRESHOLD, DEFAULT_RULE,
                                             Coverage, RankVerdict, RuleSettings, Verdict)
+from msprobe_mlflow.directions import DamagedFile
 from msprobe_mlflow.dump import (dump_folder, indexed_children, rank_dir, short_list, step_dir, summary_steps,
                                  write_csv)
 
@@ -40,6 +46,15 @@ class CompareInputError(ValueError):
 
 # agreeing elements and numel of one parameter at one step; None where it was not compared.
 Counts = tuple[int, int] | None
+
+
+@dataclass(frozen=True)
+class SkippedStep:
+    """A step left out by ``skip_damaged``: the file that cannot be read as written, and what is wrong with it."""
+
+    step: int
+    file: str
+    problem: str
 
 
 @dataclass
@@ -59,6 +74,9 @@ class RankComparison:
     steps_only_in_a: list[int] = field(default_factory=list)  # directions in one dump only (say, the always-on tier)
     steps_only_in_b: list[int] = field(default_factory=list)
     bounds_differ: tuple | None = None  # A's and B's L2 bucket headers, where they differ: distributions not compared
+    skipped_steps: list[SkippedStep] = field(default_factory=list)  # damaged, left out (``skip_damaged``)
+    # step -> the summary CSVs it has no statistics from: compared on its signs only
+    statistics_missing: dict[int, tuple[str, ...]] = field(default_factory=dict)
 
     def similarities(self, name: str) -> list[float | None]:
         """msprobe's values: agreeing / numel, 0.0 for an empty parameter, ``None`` where not compared."""
@@ -110,6 +128,9 @@ class DumpComparison:
                        "only_in_a": r.only_in_a, "only_in_b": r.only_in_b,
                        "renamed_matches": [list(pair) for pair in r.renamed_matches],
                        "steps_only_in_a": r.steps_only_in_a, "steps_only_in_b": r.steps_only_in_b,
+                       "skipped_steps": [asdict(skipped) for skipped in r.skipped_steps],
+                       "statistics_missing": [{"step": step, "files": list(files)}
+                                              for step, files in r.statistics_missing.items()],
                        **({"bounds_differ": {"a": list(r.bounds_differ[0]), "b": list(r.bounds_differ[1])}}
                           if r.bounds_differ else {})} for r in self.ranks],
         }
@@ -149,6 +170,13 @@ class DumpComparison:
             for side, steps in (("A", rank.steps_only_in_a), ("B", rank.steps_only_in_b)):
                 if steps:
                     lines.append(f"  steps with directions in {side} only (not compared): {short_list(steps, 5)}")
+            lines += [f"  step {skipped.step} damaged, skipped (not compared): {skipped.file}: {skipped.problem}"
+                      for skipped in rank.skipped_steps]
+            missing = list(rank.statistics_missing.items())
+            lines += [f"  step {step} compared on signs only, no statistics (norms not judged): {', '.join(files)}"
+                      for step, files in missing[:5]]
+            if len(missing) > 5:
+                lines.append(f"  ... and {len(missing) - 5} more steps without statistics (verdict.json lists them)")
         return "\n".join(lines)
 
 
@@ -165,9 +193,11 @@ def direction_steps(dump: Path, rank: int, label: str) -> list[int]:
 
 
 def _compare_rank(dump_a: Path, dump_b: Path, rank: int, settings: RuleSettings, pool: ThreadPoolExecutor,
-                  progress: bool | None, name_map: dict[str, str] | None) -> tuple[RankComparison, RankVerdict]:
+                  progress: bool | None, name_map: dict[str, str] | None,
+                  skip_damaged: bool = False) -> tuple[RankComparison, RankVerdict]:
     """Compares a rank's common steps one by one (``compare_step``, as the live verdict does) and judges each as
-    it is compared."""
+    it is compared. A damaged step stops it (``CompareInputError`` naming the file and the step), or with
+    ``skip_damaged`` is left out, judged by nobody, and listed."""
     steps_a = direction_steps(dump_a, rank, "dump A")
     steps_b = direction_steps(dump_b, rank, "dump B")
     steps = sorted(set(steps_a) & set(steps_b))
@@ -182,6 +212,8 @@ def _compare_rank(dump_a: Path, dump_b: Path, rank: int, settings: RuleSettings,
     renamed: dict[tuple[str, str, str], None] = {}
     summary_counts = []
     bounds_differ = None
+    skipped: list[SkippedStep] = []
+    statistics_missing: dict[int, tuple[str, ...]] = {}
     line = ProgressLine(f"rank{rank} steps", len(steps), progress)
     for index, step in enumerate(steps):
         try:
@@ -189,6 +221,16 @@ def _compare_rank(dump_a: Path, dump_b: Path, rank: int, settings: RuleSettings,
                                     name_map=name_map)
         except StepMismatch as e:
             raise CompareInputError(f"rank{rank} {e}") from None
+        except DamagedFile as e:
+            if not skip_damaged:
+                raise CompareInputError(f"rank{rank} step{step}: {e}; the step cannot be compared (--skip-damaged, "
+                                        f"skip_damaged=True in Python, compares the other steps and lists it)"
+                                        ) from None
+            skipped.append(SkippedStep(step, str(e.path), e.problem))
+            line.advance()
+            continue
+        if compared.statistics_missing:
+            statistics_missing[step] = compared.statistics_missing
         if not compared.compared:
             raise CompareInputError(
                 f"rank{rank} step{step}: no parameter of A could be paired with one of B (A has "
@@ -208,11 +250,18 @@ def _compare_rank(dump_a: Path, dump_b: Path, rank: int, settings: RuleSettings,
         judge.judge_step(compared)
         line.advance()
     line.close()
+    only_steps_a, only_steps_b = sorted(set(steps_a) - set(steps)), sorted(set(steps_b) - set(steps))
+    if skipped:
+        if len(skipped) == len(steps):
+            raise CompareInputError(f"rank{rank}: every step in both dumps is damaged (first: step{skipped[0].step} "
+                                    f"{skipped[0].file}: {skipped[0].problem}); nothing left to compare")
+        kept = [index for index, step in enumerate(steps) if step not in {s.step for s in skipped}]
+        steps = [steps[index] for index in kept]
+        counts = {name: [series[index] for index in kept] for name, series in counts.items()}
     compared_a, compared_b = set(counts), {b for _, b, _ in renamed} | set(counts)
     comparison = RankComparison(rank, steps, order, counts, summary_counts,
                                 [n for n in only_a if n not in compared_a], [n for n in only_b if n not in compared_b],
-                                list(renamed), sorted(set(steps_a) - set(steps)), sorted(set(steps_b) - set(steps)),
-                                bounds_differ)
+                                list(renamed), only_steps_a, only_steps_b, bounds_differ, skipped, statistics_missing)
     return comparison, judge.report()
 
 
@@ -220,7 +269,8 @@ def coverage_of(ranks: list[RankComparison]) -> Coverage:
     """The parameters paired and left unpaired over all ranks (a name counts once)."""
     return Coverage(len({name for rank in ranks for name in rank.parameters}),
                     len({name for rank in ranks for name in rank.only_in_a}),
-                    len({name for rank in ranks for name in rank.only_in_b}))
+                    len({name for rank in ranks for name in rank.only_in_b}),
+                    sum(len(rank.skipped_steps) for rank in ranks))
 
 
 def _check_name_map_used(name_map: dict[str, str] | None, ranks: list[RankComparison]) -> None:
@@ -237,7 +287,7 @@ def _check_name_map_used(name_map: dict[str, str] | None, ranks: list[RankCompar
         missing = f"A has no parameter {a!r}" if a not in known_a else f"B has no parameter {b!r} (or it was " \
             f"paired with another of A first)"
         raise CompareInputError(f"name map entry {a!r}: {b!r} paired nothing: {missing}; names are as the dumps' "
-                                f"grad_summary CSVs list them ({len(unused)} unused entr{'y' if len(unused) == 1 else 'ies'})")
+                                f"grad_summary CSVs list them ({len(unused)} unused of {len(name_map)} entries)")
 
 
 def _check_output_folder(output_dir: Path, ranks: list[int]) -> None:
@@ -319,7 +369,8 @@ def compare_dumps(dump_a: str | os.PathLike, dump_b: str | os.PathLike, output_d
                   *, rule: str = DEFAULT_RULE, first_threshold: float = DEFAULT_FIRST_THRESHOLD,
                   drop_threshold: float = DEFAULT_DROP_THRESHOLD, precision: str | None = None, plots: bool = True,
                   per_param_plots: bool = False, workers: int | None = None, progress: bool | None = None,
-                  name_map: dict[str, str] | str | os.PathLike | None = None) -> DumpComparison:
+                  name_map: dict[str, str] | str | os.PathLike | None = None,
+                  skip_damaged: bool = False) -> DumpComparison:
     """Compares two local dumps rank by rank, step by step, parameter by parameter, and judges the steps with
     ``rule`` (``"noise"``, the default, or ``"msprobe"``, whose thresholds are ``first_threshold`` and
     ``drop_threshold``; see ``compare/verdict.py``). ``precision``: the coarsest floating-point format either run
@@ -330,13 +381,18 @@ def compare_dumps(dump_a: str | os.PathLike, dump_b: str | os.PathLike, output_d
     finer than the runs really used makes their rounding look like a bug.
 
     Parameters are paired by name, across wrappers and across frameworks (MindSpore's ``ln.gamma`` is torch's
-    ``ln.weight``; ``compare/pairing.py``), and by ``name_map`` (name in A -> name in B, or a JSON file of them) for the rest. A verdict on
-    part of either model says so (``verdict.partial``).
+    ``ln.weight``; ``compare/pairing.py``), and by ``name_map`` (name in A -> name in B, or a JSON file of them)
+    for the rest. A verdict on part of either model says so (``verdict.partial``).
 
     Writes ``{output_dir}/rank{R}/similarities.csv`` (msprobe's format), ``similarities_picture/`` (the summary
     curve and the heat map; one curve per parameter with ``per_param_plots``) and ``verdict.json``; nothing when
     ``output_dir`` is None. Raises ``CompareInputError`` (or ``ValueError`` for a damaged file), naming the file
-    and the reason, before anything is written. ``progress``: None shows it when stderr is a terminal.
+    and the reason, before anything is written. A step with a file that cannot be read as written (a direction
+    archive failing its CRC-32, a truncated ``.npy``, a malformed summary CSV) is never compared: it raises, naming
+    the file and the step, or with ``skip_damaged`` is left out and listed (``RankComparison.skipped_steps``,
+    ``verdict.json``, the table; the verdict is partial). A step whose ``grad_summary_{S}.csv`` is absent is
+    compared on its signs and listed (``statistics_missing``). ``progress``: None shows it when stderr is a
+    terminal.
     """
     settings = RuleSettings(rule, first_threshold, drop_threshold, precision)
     name_map = name_map_from(name_map)
@@ -349,7 +405,8 @@ def compare_dumps(dump_a: str | os.PathLike, dump_b: str | os.PathLike, output_d
         _check_output_folder(Path(output_dir), ranks)
     workers = workers or min(4, os.cpu_count() or 1)
     with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="msprobe-compare") as pool:
-        results = [_compare_rank(folder_a, folder_b, rank, settings, pool, progress, name_map) for rank in ranks]
+        results = [_compare_rank(folder_a, folder_b, rank, settings, pool, progress, name_map, skip_damaged)
+                   for rank in ranks]
     compared = [c for c, _ in results]
     _check_name_map_used(name_map, compared)
     comparison = DumpComparison(folder_a, folder_b, compared,

@@ -6,6 +6,11 @@ present in both with the same shape (paired by name, by the user's name map, or 
 :mod:`msprobe_mlflow.compare.pairing`), the number of gradient elements whose direction agrees,
 and, where both sides wrote their ``grad_summary_{S}.csv`` beside the step folder, each parameter's statistics on
 both sides (``norm``, ``max``, ``min`` and, at L2, the bucket fractions), which the noise-aware rule reads.
+
+A file of the step that cannot be read as written (a direction archive failing its CRC-32, a truncated ``.npy``, a
+malformed summary CSV) raises :class:`~msprobe_mlflow.directions.DamagedFile` naming it: the step is never compared
+on what the file no longer holds. A summary CSV that is absent is not damage (msprobe's dumps always write one, but
+a user may delete it): the step is compared on its signs, and ``statistics_missing`` says which file was absent.
 """
 from __future__ import annotations
 
@@ -19,9 +24,10 @@ import numpy as np
 
 from msprobe_mlflow.compare.pairing import pair_parameters
 from msprobe_mlflow.compare.similarity import PackedLayout, agreeing_directions, similarity
-from msprobe_mlflow.directions import (PACKED_FILE_NAME, LaidOutReader, StoredDirection, open_step_directions,
-                                       step_compute_format)
-from msprobe_mlflow.dump import SUMMARY_PREFIX, SUMMARY_SUFFIX, SummaryTable, csv_cells, csv_text, read_summary
+from msprobe_mlflow.directions import (PACKED_FILE_NAME, DamagedFile, LaidOutReader, StoredDirection,
+                                       open_step_directions, step_compute_format)
+from msprobe_mlflow.dump import (SUMMARY_PREFIX, SUMMARY_SUFFIX, SummaryTable, csv_cells, csv_text, read_summary,
+                                 short_list)
 from msprobe_mlflow.statistics_table import PARAMETER_NORM
 
 
@@ -50,9 +56,38 @@ def summary_beside(step_folder: Path, step: int) -> Path:
     return step_folder.parent / f"{SUMMARY_PREFIX}{step}{SUMMARY_SUFFIX}"
 
 
+def _damaged(path: Path, error: ValueError) -> DamagedFile:
+    """``error`` (whose text may start with the path already) as the damage of the file at ``path``."""
+    return DamagedFile(path, str(error).removeprefix(f"{path}: "))
+
+
 def _summary(csv_path: Path) -> SummaryTable | None:
-    """A step's ``grad_summary_{S}.csv``, read once for the model order and the statistics; None when absent."""
-    return read_summary(csv_path) if csv_path.is_file() else None
+    """A step's ``grad_summary_{S}.csv``, read once for the model order and the statistics; None when absent,
+    :class:`DamagedFile` when it cannot be read as a summary."""
+    if not csv_path.is_file():
+        return None
+    try:
+        return read_summary(csv_path)
+    except ValueError as e:  # UnicodeDecodeError included
+        raise _damaged(csv_path, e) from None
+
+
+def _statistics(table: SummaryTable | None, csv_path: Path, names: list[str]) -> tuple[SideStatistics | None,
+                                                                                        str | None]:
+    """:func:`side_statistics` of one side and, where there are none, why (the file absent, or lacking the compared
+    parameters' rows or the ``norm`` column): a step compared on its signs alone says so."""
+    if table is None:
+        return None, f"{csv_path} (absent)"
+    try:
+        statistics = side_statistics(table, names)
+    except ValueError as e:  # a cell that is no number
+        raise _damaged(csv_path, e) from None
+    if statistics is not None:
+        return statistics, None
+    if "norm" not in table.header:
+        return None, f"{csv_path} (no norm column)"
+    listed = set(table.column("param_name"))
+    return None, f"{csv_path} (no row for {short_list([n for n in names if n not in listed], 3)})"
 
 
 def side_statistics(table: SummaryTable | None, names: list[str]) -> SideStatistics | None:
@@ -105,6 +140,8 @@ class StepComparison:
     shape_differs: list[str] = field(default_factory=list)
     compute_formats: tuple[str | None, str | None] = (None, None)
     paired_by: tuple[str, ...] = ()  # how each compared pair was found (``pairing.HOW``); empty: all by name
+    # the summary CSVs this step has no statistics from (absent, or lacking the compared parameters): A's, then B's
+    statistics_missing: tuple[str, ...] = ()
     bounds_differ: tuple | None = field(init=False, default=None)  # A's and B's L2 bucket headers where they differ
 
     def __post_init__(self):
@@ -156,8 +193,8 @@ class StepLayout:
 
 def _open_side(folder: Path) -> dict[str, StoredDirection]:
     stored = open_step_directions(folder)
-    if not stored:
-        raise StepMismatch(f"{folder}: holds no direction files (expected directions.npz or <param>.npy)")
+    if not stored:  # the step folder is there, its files are not
+        raise DamagedFile(folder, "holds no direction files (expected directions.npz or <param>.npy)")
     return stored
 
 
@@ -182,19 +219,24 @@ def compare_step(step: int, folder_a: Path, folder_b: Path, *, layout: StepLayou
 
     With ``layout`` (B's names and shapes), two archives that both hold exactly those parameters are compared
     whole; otherwise (other names, msprobe's npy form, wrapper prefixes, another framework's names; ``name_map``:
-    name in A -> name in B, see :func:`~msprobe_mlflow.compare.pairing.pair_parameters`) parameter by parameter, one in memory at a
-    time per worker of ``pool``. A parameter whose shapes differ raises :class:`StepMismatch` naming both files,
-    unless ``shapes_must_match`` is False (the live verdict: it is listed in ``shape_differs`` and left out).
+    name in A -> name in B, see :func:`~msprobe_mlflow.compare.pairing.pair_parameters`) parameter by parameter,
+    one in memory at a time per worker of ``pool``. A parameter whose shapes differ raises :class:`StepMismatch`
+    naming both files, unless ``shapes_must_match`` is False (the live verdict: it is listed in ``shape_differs`` and left out).
+    A file that cannot be read as written raises :class:`DamagedFile` naming it; an absent summary CSV is listed in
+    ``statistics_missing``.
     """
-    table_a, table_b = _summary(summary_beside(folder_a, step)), _summary(summary_beside(folder_b, step))
+    csv_a, csv_b = summary_beside(folder_a, step), summary_beside(folder_b, step)
+    table_a, table_b = _summary(csv_a), _summary(csv_b)
     formats = step_compute_format(folder_a), step_compute_format(folder_b)
     bits_a = layout.reader_a.read(folder_a / PACKED_FILE_NAME) if layout is not None else None
     bits_b = layout.reader_b.read(folder_b / PACKED_FILE_NAME) if bits_a is not None else None
     if bits_b is not None:
         names = list(layout.names)
+        (statistics_a, missing_a), (statistics_b, missing_b) = (_statistics(table_a, csv_a, names),
+                                                                _statistics(table_b, csv_b, names))
         return StepComparison(step, layout.names, layout.names, layout.packed.agreeing(bits_a, bits_b),
-                              layout.packed.numels, side_statistics(table_a, names), side_statistics(table_b, names),
-                              compute_formats=formats)
+                              layout.packed.numels, statistics_a, statistics_b, compute_formats=formats,
+                              statistics_missing=tuple(m for m in (missing_a, missing_b) if m))
     stored_a, stored_b = _open_side(folder_a), _open_side(folder_b)
     matches = _paired(tuple((n, stored_a[n].shape) for n in _model_order(table_a, stored_a)),
                       tuple((n, stored_b[n].shape) for n in _model_order(table_b, stored_b)),
@@ -214,11 +256,13 @@ def compare_step(step: int, folder_a: Path, folder_b: Path, *, layout: StepLayou
     agreeing = list(pool.map(_agreeing, work)) if pool is not None else [_agreeing(item) for item in work]
     names_a, names_b = [a for a, _, _ in pairs], [b for _, b, _ in pairs]
     matched_a, matched_b = {a for a, _, _ in matches}, {b for _, b, _ in matches}
+    (statistics_a, missing_a), (statistics_b, missing_b) = (_statistics(table_a, csv_a, names_a),
+                                                            _statistics(table_b, csv_b, names_b))
     return StepComparison(step, tuple(names_a), tuple(names_b), np.array(agreeing, dtype=np.int64),
-                          np.array([stored_a[a].numel for a in names_a], dtype=np.int64),
-                          side_statistics(table_a, names_a), side_statistics(table_b, names_b),
+                          np.array([stored_a[a].numel for a in names_a], dtype=np.int64), statistics_a, statistics_b,
                           [n for n in stored_a if n not in matched_a], [n for n in stored_b if n not in matched_b],
-                          shape_differs, formats, tuple(how for _, _, how in pairs))
+                          shape_differs, formats, tuple(how for _, _, how in pairs),
+                          tuple(m for m in (missing_a, missing_b) if m))
 
 
 @functools.lru_cache(maxsize=8)

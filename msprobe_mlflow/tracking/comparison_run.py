@@ -10,7 +10,10 @@ the runs table can show as a column, sort and search. It holds:
   ``msprobe_mlflow.compare.previous_run`` (the latest one's ID, also linked from the description: repeated
   comparisons are new runs, linked, never overwritten), ``msprobe_mlflow.compare.verdict`` (``suspicious`` or
   ``consistent``), ``...grade`` (the noise rule's ``break`` or ``departure``), ``...partial`` (where part of
-  either model was not compared), ``...rule`` (which rule judged), ``msprobe_mlflow.compare.first_suspicious_step`` and per rank ``...rank{R}.first_suspicious_step``,
+  either model, or a damaged step, was not compared), ``...skipped_damaged`` (``rank{R} step{S}: file`` of each
+  damaged step left out by ``skip_damaged``), ``...statistics_missing`` (``rank{R} step{S}: file`` of each step
+  compared on its signs only, its summary CSV absent), ``...rule`` (which rule judged),
+  ``msprobe_mlflow.compare.first_suspicious_step`` and per rank ``...rank{R}.first_suspicious_step``,
   ``...rank{R}.suspicious_parameters`` and ``...rank{R}.sign_noise``; as the run's description (Markdown), the
   verdict in one line, links to both sources, and the printed verdict and table in a fenced block;
 - params ``rule`` (and msprobe's rule's ``first_threshold``, ``drop_threshold``; the noise rule's ``precision``
@@ -39,7 +42,8 @@ from msprobe_mlflow import __version__
 from msprobe_mlflow.compare.engine import CompareInputError, DumpComparison, compare_dumps, direction_steps
 from msprobe_mlflow.compare.pairing import name_map_from
 from msprobe_mlflow.compare.verdict import (BREAK, DEFAULT_DROP_THRESHOLD, DEFAULT_FIRST_THRESHOLD, DEFAULT_RULE,
-                                            DEPARTURE, RuleSettings, Verdict, culprit_text, summary_numbers, trip_numbers)
+                                            DEPARTURE, RuleSettings, Verdict, culprit_text, summary_numbers,
+                                            trip_numbers)
 from msprobe_mlflow.dump import dump_folder, indexed_children
 from msprobe_mlflow.vocabulary import DESCRIPTION_TAG, TAG_PREFIX
 from msprobe_mlflow.metrics import metric_key
@@ -53,6 +57,8 @@ COMPARE_TAG_PREFIX = f"{TAG_PREFIX}compare."
 VERDICT_TAG = f"{COMPARE_TAG_PREFIX}verdict"
 PAIR_TAG = f"{COMPARE_TAG_PREFIX}pair"
 PREVIOUS_TAG = f"{COMPARE_TAG_PREFIX}previous_run"
+SKIPPED_TAG = f"{COMPARE_TAG_PREFIX}skipped_damaged"
+STATISTICS_MISSING_TAG = f"{COMPARE_TAG_PREFIX}statistics_missing"
 ARTIFACT_FOLDER = "grad_compare"
 
 
@@ -271,6 +277,13 @@ def _tags(comparison: DumpComparison, sources: list[ComparisonSource], pair: str
         tags[PREVIOUS_TAG] = previous.info.run_id
     if verdict.partial:
         tags[f"{COMPARE_TAG_PREFIX}partial"] = verdict.partial
+    skipped = [f"rank{r.rank} step{s.step}: {s.file}" for r in comparison.ranks for s in r.skipped_steps]
+    if skipped:
+        tags[SKIPPED_TAG] = clipped("; ".join(skipped), MAX_TAG_VAL_LENGTH)
+    missing = [f"rank{r.rank} step{step}: {', '.join(files)}" for r in comparison.ranks
+               for step, files in r.statistics_missing.items()]
+    if missing:
+        tags[STATISTICS_MISSING_TAG] = clipped("; ".join(missing), MAX_TAG_VAL_LENGTH)
     for side, source in zip("ab", sources):
         if source.run_id:
             tags[f"{COMPARE_TAG_PREFIX}run_{side}"] = source.run_id
@@ -333,7 +346,8 @@ def compare_runs(run_a: str | os.PathLike, run_b: str | os.PathLike, tracking_ur
                  precision: str | None = None, plots: bool = True, per_param_plots: bool = False,
                  cache_dir: str | os.PathLike | None = None, log_run: bool = True,
                  progress: bool | None = None,
-                 name_map: dict[str, str] | str | os.PathLike | None = None) -> RunComparison:
+                 name_map: dict[str, str] | str | os.PathLike | None = None,
+                 skip_damaged: bool = False) -> RunComparison:
     """Compares two sources (each an MLflow run ID or a dump folder) and logs a comparison run.
 
     ``tracking_uri`` None: the active one (``mlflow.set_tracking_uri`` / ``MLFLOW_TRACKING_URI``). Runs on a
@@ -343,6 +357,8 @@ def compare_runs(run_a: str | os.PathLike, run_b: str | os.PathLike, tracking_ur
     ``"noise"`` (the default, with ``precision`` as :func:`~msprobe_mlflow.compare.engine.compare_dumps` takes it)
     or ``"msprobe"`` (with ``first_threshold`` and ``drop_threshold``), see ``compare/verdict.py``. ``name_map``:
     name in A -> name in B (or a JSON file of them) for parameters the automatic pairing does not find.
+    ``skip_damaged``: a step with a damaged file is left out and listed (tag ``...skipped_damaged``) instead of
+    stopping the comparison.
     """
     RuleSettings(rule, first_threshold, drop_threshold, precision)  # bad settings are refused before any reading
     name_map = name_map_from(name_map)
@@ -365,7 +381,8 @@ def compare_runs(run_a: str | os.PathLike, run_b: str | os.PathLike, tracking_ur
     try:
         comparison = compare_dumps(folder_a, folder_b, output_dir, rule=rule, first_threshold=first_threshold,
                                    drop_threshold=drop_threshold, precision=precision, plots=plots,
-                                   per_param_plots=per_param_plots, progress=progress, name_map=name_map)
+                                   per_param_plots=per_param_plots, progress=progress, name_map=name_map,
+                                   skip_damaged=skip_damaged)
         run_id = experiment_id = previous = None
         if log_run:
             run_id, experiment_id, previous = log_comparison_run(client_factory(), comparison, sources, experiment,
