@@ -58,8 +58,9 @@ by far less than the floor, multiplies them by 208 to 1509 where the pair is fin
 than :data:`FIRST_STEPS_TOLERANCE` (26 bfloat16 units, the coarsest precision training uses), a summary whose
 signs disagree on more than 3% of the elements that are not noise (msprobe's documented 0.97), a parameter's signs
 disagreeing on more than 3% beyond its binomial noise; a sign series whose window holds none but zeros is judged so
-too, however long it is (no disagreement seen teaches nothing of the rate drift will reach). Runs that agreed bit for bit so far, in every recorded byte (signs, norms, max,
-min, buckets; never judged from signs alone), have no rounding between them: there, any difference breaks.
+too, however long it is (no disagreement seen teaches nothing of the rate drift will reach). Runs that agreed bit
+for bit so far, in every recorded byte (signs, norms, max, min, buckets; never judged from signs alone), have no
+rounding between them: there, any difference breaks.
 
 A step that breaks is *suspicious* when its break persists at the next step, judged against the same past: a bug's
 does (the runs' weights have parted), a rounding spike's does not (one parameter's sum that cancels, once). The
