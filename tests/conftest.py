@@ -13,9 +13,9 @@ if importlib.util.find_spec("mindspore") is not None:
     # An op without a kernel on this CPU leaves the next ops failing too unless launch blocking was switched on
     # before the process's first MindSpore op; the API checker switches it on, but only the first call counts.
     mindspore.runtime.launch_blocking()
-else:  # the torch-only stage (scripts/test-torch-only, `pip install ".[torch]"`): the monitor's MindSpore tests skip
-    # themselves; the API checker (it replays MindSpore calls) and the deployment tests (the `server` extra) run in
-    # the first stage only
+else:  # the torch-only stage (scripts/test-torch-only, `pip install ".[torch,transformers,lightning]"`): the
+    # monitor's MindSpore tests skip themselves; the API checker (it replays MindSpore calls) and the deployment
+    # tests (the `server` extra) run in the first stage only
     collect_ignore_glob = ["test_api_check_*.py", "test_topology.py", "test_topology_s3.py"]
 
 SLOW_TESTS = {line.strip() for line in open(os.path.join(os.path.dirname(__file__), "slow_tests.txt"), encoding="utf-8")
