@@ -29,6 +29,7 @@ DEFAULT_FIRST_THRESHOLD = 0.97
 DEFAULT_DROP_THRESHOLD = 0.03
 # Rounding slack, so that a drop from 1.0 to 0.97 is not "more than 0.03" through float error.
 _TOLERANCE = 1e-12
+SUMMARY_SLOT = ""  # msprobe's rule keeps the summary's series beside the parameters' under a name none can have
 
 Series = list[float | None]
 PRECISION = "precision"  # the noise rule's reason for a gradient in a 16-bit format: a format, not a distance
@@ -209,17 +210,6 @@ class RuleSettings:
         return f"noise-aware rule: beyond the pair's own numerical noise{precision}"
 
 
-def trip_at(name: str, step: int, value: float, previous: float | None, first_step: bool,
-            first_threshold: float, drop_threshold: float) -> Trip | None:
-    """msprobe's rule at one value of a series: ``previous`` is the series' last compared value (None: none yet),
-    ``first_step`` says whether ``step`` is the first compared step."""
-    if first_step and value < first_threshold:
-        return Trip(name, step, value, 1.0, "first", 1.0 - value)
-    if previous is not None and previous - value > drop_threshold + _TOLERANCE:
-        return Trip(name, step, value, previous, "drop", previous - value)
-    return None
-
-
 def largest_fall_first(trips) -> list[Trip]:
     return sorted(trips, key=lambda t: (-t.fall, t.name))
 
@@ -246,7 +236,6 @@ class MsprobeJudge:
         self.drop_threshold = drop_threshold
         self.verdict: RankVerdict | None = None
         self._steps_judged = 0
-        self._previous_summary: float | None = None
         self._slots: dict[str, int] = {}  # parameter -> its place in _previous
         self._previous = np.empty(0)  # each parameter's last compared value, NaN: none yet
         self._last_names: tuple[str, ...] | None = None
@@ -274,27 +263,27 @@ class MsprobeJudge:
 
     def judge_values(self, step: int, summary: float | None, names: tuple[str, ...],
                      values: np.ndarray) -> RankVerdict | None:
+        """The rule on one step: the summary and every parameter are series alike, judged by the same lines."""
         if self.verdict is not None:
             return None
         first_step, self._steps_judged = self._steps_judged == 0, self._steps_judged + 1
-        thresholds = (self.first_threshold, self.drop_threshold)
-        summary_trip = None
-        if summary is not None:
-            summary_trip = trip_at("summary", step, summary, self._previous_summary, first_step, *thresholds)
-            self._previous_summary = summary
-        places = self._places(names)
+        places = self._places((SUMMARY_SLOT, *names))
+        values = np.concatenate([[np.nan if summary is None else summary], values])
         previous = self._previous[places]
         compared = ~np.isnan(values)
         below_first = compared & (values < self.first_threshold) if first_step else np.zeros(len(values), bool)
         with np.errstate(invalid="ignore"):  # NaN - x: no previous value, never a drop
             dropped = compared & ~below_first & (previous - values > self.drop_threshold + _TOLERANCE)
         self._previous[places[compared]] = values[compared]
-        parameter_trips = [Trip(names[i], step, float(values[i]), 1.0, "first", 1.0 - float(values[i]))
-                           for i in np.flatnonzero(below_first)]
-        parameter_trips += [Trip(names[i], step, float(values[i]), float(previous[i]), "drop",
-                                 float(previous[i] - values[i])) for i in np.flatnonzero(dropped)]
-        if summary_trip is None and not parameter_trips:
+        labels = ("summary", *names)
+        trips = {i: Trip(labels[i], step, float(values[i]), 1.0, "first", 1.0 - float(values[i]))
+                 for i in np.flatnonzero(below_first)}
+        trips.update({i: Trip(labels[i], step, float(values[i]), float(previous[i]), "drop",
+                              float(previous[i] - values[i])) for i in np.flatnonzero(dropped)})
+        if not trips:
             return None
+        summary_trip = trips.pop(0, None)
+        parameter_trips = list(trips.values())
         self.verdict = RankVerdict(self.rank, step, summary_trip, largest_fall_first(parameter_trips))
         return self.verdict
 
