@@ -812,3 +812,26 @@ def test_a_first_steps_break_within_a_coarser_formats_rounding_names_that_format
 def Verdict_of(rank_verdict):
     from msprobe_mlflow.compare.verdict import RuleSettings, Verdict
     return Verdict(RuleSettings(), [rank_verdict])
+
+
+def test_a_gradient_a_bug_shrinks_to_rounding_level_stays_a_culprit_not_noise():
+    """By hand: v's gradient is small but above rounding level (its max 0.5% of the model's) for 10 steps; at step
+    10 it dips to 0.28% in A while B zeroes it (a bug). Both sides are 'at rounding level' there, but v never was
+    before: it is named, not called whole-gradient noise."""
+    judge = NoiseAwareJudge(0)
+    extremes = np.array([0.7654321, 0.0051234], dtype=np.float32).astype(np.float64)
+    for step in range(12):
+        v_max = (0.0021234 if step >= 10 else extremes[1], 0.0 if step >= 10 else extremes[1])
+        sides = []
+        for side, v in zip("ab", v_max):
+            maxima = np.array([extremes[0], v])
+            rounding = 1e-7 * (step % 3) if side == "b" else 0.0  # the runs differ in rounding from step 0
+            norms = np.array([1.0 + rounding, 0.0 if v == 0 else v * 10])
+            sides.append(SideStatistics(norms, maxima, -maxima))
+        agreeing = [999, 500 if step >= 10 else 1000]
+        judge.judge_step(StepComparison(step, ("w", "v"), ("w", "v"), np.array(agreeing), np.array([1000, 1000]),
+                                        *sides))
+    verdict = judge.report()
+    assert verdict.first_suspicious_step == 10, verdict
+    assert "v" in [trip.name for trip in verdict.parameter_trips]
+    assert "v" not in [noise.name for noise in verdict.sign_noise]

@@ -216,6 +216,7 @@ class NoiseAwareJudge:
         self._relative = {"norm": _History(), WEIGHT: _History()}  # |b - a| / max(a, b), for a model-wide jump
         self._weights = (_History(), _History())  # each parameter's own norm in A, in B
         self._coarse = (_History(), _History())  # 1 where a parameter's gradient extremes were coarse, in A, in B
+        self._tiny = _History()  # 1 where a parameter's gradient was at rounding level on both sides, else 0
         self._held: _Finding | None = None  # a step that broke, until the next step says whether it persists
         self._equal_so_far = True  # every step remembered agreed bit for bit (signs and statistics)
 
@@ -272,7 +273,7 @@ class NoiseAwareJudge:
         step, names, numels = comparison.step, comparison.compared, comparison.numels
         places = slots_of(self._slots, names)
         for history in [*self._histories.values(), *self._relative.values(), self._usual_norm, *self._weights,
-                        *self._coarse]:
+                        *self._coarse, self._tiny]:
             history.grow(len(self._slots))
         if len(self._slots) > len(self._noise):
             self._noise = np.concatenate([self._noise, np.full(len(self._slots) - len(self._noise), "", dtype=object)])
@@ -281,6 +282,9 @@ class NoiseAwareJudge:
         side_a, side_b = comparison.statistics_a, comparison.statistics_b
         both = side_a is not None and side_b is not None
         tiny = _at_rounding_level(comparison) if both else np.zeros(len(names), dtype=bool)
+        with np.errstate(all="ignore"), warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)  # a parameter with no past yet
+            was_tiny = np.nan_to_num(np.nanmin(self._tiny.values[:, places], axis=0), nan=1.0) == 1
         coarse = [_coarse(side) for side in (side_a, side_b)] if both else []
         precision = self._first_steps_precision(comparison, names, places, tiny, coarse)
         pushes, magnitudes = [], {}  # series -> (A's norms, B's norms) it compares
@@ -316,7 +320,9 @@ class NoiseAwareJudge:
                     name, places, values, numels, tolerance if name == "norm" or step == 0 else np.inf)
         if WEIGHT in series:
             breaks[WEIGHT] &= ~moved_alike
-        recognised = self._recognise_noise(comparison, places, series, breaks, tiny)
+        recognised = self._recognise_noise(comparison, places, series, breaks, tiny & was_tiny)
+        if both:
+            pushes.append((self._tiny, places, tiny.astype(np.float64)))
         noise = self._noise[places].copy()
         for i, found in recognised.items():
             noise[i] = found.kind
@@ -448,7 +454,8 @@ class NoiseAwareJudge:
 
     def _recognise_noise(self, comparison, places, series, breaks, tiny) -> dict[int, SignNoise]:
         """The parameters (by index in this step) newly recognised as noise: whose gradient is at rounding level on
-        both sides (``tiny``) and differs (whole), and, in the first steps, whose signs break while their norm agrees
+        both sides (``tiny``: at every step judged so far too, so that a gradient a bug shrank, zeroed in one run
+        say, stays a culprit) and differs (whole), and, in the first steps, whose signs break while their norm agrees
         (signs), unless its weight jumped. Runs that agreed bit for bit so far have no rounding between them: nothing
         of theirs is noise."""
         if comparison.statistics_a is None or comparison.statistics_b is None or self._agreed_bit_for_bit:
