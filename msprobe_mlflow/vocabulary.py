@@ -1,10 +1,13 @@
-"""The run's vocabulary: the names a monitored MLflow run is written and read with (tags, metric keys, rank
-statuses, artifact and dump folders), in one place at the bottom of the package, so that the writers (the sinks,
-``upload``, the monitors) and the readers (``compare``, ``read_statistics``) cannot drift apart. Plain strings and
-string builders: it imports nothing of the package.
+"""The run's vocabulary: the names the MLflow runs are written and read with (monitored, comparison and API-check
+runs: tags, metric keys, rank statuses, artifact and dump folders), in one place at the bottom of the package, so
+that the writers (the sinks, ``upload``, the monitors, ``compare``) and the readers (``compare``, ``read_statistics``)
+cannot drift apart. Plain strings and string builders: it imports nothing of the package.
 
 Artifact layout of a monitored run: ``grad_probe/`` mirrors the local dump (``grad_probe/rank{R}/grad_summary_{S}.csv``,
-``grad_probe/rank{R}/step{S}/directions.npz``) plus ``grad_probe/config.json``.
+``grad_probe/rank{R}/step{S}/directions.npz``) plus ``grad_probe/config.json``; of a comparison run, ``grad_compare/``
+holds the comparator's output folder (``rank{R}/similarities.csv``, plots, ``verdict.json``).
+
+``tests/test_vocabulary.py`` fails on a tag, metric key or artifact name spelled anywhere else in the package.
 """
 from __future__ import annotations
 
@@ -12,10 +15,26 @@ import os
 import re
 
 ARTIFACT_ROOT = "grad_probe"
+CONFIG_FILE_NAME = "config.json"  # ``grad_probe/config.json``: msprobe's config the run was monitored with
+COMPARE_ARTIFACT_ROOT = "grad_compare"
+VERDICT_FILE_NAME = "verdict.json"  # the comparator's verdict: in ``grad_compare/``, and a live verdict's findings
 TAG_PREFIX = "msprobe_mlflow."
 TAG_RANGES_LIMIT = 4000  # characters of a tag listing steps or ranks (``dump.step_ranges``); MLflow holds 8000
-DESCRIPTION_TAG = "mlflow.note.content"  # MLflow's run description, shown on the run page
 NO_RUN = "no-run"  # the dump folder of a monitor that found no run, beside the ``{run_id}`` folders
+
+# MLflow's own tags that we write or read.
+MLFLOW_TAG_PREFIX = "mlflow."
+DESCRIPTION_TAG = "mlflow.note.content"  # MLflow's run description, shown on the run page
+SOURCE_NAME_TAG = "mlflow.source.name"  # what created the run: ``msprobe-mlflow upload``, ``compare``, ``api-check``
+AUTOLOGGING_TAG = "mlflow.autologging"  # MLflow's tag on the runs its autologging starts
+EXPERIMENT_KIND_TAG = "mlflow.experimentKind"  # an experiment's: which view MLflow 3.7's UI opens it in
+
+# A monitored run's tags, from the rank that owns it or from ``upload``; ``compare`` reads the level back.
+FRAMEWORK_TAG = f"{TAG_PREFIX}framework"
+LEVEL_TAG = f"{TAG_PREFIX}level"
+VERSION_TAG = f"{TAG_PREFIX}version"  # msprobe-mlflow's version, on every run it creates
+WORLD_SIZE_TAG = f"{TAG_PREFIX}world_size"
+DUMP_PATH_TAG = f"{TAG_PREFIX}dump_path"  # the dump folder (each rank's own: ``rank_tag(R, "dump_path")``)
 
 # A rank's status (tag ``msprobe_mlflow.rank{R}.status``): ``running`` from the start, then what the rank says of its
 # own end (finished; incomplete: steps in the local dump only; failed: its training raised; killed: SIGTERM or
@@ -38,9 +57,47 @@ TRAINING_ID_TAG = f"{TAG_PREFIX}training_id"  # the training whose dump the run 
 PASS, ERROR, SKIP, OUT_OF_MEMORY = "pass", "error", "skip", "out_of_memory"
 API_CHECK_STATUSES = (PASS, ERROR, SKIP, OUT_OF_MEMORY)
 
+# An API check's run: its tags and the folder of its CSVs.
+API_CHECK_TASK_TAG = f"{TAG_PREFIX}api_check.task"
+ERROR_APIS_TAG = "error_apis"
+API_CHECK_ARTIFACT_ROOT = "api_check"
+
 # What the live sinks find, by kind: the tag of the parameters it names (``first_{kind}_step`` holds the step).
 FINDING_KINDS = {"suspicious": "suspicious_parameters", "nonfinite": "nonfinite_parameters",
                  "spike": "spike_parameters"}
+
+# The live verdict's tags (``sinks/baseline.py``), beside its finding tags of kind ``suspicious``.
+BASELINE_TAG = f"{TAG_PREFIX}baseline"  # the baseline run ID or folder
+LIVE_VERDICT_TAG = f"{TAG_PREFIX}live_verdict"  # suspicious, consistent or incomplete
+LIVE_VERDICT_RULE_TAG = f"{TAG_PREFIX}live_verdict_rule"
+LIVE_VERDICT_PRECISION_TAG = f"{TAG_PREFIX}live_verdict_precision"
+
+# A comparison run's tags (``compare_runs``).
+COMPARE_TAG_PREFIX = f"{TAG_PREFIX}compare."
+VERDICT_TAG = f"{COMPARE_TAG_PREFIX}verdict"  # suspicious or consistent
+RULE_TAG = f"{COMPARE_TAG_PREFIX}rule"  # which rule judged
+GRADE_TAG = f"{COMPARE_TAG_PREFIX}grade"  # the noise rule's break or departure
+PARTIAL_TAG = f"{COMPARE_TAG_PREFIX}partial"  # what was not compared
+FIRST_SUSPICIOUS_STEP_TAG = f"{COMPARE_TAG_PREFIX}first_suspicious_step"
+PAIR_TAG = f"{COMPARE_TAG_PREFIX}pair"  # the ordered pair's key: every comparison of the same A and B has it
+PREVIOUS_TAG = f"{COMPARE_TAG_PREFIX}previous_run"  # the latest earlier comparison of the pair
+SKIPPED_TAG = f"{COMPARE_TAG_PREFIX}skipped_damaged"
+STATISTICS_MISSING_TAG = f"{COMPARE_TAG_PREFIX}statistics_missing"
+
+
+def source_run_tag(side: str) -> str:
+    """``msprobe_mlflow.compare.run_a`` (side ``a`` or ``b``): a comparison's source run."""
+    return f"{COMPARE_TAG_PREFIX}run_{side}"
+
+
+def source_dump_path_tag(side: str) -> str:
+    """``msprobe_mlflow.compare.dump_path_a``: a comparison's source folder, where it is not a run."""
+    return f"{COMPARE_TAG_PREFIX}dump_path_{side}"
+
+
+def compare_rank_tag(rank: int, name: str) -> str:
+    """``msprobe_mlflow.compare.rank{R}.{name}``: what a comparison found on one rank."""
+    return f"{COMPARE_TAG_PREFIX}rank{rank}.{name}"
 
 
 def rank_tag(rank: int, name: str) -> str:
@@ -79,6 +136,17 @@ def grad_key(rank: int, *parts: str) -> str:
 def anomaly_key(rank: int, name: str) -> str:
     """``anomalies/rank{R}/{name}``: an anomaly-flag metric of one rank."""
     return f"anomalies/rank{rank}/{name}"
+
+
+def summary_similarity_key(rank: int) -> str:
+    """``summary_similarity/rank{R}``: a rank's summary similarity at each step, of a comparison run and of a live
+    verdict alike."""
+    return f"summary_similarity/rank{rank}"
+
+
+def verdict_key(name: str, rank: int | None = None) -> str:
+    """``verdict/{name}``, or one rank's ``verdict/rank{R}/{name}``: a comparison run's verdict as a metric."""
+    return f"verdict/{name}" if rank is None else f"verdict/rank{rank}/{name}"
 
 
 def run_dump_folder(dump_path: str, run_id: str | None) -> str:

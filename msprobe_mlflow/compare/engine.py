@@ -34,10 +34,10 @@ from msprobe_mlflow.compare.verdict import (DEFAULT_DROP_THRESHOLD, DEFAULT_FIRS
 from msprobe_mlflow.directions import DamagedFile
 from msprobe_mlflow.dump import (dump_folder, indexed_children, rank_dir, short_list, step_dir, summary_steps,
                                  write_csv)
+from msprobe_mlflow.vocabulary import VERDICT_FILE_NAME
 
 SIMILARITIES_FILE_NAME = "similarities.csv"
 PICTURE_FOLDER_NAME = "similarities_picture"
-VERDICT_FILE_NAME = "verdict.json"
 
 
 class CompareInputError(ValueError):

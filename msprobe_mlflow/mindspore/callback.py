@@ -26,9 +26,7 @@ from msprobe_mlflow.mindspore.distributed import current_rank, shared_run_id
 from msprobe_mlflow.mindspore.monitor import GradientMonitor
 from msprobe_mlflow.monitoring.options import MonitorOptions
 from msprobe_mlflow.session import outcome_of
-from msprobe_mlflow.vocabulary import run_dump_folder
-
-AUTOLOGGING_TAG = "mlflow.autologging"  # MLflow's tag on the runs its autologging starts
+from msprobe_mlflow.vocabulary import AUTOLOGGING_TAG, run_dump_folder
 
 
 class GradProbeCallback(Callback):

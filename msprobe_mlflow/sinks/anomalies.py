@@ -20,7 +20,7 @@ from msprobe_mlflow.background import BackgroundStepWriter
 from msprobe_mlflow.dump import findings_dir
 from msprobe_mlflow.notices import Notices
 from msprobe_mlflow.records import StepRecord
-from msprobe_mlflow.vocabulary import finding_tags
+from msprobe_mlflow.vocabulary import anomaly_key, finding_tags
 
 ANOMALIES_FILE_NAME = "anomalies.csv"
 CSV_HEADER = ["step", "scope", "parameter", "kind", "norm", "median_norm", "band_low", "band_high"]
@@ -82,11 +82,11 @@ class AnomalySink:
         if not flags:
             return
         self._append(flags)
-        metrics = {f"anomalies/rank{self.rank}/total_norm_spike": 1.0 if f.kind == "explosion" else -1.0
+        metrics = {anomaly_key(self.rank, "total_norm_spike"): 1.0 if f.kind == "explosion" else -1.0
                    for f in flags if f.parameter is None}
         parameters = {f.parameter for f in flags if f.parameter is not None}
         if parameters:
-            metrics[f"anomalies/rank{self.rank}/flagged_params"] = float(len(parameters))
+            metrics[anomaly_key(self.rank, "flagged_params")] = float(len(parameters))
         tags = {}
         for kind, found in (("nonfinite", [f for f in flags if f.kind == "nonfinite"]),
                             ("spike", [f for f in flags if f.kind != "nonfinite"])):

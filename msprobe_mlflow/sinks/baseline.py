@@ -50,10 +50,10 @@ from msprobe_mlflow.dump import (DUMP_FOLDER_EXPECTED, dump_folder, findings_dir
                                  step_dir)
 from msprobe_mlflow.notices import Notices
 from msprobe_mlflow.safe_paths import atomic_write_bytes
-from msprobe_mlflow.vocabulary import DESCRIPTION_TAG, INCOMPLETE, TAG_PREFIX, finding_tags
+from msprobe_mlflow.vocabulary import (DESCRIPTION_TAG, INCOMPLETE, LIVE_VERDICT_TAG, VERDICT_FILE_NAME, finding_tags,
+                                       summary_similarity_key)
 
 PREFETCH_STEPS = 4  # baseline steps opened (downloaded, for a remote run) ahead of the step being compared
-VERDICT_FILE_NAME = "verdict.json"
 
 SuspiciousCallback = Callable[[RankVerdict], None]
 
@@ -292,7 +292,7 @@ class LiveComparison:
             self._tell(verdict)
         if self.run is not None:
             self.run.annotate(step=step,
-                              metrics={f"summary_similarity/rank{self.rank}": similarity(*comparison.summary_counts)},
+                              metrics={summary_similarity_key(self.rank): similarity(*comparison.summary_counts)},
                               files=[folder / similarities_file_name(step)])
 
     def _tell(self, verdict: RankVerdict) -> None:
@@ -303,7 +303,7 @@ class LiveComparison:
         self.on_suspicious(verdict)
         if self.run is not None:
             names = ", ".join(culprit_text(t) for t in verdict.parameter_trips)
-            self.run.annotate(tags={f"{TAG_PREFIX}live_verdict": "suspicious", DESCRIPTION_TAG: self._line(),
+            self.run.annotate(tags={LIVE_VERDICT_TAG: "suspicious", DESCRIPTION_TAG: self._line(),
                                     **finding_tags("suspicious", self.rank, verdict.first_suspicious_step,
                                                    names or "(the summary only)",
                                                    several_ranks=not self.describe_run)},
@@ -372,6 +372,6 @@ class LiveComparison:
             return
         tags = {}
         if self.judge.verdict is None and self.describe_run:
-            tags = {f"{TAG_PREFIX}live_verdict": INCOMPLETE if self.not_compared else "consistent",
+            tags = {LIVE_VERDICT_TAG: INCOMPLETE if self.not_compared else "consistent",
                     DESCRIPTION_TAG: self._line()}
         self.run.annotate(tags=tags, files=[path])

@@ -36,7 +36,8 @@ from msprobe_mlflow.sinks.baseline import BaselineOptions, LiveComparison, StepL
 from msprobe_mlflow.sinks.baseline_messages import (Annotate, Close, Closed, Flush, Flushed, Log, Ready, Setup, Step,
                                                     Suspicious, Warn, WithoutDirections)
 from msprobe_mlflow.tracking.server import tracking_uri_if_imported
-from msprobe_mlflow.vocabulary import DESCRIPTION_TAG, INCOMPLETE, TAG_PREFIX
+from msprobe_mlflow.vocabulary import (BASELINE_TAG, DESCRIPTION_TAG, INCOMPLETE, LIVE_VERDICT_PRECISION_TAG,
+                                       LIVE_VERDICT_RULE_TAG, LIVE_VERDICT_TAG)
 
 QUEUED_MESSAGES = 100_000  # steps waiting to be handed to the process; beyond that a step is not compared
 CLOSE_WAIT_SECONDS = 60  # for the process to exit once it said it closed
@@ -64,9 +65,9 @@ class BaselineSink:
         self._problem = ""  # why the process could not compare every step, when it could not
         self._ended = threading.Event()  # the process's output ended: every message it sent is handled
         if run is not None:
-            tags = {f"{TAG_PREFIX}baseline": options.baseline, f"{TAG_PREFIX}live_verdict_rule": options.rule}
+            tags = {BASELINE_TAG: options.baseline, LIVE_VERDICT_RULE_TAG: options.rule}
             if options.precision:
-                tags[f"{TAG_PREFIX}live_verdict_precision"] = options.precision
+                tags[LIVE_VERDICT_PRECISION_TAG] = options.precision
             run.annotate(tags=tags)
         # a run ID is looked up where this process would look it up
         in_process = dataclasses.replace(options, on_suspicious=None, tracking_uri=options.tracking_uri or (
@@ -219,7 +220,7 @@ class BaselineSink:
             line = (f"msprobe-mlflow live verdict: incomplete against baseline {self.options.baseline}: "
                     f"{self._problem}, {len(self.not_handed_over)} step(s) not compared; `msprobe-mlflow compare` "
                     f"judges the whole run")
-            self.run.annotate(tags={f"{TAG_PREFIX}live_verdict": INCOMPLETE, DESCRIPTION_TAG: line})
+            self.run.annotate(tags={LIVE_VERDICT_TAG: INCOMPLETE, DESCRIPTION_TAG: line})
 
 
 class _ToTrainingProcess:

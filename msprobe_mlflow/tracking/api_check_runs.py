@@ -38,14 +38,12 @@ from mlflow.utils.mlflow_tags import MLFLOW_PARENT_RUN_ID, MLFLOW_RUN_NAME
 from mlflow.utils.validation import MAX_TAG_VAL_LENGTH
 
 from msprobe_mlflow import __version__
-from msprobe_mlflow.vocabulary import API_CHECK_STATUSES as STATUSES, ERROR, PASS, TAG_PREFIX
+from msprobe_mlflow.vocabulary import (API_CHECK_ARTIFACT_ROOT, API_CHECK_STATUSES as STATUSES, API_CHECK_TASK_TAG,
+                                       ERROR, ERROR_APIS_TAG, FRAMEWORK_TAG, PASS, SOURCE_NAME_TAG, VERSION_TAG)
 from msprobe_mlflow.metrics import metric_key
 from msprobe_mlflow.tracking.experiments import experiment_id_for
 from msprobe_mlflow.tracking.runs import clipped, created_run, log_batched, now_ms, param, tag
 
-ARTIFACT_FOLDER = "api_check"
-TASK_TAG = f"{TAG_PREFIX}api_check.task"
-ERROR_APIS_TAG = "error_apis"
 METRIC_FIELDS = ("cosine", "max_abs_err", "max_relative_err")
 MAX_RUN_NAME_LENGTH = 500  # a run name beyond this is unreadable in the UI's run list
 NESTED_RUNS_AT_ONCE = 8
@@ -110,7 +108,7 @@ class CheckRun:
         _log_values(self.client, self.run_id, summary_metrics(report), {}, {ERROR_APIS_TAG: error_apis})
         for csv_path in (report.details_csv, report.result_csv):
             if csv_path is not None:
-                self.client.log_artifact(self.run_id, str(csv_path), ARTIFACT_FOLDER)
+                self.client.log_artifact(self.run_id, str(csv_path), API_CHECK_ARTIFACT_ROOT)
         if self.nested:
             _log_api_runs(self.client, self.experiment_id, self.run_id, report.results)
 
@@ -124,8 +122,8 @@ def check_run(target: CheckRunTarget, *, api_info: Path, task: str, thresholds,
     api_info = Path(api_info).resolve()
     client = target.client
     tags = {MLFLOW_RUN_NAME: clipped(run_name(api_info), MAX_RUN_NAME_LENGTH),
-            "mlflow.source.name": "msprobe-mlflow api-check", f"{TAG_PREFIX}version": __version__,
-            f"{TAG_PREFIX}framework": "mindspore", TASK_TAG: task}
+            SOURCE_NAME_TAG: "msprobe-mlflow api-check", VERSION_TAG: __version__, FRAMEWORK_TAG: "mindspore",
+            API_CHECK_TASK_TAG: task}
     if target.parent_run_id is not None:
         tags[MLFLOW_PARENT_RUN_ID] = target.parent_run_id
     params = {"api_info": str(api_info), "task": task, "cosine_threshold": thresholds.cosine,

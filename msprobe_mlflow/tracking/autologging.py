@@ -9,6 +9,8 @@ from mlflow.tracking import MlflowClient
 from mlflow.utils.autologging_utils import autologging_integration, get_autologging_config, safe_patch
 from mlflow.utils.import_hooks import register_post_import_hook
 
+from msprobe_mlflow.vocabulary import MLFLOW_TAG_PREFIX
+
 
 def integration(flavor: str):
     """MLflow's ``autologging_integration`` decorator: stores the call's configuration under ``flavor``, reverts the
@@ -81,7 +83,7 @@ def delete_if_empty(run_id: str) -> bool:
     client = mlflow.MlflowClient()
     run = client.get_run(run_id)
     if run.data.metrics or run.data.params or client.list_artifacts(run_id) or any(
-            not key.startswith("mlflow.") for key in run.data.tags):
+            not key.startswith(MLFLOW_TAG_PREFIX) for key in run.data.tags):
         return False
     client.delete_run(run_id)
     return True

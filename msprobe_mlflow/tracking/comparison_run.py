@@ -45,21 +45,15 @@ from msprobe_mlflow.compare.verdict import (BREAK, DEFAULT_DROP_THRESHOLD, DEFAU
                                             DEPARTURE, RuleSettings, Verdict, culprit_text, summary_numbers,
                                             trip_numbers)
 from msprobe_mlflow.dump import dump_folder, indexed_children
-from msprobe_mlflow.vocabulary import DESCRIPTION_TAG, TAG_PREFIX
-from msprobe_mlflow.metrics import metric_key
+from msprobe_mlflow.vocabulary import (COMPARE_ARTIFACT_ROOT, DESCRIPTION_TAG, FIRST_SUSPICIOUS_STEP_TAG, GRADE_TAG,
+                                       PAIR_TAG, PARTIAL_TAG, PREVIOUS_TAG, RULE_TAG, SKIPPED_TAG, SOURCE_NAME_TAG,
+                                       STATISTICS_MISSING_TAG, VERDICT_TAG, VERSION_TAG, compare_rank_tag,
+                                       source_dump_path_tag, source_run_tag, summary_similarity_key, verdict_key)
 from msprobe_mlflow.tracking.experiments import MODEL_TRAINING_VIEW, experiment_id_for, run_page_link, run_page_url
 from msprobe_mlflow.tracking.run_dump import RunDumpListing, fetch_run_dump, get_run, list_run_dump
 from msprobe_mlflow.tracking.runs import MAX_TAG_VAL_LENGTH, clipped, created_run, log_batched, now_ms, param, tag
 from msprobe_mlflow.tracking.server import require_existing_store
 from msprobe_mlflow.tracking.upload import close_abandoned_run
-
-COMPARE_TAG_PREFIX = f"{TAG_PREFIX}compare."
-VERDICT_TAG = f"{COMPARE_TAG_PREFIX}verdict"
-PAIR_TAG = f"{COMPARE_TAG_PREFIX}pair"
-PREVIOUS_TAG = f"{COMPARE_TAG_PREFIX}previous_run"
-SKIPPED_TAG = f"{COMPARE_TAG_PREFIX}skipped_damaged"
-STATISTICS_MISSING_TAG = f"{COMPARE_TAG_PREFIX}statistics_missing"
-ARTIFACT_FOLDER = "grad_compare"
 
 
 @dataclass
@@ -269,14 +263,14 @@ def _description(comparison: DumpComparison, sources: list[ComparisonSource], pr
 def _tags(comparison: DumpComparison, sources: list[ComparisonSource], pair: str,
           previous: Run | None) -> list[RunTag]:
     verdict = comparison.verdict
-    tags = {"mlflow.source.name": "msprobe-mlflow compare", f"{TAG_PREFIX}version": __version__,
+    tags = {SOURCE_NAME_TAG: "msprobe-mlflow compare", VERSION_TAG: __version__,
             DESCRIPTION_TAG: _description(comparison, sources, previous),
             VERDICT_TAG: "suspicious" if verdict.suspicious else "consistent",
-            f"{COMPARE_TAG_PREFIX}rule": verdict.rule, PAIR_TAG: pair}
+            RULE_TAG: verdict.rule, PAIR_TAG: pair}
     if previous is not None:
         tags[PREVIOUS_TAG] = previous.info.run_id
     if verdict.partial:
-        tags[f"{COMPARE_TAG_PREFIX}partial"] = verdict.partial
+        tags[PARTIAL_TAG] = verdict.partial
     skipped = [f"rank{r.rank} step{s.step}: {s.file}" for r in comparison.ranks for s in r.skipped_steps]
     if skipped:
         tags[SKIPPED_TAG] = clipped("; ".join(skipped), MAX_TAG_VAL_LENGTH)
@@ -286,36 +280,36 @@ def _tags(comparison: DumpComparison, sources: list[ComparisonSource], pair: str
         tags[STATISTICS_MISSING_TAG] = clipped("; ".join(missing), MAX_TAG_VAL_LENGTH)
     for side, source in zip("ab", sources):
         if source.run_id:
-            tags[f"{COMPARE_TAG_PREFIX}run_{side}"] = source.run_id
+            tags[source_run_tag(side)] = source.run_id
         else:
-            tags[f"{COMPARE_TAG_PREFIX}dump_path_{side}"] = str(source.folder.resolve())
+            tags[source_dump_path_tag(side)] = str(source.folder.resolve())
     if verdict.suspicious:
-        tags[f"{COMPARE_TAG_PREFIX}first_suspicious_step"] = str(verdict.first_suspicious_step)
+        tags[FIRST_SUSPICIOUS_STEP_TAG] = str(verdict.first_suspicious_step)
     if verdict.grade:
-        tags[f"{COMPARE_TAG_PREFIX}grade"] = verdict.grade
+        tags[GRADE_TAG] = verdict.grade
     for rank in verdict.ranks:
         if rank.suspicious:
-            tags[f"{COMPARE_TAG_PREFIX}rank{rank.rank}.first_suspicious_step"] = str(rank.first_suspicious_step)
+            tags[compare_rank_tag(rank.rank, "first_suspicious_step")] = str(rank.first_suspicious_step)
             names = ", ".join(culprit_text(t) for t in rank.parameter_trips)
-            tags[f"{COMPARE_TAG_PREFIX}rank{rank.rank}.suspicious_parameters"] = names
+            tags[compare_rank_tag(rank.rank, "suspicious_parameters")] = names
         if rank.sign_noise:
-            tags[f"{COMPARE_TAG_PREFIX}rank{rank.rank}.sign_noise"] = ", ".join(n.name for n in rank.sign_noise)
+            tags[compare_rank_tag(rank.rank, "sign_noise")] = ", ".join(n.name for n in rank.sign_noise)
     return [tag(key, value) for key, value in tags.items()]
 
 
 def _metrics(comparison: DumpComparison) -> list[Metric]:
     now = now_ms()
     verdict = comparison.verdict
-    metrics = [Metric(metric_key("summary_similarity", f"rank{r.rank}"), value, now, step)
+    metrics = [Metric(summary_similarity_key(r.rank), value, now, step)
                for r in comparison.ranks for step, value in zip(r.steps, r.summary)]
-    metrics.append(Metric("verdict/suspicious", float(verdict.suspicious), now, 0))
+    metrics.append(Metric(verdict_key("suspicious"), float(verdict.suspicious), now, 0))
     if verdict.suspicious:
-        metrics.append(Metric("verdict/first_suspicious_step", float(verdict.first_suspicious_step), now, 0))
+        metrics.append(Metric(verdict_key("first_suspicious_step"), float(verdict.first_suspicious_step), now, 0))
     for rank in verdict.ranks:
         if rank.suspicious:
-            metrics.append(Metric(metric_key("verdict", f"rank{rank.rank}", "first_suspicious_step"),
+            metrics.append(Metric(verdict_key("first_suspicious_step", rank.rank),
                                   float(rank.first_suspicious_step), now, 0))
-        metrics.append(Metric(metric_key("verdict", f"rank{rank.rank}", "suspicious_parameters"),
+        metrics.append(Metric(verdict_key("suspicious_parameters", rank.rank),
                               float(len(rank.parameter_trips)), now, 0))
     return metrics
 
@@ -335,7 +329,7 @@ def log_comparison_run(client: MlflowClient, comparison: DumpComparison, sources
         log_batched(client, run_id, metrics=_metrics(comparison), tags=_tags(comparison, sources, pair, previous),
                     params=[param(key, value) for key, value in params.items()])
         if comparison.output_dir is not None:
-            client.log_artifacts(run_id, str(comparison.output_dir), ARTIFACT_FOLDER)
+            client.log_artifacts(run_id, str(comparison.output_dir), COMPARE_ARTIFACT_ROOT)
     return run_id, experiment_id, previous
 
 
@@ -377,7 +371,7 @@ def compare_runs(run_a: str | os.PathLike, run_b: str | os.PathLike, tracking_ur
     scratch = None
     if output_dir is None and log_run:
         scratch = Path(tempfile.mkdtemp(prefix="msprobe-compare-"))
-        output_dir = scratch / "grad_compare"
+        output_dir = scratch / COMPARE_ARTIFACT_ROOT
     try:
         comparison = compare_dumps(folder_a, folder_b, output_dir, rule=rule, first_threshold=first_threshold,
                                    drop_threshold=drop_threshold, precision=precision, plots=plots,

@@ -7,11 +7,11 @@ from mlflow.tracking import MlflowClient
 from mlflow.tracking.default_experiment import DEFAULT_EXPERIMENT_ID
 
 from msprobe_mlflow.compat import current_experiment_id
+from msprobe_mlflow.vocabulary import EXPERIMENT_KIND_TAG
 
-# MLflow 3's UI opens an experiment in its GenAI view unless told otherwise. MLflow 3.7's UI reads this experiment
-# tag (what its own "experiment type" selector writes); 3.17's chooses by its "GenAI / Model training" switch, which
-# a link sets with the ``workflowType`` query parameter. Both checked in a browser.
-EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
+# MLflow 3's UI opens an experiment in its GenAI view unless told otherwise. MLflow 3.7's UI reads the experiment's
+# EXPERIMENT_KIND_TAG (what its own "experiment type" selector writes); 3.17's chooses by its "GenAI / Model training"
+# switch, which a link sets with the ``workflowType`` query parameter. Both checked in a browser.
 MODEL_TRAINING_KIND = "custom_model_development"
 MODEL_TRAINING_VIEW = "workflowType=machine_learning"
 

@@ -19,7 +19,8 @@ from msprobe_mlflow.dump import relative_rank_dir, write_steps_archive
 from msprobe_mlflow.session import RankPolicy
 from msprobe_mlflow.tracking.runs import log_batched, now_ms, param, tag
 from msprobe_mlflow.tracking.upload import end_run_failed, packed_directions_file, upload_dump, upload_step_files
-from msprobe_mlflow.vocabulary import ARTIFACT_ROOT, RUNNING, TAG_PREFIX, rank_status_tag, rank_tag
+from msprobe_mlflow.vocabulary import (ARTIFACT_ROOT, CONFIG_FILE_NAME, DUMP_PATH_TAG, FRAMEWORK_TAG, LEVEL_TAG,
+                                       RUNNING, VERSION_TAG, WORLD_SIZE_TAG, rank_status_tag, rank_tag)
 
 REFUSED_CREDENTIALS = {"UNAUTHENTICATED": "401 not authenticated",  # MLflow's error codes for HTTP 401 and 403
                        "PERMISSION_DENIED": "403 permission denied"}
@@ -72,9 +73,9 @@ class LiveRun:
             tags = [tag(rank_status_tag(ranks.rank), RUNNING), tag(rank_tag(ranks.rank, "dump_path"), dump_path)]
         params = []
         if ranks.owns_run:
-            tags += [tag(f"{TAG_PREFIX}{key}", value) for key, value in (
-                ("framework", framework), ("level", config.level), ("version", __version__),
-                ("world_size", ranks.world_size), ("dump_path", dump_path))]
+            tags += [tag(key, value) for key, value in (
+                (FRAMEWORK_TAG, framework), (LEVEL_TAG, config.level), (VERSION_TAG, __version__),
+                (WORLD_SIZE_TAG, ranks.world_size), (DUMP_PATH_TAG, dump_path))]
             msprobe = config.to_msprobe_dict()
             params = [param(f"grad_probe.{key}", value if isinstance(value, str) else json.dumps(value))
                       for key, value in (
@@ -85,7 +86,7 @@ class LiveRun:
         log_batched(self.client, self.run_id, params=params, tags=tags)
         if ranks.owns_run:
             with tempfile.TemporaryDirectory() as scratch:
-                path = Path(scratch) / "config.json"
+                path = Path(scratch) / CONFIG_FILE_NAME
                 path.write_text(json.dumps(msprobe, indent=2), encoding="utf-8")
                 self.client.log_artifact(self.run_id, str(path), ARTIFACT_ROOT)
 

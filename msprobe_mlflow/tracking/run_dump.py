@@ -29,7 +29,7 @@ from msprobe_mlflow.dump import (extract_steps_archive, parse_archive_name, pars
 from msprobe_mlflow.levels import LEVELS
 from msprobe_mlflow.progress import ProgressLine
 from msprobe_mlflow.safe_paths import confined_path
-from msprobe_mlflow.vocabulary import ARTIFACT_ROOT, TAG_PREFIX
+from msprobe_mlflow.vocabulary import ARTIFACT_ROOT, LEVEL_TAG
 from msprobe_mlflow.tracking.server import require_existing_store
 
 DOWNLOAD_WORKERS = 8
@@ -93,9 +93,9 @@ def list_run_dump(client: MlflowClient, run: Run, directions: bool = True) -> Ru
     """Lists the run's ranks and steps (one request per rank), refusing an empty run, and with ``directions`` an
     L0 run too (the comparator's need)."""
     run_id = run.info.run_id
-    level = run.data.tags.get(f"{TAG_PREFIX}level")
+    level = run.data.tags.get(LEVEL_TAG)
     if directions and level in LEVELS and not LEVELS[level].has_directions:
-        raise RunDumpError(f"run {run_id}: tag {TAG_PREFIX}level = {level!r}: an {level} run records no gradient "
+        raise RunDumpError(f"run {run_id}: tag {LEVEL_TAG} = {level!r}: an {level} run records no gradient "
                            f"directions; compare needs grad_level L1 or L2 in both runs")
     listing = RunDumpListing(run)
     rank_folders = [info for info in client.list_artifacts(run_id, ARTIFACT_ROOT) if info.is_dir]

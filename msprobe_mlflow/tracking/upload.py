@@ -29,10 +29,11 @@ from msprobe_mlflow.tracking.experiments import experiment_id_for
 from msprobe_mlflow.tracking.runs import created_run, log_batched, now_ms, tag
 from msprobe_mlflow.progress import ProgressLine
 from msprobe_mlflow.metrics import step_metrics
-from msprobe_mlflow.vocabulary import (ARTIFACT_ROOT, FAILED_RANKS_TAG, FINISHED, MISSING, MISSING_RANKS_TAG,
-                                       MLFLOW_STEP_OFFSET_TAG, RANK_FAILURES, RUNNING, TAG_PREFIX, TAG_RANGES_LIMIT,
-                                       TRAINING_ID_TAG, grad_key, rank_failure_tag, rank_status_tag, rank_statuses,
-                                       unsent_steps_tag)
+from msprobe_mlflow.vocabulary import (ARTIFACT_ROOT, CONFIG_FILE_NAME, DUMP_PATH_TAG, FAILED_RANKS_TAG, FINISHED,
+                                       FRAMEWORK_TAG, INCOMPLETE, LEVEL_TAG, MISSING, MISSING_RANKS_TAG,
+                                       MLFLOW_STEP_OFFSET_TAG, RANK_FAILURES, RUNNING, SOURCE_NAME_TAG,
+                                       TAG_RANGES_LIMIT, TRAINING_ID_TAG, VERSION_TAG, grad_key, rank_failure_tag,
+                                       rank_status_tag, rank_statuses, unsent_steps_tag)
 
 
 @dataclass
@@ -184,8 +185,8 @@ def upload_dump(dump_path: str | os.PathLike, run_id: str | None = None, *, expe
         return _upload_steps(client, run_id, dump_path, wanted_steps, saved_config, param_patterns, progress, tags,
                              mlflow_step_offset)
     with created_run(client, experiment_id_for(client, experiment), run_name=f"upload {dump_path.name}", tags={
-            f"{TAG_PREFIX}dump_path": str(dump_path.resolve()), f"{TAG_PREFIX}version": __version__,
-            "mlflow.source.name": "msprobe-mlflow upload", **({TRAINING_ID_TAG: training_id} if training_id else {})
+            DUMP_PATH_TAG: str(dump_path.resolve()), VERSION_TAG: __version__,
+            SOURCE_NAME_TAG: "msprobe-mlflow upload", **({TRAINING_ID_TAG: training_id} if training_id else {})
     }) as new_run_id:
         return _upload_steps(client, new_run_id, dump_path, wanted_steps, saved_config, param_patterns, progress,
                              {})
@@ -204,7 +205,7 @@ def _upload_steps(client: MlflowClient, run_id: str, dump_path: Path, wanted_ste
                   tags: dict[str, str], mlflow_step_offset: int = 0) -> UploadReport:
     """``tags``: the run's when the upload began (a large job's run holds thousands: read once, not per rank)."""
     report = UploadReport(run_id)
-    if saved_config is not None and not any(i.path.endswith("config.json")
+    if saved_config is not None and not any(i.path.endswith(CONFIG_FILE_NAME)
                                             for i in client.list_artifacts(run_id, ARTIFACT_ROOT)):
         _upload_config(client, run_id, saved_config)
         report.files_uploaded += 1
@@ -212,7 +213,7 @@ def _upload_steps(client: MlflowClient, run_id: str, dump_path: Path, wanted_ste
         if not wanted:
             continue
         if saved_config is None:
-            client.set_tag(run_id, f"{TAG_PREFIX}level", _level_of(dump_path, rank, wanted[0]))
+            client.set_tag(run_id, LEVEL_TAG, _level_of(dump_path, rank, wanted[0]))
         logged = {m.step - mlflow_step_offset
                   for m in client.get_metric_history(run_id, grad_key(rank, "total_norm"))}
         uploaded = _steps_with_csv_artifact(client, run_id, rank)
@@ -228,7 +229,7 @@ def _upload_steps(client: MlflowClient, run_id: str, dump_path: Path, wanted_ste
             line.advance(item=f"step {step}")
         line.close()
         report.steps_completed[rank] = missing
-        if tags.get(rank_status_tag(rank)) == "incomplete":  # the live sink left it so: it is whole now
+        if tags.get(rank_status_tag(rank)) == INCOMPLETE:  # the live sink left it so: it is whole now
             client.set_tag(run_id, rank_status_tag(rank), FINISHED)
             client.delete_tag(run_id, unsent_steps_tag(rank))
     for rank in wanted_steps:
@@ -252,9 +253,9 @@ def _upload_findings(client: MlflowClient, run_id: str, dump_path: Path, rank: i
 
 def _upload_config(client: MlflowClient, run_id: str, saved: dict) -> None:
     with tempfile.TemporaryDirectory() as scratch:
-        path = Path(scratch) / "config.json"
+        path = Path(scratch) / CONFIG_FILE_NAME
         path.write_text(json.dumps(saved["config"], indent=2), encoding="utf-8")
         client.log_artifact(run_id, str(path), ARTIFACT_ROOT)
     if "framework" in saved:
-        client.set_tag(run_id, f"{TAG_PREFIX}framework", saved["framework"])
+        client.set_tag(run_id, FRAMEWORK_TAG, saved["framework"])
 
