@@ -328,3 +328,14 @@ def test_parameter_named_summary_or_na_is_kept_as_text(tmp_path):
     rows = read_rows(tmp_path / "out" / "rank0" / "similarities.csv")
     assert [row[0] for row in rows] == ["step", "NA", "nan", "1e5", "summary"]
     assert math.isclose(float(rows[-1][1]), 1.0)
+
+
+def test_the_rule_travels_as_one_value_and_a_setting_beside_it_is_refused(dumps):
+    from msprobe_mlflow.compare.verdict import RuleSettings
+
+    settings = RuleSettings("msprobe", first_threshold=0.5, drop_threshold=0.25)
+    comparison = compare_dumps(*dumps, None, rule=settings, plots=False)
+    assert comparison.verdict.settings is settings
+    assert comparison.verdict.to_dict()["first_threshold"] == 0.5
+    with pytest.raises(ValueError, match=r"precision given beside rule=RuleSettings\(rule='noise'"):
+        compare_dumps(*dumps, None, rule=RuleSettings("noise"), precision="float32")

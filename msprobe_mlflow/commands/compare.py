@@ -7,7 +7,7 @@ import click
 
 from msprobe_mlflow.commands import command, tracking_uri_option
 from msprobe_mlflow.commands.exit_codes import OK, SUSPICIOUS_RESULT
-from msprobe_mlflow.compare.verdict import BREAK, DEFAULT_RULE, GRADES, RULES
+from msprobe_mlflow.compare.verdict import BREAK, DEFAULT_RULE, GRADES, RULES, rule_settings
 from msprobe_mlflow.formats import UNIT_ROUNDOFF
 
 FOLDER = click.Path(file_okay=False)  # checked only if it exists: created when missing
@@ -116,12 +116,12 @@ def compare(a: str, b: str, output: str | None, experiment: str | None, run_name
                                                 ("drop_threshold", drop_threshold)) if value is not None}
     if thresholds and rule != "msprobe":
         raise ValueError(f"--{next(iter(thresholds)).replace('_', '-')} applies to --rule msprobe only "
-                               f"(the {rule} rule learns its tolerance from the pair); add --rule msprobe")
+                         f"(the {rule} rule learns its tolerance from the pair); add --rule msprobe")
     if precision is not None and rule != "noise":
         raise ValueError(f"--precision applies to --rule noise only (msprobe's rule reads fixed thresholds); "
                          f"leave it out with --rule {rule}")
-    options = dict(rule=rule, precision=precision, plots=not no_plots, per_param_plots=per_param_plots,
-                   name_map=name_map, skip_damaged=skip_damaged, **thresholds)
+    options = dict(rule=rule_settings(rule, precision=precision, **thresholds), plots=not no_plots,
+                   per_param_plots=per_param_plots, name_map=name_map, skip_damaged=skip_damaged)
     if no_mlflow and Path(a).exists() and Path(b).exists():  # two dumps: no tracking store involved
         comparison = compare_dumps(a, b, output, **options)
         _print_result(comparison)

@@ -29,8 +29,7 @@ from msprobe_mlflow.compare.similarity import judged_similarity, similarity, sum
 from msprobe_mlflow.compare.pairing import HOW, PAIRED_BY, example_name_map, name_map_from
 from msprobe_mlflow.compare.rules import judge_for
 from msprobe_mlflow.compare.step import StepMismatch, compare_step
-from msprobe_mlflow.compare.verdict import (DEFAULT_DROP_THRESHOLD, DEFAULT_FIRST_THRESHOLD, DEFAULT_RULE,
-                                            Coverage, RankVerdict, RuleSettings, Verdict)
+from msprobe_mlflow.compare.verdict import DEFAULT_RULE, Coverage, RankVerdict, RuleSettings, Verdict, rule_settings
 from msprobe_mlflow.directions import DamagedFile
 from msprobe_mlflow.dump import (dump_folder, indexed_children, rank_dir, short_list, step_dir, summary_steps,
                                  write_csv)
@@ -366,16 +365,17 @@ def write_comparison(comparison: DumpComparison, output_dir: str | os.PathLike, 
 
 
 def compare_dumps(dump_a: str | os.PathLike, dump_b: str | os.PathLike, output_dir: str | os.PathLike | None,
-                  *, rule: str = DEFAULT_RULE, first_threshold: float = DEFAULT_FIRST_THRESHOLD,
-                  drop_threshold: float = DEFAULT_DROP_THRESHOLD, precision: str | None = None, plots: bool = True,
+                  *, rule: str | RuleSettings = DEFAULT_RULE, first_threshold: float | None = None,
+                  drop_threshold: float | None = None, precision: str | None = None, plots: bool = True,
                   per_param_plots: bool = False, workers: int | None = None, progress: bool | None = None,
                   name_map: dict[str, str] | str | os.PathLike | None = None,
                   skip_damaged: bool = False) -> DumpComparison:
     """Compares two local dumps rank by rank, step by step, parameter by parameter, and judges the steps with
     ``rule`` (``"noise"``, the default, or ``"msprobe"``, whose thresholds are ``first_threshold`` and
-    ``drop_threshold``; see ``compare/verdict.py``). ``precision``: the coarsest floating-point format either run
-    computed in (``float64``, ``float32``, ``tf32``, ``float16``, ``bfloat16``; autocast and TF32 count): the noise
-    rule judges the first steps, before it has learnt the pair's noise, against that format's rounding, so a bug
+    ``drop_threshold``; see ``compare/verdict.py``), or the rule with its settings as one
+    :class:`~msprobe_mlflow.compare.verdict.RuleSettings`. ``precision``: the coarsest floating-point format either
+    run computed in (``float64``, ``float32``, ``tf32``, ``float16``, ``bfloat16``; autocast and TF32 count): the
+    noise rule judges the first steps, before it has learnt the pair's noise, against that format's rounding, so a bug
     present from step 0 that is smaller than bfloat16 rounding is named there too. Not given, it is what both runs'
     PyTorch monitors recorded with each step (``recorded_precision`` in the verdict), else bfloat16's. A format
     finer than the runs really used makes their rounding look like a bug.
@@ -394,7 +394,7 @@ def compare_dumps(dump_a: str | os.PathLike, dump_b: str | os.PathLike, output_d
     compared on its signs and listed (``statistics_missing``). ``progress``: None shows it when stderr is a
     terminal.
     """
-    settings = RuleSettings(rule, first_threshold, drop_threshold, precision)
+    settings = rule_settings(rule, first_threshold, drop_threshold, precision)
     name_map = name_map_from(name_map)
     folder_a, folder_b = dump_folder(dump_a, "dump_a"), dump_folder(dump_b, "dump_b")
     ranks_a, ranks_b = indexed_children(folder_a, "rank"), indexed_children(folder_b, "rank")

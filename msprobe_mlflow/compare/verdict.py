@@ -210,6 +210,20 @@ class RuleSettings:
         return f"noise-aware rule: beyond the pair's own numerical noise{precision}"
 
 
+def rule_settings(rule: "str | RuleSettings" = DEFAULT_RULE, first_threshold: float | None = None,
+                  drop_threshold: float | None = None, precision: str | None = None) -> RuleSettings:
+    """The rule as the one value that travels to the judge: ``rule`` a :class:`RuleSettings` as it is (a setting
+    given beside it is refused: it would be ignored), or a rule's name with the settings given (None: the
+    default)."""
+    given = {name: value for name, value in (("first_threshold", first_threshold), ("drop_threshold", drop_threshold),
+                                             ("precision", precision)) if value is not None}
+    if isinstance(rule, RuleSettings):
+        if given:
+            raise ValueError(f"{', '.join(given)} given beside rule={rule!r}; put them in the RuleSettings")
+        return rule
+    return RuleSettings(rule, **given)
+
+
 def largest_fall_first(trips) -> list[Trip]:
     return sorted(trips, key=lambda t: (-t.fall, t.name))
 

@@ -41,9 +41,8 @@ from mlflow.tracking import MlflowClient
 from msprobe_mlflow import __version__
 from msprobe_mlflow.compare.engine import CompareInputError, DumpComparison, compare_dumps, direction_steps
 from msprobe_mlflow.compare.pairing import name_map_from
-from msprobe_mlflow.compare.verdict import (BREAK, DEFAULT_DROP_THRESHOLD, DEFAULT_FIRST_THRESHOLD, DEFAULT_RULE,
-                                            DEPARTURE, RuleSettings, Verdict, culprit_text, summary_numbers,
-                                            trip_numbers)
+from msprobe_mlflow.compare.verdict import (BREAK, DEFAULT_RULE, DEPARTURE, RuleSettings, Verdict, culprit_text,
+                                            rule_settings, summary_numbers, trip_numbers)
 from msprobe_mlflow.dump import dump_folder, indexed_children
 from msprobe_mlflow.vocabulary import (COMPARE_ARTIFACT_ROOT, DESCRIPTION_TAG, FIRST_SUSPICIOUS_STEP_TAG, GRADE_TAG,
                                        PAIR_TAG, PARTIAL_TAG, PREVIOUS_TAG, RULE_TAG, SKIPPED_TAG, SOURCE_NAME_TAG,
@@ -335,8 +334,8 @@ def log_comparison_run(client: MlflowClient, comparison: DumpComparison, sources
 
 def compare_runs(run_a: str | os.PathLike, run_b: str | os.PathLike, tracking_uri: str | None = None,
                  experiment: str | None = None, run_name: str | None = None,
-                 first_threshold: float = DEFAULT_FIRST_THRESHOLD, drop_threshold: float = DEFAULT_DROP_THRESHOLD,
-                 output_dir: str | os.PathLike | None = None, *, rule: str = DEFAULT_RULE,
+                 first_threshold: float | None = None, drop_threshold: float | None = None,
+                 output_dir: str | os.PathLike | None = None, *, rule: str | RuleSettings = DEFAULT_RULE,
                  precision: str | None = None, plots: bool = True, per_param_plots: bool = False,
                  cache_dir: str | os.PathLike | None = None, log_run: bool = True,
                  progress: bool | None = None,
@@ -349,12 +348,13 @@ def compare_runs(run_a: str | os.PathLike, run_b: str | os.PathLike, tracking_ur
     (default ``~/.cache/msprobe-mlflow/runs``). ``output_dir`` None: the local outputs go to a temporary folder,
     removed once logged. ``log_run=False`` writes the local outputs only (``run_id`` is then None). ``rule``:
     ``"noise"`` (the default, with ``precision`` as :func:`~msprobe_mlflow.compare.engine.compare_dumps` takes it)
-    or ``"msprobe"`` (with ``first_threshold`` and ``drop_threshold``), see ``compare/verdict.py``. ``name_map``:
+    or ``"msprobe"`` (with ``first_threshold`` and ``drop_threshold``), see ``compare/verdict.py``; or the rule with
+    its settings as one :class:`~msprobe_mlflow.compare.verdict.RuleSettings`. ``name_map``:
     name in A -> name in B (or a JSON file of them) for parameters the automatic pairing does not find.
     ``skip_damaged``: a step with a damaged file is left out and listed (tag ``...skipped_damaged``) instead of
     stopping the comparison.
     """
-    RuleSettings(rule, first_threshold, drop_threshold, precision)  # bad settings are refused before any reading
+    settings = rule_settings(rule, first_threshold, drop_threshold, precision)  # refused before any reading
     name_map = name_map_from(name_map)
     clients: list[MlflowClient] = []
 
@@ -373,8 +373,7 @@ def compare_runs(run_a: str | os.PathLike, run_b: str | os.PathLike, tracking_ur
         scratch = Path(tempfile.mkdtemp(prefix="msprobe-compare-"))
         output_dir = scratch / COMPARE_ARTIFACT_ROOT
     try:
-        comparison = compare_dumps(folder_a, folder_b, output_dir, rule=rule, first_threshold=first_threshold,
-                                   drop_threshold=drop_threshold, precision=precision, plots=plots,
+        comparison = compare_dumps(folder_a, folder_b, output_dir, rule=settings, plots=plots,
                                    per_param_plots=per_param_plots, progress=progress, name_map=name_map,
                                    skip_damaged=skip_damaged)
         run_id = experiment_id = previous = None
