@@ -835,3 +835,27 @@ def test_a_gradient_a_bug_shrinks_to_rounding_level_stays_a_culprit_not_noise():
     assert verdict.first_suspicious_step == 10, verdict
     assert "v" in [trip.name for trip in verdict.parameter_trips]
     assert "v" not in [noise.name for noise in verdict.sign_noise]
+
+
+def without_step_0_format(dump: Path, copy: Path) -> Path:
+    """A copy of ``dump`` whose step 0 archive records no compute format, as ``autolog()`` writes it: it attaches at
+    the first optimizer step, after step 0's forward, whose autocast it could not see."""
+    shutil.copytree(dump, copy)
+    archive = step_dir(copy, 0, 0) / "directions.npz"
+    with np.load(archive, allow_pickle=False) as fields:
+        kept = {key: fields[key] for key in fields.files if key != "compute_format"}
+    np.savez(archive, **kept)
+    assert step_compute_format(step_dir(copy, 0, 0)) is None and step_compute_format(step_dir(copy, 0, 1))
+    return copy
+
+
+def test_a_run_whose_step_0_recorded_no_format_is_judged_at_what_its_later_steps_recorded(runs, tmp_path):
+    """autolog's runs: a bug from step 0 smaller than bfloat16 rounding, 'no suspicious step' while step 0's
+    missing format made the whole pair unknown, is named by step 1 at float32's bound; the benign pair stays quiet
+    and carries no first-steps note suggesting a flag."""
+    buggy = without_step_0_format(runs["head_in_bf16_from_0"], tmp_path / "buggy")
+    found = compare_dumps(runs["baseline"], buggy, None, plots=False).verdict.ranks[0]
+    assert found.first_suspicious_step in (0, 1) and found.recorded_precision == "float32", found
+    benign = compare_dumps(runs["baseline"], without_step_0_format(runs["float64"], tmp_path / "benign"), None,
+                           plots=False).verdict.ranks[0]
+    assert benign.first_suspicious_step is None and benign.first_steps is None and benign.recorded_precision

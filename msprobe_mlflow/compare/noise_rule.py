@@ -201,7 +201,7 @@ class NoiseAwareJudge:
         self.rank = rank
         self.precision = precision  # given; else judged at what the runs recorded, if they did (recorded_precision)
         self.recorded_precision: str | None = None
-        self._formats_seen: set[str | None] = set()
+        self._formats_seen: tuple[set, set] = (set(), set())  # formats A's and B's first steps recorded
         self.first_steps: FirstSteps | None = None
         self._largest_first: FirstSteps | None = None  # the first steps' largest difference, before the 16-bit check
         self._sixteen_bit: tuple[dict, dict] = ({}, {})  # names of the gradients coarse in the first steps, A and B
@@ -223,8 +223,9 @@ class NoiseAwareJudge:
     def report(self) -> RankVerdict:
         """The verdict, or (nothing suspicious) what was found: the same after the verdict, as judging stops. A
         break at the last step judged, with no step after it to say whether it persists, is no verdict."""
+        first_steps = None if self.recorded_precision else self.first_steps  # known after all: no note
         return self.verdict or RankVerdict(self.rank, sign_noise=list(self.sign_noise.values()),
-                                           summary_band=dict(self.summary_band), first_steps=self.first_steps,
+                                           summary_band=dict(self.summary_band), first_steps=first_steps,
                                            recorded_precision=self.recorded_precision)
 
     def judge_step(self, comparison) -> RankVerdict | None:
@@ -384,7 +385,9 @@ class NoiseAwareJudge:
 
     def _first_steps_precision(self, comparison, names, places, tiny, coarse) -> str | None:
         """The format the first steps are judged at: the given precision; else, from what the runs recorded
-        (``recorded_precision``), the coarsest format both monitors recorded at every first step, bfloat16 where
+        (``recorded_precision``), the coarsest format both monitors recorded at the first steps so far (a step
+        recorded without one, as autolog's step 0 whose forward ran before it attached, is judged at what the others
+        say once one does), bfloat16 where
         both runs' first steps hold gradients out of a 16-bit format (a cast in both models' code, which torch does
         not report). Keeps, per run, the names of those gradients (those at rounding level aside: their few bits
         are not a format's), for the first-steps note."""
@@ -394,8 +397,10 @@ class NoiseAwareJudge:
         if self.precision is not None:
             return self.precision
         if first.any():  # the steps it judges; a later step recorded without a format does not unsay it
-            self._formats_seen.update(comparison.compute_formats)
-        recorded = coarsest(self._formats_seen)
+            for seen, found in zip(self._formats_seen, comparison.compute_formats):
+                if found is not None:  # not recorded at a step (autolog attaches after step 0's forward)
+                    seen.add(found)
+        recorded = coarsest([*self._formats_seen[0], *self._formats_seen[1]]) if all(self._formats_seen) else None
         self.recorded_precision = coarsest([recorded, "bfloat16"]) if recorded and all(self._sixteen_bit) else recorded
         return self.recorded_precision
 
