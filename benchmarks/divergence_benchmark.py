@@ -31,6 +31,11 @@ Phases (``--work`` holds the dumps; default ``/tmp/divergence``):
     python benchmarks/divergence_benchmark.py live       # the live-verdict runs, each rule (trained every time)
     python benchmarks/divergence_benchmark.py evaluate   # compare_dumps per rule -> results/divergence.{json,md}
     python benchmarks/divergence_benchmark.py all        # the three in turn (what benchmarks/run-divergence runs)
+    python benchmarks/divergence_benchmark.py report     # the last evaluation (--out) summed up again, no judging
+
+Before and after a change to the rule, on the same dumps: ``PYTHONPATH=/old/checkout python ... evaluate --out
+/tmp/before``, then ``python ... evaluate --merge /tmp/before/divergence.json``: the old package's rules become
+columns beside the new (``noise at <commit>``).
 
 ``--quick``: 1 seed, 3 scenarios, few steps, results in ``--work`` only (a dry run of the harness).
 """
@@ -68,7 +73,7 @@ from msprobe_mlflow.statistics_table import PARAMETER_NORM
 
 RESULTS = Path(__file__).resolve().parent / "results"
 RECIPE = 2  # bump when a training below changes: dumps cached under another recipe are trained again
-NOISES = ("float64", "bf16", "rounding")
+NOISES = ("float64", "bf16", "rounding", "threads")  # threads: float32 on 2 threads against the baseline's 1
 NOISE_OF_SEED = {0: "float64", 1: "bf16", 2: "rounding"}
 VARIANTS = ("alone", "on noise", "from step 0")
 
@@ -242,9 +247,204 @@ class MLPDecay:
         return torch.nn.functional.cross_entropy(at_least_float32(model(inputs)), targets, reduction=reduction)
 
 
+class ResidualBlock(torch.nn.Module):
+    def __init__(self, channels: int, act: torch.nn.Module):
+        super().__init__()
+        self.conv1 = torch.nn.Conv2d(channels, channels, 3, padding=1, bias=False)
+        self.bn1 = torch.nn.BatchNorm2d(channels)
+        self.conv2 = torch.nn.Conv2d(channels, channels, 3, padding=1, bias=False)
+        self.bn2 = torch.nn.BatchNorm2d(channels)
+        self.act = act
+
+    def forward(self, x):
+        return self.act(x + self.bn2(self.conv2(self.act(self.bn1(self.conv1(x))))))
+
+
+class ResNetBN(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.act = torch.nn.ReLU()
+        self.stem = torch.nn.Conv2d(1, 16, 3, padding=1, bias=False)
+        self.bn = torch.nn.BatchNorm2d(16)
+        self.layer1, self.layer2 = ResidualBlock(16, self.act), ResidualBlock(16, self.act)
+        self.pool = torch.nn.AdaptiveAvgPool2d(1)
+        self.dropout = torch.nn.Dropout(0.0)
+        self.head = torch.nn.Linear(16, 10)
+
+    def forward(self, x):
+        x = self.layer2(self.layer1(self.act(self.bn(self.stem(x)))))
+        return self.head(self.dropout(self.pool(x).flatten(1)))
+
+
+class ResNet(Conv):
+    """Held out: a residual conv net, every convolution followed by BatchNorm (the running statistics of one run
+    feed its next steps), SGD with momentum at learning rate 0.1."""
+    name = "resnet-bn"
+    bf16_layer, zeroed, corrupted, flipped = "head", "layer2.conv1.weight", "layer1.conv2.weight", "head.weight"
+    feeding = {"bf16_layer": ["layer2.bn2.weight", "layer2.bn2.bias"],
+               "corrupted": ["layer1.bn1.weight", "layer1.bn1.bias", "layer1.conv1.weight"]}
+
+    @staticmethod
+    def build() -> torch.nn.Module:
+        return ResNetBN()
+
+    @staticmethod
+    def optimizer(model) -> torch.optim.Optimizer:
+        return torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, weight_decay=5e-4)
+
+    @staticmethod
+    def change_code(model) -> None:
+        """Model-code bug: ReLU replaced by GELU (the blocks share the model's activation)."""
+        act = torch.nn.GELU()
+        model.act = model.layer1.act = model.layer2.act = act
+
+
+class GRUNet(torch.nn.Module):
+    def __init__(self, vocab: int, classes: int):
+        super().__init__()
+        self.embedding = torch.nn.Embedding(vocab, 32)
+        self.rnn = torch.nn.GRU(32, 64, batch_first=True)
+        self.norm = torch.nn.LayerNorm(64)
+        self.dropout = torch.nn.Dropout(0.0)
+        self.head = torch.nn.Linear(64, classes)
+        self.pool_last = True
+
+    def forward(self, tokens):
+        states, _ = self.rnn(self.embedding(tokens).to(self.head.weight.dtype))
+        pooled = states[:, -1] if self.pool_last else states.mean(1)
+        return self.head(self.dropout(self.norm(pooled)))
+
+
+class Recurrent:
+    """Held out: a GRU over token sequences (its recurrence multiplies any difference through 24 time steps),
+    Adam; the class is the sequence's token sum modulo 10."""
+    name = "gru"
+    vocab, length, batch_size, classes = 32, 24, 32, 10
+    bf16_layer, zeroed, corrupted, flipped = "head", "rnn.weight_hh_l0", "rnn.weight_ih_l0", "head.weight"
+    feeding = {"bf16_layer": ["norm.weight", "norm.bias"], "corrupted": ["embedding.weight"]}
+
+    def build(self) -> torch.nn.Module:
+        return GRUNet(self.vocab, self.classes)
+
+    @staticmethod
+    def optimizer(model) -> torch.optim.Optimizer:
+        return torch.optim.Adam(model.parameters(), lr=3e-3)
+
+    def batch(self, seed: int, step: int, stream: str = "train") -> tuple[torch.Tensor, torch.Tensor]:
+        tokens = torch.randint(self.vocab, (self.batch_size, self.length), generator=generator(seed, step, stream))
+        return tokens, tokens.sum(1) % self.classes
+
+    @staticmethod
+    def loss(model, inputs, targets, reduction: str) -> torch.Tensor:
+        return torch.nn.functional.cross_entropy(at_least_float32(model(inputs)), targets, reduction=reduction)
+
+    @staticmethod
+    def change_code(model) -> None:
+        """Model-code bug: the mean of the states pooled instead of the last one."""
+        model.pool_last = False
+
+
+class Expert(torch.nn.Module):
+    def __init__(self, width: int, act: torch.nn.Module):
+        super().__init__()
+        self.fc1, self.fc2, self.act = torch.nn.Linear(width, 2 * width), torch.nn.Linear(2 * width, width), act
+
+    def forward(self, x):
+        return self.fc2(self.act(self.fc1(x)))
+
+
+class ViTMoE(torch.nn.Module):
+    """A vision-transformer block on 2 x 2 patches of an 8 x 8 image whose MLP is a top-1 mixture of two experts:
+    the router's choice is discrete, so rounding that moves a token across the boundary changes its path."""
+
+    def __init__(self, width: int = 32):
+        super().__init__()
+        self.act = torch.nn.GELU()
+        self.patch = torch.nn.Linear(4, width)
+        self.position = torch.nn.Parameter(torch.randn(16, width) * 0.02)
+        self.ln1, self.ln2, self.norm = (torch.nn.LayerNorm(width) for _ in range(3))
+        self.attention = torch.nn.MultiheadAttention(width, 4, batch_first=True)
+        self.router = torch.nn.Linear(width, 2)
+        self.experts = torch.nn.ModuleList(Expert(width, self.act) for _ in range(2))
+        self.dropout = torch.nn.Dropout(0.0)
+        self.head = torch.nn.Linear(width, 10)
+
+    def forward(self, images):
+        patches = images.unfold(2, 2, 2).unfold(3, 2, 2).reshape(images.shape[0], 16, 4)
+        x = self.patch(patches) + self.position
+        y = self.ln1(x)
+        x = x + self.attention(y, y, y, need_weights=False)[0]
+        y = self.ln2(x)
+        weights = torch.softmax(self.router(y), dim=-1)
+        choice = weights.argmax(-1, keepdim=True)
+        mixed = sum((choice == i) * weights[..., i:i + 1] * expert(y) for i, expert in enumerate(self.experts))
+        x = x + self.dropout(mixed)
+        return self.head(self.norm(x).mean(1))
+
+
+class VisionMoE(Conv):
+    """Held out: :class:`ViTMoE` with AdamW on the conv family's images."""
+    name = "vit-moe"
+    bf16_layer, zeroed, corrupted, flipped = ("head", "experts.0.fc2.weight", "experts.1.fc1.weight",
+                                              "attention.out_proj.weight")
+    feeding = {"bf16_layer": ["norm.weight", "norm.bias"], "corrupted": ["ln2.weight", "ln2.bias"]}
+
+    @staticmethod
+    def build() -> torch.nn.Module:
+        return ViTMoE()
+
+    @staticmethod
+    def optimizer(model) -> torch.optim.Optimizer:
+        return torch.optim.AdamW(model.parameters(), lr=2e-3, weight_decay=0.01)
+
+    @staticmethod
+    def change_code(model) -> None:
+        """Model-code bug: the experts' GELU replaced by ReLU."""
+        act = torch.nn.ReLU()
+        model.act = act
+        for expert in model.experts:
+            expert.act = act
+
+
+class HighRateNet(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc1, self.norm, self.fc2 = torch.nn.Linear(32, 128), torch.nn.LayerNorm(128), torch.nn.Linear(128, 128)
+        self.act, self.dropout, self.head = torch.nn.Tanh(), torch.nn.Dropout(0.0), torch.nn.Linear(128, 10)
+
+    def forward(self, x):
+        return self.head(self.dropout(self.act(self.fc2(self.norm(self.act(self.fc1(x)))))))
+
+
+class HighRate(MLPDecay):
+    """Held out: an MLP trained by plain SGD at learning rate 0.5, near the edge of stability (each step's
+    difference is amplified by the large update), no schedule."""
+    name = "mlp-high-lr"
+    schedule = None
+    bf16_layer, zeroed, corrupted, flipped = "fc2", "fc1.weight", "fc2.weight", "head.weight"
+    feeding = {"bf16_layer": ["norm.weight", "norm.bias"], "corrupted": ["norm.weight", "norm.bias"]}
+
+    @staticmethod
+    def build() -> torch.nn.Module:
+        return HighRateNet()
+
+    @staticmethod
+    def optimizer(model) -> torch.optim.Optimizer:
+        return torch.optim.SGD(model.parameters(), lr=0.5)
+
+    @staticmethod
+    def change_code(model) -> None:
+        """Model-code bug: Tanh replaced by ReLU."""
+        model.act = torch.nn.ReLU()
+
+
 FAMILIES = {family.name: family for family in (GPT2(), Conv())}  # benign pairs and every harmful scenario
 ELSEWHERE = {family.name: family for family in (GPT2Unstable(), MLPDecay())}  # benign pairs only, out of sample
-BENIGN_FAMILIES = {**FAMILIES, **ELSEWHERE}
+# Held out (issue 47): declared before the rule changed again, measured before and after, never tuned on: benign pairs
+# and every harmful scenario, reported apart from FAMILIES.
+HELD_OUT = {family.name: family for family in (ResNet(), Recurrent(), VisionMoE(), HighRate())}
+HARMFUL_FAMILIES = {**FAMILIES, **HELD_OUT}
+BENIGN_FAMILIES = {**FAMILIES, **ELSEWHERE, **HELD_OUT}
 
 
 # ---- the harmful scenarios
@@ -359,7 +559,8 @@ class Training:
         if spec.noise == "float64":
             self.model.double()
         self.optimizer = self.family.optimizer(self.model)
-        self.schedule = self.family.schedule(self.optimizer) if hasattr(self.family, "schedule") else None
+        schedule = getattr(self.family, "schedule", None)
+        self.schedule = schedule(self.optimizer) if schedule is not None else None
         self.params = dict(self.model.named_parameters())
 
     def bug_on(self, step: int) -> bool:
@@ -446,15 +647,20 @@ def monitor_config(dump: Path) -> GradProbeConfig:
 
 def train(spec: RunSpec, dump: Path, **live) -> dict:
     """Trains ``spec`` into ``dump`` under the real monitor; ``live``: ``baseline=`` and its options."""
-    training = Training(spec)
-    monitor = GradientMonitor(monitor_config(dump), log_to_mlflow=False, anomaly_flags=False, silent=True,
-                              statistics=[PARAMETER_NORM], **live).monitor(training.model, training.optimizer)
-    start = time.perf_counter()
-    digests, step_ends = [], []
-    for step in range(spec.steps):
-        digests.append(training.step(step))
-        step_ends.append(time.perf_counter())
-    monitor.stop()
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2 if spec.noise == "threads" else 1)  # another kernel split: the sums' order differs
+    try:
+        training = Training(spec)
+        monitor = GradientMonitor(monitor_config(dump), log_to_mlflow=False, anomaly_flags=False, silent=True,
+                                  statistics=[PARAMETER_NORM], **live).monitor(training.model, training.optimizer)
+        start = time.perf_counter()
+        digests, step_ends = [], []
+        for step in range(spec.steps):
+            digests.append(training.step(step))
+            step_ends.append(time.perf_counter())
+        monitor.stop()
+    finally:
+        torch.set_num_threads(threads)
     return {"spec": spec.key(), "seconds": time.perf_counter() - start, "gradient_digests": digests,
             "step_ends": step_ends}
 
@@ -474,7 +680,7 @@ def benign_specs(plan: Plan) -> list[RunSpec]:
 def harmful_cases(plan: Plan) -> list[dict]:
     """Every (scenario, family, seed, variant): the bug run and the clean run of the same noise (the truth's)."""
     cases = []
-    for family in FAMILIES:
+    for family in HARMFUL_FAMILIES:
         for seed in plan.seeds:
             for scenario in plan.scenario_list():
                 for variant in VARIANTS:
@@ -489,7 +695,8 @@ def harmful_cases(plan: Plan) -> list[dict]:
 
 def live_cases(plan: Plan) -> list[dict]:
     seed = plan.seeds[0]
-    return [c for c in harmful_cases(plan) if c["seed"] == seed and c["variant"] == "on noise"]
+    return [c for c in harmful_cases(plan) if c["seed"] == seed and c["variant"] == "on noise"
+            and c["family"] in FAMILIES]
 
 
 class Work:
@@ -560,7 +767,8 @@ def generate(work: Work, plan: Plan, note_work: Path | None) -> dict:
 
 
 PRECISION_GIVEN = "noise, precision given"  # the noise rule told the coarser format each pair computed in
-PAIR_PRECISION = {"float32": "float32", "float64": "float32", "rounding": "float32", "bf16": "bfloat16"}  # by noise
+PAIR_PRECISION = {"float32": "float32", "float64": "float32", "rounding": "float32", "bf16": "bfloat16",
+                  "threads": "float32"}  # by noise
 
 
 GRADIENTS_ONLY = "noise, gradients only"  # the default rule on the same dumps, the weights' norms left out
@@ -638,6 +846,7 @@ def verdict_of(baseline: Path, candidate: Path, rule: str, noise: str) -> dict:
     rank = result.verdict.ranks[0]
     first_steps = getattr(rank, "first_steps", None)  # the noise rule's note on first steps beyond float32 rounding
     return {"step": rank.first_suspicious_step, "culprits": [t.name for t in rank.parameter_trips],
+            "grade": getattr(rank, "grade", None),  # the noise rule's break or departure (before grades: none)
             "first_steps": first_steps.finest if first_steps else None,
             "first_steps_sixteen_bit": getattr(first_steps, "sixteen_bit", None)}  # the run it says computes so
 
@@ -730,7 +939,9 @@ def package_provenance() -> str:
         return subprocess.run(["git", "-C", str(repository), *command], capture_output=True, text=True).stdout.strip()
     commit = git("rev-parse", "--short", "HEAD") or "unknown"
     if location != repository / "msprobe_mlflow":
-        return f"msprobe_mlflow from {location}, not from this repository (at {commit})"
+        theirs = subprocess.run(["git", "-C", str(location), "rev-parse", "--short", "HEAD"], capture_output=True,
+                                text=True).stdout.strip() or "unknown"
+        return f"msprobe_mlflow from {location} at {theirs}, not from this repository (at {commit})"
     changed = git("status", "--porcelain", "--", "msprobe_mlflow")
     return f"msprobe_mlflow of this repository at {commit}" + (", with uncommitted changes" if changed else "")
 
@@ -760,8 +971,8 @@ def evaluate(work: Work, plan: Plan, rules: list[str], jobs: int) -> dict:
         scenario = SCENARIO_BY_NAME[case["scenario"]]
         row = {k: case[k] for k in ("family", "seed", "scenario", "variant", "noise")}
         row.update(category=scenario.category, magnitude=scenario.magnitude, bug_from=case["bug"].bug_from,
-                   culprits=scenario.culprits(FAMILIES[case["family"]]),
-                   feeding=scenario.feeding(FAMILIES[case["family"]]), spec=case["bug"],
+                   culprits=scenario.culprits(HARMFUL_FAMILIES[case["family"]]),
+                   feeding=scenario.feeding(HARMFUL_FAMILIES[case["family"]]), spec=case["bug"],
                    truth=truth.first_difference(case["bug"], case["clean"]),
                    exact_truth=truth.exact_first_difference(case["bug"], case["clean"]), verdicts={})
         harmful.append(row)
@@ -795,10 +1006,30 @@ def evaluate(work: Work, plan: Plan, rules: list[str], jobs: int) -> dict:
               "generate": json.loads(generated.read_text()) if generated.exists() else None,
               "live": json.loads(live_path.read_text()) if live_path.exists() else None,
               "benign": benign, "harmful": harmful}
-    result["summary"] = {rule: summarize(result, rule) for rule in rules}
+    result["summary"] = {rule: summarize(result, rule, FAMILIES) for rule in rules}
+    result["summary_held_out"] = {rule: summarize(result, rule, HELD_OUT) for rule in rules}
     result["evaluate"] = {"seconds": time.perf_counter() - start, "load_before": load_before,
                           "load_after": os.getloadavg()}
     return result
+
+
+def merge(result: dict, earlier: dict) -> None:
+    """Adds ``earlier``'s verdicts (an evaluation of the same plan and dumps) to ``result`` as more rules, so one
+    report holds a rule before and after a change side by side; a rule both judged is named after the earlier
+    package's commit. Refuses evaluations of other rows."""
+    keys = ("family", "seed", "noise", "scenario", "variant")
+    for kind in ("benign", "harmful"):
+        if [[row.get(k) for k in keys] for row in result[kind]] != [[row.get(k) for k in keys] for row in earlier[kind]]:
+            raise SystemExit(f"--merge: the {kind} rows differ from this evaluation's (another plan or --quick?)")
+    commit = earlier["package"].split(", not from")[0].split(" at ")[-1].split(",")[0]
+    names = {rule: f"{rule} at {commit}" if rule in result["rules"] else rule for rule in earlier["rules"]}
+    for kind in ("benign", "harmful"):
+        for row, before in zip(result[kind], earlier[kind]):
+            row["verdicts"].update({names[rule]: verdict for rule, verdict in before["verdicts"].items()})
+    result["rules"] += list(names.values())
+    result["package"] += "; merged: " + ", ".join(f"`{name}` by {earlier['package']}" for name in names.values())
+    for summary, families in (("summary", FAMILIES), ("summary_held_out", HELD_OUT)):
+        result[summary].update({name: summarize(result, name, families) for name in names.values()})
 
 
 def rate(rows: list[dict], rule: str, key: str = "outcome", wanted="exact") -> list[int]:
@@ -814,16 +1045,31 @@ def noted(rows: list[dict], rule: str, sixteen_bit: str | None = None) -> list[i
                 for r in rows), len(rows)]
 
 
-def summarize(result: dict, rule: str) -> dict:
-    harmful = [r for r in result["harmful"] if r["truth"] is not None]
+def summarize(result: dict, rule: str, families) -> dict:
+    """The rule's figures on ``families``' harmful cases and benign pairs (``elsewhere``: ELSEWHERE's benign pairs,
+    for the in-sample families only)."""
+    harmful = [r for r in result["harmful"] if r["truth"] is not None and r["family"] in families]
     judged = [(r, r["verdicts"][rule]) for r in harmful]
-    benign = [r["verdicts"][rule]["step"] for r in result["benign"] if r["family"] in FAMILIES]
-    elsewhere = [r["verdicts"][rule]["step"] for r in result["benign"] if r["family"] not in FAMILIES]
+    benign_rows = [r for r in result["benign"] if r["family"] in families]
+    benign = [r["verdicts"][rule]["step"] for r in benign_rows]
+    elsewhere = [r["verdicts"][rule]["step"] for r in result["benign"]
+                 if r["family"] in ELSEWHERE and families is FAMILIES]
+    elsewhere_rows = [r for r in result["benign"] if r["family"] in ELSEWHERE and families is FAMILIES]
+    graded = [r for r in benign_rows + elsewhere_rows if r["verdicts"][rule]["step"] is not None]
     off = {kind: [abs(v["step"] - r["truth"]) for r, v in judged if v["outcome"] == kind] for kind in ("early", "late")}
     live_rows = [r for r in (result["live"] or {}).get("rows", []) if r["rule"] == rule]
     latencies = [r["latency_ms"] for r in live_rows if "latency_ms" in r]
     return {
         "exact": rate(harmful, rule),
+        "exact_as_break": [sum(v["outcome"] == "exact" and v.get("grade") == "break" for _, v in judged),
+                           len(judged)],
+        "graded": any(v.get("grade") for _, v in judged),  # the rule grades its verdicts (none did before)
+        "benign_pairs": len(benign_rows) + len(elsewhere),
+        "benign_breaks": sum(r["verdicts"][rule].get("grade") == "break" for r in graded),
+        "benign_departures": sum(r["verdicts"][rule].get("grade") == "departure" for r in graded),
+        "benign_threads_alarms": [sum(r["verdicts"][rule]["step"] is not None for r in benign_rows
+                                      if r["noise"] == "threads"),
+                                  sum(r["noise"] == "threads" for r in benign_rows)],
         "exact_by_variant": {v: rate([r for r in harmful if r["variant"] == v], rule) for v in VARIANTS},
         "exact_by_category": {c: rate([r for r in harmful if r["category"] == c], rule)
                               for c in dict.fromkeys(s.category for s in SCENARIOS)},
@@ -872,32 +1118,12 @@ def table(header: list[str], rows: list[list]) -> list[str]:
             + ["| " + " | ".join(str(cell) for cell in row) + " |" for row in rows] + [""])
 
 
-def markdown(result: dict) -> str:
-    rules, summary, plan = result["rules"], result["summary"], result["plan"]
-    generated, live_result = result["generate"] or {}, result["live"]
-    valid = [r for r in result["harmful"] if r["truth"] is not None]
-    invalid = [r for r in result["harmful"] if r["truth"] is None]
-    lines = ["# Divergence benchmark: does the verdict name the step where two trainings part?", "",
-             f"Produced by `{result['command']}` on {result['date']}; {result['machine']}; {result['package']}. "
-             f"Design and scenarios: "
-             f"`benchmarks/divergence_benchmark.py`'s docstring (issue 24, item 7). Rules: "
-             + ", ".join(f"`{r}`" for r in rules) + " (each judged the same dumps).", "",
-             f"Runs: {generated.get('runs', '?')} trainings ({generated.get('steps_all_runs', '?')} steps, "
-             f"{generated.get('training_seconds_all_runs', 0) / 60:.1f} min of training in all; families "
-             f"{', '.join(FAMILIES)} (and {', '.join(ELSEWHERE)} for benign pairs only), seeds {plan['seeds']}; "
-             f"benign pairs {plan['benign_steps']} steps, harmful "
-             f"scenarios {plan['harmful_steps']} steps with the bug from step {plan['bug_step']} or 0); "
-             f"{len(result['benign'])} benign pairs, {len(result['harmful'])} harmful cases of which "
-             f"{len(invalid)} invalid (their gradients never differ from the clean run's). Evaluation took "
-             f"{result['evaluate']['seconds']:.0f} s; load average (1, 5, 15 min) before and after: generate "
-             f"{load(generated.get('load_before'))} -> {load(generated.get('load_after'))}, evaluate "
-             f"{load(result['evaluate']['load_before'])} -> {load(result['evaluate']['load_after'])} (2 CPUs shared "
-             f"with other work: durations are indicative).", "",
-             "The truth is the first step at which the bug run's recorded gradients (summary CSV bytes, direction "
-             "bits) differ from those of the clean run with the same noise; *exact*: the rule's first suspicious "
-             "step is that step; *early* includes alarms raised by the noise alone.", "",
-             "## Summary", ""]
-    rows = [["harmful cases named at the exact step"] + [fraction(summary[r]["exact"]) for r in rules]]
+def summary_rows(summary: dict, rules: list[str], live_result: dict | None) -> list[list]:
+    """The summary table's rows, one column per rule."""
+    rows = [["harmful cases named at the exact step"] + [fraction(summary[r]["exact"]) for r in rules],
+            ["... as a *break* (beyond anything rounding can do)"] + [
+                fraction(summary[r]["exact_as_break"]) if summary[r].get("graded") else "n/a (not graded)"
+                for r in rules]]
     rows += [[f"... {v}"] + [fraction(summary[r]["exact_by_variant"][v]) for r in rules] for v in VARIANTS]
     rows += [["... magnitude-only bugs (signs intact at their step)"]
              + [fraction(summary[r]["exact_magnitude_bugs"]) for r in rules],
@@ -925,8 +1151,51 @@ def markdown(result: dict) -> str:
                      "n/a" if summary[r]["live_latency_ms"] is None else
                      f"{summary[r]['live_latency_ms'][0]:.0f} ms, {summary[r]['live_latency_ms'][1]:.0f} ms; at most "
                      f"{summary[r]['live_steps_meanwhile_max']} step(s) run meanwhile" for r in rules]]
-    lines += table(["metric"] + [f"rule `{r}`" for r in rules], rows)
-    lines += ["## Exact step by category", ""]
+    def graded(rule: str, key: str) -> str:
+        alarms = summary[rule]["benign_false_alarms"][0] + summary[rule]["elsewhere_false_alarms"][0]
+        if summary[rule]["benign_breaks"] + summary[rule]["benign_departures"] < alarms:
+            return f"n/a ({alarms} ungraded alarms)"
+        return f"{summary[rule][key]}/{summary[rule]['benign_pairs']}"
+
+    rows += [["benign pairs with a *break*"] + [graded(r, "benign_breaks") for r in rules],
+             ["benign pairs with a *departure*"] + [graded(r, "benign_departures") for r in rules],
+             ["... float32 on 2 threads against 1: pairs with an alarm"] + [
+                 alarms(summary[r]["benign_threads_alarms"], []) for r in rules]]
+    return rows
+
+
+def markdown(result: dict) -> str:
+    rules, summary, plan = result["rules"], result["summary"], result["plan"]
+    generated, live_result = result["generate"] or {}, result["live"]
+    valid = [r for r in result["harmful"] if r["truth"] is not None]
+    invalid = [r for r in result["harmful"] if r["truth"] is None]
+    lines = ["# Divergence benchmark: does the verdict name the step where two trainings part?", "",
+             f"Produced by `{result['command']}` on {result['date']}; {result['machine']}; {result['package']}. "
+             f"Design and scenarios: "
+             f"`benchmarks/divergence_benchmark.py`'s docstring (issue 24, item 7). Rules: "
+             + ", ".join(f"`{r}`" for r in rules) + " (each judged the same dumps).", "",
+             f"Runs: {generated.get('runs', '?')} trainings ({generated.get('steps_all_runs', '?')} steps, "
+             f"{generated.get('training_seconds_all_runs', 0) / 60:.1f} min of training in all; families "
+             f"{', '.join(FAMILIES)}, held out {', '.join(HELD_OUT)} (and {', '.join(ELSEWHERE)} for benign pairs "
+             f"only), seeds {plan['seeds']}; "
+             f"benign pairs {plan['benign_steps']} steps, harmful "
+             f"scenarios {plan['harmful_steps']} steps with the bug from step {plan['bug_step']} or 0); "
+             f"{len(result['benign'])} benign pairs, {len(result['harmful'])} harmful cases of which "
+             f"{len(invalid)} invalid (their gradients never differ from the clean run's). Evaluation took "
+             f"{result['evaluate']['seconds']:.0f} s; load average (1, 5, 15 min) before and after: generate "
+             f"{load(generated.get('load_before'))} -> {load(generated.get('load_after'))}, evaluate "
+             f"{load(result['evaluate']['load_before'])} -> {load(result['evaluate']['load_after'])} (2 CPUs shared "
+             f"with other work: durations are indicative).", "",
+             "The truth is the first step at which the bug run's recorded gradients (summary CSV bytes, direction "
+             "bits) differ from those of the clean run with the same noise; *exact*: the rule's first suspicious "
+             "step is that step; *early* includes alarms raised by the noise alone.", "",
+             f"## Summary: in sample ({', '.join(FAMILIES)}; out of sample benign pairs: {', '.join(ELSEWHERE)})", ""]
+    lines += table(["metric"] + [f"rule `{r}`" for r in rules], summary_rows(summary, rules, live_result))
+    lines += [f"## Summary: held out ({', '.join(HELD_OUT)}; declared before the rule's grades and its bit-for-bit "
+              f"test changed, never tuned on)", ""]
+    lines += table(["metric"] + [f"rule `{r}`" for r in rules],
+                   summary_rows(result["summary_held_out"], rules, None))
+    lines += ["## Exact step by category (in sample)", ""]
     lines += table(["category"] + rules, [[c] + [fraction(summary[r]["exact_by_category"][c]) for r in rules]
                                           for c in summary[rules[0]]["exact_by_category"]])
     lines += ["## Benign pairs (first suspicious step; none: no alarm)", ""]
@@ -938,7 +1207,7 @@ def markdown(result: dict) -> str:
     for variant in VARIANTS:
         header += [f"{variant}: {rule}" for rule in rules]
     for scenario in result["scenarios"]:
-        for family in FAMILIES:
+        for family in HARMFUL_FAMILIES:
             of = [r for r in valid if r["scenario"] == scenario["name"] and r["family"] == family]
             if not of and not any(r["scenario"] == scenario["name"] for r in invalid):
                 continue
@@ -1002,7 +1271,7 @@ def describe_verdict(verdict: dict) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
-    parser.add_argument("phase", nargs="?", default="all", choices=("generate", "live", "evaluate", "all"))
+    parser.add_argument("phase", nargs="?", default="all", choices=("generate", "live", "evaluate", "all", "report"))
     parser.add_argument("--work", type=Path, default=Path("/tmp/divergence"), help="where the dumps are cached")
     parser.add_argument("--quick", action="store_true", help="1 seed, 3 scenarios, few steps: a dry run; results "
                         "go into --work, not benchmarks/results")
@@ -1012,6 +1281,9 @@ def main() -> None:
                         "offers, its default first)")
     parser.add_argument("--jobs", type=int, default=os.cpu_count(), help="evaluate's comparison processes")
     parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument("--merge", type=Path, metavar="JSON", help="an earlier evaluation of the same dumps (say, by "
+                        "another checkout's package: PYTHONPATH=/that/checkout ... evaluate --out DIR): its rules "
+                        "become columns beside this run's, a rule this run judged too as '<rule> at <commit>'")
     args = parser.parse_args()
     torch.set_num_threads(1)  # the same bits in every process: the runs are compared bit for bit
     logging.getLogger("msprobe_mlflow").setLevel(logging.ERROR)  # the live verdict's warning, at every live run
@@ -1029,8 +1301,15 @@ def main() -> None:
         generate(work, plan, args.note_work)
     if args.phase in ("live", "all"):
         live(work, plan, rules)
-    if args.phase in ("evaluate", "all"):
-        result = evaluate(work, plan, rules, args.jobs)
+    if args.phase in ("evaluate", "all", "report"):
+        if args.phase == "report":  # the last evaluation's verdicts again, summed up by this script's code
+            result = json.loads(((work.folder if args.quick else args.out) / "divergence.json").read_text())
+            result["summary"] = {rule: summarize(result, rule, FAMILIES) for rule in result["rules"]}
+            result["summary_held_out"] = {rule: summarize(result, rule, HELD_OUT) for rule in result["rules"]}
+        else:
+            result = evaluate(work, plan, rules, args.jobs)
+        if args.merge:
+            merge(result, json.loads(args.merge.read_text()))
         out = work.folder if args.quick else args.out
         out.mkdir(parents=True, exist_ok=True)
         (out / "divergence.json").write_text(json.dumps(result, indent=1))
