@@ -8,6 +8,7 @@ from __future__ import annotations
 import atexit
 import logging
 import os
+import re
 import signal
 import sys
 import threading
@@ -27,16 +28,42 @@ from msprobe_mlflow.vocabulary import FAILED, FINISHED, KILLED
 # How long a SIGTERM (what torchrun sends the other ranks when one fails) is held while the open sessions say
 # ``killed`` (one request each) before the process dies of it as it would have.
 KILLED_REPORT_SECONDS = float(os.environ.get("MSPROBE_MLFLOW_KILLED_REPORT_SECONDS", "5"))
+FAILURE_REASON_LIMIT = 500  # characters of a failed rank's reason: a line of the run's tags, within MLflow's limit
 logger = logging.getLogger("msprobe_mlflow")
 
 
 def outcome_of(error: BaseException | None) -> tuple[str, str]:
     """How the training ended, as ``(status, reason)`` (``tracking.RANK_ENDINGS``), from the exception that ends it:
-    none, ``StopIteration`` or ``sys.exit(0)``: finished; ``KeyboardInterrupt``: killed; any other: failed."""
+    none, ``StopIteration`` or ``sys.exit(0)``: finished; ``KeyboardInterrupt``: killed; any other: failed. The
+    reason is :func:`failure_reason`'s."""
     if error is None or isinstance(error, (StopIteration, GeneratorExit)) or (
             isinstance(error, SystemExit) and error.code in (0, None)):
         return FINISHED, ""
-    return (KILLED if isinstance(error, KeyboardInterrupt) else FAILED), f"{type(error).__name__}: {error}"[:500]
+    return (KILLED if isinstance(error, KeyboardInterrupt) else FAILED), failure_reason(error)
+
+
+# MindSpore's sections after an error's message: a line of dashes, "- <title>", a line of dashes, then the
+# section ("- C++ Call Stack: (For framework developers)", "- The Traceback of Net Construct Code:"...).
+_FRAMEWORK_BANNER = re.compile(r"^-{10,}\n- (?P<title>[^\n]*)\n-{10,}$", re.MULTILINE)
+_CALL_STACK = re.compile(r"call stack|traceback", re.IGNORECASE)
+
+
+def failure_reason(error: BaseException, limit: int = FAILURE_REASON_LIMIT) -> str:
+    """``Type: message`` of the exception that ended a training, for the run's ``rank{R}.failure`` tag, on one line:
+    MindSpore's banners are dropped with the call stacks and tracebacks they introduce (the training's own output
+    has them whole), the other sections' text is kept; whitespace runs become one space. Longer than ``limit``, it
+    is cut after the last whole word that fits and ends in ``...`` (a path or a name is never cut in two, unless one
+    word is longer than the limit)."""
+    parts = _FRAMEWORK_BANNER.split(str(error))  # the message, then a title and its section's text per section
+    kept = [parts[0]] + [text for title, text in zip(parts[1::2], parts[2::2]) if not _CALL_STACK.search(title)]
+    message = " ".join(" ".join(kept).split())
+    text = f"{type(error).__name__}: {message}" if message else type(error).__name__
+    if len(text) <= limit:
+        return text
+    cut = text[:limit - 3]
+    if text[limit - 3] != " " and " " in cut:
+        cut = cut.rsplit(" ", 1)[0]
+    return cut.rstrip(" ,;:") + "..."
 
 
 @dataclass(frozen=True)

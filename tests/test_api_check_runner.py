@@ -11,7 +11,7 @@ import torch
 from mindspore import mint
 
 from msprobe_mlflow.api_check import check_api_accuracy
-from msprobe_mlflow.api_check.results import INCOMPLETE_ENTRY, NO_BENCHMARK, NO_KERNEL, NOT_MINT
+from msprobe_mlflow.api_check.results import INCOMPLETE_ENTRY, NO_KERNEL, NOT_MINT, UNKNOWN_API
 from msprobe_mlflow.dump import read_csv
 
 
@@ -490,10 +490,10 @@ EXPECTED = {  # API name in the result CSV: (forward, backward, overall status, 
     "Mint.abs.2": ("pass", "", "pass", ""),
     "Mint.abs.3": ("error", "", "error", "Mint.abs.3.forward: input_args[0].Max = None is not accepted"),
     "Mint.abs.4": ("error", "", "error", "Mint.abs.4.forward: input_args[0].dtype = 'Float33' is not accepted"),
-    "Mint.no_such_function.0": ("skip", "", "skip", "torch.no_such_function does not exist"),
+    "Mint.no_such_function.0": ("skip", "", "skip", "neither mindspore.mint.no_such_function (MindSpore "),
     "Mint.exp.1": ("", "skip", "skip", "Mint.exp.1.forward is missing"),
     "Mint.exp.2": ("pass", "", "pass", ""),
-    "Mint.add.9.inplace": ("", "", "skip", "suffix 'inplace' is not forward or backward"),
+    "Mint.add.9.inplace": ("skip", "skip", "skip", "suffix 'inplace' is not forward or backward"),
     "Tensor.add.0": ("skip", "", "skip", "Tensor APIs are not checked"),
     "Mint.add.bad": ("error", "", "error", "is not Family.function.index"),
 }
@@ -540,12 +540,39 @@ def test_results_keep_the_dump_order_and_statuses(malformed_report):
 def test_each_skip_is_grouped_by_why(malformed_report, statistics_report):
     groups = {name: [result.name for result in results]
               for name, results in malformed_report.skips_by_group().items()}
-    assert groups == {NO_BENCHMARK: ["Mint.no_such_function.0"],
+    assert groups == {UNKNOWN_API: ["Mint.no_such_function.0"],
                       INCOMPLETE_ENTRY: ["Mint.exp.1", "Mint.add.9.inplace"], NOT_MINT: ["Tensor.add.0"]}
     assert {result.name: result.skip_group for result in statistics_report.with_status("skip")} == {
         "Mint.sort.0": NO_KERNEL}
     assert {result.skip_group for result in malformed_report.results + statistics_report.results
             if result.status != "skip"} == {""}
+
+
+def test_an_api_neither_framework_has_is_said_to_be_so_not_blamed_on_torch(malformed_report):
+    (unknown,) = [result for result in malformed_report.results if result.name == "Mint.no_such_function.0"]
+    assert unknown.message == (f"neither mindspore.mint.no_such_function (MindSpore {mindspore.__version__}) nor "
+                               f"torch.no_such_function (torch {torch.__version__}) exists: check the name "
+                               f"Mint.no_such_function.0 in the dump")
+
+
+def test_a_key_whose_suffix_is_neither_side_has_its_status_in_both_cells_of_the_result_csv(malformed_report):
+    rows = {row[0]: row for row in read_csv(malformed_report.result_csv)[1:]}
+    assert rows["Mint.add.9.inplace"][1:3] == ["skip", "skip"]
+
+
+def test_forward_entries_without_input_kwargs_run_without_keywords_and_are_named_in_one_warning(tmp_path):
+    path = write_dump(tmp_path, {"Mint.abs.0.forward": {"input_args": [stat((2, 3))]},
+                                 "Mint.sum.0.forward": {"input_args": [stat((2, 3))],
+                                                        "input_kwargs": {"dim": {"type": "int", "value": 1}}},
+                                 "Mint.exp.0.forward": {"input_args": [stat((2, 3))]}})
+    with pytest.warns(UserWarning) as said:
+        report = check_api_accuracy(path, output_dir=tmp_path / "out", log_to_mlflow=False)
+    assert [str(w.message) for w in said if "input_kwargs" in str(w.message)] == [
+        "msprobe-mlflow: 2 forward entries have no input_kwargs and are run without keyword arguments: "
+        "Mint.abs.0.forward, Mint.exp.0.forward. msprobe writes input_kwargs in every forward entry ({} when there "
+        "are none); if the training passed keyword arguments (dim=, dtype=...), these checks are not of its calls"]
+    assert [(result.name, result.status) for result in report.results] == [
+        ("Mint.abs.0", "pass"), ("Mint.sum.0", "pass"), ("Mint.exp.0", "pass")]
 
 
 def test_thresholds_are_options(tmp_path):

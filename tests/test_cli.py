@@ -97,6 +97,31 @@ def test_an_unreachable_tracking_server_fails_at_once_exit_1_naming_the_uri_and_
     assert sorted(p.name for p in tmp_path.iterdir()) == ["dump"]
 
 
+def test_a_server_that_accepts_and_never_answers_is_said_to_have_timed_out_exit_1(tmp_path):
+    with socket.socket() as silent:  # listens, accepts (the kernel's backlog), never answers
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(8)
+        uri = f"http://127.0.0.1:{silent.getsockname()[1]}"
+        done = cli("compare", "0123456789abcdef0123456789abcdef", "fedcba9876543210fedcba9876543210",
+                   "--tracking-uri", uri, cwd=tmp_path)
+    assert done.returncode == 1, done.stderr
+    assert done.stderr == (f"msprobe-mlflow compare: error: cannot reach the MLflow tracking server at {uri}: GET "
+                           f"{uri}/health (one try, 5 s timeout) failed: timed out, no answer within 5 s (a hung or "
+                           f"overloaded server, or another program on that port). Check the URI (--tracking-uri, "
+                           f"MLFLOW_TRACKING_URI) and that the server is running\n")
+
+
+def test_the_readmes_server_down_section_says_how_long_start_run_retries_with_mlflows_own_defaults():
+    from mlflow.environment_variables import MLFLOW_HTTP_REQUEST_MAX_RETRIES, MLFLOW_HTTP_REQUEST_TIMEOUT
+
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    section = readme.split("**When the tracking server is down**")[1].split("\n## ")[0]
+    assert "`mlflow.start_run()`" in section and "about four minutes" in section
+    assert f"{MLFLOW_HTTP_REQUEST_MAX_RETRIES.default + 1} tries" in section  # the first and its retries
+    assert f"`MLFLOW_HTTP_REQUEST_TIMEOUT` ({MLFLOW_HTTP_REQUEST_TIMEOUT.default} s)" in section
+    assert "`MLFLOW_HTTP_REQUEST_MAX_RETRIES=2 MLFLOW_HTTP_REQUEST_TIMEOUT=10`" in section
+
+
 def test_comparing_two_dumps_without_mlflow_never_asks_the_tracking_server(tmp_path):
     signs = {step: base_signs(step) for step in FLIPS}
     write_ours(tmp_path / "a", signs)

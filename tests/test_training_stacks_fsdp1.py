@@ -46,5 +46,5 @@ def test_fsdp1_shards_the_monitor_cannot_place_warn_and_fail_every_probe_never_r
         assert len(lines) == 1, done.stdout
         (line,) = lines
         assert line.startswith(f"rank {rank} errors 2: ") and "FSDP1" in line and "fully_shard" in line, line
-    assert done.stderr.count("UserWarning: msprobe-mlflow: FSDP1 (FullyShardedDataParallel) as monitored here") == 2
+    assert done.stderr.count("msprobe-mlflow: warning: FSDP1 (FullyShardedDataParallel) as monitored here") == 2
     assert not list(dump.rglob("*.csv"))

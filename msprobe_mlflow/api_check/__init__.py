@@ -19,11 +19,13 @@ from contextlib import nullcontext
 from pathlib import Path
 from typing import Callable
 
+from msprobe_mlflow import notices
 from msprobe_mlflow.api_check.metrics import Thresholds
-from msprobe_mlflow.api_check.parser import read_api_info
+from msprobe_mlflow.api_check.parser import ApiCall, read_api_info
 from msprobe_mlflow.api_check.replay import check_workers, replay_calls
 from msprobe_mlflow.api_check.report import write_reports
 from msprobe_mlflow.api_check.results import ApiCheckReport, ApiResult, OutputResult, SideResult
+from msprobe_mlflow.dump import short_list
 
 __all__ = ["check_api_accuracy", "ApiCheckReport", "ApiResult", "OutputResult", "SideResult", "Thresholds"]
 
@@ -79,6 +81,7 @@ def check_api_accuracy(path: str | os.PathLike, *, output_dir: str | os.PathLike
     except OSError as error:
         raise ValueError(f"output_dir = {str(output_dir)!r} cannot be created ({error.strerror or error})") from None
     calls = [call for call in dump.calls if pattern is None or pattern.search(call.name)]
+    _say_if_keywords_unrecorded(calls)
     done = 0
 
     def on_result(index: int, result: ApiResult) -> None:
@@ -98,6 +101,17 @@ def check_api_accuracy(path: str | os.PathLike, *, output_dir: str | os.PathLike
             run.log(report)
             report.run_id = run.run_id
     return report
+
+
+def _say_if_keywords_unrecorded(calls: list[ApiCall]) -> None:
+    """A forward entry without ``input_kwargs`` is run without keyword arguments: one warning names them."""
+    names = [f"{call.name}.forward" for call in calls if call.forward is not None and not call.forward.kwargs_recorded]
+    if names:
+        notices.warn(f"{len(names)} forward entr{'y has' if len(names) == 1 else 'ies have'} no input_kwargs and "
+                     f"{'is' if len(names) == 1 else 'are'} run without keyword arguments: {short_list(names)}. "
+                     f"msprobe writes input_kwargs in every forward entry ({{}} when there are none); if the "
+                     f"training passed keyword arguments (dim=, dtype=...), these checks are not of its calls",
+                     stacklevel=3)
 
 
 def _require_frameworks() -> None:

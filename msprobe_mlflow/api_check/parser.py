@@ -77,9 +77,13 @@ Argument = Union[TensorArg, ValueArg, tuple, None]
 
 @dataclass(frozen=True)
 class ForwardEntry:
+    """``kwargs_recorded``: False when the entry has no ``input_kwargs`` (msprobe writes it in every forward entry,
+    ``{}`` when there are none): the call is run without keyword arguments, and the check says so."""
+
     args: tuple[Argument, ...]
     kwargs: dict[str, Argument]
     outputs: tuple[Argument, ...]
+    kwargs_recorded: bool = True
 
 
 @dataclass(frozen=True)
@@ -279,7 +283,7 @@ class _EntryParser:
             self.fail("input_kwargs", kwargs, "an object of keyword arguments")
         parsed_kwargs = {name: self.argument(value, f"input_kwargs.{name}") for name, value in kwargs.items()}
         outputs = self.argument_list(entry, "output", required=self.task == "tensor")
-        return ForwardEntry(args, parsed_kwargs, outputs)
+        return ForwardEntry(args, parsed_kwargs, outputs, kwargs_recorded="input_kwargs" in entry)
 
     def backward(self, entry) -> BackwardEntry:
         if not isinstance(entry, dict):

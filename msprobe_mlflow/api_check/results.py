@@ -18,6 +18,7 @@ NO_KERNEL = "no MindSpore kernel for it on this device (the platform, not your m
 MINDSPORE_CANNOT_RUN = "MindSpore cannot run it here"
 NOT_IN_MINDSPORE = "not in this MindSpore version"
 NO_BENCHMARK = "torch has no such function or cannot run the inputs"
+UNKNOWN_API = "neither MindSpore nor torch has such a function (check the name in the dump)"
 NO_GRADIENT = "no gradient to compare"
 NOT_MINT = "not a mint API (only Mint and MintFunctional calls are checked)"
 INCOMPLETE_ENTRY = "the dump lacks what the check needs"
@@ -162,11 +163,14 @@ def _details_row(row: OutputResult) -> list:
 
 
 def result_rows(results: list[ApiResult]) -> list[list]:
-    """The result table, header first, one row per API; ``None`` for a side the dump does not have."""
+    """The result table, header first, one row per API; ``None`` for a side the dump does not have, the API's status
+    in both cells for an entry that is neither side (its key's suffix is not ``forward``/``backward``)."""
     rows = [RESULT_HEADER]
     for result in results:
         forward = result.forward.status if result.forward is not None else None
         backward = result.backward.status if result.backward is not None else None
+        if result.forward is None and result.backward is None:  # a key whose suffix is neither: never blank
+            forward = backward = result.status
         rows.append([result.name, forward, backward, result.message])
     return rows
 

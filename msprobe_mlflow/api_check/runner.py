@@ -30,8 +30,8 @@ from msprobe_mlflow.api_check.metrics import ERROR, OUT_OF_MEMORY, SKIP, Thresho
 from msprobe_mlflow.api_check.parser import (DTYPE_TYPE, FLOAT_DTYPES, ApiCall, Argument, ForwardEntry,
                                               TensorArg, ValueArg)
 from msprobe_mlflow.api_check.results import (INCOMPLETE_ENTRY, MINDSPORE_CANNOT_RUN, NO_BENCHMARK, NO_GRADIENT,
-                                               NO_KERNEL, NOT_IN_MINDSPORE, ApiResult, OutputResult, SideResult,
-                                               side_from_outputs)
+                                               NO_KERNEL, NOT_IN_MINDSPORE, UNKNOWN_API, ApiResult, OutputResult,
+                                               SideResult, side_from_outputs)
 
 MODULES = {
     "Mint": (("mindspore.mint", lambda: mindspore.mint), ("torch", lambda: torch)),
@@ -137,15 +137,20 @@ class _CallChecker:
         return f"{MODULES[self.call.family][framework_index][0]}.{self.call.function}"
 
     def functions(self) -> tuple[Callable | None, Callable]:
-        """(MindSpore function or None in the tensor task, torch function); a missing one skips the call."""
+        """(MindSpore function or None in the tensor task, torch function); a missing one skips the call, a name
+        neither framework has is said to be one (a typo, or an API of another version)."""
         (mindspore_path, mindspore_module), (torch_path, torch_module) = MODULES[self.call.family]
         name = self.call.function
         torch_function = getattr(torch_module(), name, None)
+        mindspore_function = getattr(mindspore_module(), name, None)
+        if not callable(torch_function) and not callable(mindspore_function):
+            raise _SideStopped(SKIP, f"neither {mindspore_path}.{name} (MindSpore {mindspore.__version__}) nor "
+                                     f"{torch_path}.{name} (torch {torch.__version__}) exists: check the name "
+                                     f"{self.call.name} in the dump", UNKNOWN_API)
         if not callable(torch_function):
             raise _SideStopped(SKIP, f"{torch_path}.{name} does not exist, so there is no benchmark", NO_BENCHMARK)
         if self.task == "tensor":
             return None, torch_function
-        mindspore_function = getattr(mindspore_module(), name, None)
         if not callable(mindspore_function):
             raise _SideStopped(SKIP, f"{mindspore_path}.{name} does not exist in MindSpore {mindspore.__version__}",
                                NOT_IN_MINDSPORE)

@@ -16,6 +16,7 @@ from msprobe_mlflow.commands import exit_codes
 from msprobe_mlflow.commands.api_check import api_check
 from msprobe_mlflow.commands.compare import compare
 from msprobe_mlflow.commands.upload import upload
+from msprobe_mlflow.notices import PREFIX, MsprobeMlflowWarning
 
 
 class CommandGroup(click.Group):
@@ -41,8 +42,8 @@ def _say_ours(ctx: click.Context, others):
     """The package's warnings as one line each, ``msprobe-mlflow <command>: warning: <message>``, like its errors;
     other libraries' as Python shows them."""
     def show(message, category, filename, lineno, file=None, line=None):
-        if f"{os.sep}msprobe_mlflow{os.sep}" in filename:
-            click.echo(f"{_command_path(ctx)}: warning: {message}", err=True)
+        if issubclass(category, MsprobeMlflowWarning) or f"{os.sep}msprobe_mlflow{os.sep}" in filename:
+            click.echo(f"{_command_path(ctx)}: warning: {str(message).removeprefix(PREFIX)}", err=True)
         else:
             others(message, category, filename, lineno, file, line)
     return show

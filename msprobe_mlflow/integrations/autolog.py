@@ -36,7 +36,8 @@ def autolog(config: GradProbeConfig | str | os.PathLike | dict | None = None, *,
             (``[-1, 0, 1]`` for PyTorch), dump ``./msprobe_dump``.
             Each run's local dump goes to ``{dump_path}/{run_id}``.
         disable: remove the hook and the patches; monitors already running are stopped (flushed).
-        silent: no warnings from msprobe-mlflow; problems go to the ``msprobe_mlflow`` logger only.
+        silent: no warnings and no start and end lines from msprobe-mlflow; they go to the ``msprobe_mlflow``
+            logger only.
         options: the monitors' (:class:`~msprobe_mlflow.MonitorOptions`), or their keywords, but for
             those autolog chooses itself (``NOT_FOR_AUTOLOG``); ``overlap`` is the PyTorch monitors'.
     """

@@ -42,7 +42,8 @@ def autolog(config: GradProbeConfig | str | os.PathLike | dict | None = None, *,
             ``dump_path`` override it. Without any: level ``L1``, msprobe's MindSpore default bounds, dump
             ``./msprobe_dump``; each run's dump goes to ``{dump_path}/{run_id}``.
         disable: give ``Model.train`` back its own code (MLflow's ``safe_patch`` reverts it).
-        silent: no warnings from msprobe-mlflow; problems go to the ``msprobe_mlflow`` logger only.
+        silent: no warnings and no start and end lines from msprobe-mlflow; they go to the ``msprobe_mlflow``
+            logger only.
         options: the monitors' (:class:`~msprobe_mlflow.MonitorOptions`), or their keywords.
 
     A ``Model.train`` whose callbacks already hold a :class:`GradProbeCallback` is left as the user set it.

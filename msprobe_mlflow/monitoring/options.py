@@ -33,8 +33,9 @@ class MonitorOptions:
     - ``anomalies`` (:class:`~msprobe_mlflow.sinks.anomalies.AnomalyOptions`): the anomaly flags and their rule.
     - ``tier`` (:class:`~.directions_schedule.TierOptions`): the always-on tier, over the config's.
     - ``metrics_file``: also each step's summary metrics in ``{dump_path}/rank{R}/metrics.jsonl``; ``sinks``: more
-      outputs (``handle(record)``, ``flush()``, ``close()``), fed after the local dump; ``silent``: problems go to
-      the ``msprobe_mlflow`` logger only, no warnings.
+      outputs (``handle(record)``, ``flush()``, ``close()``), fed after the local dump; ``silent``: no
+      warnings, problems go to the ``msprobe_mlflow`` logger only, and so do the monitor's start and end lines
+      (``monitoring.status_lines``), at INFO.
     - ``overlap`` (the PyTorch monitor's only): True: statistics computed during backward where that is exact
       (``msprobe_mlflow.pytorch.overlap``); None (the default) and False: all at ``step()`` (None: the run's tag
       says why, as measured on the CPU).

@@ -7,6 +7,7 @@ import os
 from typing import Callable
 
 from msprobe_mlflow.config import GradProbeConfig, load_config
+from msprobe_mlflow.monitoring import status_lines
 from msprobe_mlflow.monitoring.directions_schedule import DirectionsSchedule, directions_sinks
 from msprobe_mlflow.notices import Notices
 from msprobe_mlflow.monitoring.options import MonitorOptions
@@ -15,6 +16,7 @@ from msprobe_mlflow.sinks import choose_sinks
 from msprobe_mlflow.sinks.baseline import BaselineOptions
 from msprobe_mlflow.tracking.aggregate import SummaryGather
 from msprobe_mlflow.tracking.options import TrackingOptions
+from msprobe_mlflow.tracking.server import tracking_uri_if_imported
 from msprobe_mlflow.vocabulary import TRAINING_ID_TAG
 
 
@@ -79,7 +81,19 @@ class SessionMonitor:
             session.close_after_sinks(gather.close)
         if ranks.owns_run and session.training_id:  # so that `upload --run-id` refuses another training's dump
             self._tag_sinks(session, {TRAINING_ID_TAG: session.training_id})
+        self._say_start_and_end(session)
         return session
+
+    def _say_start_and_end(self, session: ProbeSession) -> None:
+        """The start line now, the end line once the session's sinks are closed (see ``status_lines``)."""
+        ranks = session.ranks
+        if status_lines.says_start(ranks):
+            tracking_uri = (self.tracking.tracking_uri if self.tracking else None) or tracking_uri_if_imported()
+            self.notices.say(status_lines.start_line(self.config, ranks, _run_id_of(session), tracking_uri,
+                                                     self.baseline))
+        if ranks.probes:
+            session.close_after_sinks(lambda: self.notices.say(status_lines.end_line(
+                self.config.dump_path, ranks, self.options.anomalies.anomaly_flags, self.baseline is not None)))
 
     def tag_run(self, tags: dict[str, str], step: int = 0) -> None:
         """Sets ``tags`` on the MLflow run this monitor logs into (queued, sent off the training thread)."""
@@ -95,8 +109,7 @@ class SessionMonitor:
     @property
     def run_id(self) -> str | None:
         """The MLflow run this monitor logs into (None: no MLflow sink)."""
-        sinks = self._session.sinks if self._session else []
-        return next((sink.run_id for sink in sinks if getattr(sink, "run_id", None)), None)
+        return _run_id_of(self._session) if self._session else None
 
     @property
     def errors(self) -> list[str]:
@@ -129,3 +142,6 @@ class SessionMonitor:
             self.end_as(*outcome_of(error))
         self.stop()
 
+
+def _run_id_of(session: ProbeSession) -> str | None:
+    return next((sink.run_id for sink in session.sinks if getattr(sink, "run_id", None)), None)

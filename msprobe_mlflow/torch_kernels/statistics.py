@@ -12,13 +12,13 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import warnings
 from dataclasses import dataclass
 from typing import Callable
 
 import numpy as np
 import torch
 
+from msprobe_mlflow import notices
 from msprobe_mlflow.compat import foreach_norm
 from msprobe_mlflow.layout import (CHECKSUM, CHECKSUMS, CUMULATIVE_COUNTS, EXTRA, EXTREMES, StatisticsLayout,
                                    packed_length)
@@ -367,8 +367,8 @@ def _fused_row_statistics(flat: torch.Tensor, *args) -> tuple:
         return _compiled[device](flat, *args)
     except Exception as e:  # a missing compiler or an unsupported device must not cost the statistics
         _compile_failed.add(device)
-        warnings.warn(f"msprobe-mlflow: torch.compile of the {device} statistics failed ({e!r}); "
-                      f"using eager torch ops, several reads of each gradient per step")
+        notices.warn(f"torch.compile of the {device} statistics failed ({e!r}); using eager torch ops, several "
+                     f"reads of each gradient per step")
         return _row_statistics(flat, *args)
 
 

@@ -121,9 +121,13 @@ def _is_json(text: str) -> bool:
 
 
 def _short_reason(error: BaseException) -> str:
-    """``[Errno 111] Connection refused`` rather than urllib3's paragraph; the exception's name when there is none."""
+    """``[Errno 111] Connection refused`` rather than urllib3's paragraph; ``timed out`` when no answer came in time
+    (a server that accepts and never answers: requests reports that read timeout, retries off, as a
+    ``ConnectionError``); else the exception's name."""
     found = re.search(r"\[Errno -?\d+\] [^'\")]+", str(error))
     if found:
         return found.group(0).strip()
-    return f"no answer within {CHECK_TIMEOUT_SECONDS} s" if "timeout" in type(error).__name__.lower() \
-        else type(error).__name__
+    if "timeout" in type(error).__name__.lower() or "timed out" in str(error).lower():
+        return f"timed out, no answer within {CHECK_TIMEOUT_SECONDS} s (a hung or overloaded server, or another " \
+               f"program on that port)"
+    return type(error).__name__
