@@ -11,8 +11,12 @@ from __future__ import annotations
 import contextlib
 
 # The ranges pyproject.toml accepts; tests/test_compat.py has run every name here with torch 2.13, mlflow 3.17,
-# lightning 2.6 and numba 0.68 (and runs it with whatever is installed).
-CHECKED_WITH = {"torch": ">=2.1", "mlflow": ">=3.7,<4", "lightning": ">=2.2,<3", "numba": ">=0.60"}
+# lightning 2.6, numba 0.68 and MindSpore 2.10 (and runs it with whatever is installed).
+CHECKED_WITH = {"torch": ">=2.1", "mlflow": ">=3.7,<4", "lightning": ">=2.2,<3", "numba": ">=0.60",
+                "mindspore": ">=2.4"}
+# Ascend's operator precision settings, as MindSpore's AscendOpPrecisionConf names its getters and set_context's
+# ascend_config its keys.
+ASCEND_PRECISION_SETTINGS = ("precision_mode", "op_precision_mode", "matmul_allow_hf32", "conv_allow_hf32")
 
 
 class MissingPrivateApi(RuntimeError):
@@ -110,3 +114,34 @@ def numba_slp_vectorize():
         yield
     finally:
         config.SLP_VECTORIZE = previous
+
+
+def mindspore_amp_level(cell) -> str:
+    """The level ``mindspore.amp.auto_mixed_precision`` gave ``cell`` (its ``_amp_level``, no public equivalent):
+    ``""`` where none. Level O1 leaves no other mark on the network (it rewrites the network's code); where MindSpore
+    drops the attribute, ``""``: the gradients' significands then show such a network's 16-bit format
+    (``mindspore/compute_format.py``)."""
+    level = getattr(cell, "_amp_level", "")
+    return level if isinstance(level, str) else ""
+
+
+def ascend_precision_settings() -> dict[str, str]:
+    """Ascend's operator precision settings (:data:`ASCEND_PRECISION_SETTINGS`) as MindSpore holds them, ``""``
+    where not set; the switches as ``"1"`` and ``"0"``. Read from ``AscendOpPrecisionConf`` (MindSpore 2.5 and later
+    on Ascend, no public getter: it holds ``mindspore.device_context.ascend.op_precision``'s settings and falls back
+    to ``set_context(ascend_config=...)``'s); where that is missing, from the public
+    ``get_context("ascend_config")``, which holds only ``set_context``'s (the others then read as not set)."""
+    import mindspore
+
+    try:
+        from mindspore._c_expression import AscendOpPrecisionConf
+
+        conf = AscendOpPrecisionConf.get_instance()
+        found = {name: getattr(conf, name)() for name in ASCEND_PRECISION_SETTINGS}
+    except (ImportError, AttributeError):
+        found = mindspore.get_context("ascend_config") or {}
+
+    def text(value) -> str:  # set_context's switches are bools, AscendOpPrecisionConf's "1" and "0"
+        return ("1" if value else "0") if isinstance(value, bool) else str(value or "")
+
+    return {name: text(found.get(name)) for name in ASCEND_PRECISION_SETTINGS}

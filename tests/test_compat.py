@@ -39,7 +39,7 @@ def test_the_ranges_checked_are_pyprojects_and_hold_the_installed_versions():
 
 def test_compat_imports_no_library_at_import_time():
     code = ("import sys, msprobe_mlflow.compat\n"
-            "print([m for m in ('torch', 'mlflow', 'lightning', 'numba') if m in sys.modules])")
+            "print([m for m in ('torch', 'mlflow', 'lightning', 'numba', 'mindspore') if m in sys.modules])")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert done.stdout.strip() == "[]"
 
@@ -151,3 +151,29 @@ def test_numba_slp_vectorize_is_on_inside_only_and_a_numba_without_it_is_left_al
     monkeypatch.delattr(config, "SLP_VECTORIZE")
     with compat.numba_slp_vectorize():
         assert not hasattr(config, "SLP_VECTORIZE")
+
+
+def test_mindspore_amp_level_is_the_level_auto_mixed_precision_gave_and_empty_without():
+    pytest.importorskip("mindspore", reason="MindSpore is not installed (the torch-only stage)")
+    from mindspore import amp, nn
+
+    assert compat.mindspore_amp_level(nn.Dense(2, 2)) == ""
+    assert compat.mindspore_amp_level(amp.auto_mixed_precision(nn.Dense(2, 2), "auto")) == "auto"
+    assert compat.mindspore_amp_level(types.SimpleNamespace()) == ""  # a MindSpore without _amp_level
+
+
+def test_ascend_precision_settings_are_ascends_own_and_set_contexts_where_mindspore_has_no_getter(monkeypatch):
+    mindspore = pytest.importorskip("mindspore", reason="MindSpore is not installed (the torch-only stage)")
+    import mindspore._c_expression as expression
+
+    assert not hasattr(expression, "AscendOpPrecisionConf")  # a CPU build: set_context's ascend_config is read
+    context = {"ascend_config": {"precision_mode": "force_fp16", "conv_allow_hf32": False}}
+    monkeypatch.setattr(mindspore, "get_context", context.get)
+    assert compat.ascend_precision_settings() == {"precision_mode": "force_fp16", "op_precision_mode": "",
+                                                  "matmul_allow_hf32": "", "conv_allow_hf32": "0"}
+    ascend = types.SimpleNamespace(precision_mode=lambda: "must_keep_origin_dtype", op_precision_mode=lambda: "",
+                                   matmul_allow_hf32=lambda: "1", conv_allow_hf32=lambda: "")
+    monkeypatch.setattr(expression, "AscendOpPrecisionConf",  # stands for an Ascend build's
+                        types.SimpleNamespace(get_instance=lambda: ascend), raising=False)
+    assert compat.ascend_precision_settings() == {"precision_mode": "must_keep_origin_dtype", "op_precision_mode": "",
+                                                  "matmul_allow_hf32": "1", "conv_allow_hf32": ""}

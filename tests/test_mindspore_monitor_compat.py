@@ -47,6 +47,9 @@ class TorchNet(torch.nn.Module):
         self.fc1 = torch.nn.Linear(hidden[0], hidden[1], dtype=dtype)
         self.head = torch.nn.Linear(hidden[1], 1, dtype=dtype)
 
+    def forward(self, x):
+        return self.head(self.fc1(x))
+
 
 class MindSporeNet(nn.Cell):
     """The same parameter names, shapes and order as :class:`TorchNet` (Dense weights are [out, in] too)."""
@@ -96,6 +99,8 @@ def torch_dump(path: Path, level: str, dtype: str, steps: list[dict], log_to_mlf
     monitor = TorchMonitor(GradProbeConfig(dump_path=str(path), level=level, bounds=SHARED_BOUNDS),
                            log_to_mlflow=log_to_mlflow).monitor(model, optimizer)
     for grads in steps:
+        with torch.no_grad():  # a forward the monitor sees: it records the step's format, as MindSpore's does
+            model(torch.zeros(1, model.fc1.in_features, dtype=TORCH_DTYPES[dtype]))
         for name, parameter in model.named_parameters():
             parameter.grad = torch.from_numpy(grads[name]).to(TORCH_DTYPES[dtype])
         optimizer.step()

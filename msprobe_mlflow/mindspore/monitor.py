@@ -20,6 +20,7 @@ import weakref
 from mindspore import nn
 
 from msprobe_mlflow.config import GradProbeConfig
+from msprobe_mlflow.mindspore.compute_format import compute_format, step_format
 from msprobe_mlflow.mindspore.distributed import current_rank, shared_run_id, summary_all_gather, world_size
 from msprobe_mlflow.mindspore.probe import (GradientProbe, install_probe, installed_probe, probe_settings,
                                            remove_probe)
@@ -66,13 +67,16 @@ class GradientMonitor(SessionMonitor):
         self._idle_collections = 0
         self._exit_hook_registered = False
         self._armed_until = -1
+        self._compute_format: str | None = None
 
-    def monitor(self, optimizer: nn.Cell) -> "GradientMonitor":
+    def monitor(self, optimizer: nn.Cell, network: nn.Cell | None = None) -> "GradientMonitor":
         """Starts probing the gradients ``optimizer`` receives, from its next step on.
 
         Call it after ``mindspore.communication.init()`` (the rank is read here), on every rank: under ``msrun``
         every rank logs into rank 0's run (rank 0's run ID is broadcast here, a collective). Calling it with another
-        optimizer re-targets the monitor; the step counter goes on.
+        optimizer re-targets the monitor; the step counter goes on. ``network``: the cell whose gradients the
+        optimizer receives (``GradProbeCallback`` gives ``Model.train``'s), whose mixed precision then goes into the
+        format each step records (:mod:`msprobe_mlflow.mindspore.compute_format`).
         """
         if not isinstance(optimizer, nn.Cell) or not hasattr(optimizer, "parameters"):
             raise TypeError(f"monitor() takes a MindSpore optimizer (mindspore.nn.Optimizer, mindspore.mint.optim), "
@@ -96,6 +100,11 @@ class GradientMonitor(SessionMonitor):
             self.notices.warn(f"grad_probe.param_list names parameters the optimizer does not have: {sorted(missing)}")
         self._names = [p.name for _, p in selected]
         self._shapes = [tuple(p.shape) for _, p in selected]
+        try:  # every parameter's dtype: one left out of param_list computes in the same step
+            self._compute_format = compute_format([p.dtype for p in parameters], network)
+        except Exception as e:  # observability must never break training: the steps record no format
+            self._compute_format = None
+            self.notices.log(f"the format this training computes in is not known ({e!r})")
         wanted, shapes = [self.config.wants_param(p.name) for p in parameters], [tuple(p.shape) for p in parameters]
         settings = dict(level=self.config.level, bounds=self.config.bounds, steps=self.config.step,
                         rank_wanted=ranks.probes, directions_every=self.config.directions_every_n_steps,
@@ -144,9 +153,9 @@ class GradientMonitor(SessionMonitor):
             if probed_step > self._last_probed_step:
                 statistics, signs, values, norms = probe.read(probed_step)
                 self._session.submit(functools.partial(
-                    _record, norms, rank=self._session.ranks.rank, step=probed_step, level=self.config.level,
-                    bounds=self.config.bounds, names=self._names, shapes=self._shapes, statistics=statistics,
-                    signs=signs, float32_values=values, directions=signs is not None,
+                    _record, norms, self._compute_format, rank=self._session.ranks.rank, step=probed_step,
+                    level=self.config.level, bounds=self.config.bounds, names=self._names, shapes=self._shapes,
+                    statistics=statistics, signs=signs, float32_values=values, directions=signs is not None,
                     extra=self.options.gradient_statistics))
             armed_until = self.directions_schedule.armed_until(steps_run)
             if armed_until != self._armed_until:  # a trigger the writer thread found: the probe's next steps
@@ -244,7 +253,10 @@ class PrecisionDebugger:
         self.monitor_.stop()
 
 
-def _record(parameter_norms, **statistics):
-    """The step's record (on the writer thread), with the parameters' norms where the probe recorded them."""
+def _record(parameter_norms, found_format: str | None, **statistics):
+    """The step's record (on the writer thread), with the parameters' norms where the probe recorded them, and the
+    format its step computed in (``found_format`` unless its gradients show a 16-bit format: ``step_format``)."""
     record = record_from_statistics(**statistics)
-    return record if parameter_norms is None else with_parameter_norms(record, parameter_norms)
+    if parameter_norms is not None:
+        record = with_parameter_norms(record, parameter_norms)
+    return step_format(record, found_format)
