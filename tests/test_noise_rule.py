@@ -785,12 +785,12 @@ def test_evidence_reads_as_ratios_and_percentages():
     assert trip_numbers(tiny).endswith("(14x its noise)")
 
 
-@pytest.mark.parametrize("difference, silencer", [(3e-4, "tf32"), (0.2, None)])
+@pytest.mark.parametrize("difference, silencer", [(3e-4, "tf32"), (0.03, None), (0.2, None)])
 def test_a_first_steps_break_within_a_coarser_formats_rounding_names_that_format_and_its_flag(difference,
                                                                                            silencer):
     """By hand: both runs recorded float32; from step 0 B's norm of w is off by 0.03% (float32 allows 0.0006% for
-    100 elements, TF32 0.13%: a device running float32 matmuls in TF32 looks so) or by 20% (beyond any format's
-    rounding: a bug, and no flag is offered)."""
+    100 elements, TF32 0.13%: a device running float32 matmuls in TF32 looks so), by 3% (within bfloat16's 10% only,
+    which real bugs reach too: no flag is offered) or by 20% (beyond any format's rounding)."""
     judge = NoiseAwareJudge(0)
     extremes = np.array([0.1234567, 0.7654321], dtype=np.float32).astype(np.float64)  # float32's 24 bits
     for step in range(3):
