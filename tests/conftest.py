@@ -51,6 +51,16 @@ def temporary_working_folder(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
 
 
+@pytest.fixture
+def pynative():
+    """MindSpore in PyNative mode for the test, its previous mode restored after it."""
+    mindspore = pytest.importorskip("mindspore")
+    previous = mindspore.get_context("mode")
+    mindspore.set_context(mode=mindspore.PYNATIVE_MODE)
+    yield
+    mindspore.set_context(mode=previous)
+
+
 @pytest.fixture(autouse=True)
 def mlflow_environment_restored():
     """mlflow.set_tracking_uri/set_experiment export MLFLOW_* variables; subprocesses of later tests (torchrun

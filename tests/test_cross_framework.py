@@ -28,14 +28,8 @@ MINDSPORE_NAMES = ["network.ln.gamma", "network.ln.beta", "network.body.0.weight
                    "network.body.2.weight", "network.body.2.bias"]
 
 
-@pytest.fixture(autouse=True)
-def pynative_in_tmp_path(tmp_path, monkeypatch):
-    """MindSpore writes compiler reports (rank_0/om/...) into the current folder."""
-    monkeypatch.chdir(tmp_path)
-    previous = ms.get_context("mode")
-    ms.set_context(mode=ms.PYNATIVE_MODE)
-    yield
-    ms.set_context(mode=previous)
+pytestmark = pytest.mark.usefixtures("pynative")  # in a temporary folder (conftest.py): MindSpore writes
+# compiler reports (rank_0/om/...) into the current one
 
 
 def targets(x: np.ndarray) -> np.ndarray:
