@@ -68,13 +68,15 @@ def check_api_accuracy(path: str | os.PathLike, *, output_dir: str | os.PathLike
         raise ValueError(f"api_filter = {api_filter!r} is not a regular expression ({error})") from None
     thresholds = _thresholds(cosine_threshold, max_abs_threshold)
     workers = check_workers(workers)
-    _require_frameworks()
     target = None
-    if log_to_mlflow:  # looked up before anything is made: a wrong run ID leaves no empty output folder behind
-        from msprobe_mlflow.tracking.api_check_runs import check_run, resolve_target
+    if log_to_mlflow:
         from msprobe_mlflow.tracking.server import require_tracking_server
 
         require_tracking_server(tracking_uri)  # an unreachable server fails now, not after the last API
+    _require_frameworks()  # before anything is made or recorded
+    if log_to_mlflow:  # looked up before anything is made: a wrong run ID leaves no empty output folder behind
+        from msprobe_mlflow.tracking.api_check_runs import check_run, resolve_target
+
         target = resolve_target(experiment, parent_run_id, tracking_uri)
     try:
         Path(output_dir).mkdir(parents=True, exist_ok=True)
