@@ -803,7 +803,7 @@ def test_a_first_steps_break_within_a_coarser_formats_rounding_names_that_format
     assert verdict.first_suspicious_step == 0 and verdict.coarser_format == silencer
     described = Verdict_of(verdict).describe()
     if silencer:
-        assert f"lies within tf32's rounding: if a run computed in tf32 without torch reporting it" in described
+        assert "lies within tf32's rounding: if a run computed in tf32 without torch reporting it" in described
         assert "--precision tf32" in described and "--precision tf32" in json.dumps(Verdict_of(verdict).to_dict())
     else:
         assert "--precision" not in described
