@@ -17,6 +17,12 @@ _LAZY_EXPORTS = {
 __all__ = ["GradProbeConfig", "__version__", *_LAZY_EXPORTS]
 
 
+def __dir__():
+    """What a notebook's completion should offer: the public names, the lazy ones included (``dir()`` would show
+    only those imported so far, and the internals)."""
+    return sorted([*__all__, "mindspore"])
+
+
 def __getattr__(name):
     if name in _LAZY_EXPORTS:
         return getattr(importlib.import_module(_LAZY_EXPORTS[name]), name)

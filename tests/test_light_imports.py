@@ -70,3 +70,12 @@ def test_bad_api_check_input_is_refused_before_any_framework_loads(tmp_path):
             f"result = CliRunner().invoke(main, ['api-check', {str(broken)!r}, '--output', {str(tmp_path)!r}])\n"
             "assert result.exit_code == 2 and 'data = None is not accepted' in result.stderr, result.stderr")
     assert heavy_modules_after(code) == []
+
+
+def test_dir_of_the_package_shows_the_public_names_lazy_ones_included_and_no_internals():
+    import msprobe_mlflow
+
+    shown = dir(msprobe_mlflow)
+    assert {"autolog", "compare_runs", "compare_dumps", "read_statistics", "upload_dump", "MonitorOptions",
+            "GradProbeConfig", "mindspore"} <= set(shown)
+    assert not {"importlib", "config", "_LAZY_EXPORTS"} & set(shown)
