@@ -339,3 +339,26 @@ def test_the_rule_travels_as_one_value_and_a_setting_beside_it_is_refused(dumps)
     assert comparison.verdict.to_dict()["first_threshold"] == 0.5
     with pytest.raises(ValueError, match=r"precision given beside rule=RuleSettings\(rule='noise'"):
         compare_dumps(*dumps, None, rule=RuleSettings("noise"), precision="float32")
+
+
+def test_the_printed_table_keeps_the_first_and_last_steps_and_says_which_it_left_out(tmp_path):
+    from click.testing import CliRunner
+
+    from msprobe_mlflow.commands.cli import main
+
+    steps = list(range(125))
+    for name in ("a", "b"):
+        for step in steps:  # one parameter, its signs all positive: similarity 1 at every step
+            folder = tmp_path / name / "rank0" / f"step{step}"
+            folder.mkdir(parents=True)
+            np.save(folder / "w.npy", np.ones(4, dtype=bool))
+    short = CliRunner().invoke(main, ["compare", str(tmp_path / "a"), str(tmp_path / "b"), "--no-mlflow",
+                                      "--no-plots"])
+    assert short.exit_code == 0, short.output
+    step_lines = [line for line in short.output.splitlines() if line.startswith("  step    ")]
+    assert len(step_lines) == 10 and step_lines[4].split()[-1] == "49" and step_lines[5].split()[1] == "80"
+    assert "  ... steps 50 to 79 not shown (30 steps; --all prints them, similarities.csv holds them)" in short.output
+    every = CliRunner().invoke(main, ["compare", str(tmp_path / "a"), str(tmp_path / "b"), "--no-mlflow",
+                                      "--no-plots", "--all"])
+    assert len([line for line in every.output.splitlines() if line.startswith("  step    ")]) == 13
+    assert "not shown" not in every.output

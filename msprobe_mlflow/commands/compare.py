@@ -11,6 +11,7 @@ from msprobe_mlflow.compare.verdict import BREAK, DEFAULT_RULE, GRADES, RULES, r
 from msprobe_mlflow.formats import UNIT_ROUNDOFF
 
 FOLDER = click.Path(file_okay=False)  # checked only if it exists: created when missing
+TABLE_HEAD_AND_TAIL = 5  # lines of 10 steps printed at each end of a rank's table (--all: every one)
 
 
 @command("compare", short_help="compare the gradient directions of two runs (or dump folders) and log the "
@@ -66,13 +67,17 @@ FOLDER = click.Path(file_okay=False)  # checked only if it exists: created when 
 @click.option("--per-param-plots", is_flag=True, help="also draw one similarity curve per parameter (slow for "
                                                       "large models)")
 @click.option("--no-plots", is_flag=True, help="draw no pictures (CSV and verdict only)")
+@click.option("--all", "every_step", is_flag=True,
+              help=f"print every step's summary similarity (default: the first and last {TABLE_HEAD_AND_TAIL * 10} "
+                   f"steps of each rank; similarities.csv holds them all)")
 @click.option("--cache-dir", metavar="DIR", type=FOLDER,
               help="where runs downloaded from a tracking server are cached by run ID (default "
                    "~/.cache/msprobe-mlflow/runs)")
 def compare(a: str, b: str, output: str | None, experiment: str | None, run_name: str | None,
             tracking_uri: str | None, rule: str, first_threshold: float | None, drop_threshold: float | None,
             precision: str | None, name_map: str | None, skip_damaged: bool, no_mlflow: bool,
-            fail_on_suspicious: str | None, per_param_plots: bool, no_plots: bool, cache_dir: str | None) -> int:
+            fail_on_suspicious: str | None, per_param_plots: bool, every_step: bool, no_plots: bool,
+            cache_dir: str | None) -> int:
     """Compares the gradient directions (signs) of two trainings, step by step: for each rank, parameter and step
     present in both, similarity = elements whose sign agrees / elements. The summary per step weighs parameters by
     size. A (the baseline) and B (the run to check against it) are each an MLflow run ID (a run logged by
@@ -124,7 +129,7 @@ def compare(a: str, b: str, output: str | None, experiment: str | None, run_name
                    per_param_plots=per_param_plots, name_map=name_map, skip_damaged=skip_damaged)
     if no_mlflow and Path(a).exists() and Path(b).exists():  # two dumps: no tracking store involved
         comparison = compare_dumps(a, b, output, **options)
-        _print_result(comparison)
+        _print_result(comparison, every_step=every_step)
         verdict = comparison.verdict
     else:
         from msprobe_mlflow.tracking.comparison_run import compare_runs
@@ -133,15 +138,16 @@ def compare(a: str, b: str, output: str | None, experiment: str | None, run_name
         require_tracking_server(tracking_uri)  # a side is a run ID, or the comparison run is logged
         result = compare_runs(a, b, tracking_uri=tracking_uri, experiment=experiment, run_name=run_name,
                               output_dir=output, cache_dir=cache_dir, log_run=not no_mlflow, **options)
-        _print_result(result.comparison, result)
+        _print_result(result.comparison, result, every_step)
         verdict = result.verdict
     return SUSPICIOUS_RESULT if fail_on_suspicious and verdict.fails(fail_on_suspicious) else OK
 
 
-def _print_result(comparison, result=None) -> None:
-    """The table and verdict; with ``result`` (a ``RunComparison`` that logged a run) the run, how to open it, and
-    how to find every comparison of the same pair."""
-    click.echo(comparison.table())
+def _print_result(comparison, result=None, every_step: bool = False) -> None:
+    """The table (the first and last steps only, unless ``every_step``) and verdict; with ``result`` (a
+    ``RunComparison`` that logged a run) the run, how to open it, and how to find every comparison of the same
+    pair."""
+    click.echo(comparison.table(head_and_tail=None if every_step else TABLE_HEAD_AND_TAIL))
     click.echo()
     click.echo(comparison.verdict.describe())
     if comparison.output_dir is not None:

@@ -145,12 +145,22 @@ class DumpComparison:
                 if (counts := rank.counts[name][index]) is not None]
         return pandas.DataFrame(rows, columns=["rank", "step", "parameter", "similarity", "agreeing", "numel"])
 
-    def table(self, steps_per_line: int = 10) -> str:
-        """Per rank, the summary similarity at each step, a few steps per line."""
+    def table(self, steps_per_line: int = 10, head_and_tail: int | None = None) -> str:
+        """Per rank, the summary similarity at each step, a few steps per line; with ``head_and_tail``, only that
+        many lines of steps at each end (10,000 steps would print 2,000 lines), saying which steps are left out."""
         lines = []
         for rank in self.ranks:
             lines.append(f"rank {rank.rank} ({len(rank.parameters)} parameters compared)")
-            for start in range(0, len(rank.steps), steps_per_line):
+            starts = list(range(0, len(rank.steps), steps_per_line))
+            if head_and_tail is not None and len(starts) > 2 * head_and_tail:
+                hidden = starts[head_and_tail:-head_and_tail]
+                last = min(hidden[-1] + steps_per_line, len(rank.steps)) - 1
+                starts = [*starts[:head_and_tail], None, *starts[-head_and_tail:]]
+            for start in starts:
+                if start is None:
+                    lines.append(f"  ... steps {rank.steps[hidden[0]]} to {rank.steps[last]} not shown "
+                                 f"({last - hidden[0] + 1} steps; --all prints them, similarities.csv holds them)")
+                    continue
                 chunk = slice(start, start + steps_per_line)
                 lines.append("  step    " + "".join(f"{s:>9}" for s in rank.steps[chunk]))
                 lines.append("  summary " + "".join(f"{v:>9.4f}" for v in rank.summary[chunk]))
