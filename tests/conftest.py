@@ -52,6 +52,17 @@ def temporary_working_folder(tmp_path, monkeypatch):
 
 
 @pytest.fixture
+def mode(request):
+    """MindSpore in the mode a test is parametrized with (``indirect``): ``"pynative"`` or ``"graph"``, its previous
+    mode restored after it."""
+    mindspore = pytest.importorskip("mindspore")
+    previous = mindspore.get_context("mode")
+    mindspore.set_context(mode=mindspore.PYNATIVE_MODE if request.param == "pynative" else mindspore.GRAPH_MODE)
+    yield request.param
+    mindspore.set_context(mode=previous)
+
+
+@pytest.fixture
 def pynative():
     """MindSpore in PyNative mode for the test, its previous mode restored after it."""
     mindspore = pytest.importorskip("mindspore")

@@ -23,16 +23,6 @@ from msprobe_mlflow.mindspore import compute_format as formats  # noqa: E402
 from msprobe_mlflow.pytorch import GradientMonitor as TorchMonitor  # noqa: E402
 from test_cross_framework import B1, B2, BATCHES, W1, W2, MindSporeNet, Wrapped, targets, train_mindspore  # noqa: E402
 
-MODES = {"pynative": ms.PYNATIVE_MODE, "graph": ms.GRAPH_MODE}
-
-
-@pytest.fixture
-def mode(request):
-    previous = ms.get_context("mode")
-    ms.set_context(mode=MODES[request.param])
-    yield request.param
-    ms.set_context(mode=previous)
-
 
 def recorded(dump, steps: int = STEPS) -> list[str | None]:
     return [step_compute_format(step_dir(dump, 0, step)) for step in range(steps)]
@@ -72,14 +62,6 @@ def train_custom_loop(dump, amp_level: str = "O0", tell_network: bool = False) -
         optimizer(grads)
     monitor.stop()
     return recorded(dump)
-
-
-@pytest.fixture
-def pynative():
-    previous = ms.get_context("mode")
-    ms.set_context(mode=ms.PYNATIVE_MODE)
-    yield
-    ms.set_context(mode=previous)
 
 
 def test_a_custom_loop_records_its_parameters_format_and_none_where_its_gradients_show_a_16_bit_one(pynative,

@@ -23,15 +23,7 @@ from msprobe_mlflow.config import GradProbeConfig
 from msprobe_mlflow.dump import summary_steps
 from msprobe_mlflow.mindspore import GradProbeCallback, autolog
 
-MODES = {"pynative": ms.PYNATIVE_MODE, "graph": ms.GRAPH_MODE}
-
-
-@pytest.fixture
-def mode(request):
-    previous = ms.get_context("mode")
-    ms.set_context(mode=MODES[request.param])
-    yield request.param
-    ms.set_context(mode=previous)
+MODES = ("pynative", "graph")  # the conftest fixture `mode` sets each
 
 
 @pytest.mark.parametrize("mode", list(MODES), indirect=True)
