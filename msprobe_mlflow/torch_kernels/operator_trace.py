@@ -1,0 +1,289 @@
+"""A dispatch-level trace of one training step: every aten call, forward and backward, with the module it ran in.
+
+A ``TorchDispatchMode`` sees each aten operator below autograd, so the backward's operators are traced as well as
+the forward's; a ``TorchFunctionMode`` (above autograd) writes the module and call site on each autograd node the
+forward creates, which is how a backward operator knows its module (``torch._C._current_autograd_node()``).
+Views and ``detach`` are left out: their bits are their input's. Statistics (max, min, mean, norm in float32, and
+a 64-bit checksum of the bits) are computed on the device per tensor, once per tensor version, and copied to the
+host in one batch when the trace stops. Nothing is installed outside a traced step, so other steps pay nothing.
+"""
+from __future__ import annotations
+
+import sys
+import weakref
+from collections import defaultdict
+from typing import Callable
+
+import numpy as np
+import torch
+from torch.overrides import TorchFunctionMode
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
+
+from msprobe_mlflow.trace.files import OUR_CHECKSUM, OperatorCall, Scalar, TensorSummary
+
+LEVELS = ("L0", "L1", "mix")  # msprobe's: modules only, operators only, both
+_NODE_KEY = "msprobe_mlflow.trace"  # autograd node metadata: (forward module entry, call site)
+_LEFT_OUT = {torch.ops.aten.detach.default, torch.ops.aten.lift_fresh.default, torch.ops.aten.alias.default}
+_OWN_FILES = (__file__, torch.utils._python_dispatch.__file__, torch.overrides.__file__)
+_STACK_DEPTH = 30
+_CHECKSUM_WIDTH = 4096  # elements per row of the checksum: each row and each column has its own odd weight
+
+
+def _odd_weights(count: int, seed: int) -> np.ndarray:
+    index = np.arange(count, dtype=np.uint64)
+    with np.errstate(over="ignore"):
+        return ((index * np.uint64(0x9E3779B97F4A7C15) + np.uint64(seed)) | np.uint64(1)).view(np.int64)
+
+
+_COLUMN_WEIGHTS = _odd_weights(_CHECKSUM_WIDTH, 0x632BE59BD9B4E019)
+_ROW_MULTIPLIER = int(np.uint64(0xD6E8FEB86659FD93).view(np.int64))
+_BITS_AS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+class OperatorTracer:
+    """Records one step's calls of ``model``: ``start()``, run forward and backward, then ``stop()`` returns a
+    callable that builds the :class:`OperatorCall` list (after the one device-to-host copy)."""
+
+    def __init__(self, model: torch.nn.Module, *, level: str = "mix", api_list: tuple[str, ...] = (),
+                 scope: tuple[str, ...] = ()):
+        if level not in LEVELS:
+            raise ValueError(f"trace level {level!r} is not one of msprobe's {LEVELS}")
+        self.level = level
+        self.api_list, self.scope = tuple(api_list), tuple(scope)
+        self._module_names = {id(m): n for n, m in model.named_modules()}
+        self._calls: list[OperatorCall] = []
+        self._statistics: list[torch.Tensor] = []  # per device: stacked at stop()
+        self._checksums: list[torch.Tensor] = []
+        self._pending: list[tuple[int, object, int]] = []  # (call index, which list, position) -> fill at stop
+        self._seen: dict[int, tuple] = {}  # id(tensor) -> (weakref, version, slot): one statistic per version
+        self._counters: dict[tuple[str, str], int] = defaultdict(int)
+        self._module_counters: dict[str, int] = defaultdict(int)
+        self._modules: list[tuple[str, OperatorCall | None]] = []  # the forward's module stack
+        self._last_backward_module: str | None = None
+        self._in_scope = not scope
+        self._measuring = False  # while the tracer computes statistics, its own operators are not traced
+        self._modes: list = []
+        self._hooks: list = []
+        self._weights: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
+
+    # -- lifetime --------------------------------------------------------------------------------------------------
+    def start(self) -> None:
+        from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
+        self._hooks = [register_module_forward_pre_hook(self._enter_module),
+                       register_module_forward_hook(self._leave_module, always_call=True)]
+        self._modes = [_NodeTagger(self), _OperatorRecorder(self)]
+        for mode in self._modes:
+            mode.__enter__()
+
+    def stop(self) -> Callable[[], list[OperatorCall]]:
+        for mode in reversed(self._modes):
+            mode.__exit__(None, None, None)
+        for hook in self._hooks:
+            hook.remove()
+        self._modes, self._hooks, self._seen = [], [], {}
+        statistics = [s.to("cpu") for s in _stacked(self._statistics)]
+        checksums = [c.to("cpu") for c in _stacked(self._checksums)]
+        calls = self._calls
+
+        def build() -> list[OperatorCall]:
+            values = np.concatenate([s.numpy() for s in statistics]) if statistics else np.zeros((0, 4))
+            sums = np.concatenate([c.numpy() for c in checksums]) if checksums else np.zeros(0, np.int64)
+            for call in calls:
+                for arguments in (call.inputs, call.outputs):
+                    for index, argument in enumerate(arguments):
+                        if isinstance(argument, _Unfilled):
+                            arguments[index] = argument.fill(values, sums)
+            return calls
+        return build
+
+    # -- modules ---------------------------------------------------------------------------------------------------
+    def _enter_module(self, module, args):
+        path = self._module_names.get(id(module))
+        if not path:  # the root module, or one outside the model
+            self._modules.append((self._modules[-1][0] if self._modules else None, None))
+            return
+        entry = f"Module.{path}.{type(module).__name__}.forward"
+        number = self._module_counters[entry]
+        self._module_counters[entry] += 1
+        name = f"{entry}.{number}"
+        call = None
+        if self.level != "L1":
+            call = OperatorCall(name, [self._argument(a) for a in tree_leaves(args)], [],
+                                self._modules[-1][0] if self._modules else None)
+        self._modules.append((name, call))
+
+    def _leave_module(self, module, args, output):
+        if not self._modules:
+            return
+        name, call = self._modules.pop()
+        if call is not None and self._wanted(name):
+            call.outputs = [self._argument(o) for o in tree_leaves(output)]
+            self._calls.append(call)
+
+    # -- operators -------------------------------------------------------------------------------------------------
+    def _record(self, func, args, kwargs, output) -> None:
+        if self.level == "L0" or func in _LEFT_OUT or func.is_view:
+            return
+        node = torch._C._current_autograd_node()
+        if node is None:
+            phase, module = "forward", self._modules[-1][0] if self._modules else None
+            stack = _call_site()
+        else:
+            phase = "backward"
+            module, stack = node.metadata.get(_NODE_KEY, (self._last_backward_module, ()))
+            self._last_backward_module = module
+            module = module.replace(".forward.", ".backward.") if module else None
+        operator = f"Aten.{func._schema.name.split('::')[-1]}.{func._overloadname}"
+        number = self._counters[(operator, phase)]
+        self._counters[(operator, phase)] += 1
+        name = f"{operator}.{number}.{phase}"
+        if not self._wanted(name):
+            return
+        inputs = [self._argument(a) for a in tree_leaves((args, kwargs))]
+        self._calls.append(OperatorCall(name, inputs, [self._argument(o) for o in tree_leaves(output)], module,
+                                        list(stack)))
+
+    def _tag_nodes(self, output) -> None:
+        """Writes the current module and call site on the autograd nodes ``output`` comes from."""
+        module = self._modules[-1][0] if self._modules else None
+        for tensor in tree_leaves(output):
+            node = getattr(tensor, "grad_fn", None) if isinstance(tensor, torch.Tensor) else None
+            if node is not None and _NODE_KEY not in node.metadata:
+                node.metadata[_NODE_KEY] = (module, _call_site())
+
+    def _wanted(self, name: str) -> bool:
+        """msprobe's ``scope`` (a first and a last entry, inclusive) and ``list`` (names containing any)."""
+        if self.scope and name == self.scope[0]:
+            self._in_scope = True
+        wanted = self._in_scope and (not self.api_list or any(part in name for part in self.api_list))
+        if self.scope and name == self.scope[-1]:
+            self._in_scope = False
+        return wanted
+
+    # -- statistics ------------------------------------------------------------------------------------------------
+    def _argument(self, value):
+        if isinstance(value, torch.Tensor):
+            return self._tensor(value)
+        if isinstance(value, (bool, int, float, str)) or value is None:
+            return Scalar(type(value).__name__, value)
+        if isinstance(value, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+            return Scalar(type(value).__name__.replace("Sym", "").lower(), str(value))
+        return Scalar(f"{type(value).__module__}.{type(value).__qualname__}", str(value))
+
+    def _tensor(self, tensor: torch.Tensor):
+        dtype, shape = str(tensor.dtype), tuple(tensor.shape)
+        plain = type(tensor) in (torch.Tensor, torch.nn.Parameter) and tensor.layout == torch.strided and \
+            tensor.device.type != "meta" and not tensor.is_quantized and tensor.numel() > 0
+        if not plain:
+            return TensorSummary(dtype, shape, requires_grad=tensor.requires_grad)
+        seen = self._seen.get(id(tensor))
+        if seen is not None and seen[0]() is tensor and seen[1] == tensor._version:
+            slot = seen[2]
+        else:
+            slot = self._launch(tensor)
+            self._seen[id(tensor)] = (weakref.ref(tensor), tensor._version, slot)
+        return _Unfilled(dtype, shape, tensor.requires_grad, slot)
+
+    def _launch(self, tensor: torch.Tensor) -> int:
+        """Queues the tensor's statistics and checksum on its device; returns their row."""
+        self._measuring = True
+        try:
+            with torch.no_grad(), torch.autocast(tensor.device.type, enabled=False):
+                return self._queue_statistics(tensor.detach())
+        finally:
+            self._measuring = False
+
+    def _queue_statistics(self, data: torch.Tensor) -> int:
+        if data.is_complex():
+            data = torch.view_as_real(data)
+        values = data if data.dtype == torch.float32 else data.float()
+        low, high = torch.aminmax(values)
+        self._statistics.append(torch.stack([high, low, values.mean(), torch.linalg.vector_norm(values)]))
+        self._checksums.append(self._checksum(data))
+        return len(self._statistics) - 1
+
+    def _checksum(self, data: torch.Tensor) -> torch.Tensor:
+        """A 64-bit sum of the bits, each element weighted by an odd number of its own (its row's times its
+        column's): any one element that changes changes the sum; integer arithmetic, so every device agrees."""
+        bits = data.reshape(-1)
+        bits = bits.view(torch.uint8) if bits.dtype == torch.bool else bits
+        bits = bits.view(_BITS_AS[bits.element_size()]).to(torch.int64)
+        pad = -bits.numel() % _CHECKSUM_WIDTH
+        if pad:
+            bits = torch.nn.functional.pad(bits, (0, pad))
+        rows = bits.view(-1, _CHECKSUM_WIDTH)
+        columns, row_weights = self._weights_on(data.device, rows.shape[0])
+        return ((rows * columns).sum(1) * row_weights[: rows.shape[0]]).sum()
+
+    def _weights_on(self, device: torch.device, rows: int) -> tuple[torch.Tensor, torch.Tensor]:
+        columns, row_weights = self._weights.get(device, (None, None))
+        if columns is None or row_weights.numel() < rows:
+            columns = torch.from_numpy(_COLUMN_WEIGHTS).to(device)
+            count = max(rows, 2 * (0 if row_weights is None else row_weights.numel()), 1024)
+            row_weights = (torch.arange(count, dtype=torch.int64, device=device) * 2 + 1) * _ROW_MULTIPLIER
+            self._weights[device] = (columns, row_weights)
+        return columns, row_weights
+
+
+class _Unfilled(TensorSummary):
+    """A tensor's summary whose statistics are still on the device (row ``slot`` of the batch)."""
+
+    def __init__(self, dtype: str, shape: tuple, requires_grad: bool, slot: int):
+        super().__init__(dtype, shape, requires_grad=requires_grad)
+        object.__setattr__(self, "slot", slot)
+
+    def fill(self, values: np.ndarray, sums: np.ndarray) -> TensorSummary:
+        high, low, mean, norm = (float(v) if np.isfinite(v) else _non_finite(v) for v in values[self.slot])
+        checksum = f"{OUR_CHECKSUM}:{int(sums[self.slot]) & 0xFFFFFFFFFFFFFFFF:016x}"
+        return TensorSummary(self.dtype, self.shape, high, low, mean, norm, checksum, self.requires_grad)
+
+
+def _non_finite(value) -> float | None:
+    return None if np.isnan(value) else float(value)
+
+
+def _stacked(rows: list[torch.Tensor]) -> list[torch.Tensor]:
+    """One tensor per device, rows in order (a trace on one device: one copy)."""
+    if not rows:
+        return []
+    devices = {r.device for r in rows}
+    if len(devices) == 1:
+        return [torch.stack(rows)]
+    return [torch.stack([r.to(rows[0].device) for r in rows])]
+
+
+def _call_site() -> tuple[str, ...]:
+    """The Python frames that made the current call, innermost first, as msprobe's stack.json writes them (the
+    source line is looked up when the trace is written, not here)."""
+    frame, lines = sys._getframe(2), []
+    while frame is not None and len(lines) < _STACK_DEPTH:
+        code = frame.f_code
+        if code.co_filename not in _OWN_FILES:
+            lines.append(f"File {code.co_filename}, line {frame.f_lineno}, in {code.co_name}")
+        frame = frame.f_back
+    return tuple(lines)
+
+
+class _OperatorRecorder(TorchDispatchMode):
+    def __init__(self, tracer: OperatorTracer):
+        super().__init__()
+        self.tracer = tracer
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        output = func(*args, **(kwargs or {}))
+        if not self.tracer._measuring:
+            self.tracer._record(func, args, kwargs or {}, output)
+        return output
+
+
+class _NodeTagger(TorchFunctionMode):
+    def __init__(self, tracer: OperatorTracer):
+        super().__init__()
+        self.tracer = tracer
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        output = func(*args, **(kwargs or {}))
+        if torch.is_grad_enabled():
+            self.tracer._tag_nodes(output)
+        return output
