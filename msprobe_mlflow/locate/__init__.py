@@ -1,0 +1,106 @@
+"""From a suspicious step to the operator: ``locate(a, b, step=S)`` walks two traces of step S in execution order
+and names the first operator whose output differs beyond what its inputs' differences and its format's rounding
+explain (:mod:`msprobe_mlflow.locate.judge`); or says that none does, which makes the step's difference drift
+(rounding amplified), not a bug. An operator present in one run only, or a numeric argument that differs (an
+epsilon, a scale), is the first finding where it comes first."""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from msprobe_mlflow.formats import UNIT_ROUNDOFF
+from msprobe_mlflow.locate.align import AlignedCall, align, module_path, operator_calls
+from msprobe_mlflow.locate.judge import Judgement, differing_argument, judge
+from msprobe_mlflow.trace.files import OperatorCall, read_trace, trace_folder
+
+OPERATOR, SEQUENCE, ARGUMENT, DRIFT, IDENTICAL = "operator", "sequence", "argument", "drift", "identical"
+NAMED = (OPERATOR, SEQUENCE, ARGUMENT)  # findings that name an operator (``locate`` exits 3)
+_LIBRARY_PARTS = (f"{os.sep}site-packages{os.sep}", f"{os.sep}lib{os.sep}python", "<frozen")
+
+
+@dataclass
+class Localization:
+    kind: str  # one of OPERATOR, SEQUENCE, ARGUMENT, DRIFT, IDENTICAL
+    pair: AlignedCall | None = None  # the named call (both sides', or the one side's)
+    judgement: Judgement | None = None
+    detail: str = ""
+    rows: list[tuple[AlignedCall, Judgement | None]] = field(default_factory=list)  # every aligned call, in order
+    folders: tuple[str, str] = ("", "")
+
+    @property
+    def named(self) -> bool:
+        return self.kind in NAMED
+
+    @property
+    def module(self) -> str:
+        return module_path(self.pair.call.parent) if self.pair else ""
+
+    def describe(self) -> str:
+        if self.kind == IDENTICAL:
+            return "identical: every traced operator's inputs and outputs have equal bits in A and B"
+        if self.kind == DRIFT:
+            return f"drift: every operator's output difference follows from its inputs ({self.detail})"
+        call = self.pair.call
+        where = f"{call.name} in {self.module or 'the model (outside any module)'}"
+        site = call_site(call)
+        return f"{where}: {self.detail}" + (f"; called at {site}" if site else "")
+
+
+def locate(a: str | os.PathLike, b: str | os.PathLike, *, step: int | None = None,
+           rank: int | None = None) -> Localization:
+    """Compares the traces of ``step`` (of ``rank``) in trace folders ``a`` and ``b``: each a folder with
+    ``step{S}/rank{R}/dump.json`` (ours or msprobe's data dump), or one such folder itself."""
+    folder_a, folder_b = trace_folder(a, step, rank), trace_folder(b, step, rank)
+    calls_a, calls_b = operator_calls(read_trace(folder_a)), operator_calls(read_trace(folder_b))
+    localization = walk(align(calls_a, calls_b))
+    localization.folders = (str(folder_a), str(folder_b))
+    return localization
+
+
+def walk(aligned: list[AlignedCall]) -> Localization:
+    rows: list[tuple[AlignedCall, Judgement | None]] = []
+    found: Localization | None = None
+    noise = 0.0  # the unit roundoff of the coarsest format whose outputs have differed so far
+    for pair in aligned:
+        judgement = None if pair.one_sided else judge(pair, noise)
+        rows.append((pair, judgement))
+        if judgement is not None and judgement.output_difference > 0:
+            noise = max(noise, UNIT_ROUNDOFF[judgement.format])
+        if found is not None:
+            continue
+        if pair.one_sided:
+            side, order = ("A", pair.a) if pair.a is not None else ("B", pair.b)
+            found = Localization(SEQUENCE, pair, detail=f"it ran in {side} only ({order.phase})")
+        elif (argument := differing_argument(pair)) is not None:
+            index, x, y = argument
+            found = Localization(ARGUMENT, pair, judgement,
+                                 f"its argument {index + 1} ({x.type}) is {x.value!r} in A and {y.value!r} in B")
+        elif judgement.beyond:
+            inputs = "its inputs have equal bits" if judgement.inputs_bit_equal else \
+                f"its inputs differ by {judgement.input_difference:.2g}"
+            found = Localization(OPERATOR, pair, judgement,
+                                 f"output differs by {judgement.output_difference:.2g} of its scale where {inputs} "
+                                 f"(rounding explains up to {judgement.tolerance:.2g} in {judgement.format})")
+    if found is None:
+        judged = [(pair, j) for pair, j in rows if j is not None and j.output_difference > 0]
+        if not judged:
+            found = Localization(IDENTICAL)
+        else:
+            pair, largest = max(judged, key=lambda row: row[1].output_difference / max(row[1].tolerance, 1e-300))
+            found = Localization(DRIFT, detail=f"closest to unexplained: {pair.call.name} in "
+                                               f"{module_path(pair.call.parent) or 'the model'}, output "
+                                               f"{largest.output_difference:.2g} against {largest.tolerance:.2g}")
+    found.rows = rows
+    return found
+
+
+def call_site(call: OperatorCall) -> str:
+    """The innermost frame of the call's stack outside Python's and installed libraries: the user's code."""
+    for line in call.stack:
+        if not any(part in line for part in _LIBRARY_PARTS):
+            parts = line.removeprefix("File ").split(", ")
+            if len(parts) >= 3:
+                return f"{Path(parts[0]).name}:{parts[1].removeprefix('line ')} in {parts[2].removeprefix('in ')}"
+            return line
+    return ""

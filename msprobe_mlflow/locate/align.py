@@ -1,0 +1,73 @@
+"""Pairs the operator calls of two traces of one step: by position when both ran the same sequence, else by
+sequence alignment on (phase, operator, module, input shapes), so an operator present in one run only shifts
+nothing after it. Dtype conversions that only one run makes (autocast's casts) are set aside, not findings."""
+from __future__ import annotations
+
+import difflib
+from dataclasses import dataclass
+
+from msprobe_mlflow.trace.files import OperatorCall, Trace
+
+# Operators that change a tensor's format or place only: present in one run only, they are a format difference
+# (autocast, a .double() model), which the verdict's format rule covers, not a missing operator.
+CONVERSIONS = ("Aten._to_copy.", "Aten.to.", "Aten.copy_.", "Aten.clone.", "Aten._autocast_to_reduced_precision.",
+               "Aten._autocast_to_full_precision.", "Aten.contiguous.", "Tensor.to.", "Tensor.float.",
+               "Tensor.half.", "Tensor.bfloat16.", "Tensor.double.", "Tensor.type_as.", "Tensor.contiguous.")
+
+
+@dataclass
+class AlignedCall:
+    a: OperatorCall | None  # None: the call is B's only
+    b: OperatorCall | None
+
+    @property
+    def one_sided(self) -> bool:
+        return self.a is None or self.b is None
+
+    @property
+    def call(self) -> OperatorCall:
+        return self.a if self.a is not None else self.b
+
+
+def operator_calls(trace: Trace) -> list[OperatorCall]:
+    """The trace's operator calls in the order they ran: the forward's, then the backward's (module entries left
+    out: they summarise their operators)."""
+    calls = [c for c in trace.calls if not c.is_module]
+    return [c for c in calls if c.phase == "forward"] + [c for c in calls if c.phase == "backward"]
+
+
+def align(a: list[OperatorCall], b: list[OperatorCall]) -> list[AlignedCall]:
+    if [c.name for c in a] == [c.name for c in b]:
+        return [AlignedCall(x, y) for x, y in zip(a, b)]
+    keys_a, keys_b = [_key(c) for c in a], [_key(c) for c in b]
+    matcher = difflib.SequenceMatcher(None, keys_a, keys_b, autojunk=False)
+    aligned: list[AlignedCall] = []
+    for tag, i1, i2, j1, j2 in matcher.get_opcodes():
+        if tag == "equal":
+            aligned.extend(AlignedCall(x, y) for x, y in zip(a[i1:i2], b[j1:j2]))
+            continue
+        left, right = [c for c in a[i1:i2] if not _conversion(c)], [c for c in b[j1:j2] if not _conversion(c)]
+        # a replaced block of equal length and operators is one operator run differently (other shapes)
+        if len(left) == len(right) and all(x.operator == y.operator for x, y in zip(left, right)):
+            aligned.extend(AlignedCall(x, y) for x, y in zip(left, right))
+        else:
+            aligned.extend([AlignedCall(x, None) for x in left] + [AlignedCall(None, y) for y in right])
+    return aligned
+
+
+def _conversion(call: OperatorCall) -> bool:
+    return call.name.startswith(CONVERSIONS)
+
+
+def _key(call: OperatorCall) -> tuple:
+    return (call.phase, call.operator, module_path(call.parent),
+            tuple(t.shape for t in call.tensors_in))
+
+
+def module_path(parent: str | None) -> str:
+    """``Module.h.1.mlp.GELU.forward.0`` -> ``h.1.mlp``: the module's path in the model, without its class, phase
+    and call number ("" outside any module)."""
+    if not parent:
+        return ""
+    head = parent.split(".", 1)[1] if "." in parent else parent
+    return head.rsplit(".", 3)[0]

@@ -1,0 +1,135 @@
+"""msprobe's rule made exact: the first operator whose inputs agree and whose output does not.
+
+Each tensor pair's difference is measured on the scale of the tensor: the largest gap in max, min, mean or RMS
+(the norm over the square root of the size), over the larger RMS of the two; zero when the checksums say the bits
+are equal. An operator's output difference is *explained* when it is at most
+
+    AMPLIFICATION x (its inputs' difference)  +  ROUNDING x u x sqrt(K)
+
+where u is the unit roundoff of the coarser of the two runs' output formats and K how many input elements feed
+one output element (1 for elementwise operators, the inner size of a matmul, everything for a full sum). The
+first operator in execution order (the forward, then the backward) whose output difference is not explained is
+named; when none is, the step's differences are rounding carried forward ("drift").
+
+Statistics only bound a difference from below: inputs whose bits differ may differ in every element by the
+rounding of the coarsest format whose differences reached them (a bfloat16 pair's: 2^-8 of each element), which
+their max, min, mean and RMS barely show. So the inputs' difference is at least that format's unit roundoff on the
+inputs' scale (their peak over their RMS); the walk carries that format along (``Walk``).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from msprobe_mlflow.formats import UNIT_ROUNDOFF
+from msprobe_mlflow.locate.align import AlignedCall
+from msprobe_mlflow.trace.files import OperatorCall, Scalar, TensorSummary
+
+AMPLIFICATION = 10.0  # how much larger than its inputs' difference an operator's may grow from rounding carried in
+ROUNDING = 8.0  # the rounding an operator adds on top, in units of u x sqrt(K)
+SCALAR_TOLERANCE = 1e-3  # a numeric argument this much apart (relative) is a different argument, not noise
+_TINY = 1e-30
+_PRODUCTS = ("mm", "matmul", "linear", "mv", "dot", "conv", "attention", "einsum", "bmm", "addbmm")
+
+
+@dataclass
+class Judgement:
+    """One aligned call: its inputs' and output's differences, what rounding explains, and whether it is beyond."""
+    input_difference: float
+    output_difference: float
+    tolerance: float
+    format: str
+    beyond: bool
+    inputs_bit_equal: bool
+
+
+def tensor_difference(a: TensorSummary, b: TensorSummary) -> float:
+    """The pair's difference on the tensor's scale (0 when the bits are equal, inf when shapes differ)."""
+    if a.shape != b.shape:
+        return math.inf
+    if same_bits(a, b):
+        return 0.0
+    if None in a.statistics() or None in b.statistics():
+        return 0.0 if a.statistics() == b.statistics() else math.inf
+    size = math.sqrt(max(a.numel, 1))
+    rms_a, rms_b = a.norm / size, b.norm / size
+    scale = max(abs(rms_a), abs(rms_b), abs(a.max), abs(b.max), abs(a.min), abs(b.min)) if \
+        max(abs(rms_a), abs(rms_b)) < _TINY else max(abs(rms_a), abs(rms_b))
+    if scale < _TINY:
+        return 0.0
+    gap = max(abs(a.max - b.max), abs(a.min - b.min), abs(a.mean - b.mean), abs(rms_a - rms_b))
+    return gap / scale
+
+
+def same_bits(a: TensorSummary, b: TensorSummary) -> bool:
+    """Equal bits, where both checksums are of one kind; otherwise equal dtype and statistics."""
+    if a.checksum and b.checksum and a.checksum.split(":")[0] == b.checksum.split(":")[0]:
+        return a.checksum == b.checksum and a.dtype == b.dtype
+    return a.dtype == b.dtype and a.statistics() == b.statistics() and None not in a.statistics()
+
+
+def output_format(call: OperatorCall) -> str:
+    """The format name of a call's first floating output (``float32`` for ``torch.float32`` or ``Float32``)."""
+    for tensor in call.tensors_out:
+        name = tensor.dtype.lower().replace("torch.", "").replace("mindspore.", "")
+        if name in UNIT_ROUNDOFF:
+            return name
+    return "float32"
+
+
+def reduction_size(call: OperatorCall) -> int:
+    """How many input elements feed one output element, at most: 1 for elementwise operators, the input's size
+    over the output's for reductions, the inner size for products (bounded above by the inputs' longest last
+    dimension; a convolution's by its weight's size per output channel)."""
+    inputs = call.tensors_in
+    outputs = [t.numel for t in call.tensors_out if t.numel] or [1]
+    size = max([t.numel for t in inputs if t.numel] or [1]) // max(1, min(outputs))
+    name = call.operator.rsplit(".", 2)[-2] if call.operator.count(".") >= 2 else call.operator
+    if any(word in name for word in _PRODUCTS):
+        size = max([size] + [t.shape[-1] for t in inputs if len(t.shape) >= 2])
+        if "conv" in name:
+            size = max([size] + [t.numel // t.shape[0] for t in inputs if len(t.shape) >= 3 and t.shape[0]])
+        if "attention" in name:  # a product over keys, then one over the head's dimension
+            size = max([size] + [t.shape[-1] * t.shape[-2] for t in inputs if len(t.shape) >= 2])
+    return max(1, size)
+
+
+def judge(pair: AlignedCall, noise: float = 0.0) -> Judgement:
+    """``noise``: the unit roundoff of the coarsest format whose differences reached this call (see above)."""
+    a, b = pair.a, pair.b
+    inputs = [tensor_difference(x, y) for x, y in zip(a.tensors_in, b.tensors_in)]
+    outputs = [tensor_difference(x, y) for x, y in zip(a.tensors_out, b.tensors_out)]
+    input_difference = max(inputs, default=0.0)
+    if input_difference > 0.0:
+        peaks = [_peak(x) for x, d in zip(a.tensors_in, inputs) if d > 0.0]
+        input_difference = max(input_difference, noise * max(peaks, default=1.0))
+    output_difference = max(outputs, default=0.0)
+    fmt = max(output_format(a), output_format(b), key=UNIT_ROUNDOFF.__getitem__)
+    tolerance = AMPLIFICATION * input_difference + \
+        ROUNDING * UNIT_ROUNDOFF[fmt] * math.sqrt(max(reduction_size(a), reduction_size(b)))
+    return Judgement(input_difference, output_difference, tolerance, fmt, output_difference > tolerance,
+                     all(d == 0.0 for d in inputs))
+
+
+def _peak(tensor: TensorSummary) -> float:
+    """The largest magnitude over the RMS (1 where not known): how far an element's rounding reaches in the
+    difference measure."""
+    if None in tensor.statistics() or not tensor.norm:
+        return 1.0
+    return max(abs(tensor.max), abs(tensor.min)) / (abs(tensor.norm) / math.sqrt(max(tensor.numel, 1)))
+
+
+def differing_argument(pair: AlignedCall) -> tuple[int, Scalar, Scalar] | None:
+    """The first numeric argument (an epsilon, a scale) that differs between the two calls, with its position."""
+    scalars_a = [s for s in pair.a.inputs if isinstance(s, Scalar)]
+    scalars_b = [s for s in pair.b.inputs if isinstance(s, Scalar)]
+    for index, (x, y) in enumerate(zip(scalars_a, scalars_b)):
+        if _numeric(x.value) and _numeric(y.value):
+            scale = max(abs(float(x.value)), abs(float(y.value)), _TINY)
+            if abs(float(x.value) - float(y.value)) > SCALAR_TOLERANCE * scale:
+                return index, x, y
+    return None
+
+
+def _numeric(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(float(value))

@@ -1,0 +1,146 @@
+"""``locate`` on real trainings with real injected faults: each property of its rule (input conditioning, format
+tolerance, alignment, arguments, drift) has a test that fails when the property is taken out."""
+import math
+
+import pytest
+import torch
+
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from msprobe_mlflow.formats import UNIT_ROUNDOFF
+from msprobe_mlflow.locate import ARGUMENT, DRIFT, IDENTICAL, OPERATOR, SEQUENCE, locate
+from msprobe_mlflow.locate.judge import ROUNDING, reduction_size
+from msprobe_mlflow.torch_kernels.operator_trace import OperatorTracer
+from msprobe_mlflow.trace.files import write_trace
+from tests.tiny_transformer import Block, FaultyKernel, TinyGPT, one_ulp_up, train
+
+TRACED = 2
+
+
+def trace(root, *, fault: FaultyKernel | None = None, perturb=False, model=None, **training):
+    """Trains three steps and traces the third into ``root/step2/rank0``."""
+    state = {}
+
+    def on_step(step, phase, model):
+        if perturb and step == 0 and phase == "start":
+            one_ulp_up(model)
+        if step != TRACED:
+            return
+        if phase == "start":
+            state["tracer"] = OperatorTracer(model)
+            state["tracer"].start()
+            if fault:
+                fault.armed = True
+        else:
+            write_trace(root / f"step{step}" / "rank0", state["tracer"].stop()(), level="mix", framework="pytorch")
+            if fault:
+                fault.armed = False
+
+    if fault:
+        with fault:
+            train(TRACED + 1, on_step=on_step, model=model, **training)
+        assert fault.injected, "the fault was never injected"
+    else:
+        train(TRACED + 1, on_step=on_step, model=model, **training)
+    return root
+
+
+@pytest.fixture(scope="module")
+def baseline(tmp_path_factory):
+    return trace(tmp_path_factory.mktemp("baseline"))
+
+
+def rounding_alone(pair, fmt):
+    return ROUNDING * UNIT_ROUNDOFF[fmt] * math.sqrt(reduction_size(pair.a))
+
+
+@pytest.mark.parametrize("operator, number, phase", [("gelu", 1, "forward"), ("mm", 5, "backward"),
+                                                      ("native_layer_norm", 2, "forward")])
+def test_names_the_faulty_operator_under_float64_noise_by_its_inputs(baseline, tmp_path, operator, number, phase):
+    faulty = trace(tmp_path, fault=FaultyKernel(operator, number, phase, error=1e-2), dtype=torch.float64)
+    found = locate(baseline, faulty, step=TRACED)
+    assert found.kind == OPERATOR, found.describe()
+    assert found.pair.a.operator.split(".")[1] == operator and found.pair.a.name.endswith(f".{number}.{phase}")
+    # input conditioning: earlier operators' outputs already differ beyond rounding alone (float64 against
+    # float32 from the first operator), and only their inputs' differences explain them
+    earlier = [(pair, j) for pair, j in found.rows[:found.rows.index((found.pair, found.judgement))] if j]
+    assert any(j.output_difference > rounding_alone(pair, j.format) for pair, j in earlier)
+    assert "output differs by" in found.describe() and found.module in found.describe()
+
+
+def test_faulty_operator_module_and_call_site(baseline, tmp_path):
+    faulty = trace(tmp_path, fault=FaultyKernel("gelu", 1, error=1e-2), perturb=True)
+    found = locate(baseline, faulty, step=TRACED)
+    assert (found.kind, found.pair.b.name, found.module) == (OPERATOR, "Aten.gelu.default.1.forward", "h.1.mlp.1")
+    assert "tiny_transformer.py" in found.describe()
+
+
+@pytest.mark.parametrize("noise", ["float64", "one ulp", "bfloat16 autocast"])
+def test_benign_pairs_are_drift(baseline, tmp_path, noise):
+    training = {"float64": {"dtype": torch.float64}, "one ulp": {"perturb": True},
+                "bfloat16 autocast": {"autocast": True}}[noise]
+    found = locate(baseline, trace(tmp_path, **training), step=TRACED)
+    assert found.kind == DRIFT, found.describe()
+    assert found.describe().startswith("drift: every operator's output difference follows from its inputs")
+
+
+class ReorderedMatmul(TorchDispatchMode):
+    """Another device's matmul kernel: it rounds the products of the inner dimension's two halves to the output's
+    format, then adds them."""
+    armed, injected = False, 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        output = func(*args, **(kwargs or {}))
+        if self.armed and func is torch.ops.aten.mm.default:
+            a, b = args
+            half = a.shape[1] // 2
+            halves = [(x.float() @ y.float()).to(output.dtype).float()
+                      for x, y in ((a[:, :half], b[:half]), (a[:, half:], b[half:]))]
+            output.copy_(halves[0] + halves[1])
+            self.injected = 1
+        return output
+
+
+def test_a_kernel_rounding_otherwise_in_its_format_is_not_named(tmp_path):
+    """Both runs in bfloat16 autocast, one matmul kernel summing in another order: its inputs have equal bits
+    and its output differs by bfloat16 rounding, which float32's would not explain."""
+    reference = trace(tmp_path / "a", autocast=True)
+    found = locate(reference, trace(tmp_path / "b", fault=ReorderedMatmul(), autocast=True), step=TRACED)
+    assert found.kind == DRIFT, found.describe()
+    first = next((pair, j) for pair, j in found.rows if j and j.output_difference > 0)
+    assert first[0].a.operator == "Aten.mm.default" and first[1].inputs_bit_equal and first[1].format == "bfloat16"
+    assert first[1].output_difference > rounding_alone(first[0], "float32")
+
+
+def test_same_training_twice_is_identical(baseline, tmp_path):
+    assert locate(baseline, trace(tmp_path), step=TRACED).kind == IDENTICAL
+
+
+class ScaledBlock(Block):
+    """One more operator in the block's forward: B's model runs an extra multiplication."""
+
+    def forward(self, x):
+        return super().forward(x) * 1.0
+
+
+def test_an_operator_in_one_run_only_is_the_first_finding(baseline, tmp_path):
+    torch.manual_seed(0)
+    model = TinyGPT()
+    with torch.no_grad():
+        changed = ScaledBlock(32, 2)
+        changed.load_state_dict(model.h[1].state_dict())
+        model.h[1] = changed
+    found = locate(baseline, trace(tmp_path, model=model), step=TRACED)
+    assert found.kind == SEQUENCE, found.describe()
+    assert found.pair.a is None and found.pair.b.operator == "Aten.mul.Tensor" and found.module == "h.1"
+    assert "ran in B only" in found.describe()
+
+
+def test_a_changed_epsilon_is_named_with_its_values(baseline, tmp_path):
+    torch.manual_seed(0)
+    model = TinyGPT()
+    model.h[1].ln_1.eps = 1e-3
+    found = locate(baseline, trace(tmp_path, model=model), step=TRACED)
+    assert found.kind == ARGUMENT, found.describe()
+    assert (found.pair.a.name, found.module) == ("Aten.native_layer_norm.default.2.forward", "h.1.ln_1")
+    assert "1e-05 in A and 0.001 in B" in found.describe()
