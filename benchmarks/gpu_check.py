@@ -4,9 +4,7 @@ thread, and iteration-time ratios against no monitor. Run on a GPU machine; writ
     PYTHONPATH=. python benchmarks/gpu_check.py --out benchmarks/results [--device cuda]
 
 It measures 16 x Linear(2048) fp32 (67M), 256 x Linear(64) fp32 (512 tensors) and 16 x Linear(8192) bf16 (1.07B
-parameters; ``--skip-big`` leaves it out), at L0 (MD5 and the ``mix64`` device checksum), L1 and L2. There is one
-path to measure on a device: the overlap (``overlap=True``) computes early on the CPU only, and on an accelerator
-the monitor says it is off (``msprobe_mlflow.overlap``: ``off: gradients on cuda ...``).
+parameters; ``--skip-big`` leaves it out), at L0 (MD5 and the ``mix64`` device checksum), L1 and L2.
 
 Needs torch and numpy only (MLflow logging is off here: the GPU machine has no tracking store).
 """

@@ -2,11 +2,10 @@
 
 Two models: 16 x nn.Linear(2048, 2048) (67M float32 parameters, 32 tensors, batch 8), where the gradients' bytes
 dominate, and 256 x nn.Linear(64, 64) (512 small tensors, batch 8), where per-parameter overheads dominate; SGD
-with momentum. Variants: no monitor; msprobe 1.0.3 and ours at L0, L1, L2 (bounds [-1, 0, 1]); ours at L1 and L2
-with ``overlap=True`` (on where torch leaves a core free, else off as by default); ours at L2 logging into MLflow
-(a SQLite store in a temporary folder); ours at L2 cut short after its probe, its writer thread and its local dump
-(``STAGES``: where the time goes). Every round runs each variant once, in an order rotated by one each round
-(drift in the machine's load hits all alike): attach, one probed warm-up iteration, ``--iterations`` timed
+with momentum. Variants: no monitor; msprobe 1.0.3 and ours at L0, L1, L2 (bounds [-1, 0, 1]); ours at L2 logging
+into MLflow (a SQLite store in a temporary folder); ours at L2 cut short after its probe, its writer thread and its
+local dump (``STAGES``: where the time goes). Every round runs each variant once, in an order rotated by one each
+round (drift in the machine's load hits all alike): attach, one probed warm-up iteration, ``--iterations`` timed
 iterations, detach. Reported per variant, as medians over rounds:
 
 - iteration: wall time of one full iteration (zero_grad, forward, backward, optimizer step with the probe);
@@ -144,12 +143,12 @@ STAGES = {PROBE_ONLY: "the hook computes each step's statistics, which go nowher
 
 
 def attach_ours(level: str, with_mlflow: bool, workload: Workload, folder: Path,
-                stage: str | None = None, overlap: bool | None = None) -> Attached:
+                stage: str | None = None) -> Attached:
     import mlflow
 
     run = mlflow.start_run() if with_mlflow else None
     monitor = GradientMonitor(GradProbeConfig(dump_path=str(folder), level=level, bounds=BOUNDS),
-                              log_to_mlflow=with_mlflow, anomaly_flags=stage is None, overlap=overlap)
+                              log_to_mlflow=with_mlflow, anomaly_flags=stage is None)
     monitor.monitor(workload.model, workload.optimizer)
     if stage == PROBE_ONLY:
         monitor._session.submit = lambda pending: None
@@ -208,9 +207,6 @@ def variants() -> list[Variant]:
     for level in LEVELS:
         found.append(Variant(f"msprobe 1.0.3 {level}", lambda w, f, level=level: attach_msprobe(level, w, f)))
         found.append(Variant(f"ours {level}", lambda w, f, level=level: attach_ours(level, False, w, f)))
-    found += [Variant(f"ours {level} + overlap", lambda w, f, level=level: attach_ours(level, False, w, f,
-                                                                                    overlap=True))
-              for level in ("L1", "L2")]
     found.append(Variant(MLFLOW_VARIANT, lambda w, f: attach_ours("L2", True, w, f)))
     found += [Variant(stage, lambda w, f, stage=stage: attach_ours("L2", False, w, f, stage)) for stage in STAGES]
     return found
@@ -615,20 +611,10 @@ def kernel_passes(repeats: int = 30) -> int:
     tensors = [torch.from_numpy(a) for a in arrays]
     np_max, norm = fastest(lambda: [np.max(a) for a in arrays]), fastest(lambda: torch._foreach_norm(tensors))
     core, l1, l2 = fastest(kernel(False, False)), fastest(kernel(False, True)), fastest(kernel(True, True))
-    on_one_core = []  # L2 as the overlap's worker computes it, beside backward
-
-    def one_core_l2() -> None:
-        fused.on_one_core()
-        on_one_core.append(fastest(kernel(True, True)))
-
-    worker = threading.Thread(target=one_core_l2)
-    worker.start()
-    worker.join()
     print(f"16 x 4M float32, torch on {torch.get_num_threads()} thread(s), the kernel in the pre-hook on "
           f"{fused.worker_threads()}: np.max {np_max * 1e3:.1f} ms, torch._foreach_norm {norm * 1e3:.1f} ms; kernel: "
           f"max, min and norm {core * 1e3:.1f} ms, L1 (+ signs) {l1 * 1e3:.1f} ms = {l1 / np_max:.2f} np.max passes, "
-          f"L2 (+ bound and zero counts) {l2 * 1e3:.1f} ms = {l2 / np_max:.2f}; L2 on one core "
-          f"{on_one_core[0] * 1e3:.1f} ms")
+          f"L2 (+ bound and zero counts) {l2 * 1e3:.1f} ms = {l2 / np_max:.2f}")
     return md5_and_write_costs(tensors, fastest)
 
 

@@ -71,16 +71,15 @@ def mlflow_logger_tracking_uri(logger) -> str | None:
 
 def tensor_version(tensor):
     """The tensor's in-place version counter (``Tensor._version``), which every in-place op bumps. Where torch has
-    none, a value equal to no other: every gradient then counts as changed, so the overlap's records stay exact and
-    it only gains nothing (``pytorch/overlap.py``)."""
+    none, a value equal to no other: every tensor then counts as changed."""
     return getattr(tensor, "_version", object())
 
 
 def foreach_norm(tensors: list, dtype=None) -> list:
     """Each tensor's 2-norm in one call (``torch._foreach_norm``, as ``clip_grad_norm_`` uses), accumulated and
     returned in ``dtype`` (None: the tensors'); where torch drops it, ``torch.linalg.vector_norm`` one tensor at a
-    time: slower, and a norm may differ from ``_foreach_norm``'s in its last bit (the overlap then computes that
-    gradient again; a recorded norm may change in that bit)."""
+    time: slower, and a norm may differ from ``_foreach_norm``'s in its last bit (a recorded norm may change in
+    that bit)."""
     import torch
 
     if hasattr(torch, "_foreach_norm"):

@@ -48,7 +48,6 @@ MISSING_RANKS_TAG = f"{TAG_PREFIX}missing_ranks"  # the ranks that never said ho
 UNSENT_SUMMARY_RANKS_TAG = f"{TAG_PREFIX}unsent_summary_ranks"  # ranks whose values rank 0 could not send
 MLFLOW_STEP_OFFSET_TAG = f"{TAG_PREFIX}mlflow_step_offset"  # added to the dump's steps for MLflow's
 RECORDED_TAG = f"{TAG_PREFIX}gradients_recorded"  # what the recorded gradients are (before or after clipping)
-OVERLAP_TAG = f"{TAG_PREFIX}overlap"  # whether the probe overlapped backward, or why not
 FAILED_STEPS_TAG = f"{TAG_PREFIX}failed_steps"  # steps whose probe failed
 TRAINING_ID_TAG = f"{TAG_PREFIX}training_id"  # the training whose dump the run holds (the dump's training ID)
 

@@ -65,7 +65,7 @@ def test_beyond_torchs_threads_it_starts_threads_of_its_own(torch_threads):
 
 
 @pytest.mark.parametrize("threads", [1, 2])
-def test_the_statistics_are_the_same_on_either_kind_of_thread(torch_threads, threads):
+def test_the_statistics_are_the_same_on_either_kind_of_thread(torch_threads, threads, monkeypatch):
     torch_threads(threads)
     arrays = [torch.randn(size, generator=torch.Generator().manual_seed(size)).numpy()
               for size in [fused.PARALLEL_MIN // 2, fused.PARALLEL_MIN // 2 + 13, 5 * fused.BLOCK + 1, 7]]
@@ -75,13 +75,11 @@ def test_the_statistics_are_the_same_on_either_kind_of_thread(torch_threads, thr
     results = []
     for parallel in (False, True):
         signs = torch.full((offsets[-1] + 1,), 0xAA, dtype=torch.uint8).numpy()
-        if not parallel:
-            fused.on_one_core()
-        try:
+        with monkeypatch.context() as patch:
+            if not parallel:
+                patch.setattr(fused, "worker_threads", lambda: 1)
             out = fused.statistics(arrays, [-1, 0, 1], with_counts=True, with_signs=True, sign_offsets=offsets,
                                    signs=signs, with_norms=True)
-        finally:
-            fused._this_thread.one_core = False
         results.append([*out, signs])
     for one_core, spread in zip(*results):
         assert one_core.tobytes() == spread.tobytes()

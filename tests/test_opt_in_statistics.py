@@ -1,6 +1,6 @@
 """The monitors' ``statistics=`` option: the opt-in columns of the statistic table (``mean``, ``abs_mean``) in the
-summary CSV after ``norm``, and their metrics, on PyTorch with the overlap on and off (and MindSpore, real), against
-numpy's means of the gradients the optimizer applied; none by default (msprobe's columns, byte for byte)."""
+summary CSV after ``norm``, and their metrics, on PyTorch (and MindSpore, real), against numpy's means of the
+gradients the optimizer applied; none by default (msprobe's columns, byte for byte)."""
 from __future__ import annotations
 
 import json
@@ -13,7 +13,7 @@ import torch
 from msprobe_mlflow import MonitorOptions
 from msprobe_mlflow.config import GradProbeConfig
 from msprobe_mlflow.dump import read_summary, summary_csv_path
-from msprobe_mlflow.pytorch import GradientMonitor, overlap as overlap_module
+from msprobe_mlflow.pytorch import GradientMonitor
 
 STATISTICS = ["mean", "abs_mean"]
 
@@ -24,13 +24,9 @@ def expected_columns(grads: dict[str, np.ndarray]) -> dict[str, list[float]]:
             "abs_mean": [float(np.float32(np.abs(v).mean())) for v in values]}
 
 
-def train_torch(dump, overlap: bool, monkeypatch, statistics=STATISTICS, steps: int = 3, weights=None) -> list[dict]:
+def train_torch(dump, statistics=STATISTICS, steps: int = 3, weights=None) -> list[dict]:
     """Each step's gradients as the optimizer saw them (numpy), in parameter order (``weights``: a list that gets
     each step's parameters as the optimizer saw them)."""
-    if overlap:  # this small model on a 2-core machine: forced on, as the overlap's own tests do
-        monkeypatch.setattr(overlap_module, "MIN_AVERAGE_ELEMENTS", 0)
-        monkeypatch.setattr(overlap_module, "cores_left_to_a_worker", lambda: 1)
-        monkeypatch.setattr(overlap_module, "BUCKET_ELEMENTS", 1)
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(6, 5), torch.nn.Tanh(), torch.nn.Linear(5, 3))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
@@ -41,19 +37,18 @@ def train_torch(dump, overlap: bool, monkeypatch, statistics=STATISTICS, steps: 
         optimizer.register_step_pre_hook(lambda *_: weights.append(
             [p.detach().numpy().astype(np.float64) for p in model.parameters()]))
     monitor = GradientMonitor(GradProbeConfig(dump_path=str(dump), level="L2", bounds=[-0.1, 0, 0.1]),
-                              log_to_mlflow=False, metrics_file=True, overlap=overlap, statistics=statistics)
+                              log_to_mlflow=False, metrics_file=True, statistics=statistics)
     with monitor.monitor(model, optimizer):
         for step in range(steps):
             optimizer.zero_grad()
             model(torch.linspace(-2, 2, 8 * 6).reshape(8, 6) * (step + 1)).pow(2).mean().backward()
             optimizer.step()
-    assert monitor.errors == [] and monitor.overlap == ("on" if overlap else "off: overlap=False")
+    assert monitor.errors == []
     return seen
 
 
-@pytest.mark.parametrize("overlap", [True, False], ids=["overlap", "at-step"])
-def test_the_opt_in_columns_hold_each_gradients_mean_and_their_metrics_the_models(tmp_path, monkeypatch, overlap):
-    seen = train_torch(tmp_path, overlap, monkeypatch)
+def test_the_opt_in_columns_hold_each_gradients_mean_and_their_metrics_the_models(tmp_path):
+    seen = train_torch(tmp_path)
     lines = [json.loads(line) for line in (tmp_path / "rank0" / "metrics.jsonl").read_text().splitlines()]
     for step, grads in enumerate(seen):
         table = read_summary(summary_csv_path(tmp_path, 0, step))
@@ -65,19 +60,17 @@ def test_the_opt_in_columns_hold_each_gradients_mean_and_their_metrics_the_model
         assert lines[step]["abs_mean"] == pytest.approx(np.abs(everything).mean(), rel=1e-5)
 
 
-def test_without_the_option_the_csv_has_msprobes_columns_and_no_such_metric(tmp_path, monkeypatch):
-    train_torch(tmp_path, False, monkeypatch, statistics=[], steps=1)
+def test_without_the_option_the_csv_has_msprobes_columns_and_no_such_metric(tmp_path):
+    train_torch(tmp_path, statistics=[], steps=1)
     table = read_summary(summary_csv_path(tmp_path, 0, 0))
     assert not set(STATISTICS) & set(table.header) and table.header[-2:] == ["norm", "shape"]
     line = json.loads((tmp_path / "rank0" / "metrics.jsonl").read_text())
     assert not set(STATISTICS) & set(line)
 
 
-@pytest.mark.parametrize("overlap", [True, False], ids=["overlap", "at-step"])
-def test_param_norm_holds_each_parameters_own_norm_before_the_update_last_and_its_total(tmp_path, monkeypatch,
-                                                                                        overlap):
+def test_param_norm_holds_each_parameters_own_norm_before_the_update_last_and_its_total(tmp_path):
     weights = []
-    train_torch(tmp_path, overlap, monkeypatch, statistics=["param_norm", "mean"], weights=weights)
+    train_torch(tmp_path, statistics=["param_norm", "mean"], weights=weights)
     lines = [json.loads(line) for line in (tmp_path / "rank0" / "metrics.jsonl").read_text().splitlines()]
     for step, parameters in enumerate(weights):
         table = read_summary(summary_csv_path(tmp_path, 0, step))

@@ -26,7 +26,7 @@ from msprobe_mlflow.tracking.options import TrackingOptions
 DOCS = Path(__file__).resolve().parents[1] / "docs" / "options.md"
 SOME = dict(log_every_n_steps=3, param_metrics=["0.*"], aggregate_metrics=False, archive_every_n_steps=2,
             anomaly_flags=False, spike_threshold=5.0, spike_window=8, directions_every_n_steps=2,
-            metrics_file=True, silent=True, overlap=False, tracking_uri="sqlite:///elsewhere.db")
+            metrics_file=True, silent=True, tracking_uri="sqlite:///elsewhere.db")
 
 
 class CountingSink:
@@ -50,7 +50,7 @@ def test_the_keywords_fill_the_groups_and_come_back_unchanged():
                                                archive_every_n_steps=2)
     assert options.anomalies == AnomalyOptions(anomaly_flags=False, spike_threshold=5.0, spike_window=8)
     assert options.tier == TierOptions(directions_every_n_steps=2)
-    assert (options.live_verdict, options.metrics_file, options.silent, options.overlap) == (None, True, True, False)
+    assert (options.live_verdict, options.metrics_file, options.silent) == (None, True, True)
     assert options.changed() == {**SOME, "param_metrics": ("0.*",)}
     assert MonitorOptions.of(**options.keywords()) == options
 
@@ -134,13 +134,29 @@ def test_an_unknown_option_is_refused_naming_the_closest_and_every_accepted_one(
     assert all(name in message for name in KEYWORDS)
 
 
+REMOVED_OVERLAP = ("overlap was removed: the step kernel reads gradients at memory speed, so computing during "
+                   "backward was slower on every measured setting")
+
+
+@pytest.mark.parametrize("make", [
+    lambda: MonitorOptions.of(overlap=True),
+    lambda: MonitorOptions.of(log_every_n_step=2, overlap=False),
+    lambda: GradientMonitor(GradProbeConfig(dump_path="dump"), overlap=True),
+    lambda: GradientMonitor(GradProbeConfig(dump_path="dump"), options=MonitorOptions.of(silent=True), overlap=False),
+    lambda: msprobe_mlflow.autolog(overlap=True),
+], ids=["of", "of-beside-a-misspelling", "monitor", "monitor-beside-options", "autolog"])
+def test_overlap_is_refused_saying_it_was_removed_and_why(make):
+    with pytest.raises(TypeError) as error:
+        make()
+    assert str(error.value).startswith(REMOVED_OVERLAP) and "overlap" not in KEYWORDS
+
+
 @pytest.mark.parametrize("keywords, refused", [
     ({"log_every_n_steps": 0}, "log_every_n_steps = 0 is not accepted; expected an integer >= 1"),
     ({"mlflow_step_offset": -1}, "mlflow_step_offset = -1 is not accepted; expected an integer >= 0"),
     ({"silent": "yes"}, "silent = 'yes' is not accepted; expected True or False"),
     ({"metrics_file": 1}, "metrics_file = 1 is not accepted; expected True or False"),
     ({"log_to_mlflow": None}, "log_to_mlflow = None is not accepted; expected True or False"),
-    ({"overlap": 1}, "overlap = 1 is not accepted; expected True or False"),
     ({"sinks": [print]}, "sinks = [<built-in function print>] is not accepted; expected a list of objects with "
                          "handle(record), flush() and close()"),
     ({"spike_window": 3}, "spike_window = 3 is not accepted; expected an integer >= 4"),

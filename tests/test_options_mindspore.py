@@ -1,5 +1,5 @@
 """MindSpore's monitor and callback take the same options object as PyTorch's (real MindSpore, CPU): the always-on
-tier, the archives and the aggregation switch work there, and ``overlap``, PyTorch's only, is refused saying why."""
+tier, the archives and the aggregation switch work there, and ``overlap``, removed, is refused saying why."""
 from __future__ import annotations
 
 import mlflow
@@ -15,10 +15,11 @@ from msprobe_mlflow.mindspore import GradientMonitor, GradProbeCallback  # noqa:
 
 
 @pytest.mark.parametrize("overlap", [True, False])
-def test_overlap_is_refused_saying_it_is_the_pytorch_monitors(overlap, tmp_path):
-    with pytest.raises(ValueError, match=rf"^overlap = {overlap} is not accepted by the MindSpore monitor; leave it "
-                                         r"out: it is the PyTorch monitor's"):
-        GradientMonitor(GradProbeConfig(dump_path=str(tmp_path)), options=MonitorOptions(overlap=overlap))
+def test_overlap_is_refused_saying_it_was_removed(overlap, tmp_path):
+    with pytest.raises(TypeError, match=r"^overlap was removed: the step kernel reads gradients at memory speed"):
+        GradientMonitor(GradProbeConfig(dump_path=str(tmp_path)), overlap=overlap)
+    with pytest.raises(TypeError, match=r"^overlap was removed: "):
+        GradProbeCallback({"task": "grad_probe", "dump_path": str(tmp_path)}, overlap=overlap)
 
 
 def test_the_callback_takes_the_tier_archives_and_aggregation_from_the_object(tmp_experiment, tmp_path):

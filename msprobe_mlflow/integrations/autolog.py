@@ -11,7 +11,6 @@ here and a MindSpore-only or PyTorch-only install has what it needs: PyTorch's o
 from __future__ import annotations
 
 import os
-from dataclasses import replace
 
 from msprobe_mlflow.config import GradProbeConfig, autolog_config
 from msprobe_mlflow.mindspore.autologging import autolog_when_imported
@@ -39,7 +38,7 @@ def autolog(config: GradProbeConfig | str | os.PathLike | dict | None = None, *,
         silent: no warnings and no start and end lines from msprobe-mlflow; they go to the ``msprobe_mlflow``
             logger only.
         options: the monitors' (:class:`~msprobe_mlflow.MonitorOptions`), or their keywords, but for
-            those autolog chooses itself (``NOT_FOR_AUTOLOG``); ``overlap`` is the PyTorch monitors'.
+            those autolog chooses itself (``NOT_FOR_AUTOLOG``).
     """
     global _installed, _waiting_for_torch
     options = MonitorOptions.of(options, **keywords)
@@ -56,7 +55,7 @@ def autolog(config: GradProbeConfig | str | os.PathLike | dict | None = None, *,
                  silent=silent)
     # MindSpore: Model.train gets a GradProbeCallback, from when mindspore is imported
     autolog_when_imported(config=config, level=level, bounds=bounds, dump_path=dump_path, disable=disable,
-                          silent=silent, options=replace(options, overlap=None))
+                          silent=silent, options=options)
 
 
 @autologging.integration(FLAVOR_NAME)

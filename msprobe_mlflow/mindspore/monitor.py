@@ -37,11 +37,10 @@ _monitored_optimizers: dict[int, "GradientMonitor"] = {}
 class GradientMonitor(SessionMonitor):
     """Probes the gradients an optimizer receives at each of its steps, writes msprobe's dump and logs into MLflow.
 
-    ``options`` (or their keywords): :class:`~msprobe_mlflow.MonitorOptions`, all but the PyTorch
-    monitor's ``overlap`` (refused: this monitor computes the statistics inside the optimizer's step). Under
-    ``msrun`` (``mindspore.communication``), every rank logs into rank 0's run (call ``monitor()`` on every rank).
-    Use as ``GradientMonitor(config).monitor(optimizer)`` ... ``stop()``, or as a context manager; in graph mode
-    add ``monitor.collect()`` after each train step (``Model.train``: use
+    ``options`` (or their keywords): :class:`~msprobe_mlflow.MonitorOptions`. Under ``msrun``
+    (``mindspore.communication``), every rank logs into rank 0's run (call ``monitor()`` on every rank). Use as
+    ``GradientMonitor(config).monitor(optimizer)`` ... ``stop()``, or as a context manager; in graph mode add
+    ``monitor.collect()`` after each train step (``Model.train``: use
     :class:`~msprobe_mlflow.mindspore.callback.GradProbeCallback` instead). ``step`` is the number of optimizer
     steps counted so far (as of the last collection).
     """
@@ -49,10 +48,6 @@ class GradientMonitor(SessionMonitor):
     def __init__(self, config: GradProbeConfig | str | os.PathLike | dict, *, options: MonitorOptions | None = None,
                  **keywords):
         super().__init__(config, options=options, **keywords)
-        if self.options.overlap is not None:
-            raise ValueError(f"overlap = {self.options.overlap!r} is not accepted by the MindSpore monitor; leave it "
-                             f"out: it is the PyTorch monitor's (statistics during backward), and this monitor "
-                             f"computes them inside the optimizer's step already")
         self.config = self.config.for_framework("mindspore")
         if self.config.checksum != "md5":  # the device checksum exists on the PyTorch path only
             raise ValueError(f"{self.config.source}: checksum = {self.config.checksum!r} is not accepted by the "

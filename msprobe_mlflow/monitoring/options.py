@@ -20,6 +20,9 @@ from msprobe_mlflow.tracking.options import TrackingOptions
 GROUPS = {"live_verdict": BaselineOptions, "anomalies": AnomalyOptions, "tier": TierOptions,
           "tracking": TrackingOptions}
 BOOLEANS = ("log_to_mlflow", "metrics_file", "silent")
+# Options there were, refused saying why they went (``options.md``), not taken for a misspelling.
+REMOVED = {"overlap": "overlap was removed: the step kernel reads gradients at memory speed, so computing during "
+                      "backward was slower on every measured setting; leave it out"}
 
 
 @dataclass(frozen=True)
@@ -36,9 +39,6 @@ class MonitorOptions:
       outputs (``handle(record)``, ``flush()``, ``close()``), fed after the local dump; ``silent``: no
       warnings, problems go to the ``msprobe_mlflow`` logger only, and so do the monitor's start and end lines
       (``monitoring.status_lines``), at INFO.
-    - ``overlap`` (the PyTorch monitor's only): True: statistics computed during backward where that is exact
-      (``msprobe_mlflow.pytorch.overlap``); None (the default) and False: all at ``step()`` (None: the run's tag
-      says why, as measured on the CPU).
     - ``statistics``: opt-in columns after ``norm`` in the summary CSV (names from
       :data:`msprobe_mlflow.statistics_table.OPT_IN`): the gradient's ``mean``, ``abs_mean`` (and their run
       metrics), then the parameter's own ``param_norm`` (the comparator judges it too); none by default, so
@@ -56,7 +56,6 @@ class MonitorOptions:
     metrics_file: bool = False
     sinks: tuple[StepSink, ...] = ()
     silent: bool = False
-    overlap: bool | None = None
     statistics: tuple[str, ...] = ()
 
     def __post_init__(self):
@@ -67,8 +66,6 @@ class MonitorOptions:
         for name in BOOLEANS:
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} = {getattr(self, name)!r} is not accepted; expected True or False")
-        if self.overlap is not None and not isinstance(self.overlap, bool):
-            raise ValueError(f"overlap = {self.overlap!r} is not accepted; expected True or False")
         if not isinstance(self.sinks, (list, tuple)) or not all(isinstance(sink, StepSink) for sink in self.sinks):
             raise ValueError(f"sinks = {self.sinks!r} is not accepted; expected a list of objects with handle(record), "
                              f"flush() and close()")
@@ -85,10 +82,10 @@ class MonitorOptions:
     @classmethod
     def of(cls, options: "MonitorOptions | None" = None, **keywords) -> "MonitorOptions":
         """``options`` (None: the defaults) with the keywords given changed: the one place keywords become options.
-        An unknown keyword is refused naming the closest accepted one."""
+        An unknown keyword is refused naming the closest accepted one, a removed one saying why it went."""
         if options is not None and not isinstance(options, MonitorOptions):
             raise ValueError(f"options = {options!r} is not accepted; expected a MonitorOptions")
-        unknown = [name for name in keywords if name not in KEYWORDS]
+        unknown = sorted((name for name in keywords if name not in KEYWORDS), key=lambda name: name not in REMOVED)
         if unknown:
             raise TypeError(unknown_option_message(unknown[0]))
         if not keywords:
@@ -150,6 +147,8 @@ DEFAULT = MonitorOptions()
 
 
 def unknown_option_message(name: str, accepted=KEYWORDS) -> str:
+    if name in REMOVED:
+        return REMOVED[name]
     close = difflib.get_close_matches(name, accepted, n=1)
     hint = f"; did you mean {close[0]!r}?" if close else "."
     return (f"{name!r} is not an option of the gradient monitor{hint} Accepted: {', '.join(sorted(accepted))} "

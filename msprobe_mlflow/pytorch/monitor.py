@@ -10,17 +10,11 @@ unscaling and clipping when those happen before ``step()``. Names are the eager 
 (:mod:`msprobe_mlflow.parameter_names`), and DTensor gradients (FSDP2) get their full gradient's statistics
 (:mod:`msprobe_mlflow.torch_kernels.sharded`), as do FSDP1's flattened gradients, under the original parameters'
 names and shapes (:mod:`msprobe_mlflow.pytorch.fsdp1`).
-
-With ``overlap=True``, each gradient's statistics are computed as it becomes final during backward, on a worker
-thread, and checked at ``step()`` (:mod:`msprobe_mlflow.pytorch.overlap`): the records are the same. It is off by
-default: the pre-hook's kernel reads at memory speed, so the check costs the training thread as much as computing
-at ``step()``, and the worker adds CPU. The run's tag ``msprobe_mlflow.overlap`` says ``on``, or ``off: <why>``.
 """
 from __future__ import annotations
 
 import os
 
-import numpy as np
 import torch
 from torch.optim.optimizer import register_optimizer_step_pre_hook
 
@@ -31,8 +25,6 @@ from msprobe_mlflow.monitoring.session_monitor import SessionMonitor
 from msprobe_mlflow.parameter_names import eager_named_parameters
 from msprobe_mlflow.pytorch.compute_format import ComputeFormatWatch
 from msprobe_mlflow.pytorch.distributed import current_rank, shared_run_id, summary_all_gather, world_size
-from msprobe_mlflow.pytorch.overlap import (NOT_ASKED_FOR, EarlyStatistics, launch_with_early, step_level,
-                                            usable_parts, why_off)
 from msprobe_mlflow.pytorch.fsdp1 import FlatSlot, fsdp1_named_parameters, has_fsdp1
 from msprobe_mlflow.records import with_compute_format, with_parameter_norms
 from msprobe_mlflow.session import RankPolicy
@@ -40,7 +32,7 @@ from msprobe_mlflow.statistics_table import PARAMETER_NORM
 from msprobe_mlflow.torch_kernels.parameter_norms import launch_parameter_norms
 from msprobe_mlflow.torch_kernels.sharded import FlatPiece, has_sharded, launch_sharded_statistics
 from msprobe_mlflow.torch_kernels.statistics import StatisticsCache, launch_step_statistics
-from msprobe_mlflow.vocabulary import FAILED_STEPS_TAG, OVERLAP_TAG, RECORDED_TAG, TAG_RANGES_LIMIT, rank_tag
+from msprobe_mlflow.vocabulary import FAILED_STEPS_TAG, RECORDED_TAG, TAG_RANGES_LIMIT, rank_tag
 
 
 # model id -> the monitor watching it, so two monitors never probe one model by accident.
@@ -50,7 +42,7 @@ _monitored_models: dict[int, "GradientMonitor"] = {}
 class GradientMonitor(SessionMonitor):
     """Probes gradients at every step of one optimizer, writes msprobe's dump and logs into MLflow.
 
-    ``options`` (or their keywords): :class:`~msprobe_mlflow.MonitorOptions`, ``overlap`` included. Under
+    ``options`` (or their keywords): :class:`~msprobe_mlflow.MonitorOptions`. Under
     torch.distributed, every rank logs into rank 0's run (call ``monitor()`` on every rank). Use as
     ``GradientMonitor(config).monitor(model, optimizer)`` ... ``stop()``, or as a context manager.
     """
@@ -58,11 +50,6 @@ class GradientMonitor(SessionMonitor):
     def __init__(self, config: GradProbeConfig | str | os.PathLike | dict, *, options: MonitorOptions | None = None,
                  **keywords):
         super().__init__(config, options=options, **keywords)
-        self.overlap = "off: not monitoring yet"  # "on", or "off: <why>" (also the run's tag)
-        self._early: EarlyStatistics | None = None
-        self.early_gradients = 0  # gradients whose statistics the overlap computed during backward (all steps)
-        self._in_closure = False  # while optimizer.step(closure) runs the closure: hooks record _closure_step
-        self._closure_step: int | None = None  # None: the closure's step is probed already
         self._parameters: list[tuple[str, torch.nn.Parameter, FlatSlot | None]] = []
         self._parameter_names: list[str] = []
         self._plain_parameters: list[torch.nn.Parameter] = []
@@ -111,7 +98,6 @@ class GradientMonitor(SessionMonitor):
         missing = set(self.config.param_list) - {n for n, _, _ in named}
         if missing:
             self.notices.warn(f"grad_probe.param_list names parameters the model does not have: {sorted(missing)}")
-        self._start_overlap(model)
         self._formats = ComputeFormatWatch(model, [p for _, p, _ in self._parameters])
         self._optimizer = optimizer
         self._model_id = id(model)
@@ -121,29 +107,6 @@ class GradientMonitor(SessionMonitor):
         else:
             self._hook = register_optimizer_step_pre_hook(self._on_optimizer_step)
         return self
-
-    def _start_overlap(self, model: torch.nn.Module) -> None:
-        """Hooks each parameter for the early statistics, or says why not (a warning only if asked for and off)."""
-        reason = "overlap=False" if self.options.overlap is False else self._unsupported or \
-            why_off(model, self._parameters, level=self.config.level, writes=self._session.ranks.probes)
-        if reason is None and self.options.overlap is None:
-            reason = NOT_ASKED_FOR
-        self.overlap = "on" if reason is None else f"off: {reason}"
-        if reason is None:
-            self._early = EarlyStatistics([p for _, p, _ in self._parameters], self._early_settings)
-        elif self.options.overlap:
-            self.notices.warn(f"overlap=True, but the overlap is off here: {reason}")
-        ranks = self._session.ranks
-        self.tag_run({OVERLAP_TAG if ranks.world_size == 1 else rank_tag(ranks.rank, "overlap"):
-                      self.overlap}, self.step)
-
-    def _early_settings(self) -> tuple | None:
-        """For the hooks: what the coming probe records, or None when it records nothing early."""
-        step = self._closure_step if self._in_closure else self.step
-        if step is None or not self.config.wants_step(step):
-            return None
-        level = step_level(self.config.level, self.directions_schedule.wants(step))
-        return level, [np.float32(b) for b in self.config.bounds], self.options.gradient_statistics
 
     def _owns_model_parameters(self, optimizer: torch.optim.Optimizer) -> bool:
         watched = {id(p) for _, p, _ in self._parameters}
@@ -170,11 +133,7 @@ class GradientMonitor(SessionMonitor):
 
         def closure_then_probe():
             nonlocal probed
-            self._in_closure, self._closure_step = True, None if probed else step
-            try:
-                loss = closure()
-            finally:
-                self._in_closure = False
+            loss = closure()
             if not probed:
                 probed = True
                 self._probe_step(step)
@@ -200,8 +159,6 @@ class GradientMonitor(SessionMonitor):
     def _probe_step(self, step: int) -> None:
         ranks = self._session.ranks
         if not self.config.wants_step(step):
-            if self._early:
-                self._early.take()  # nothing was computed early; the hooks start afresh
             return
         try:
             self._probe(ranks.rank, step, ranks.probes)
@@ -209,11 +166,10 @@ class GradientMonitor(SessionMonitor):
             self._report_failure(step, e)
 
     def _probe(self, rank: int, step: int, writes: bool) -> None:
-        buckets = self._early.take() if self._early else {}
         compute_format = self._formats.take() if self._formats else None
         if self._unsupported:
             raise NotImplementedError(self._unsupported)
-        names, grads, indices, originals = self._gradients()
+        names, grads, indices = self._gradients()
         sharded = has_sharded(grads)  # its statistics are collectives: every rank takes part, written or not
         if not (writes or sharded):
             return
@@ -221,22 +177,10 @@ class GradientMonitor(SessionMonitor):
             unsupported = [f"{n} ({g.dtype})" for n, g in zip(names, grads) if not g.dtype.is_floating_point]
             raise TypeError(f"gradients of {', '.join(unsupported)} have no max/min/sign statistics; expected "
                             f"real floating dtypes (leave such parameters out with grad_probe.param_list)")
-        directions = self.directions_schedule.wants(step)
-        if self._early is not None:
-            if self._early.hook_failure is not None:
-                self.notices.warn(f"the overlap's hook failed ({self._early.hook_failure!r}); those gradients' "
-                                  f"statistics are computed at step()")
-                self._early.hook_failure = None
-            parts = usable_parts(buckets, indices, originals, directions) if buckets else []
-            self.early_gradients += sum(len(positions) for positions, _ in parts)
-            pending = launch_with_early(names, grads, parts, rank=rank, step=step, level=self.config.level,
-                                        bounds=self.config.bounds, directions=directions,
-                                        extra=self.options.gradient_statistics, cache=self._cache)
-        else:
-            launch = launch_sharded_statistics if sharded else launch_step_statistics
-            pending = launch(names, grads, rank=rank, step=step, level=self.config.level, bounds=self.config.bounds,
-                             checksum=self.config.checksum, directions=directions,
-                             extra=self.options.gradient_statistics, cache=self._cache)
+        launch = launch_sharded_statistics if sharded else launch_step_statistics
+        pending = launch(names, grads, rank=rank, step=step, level=self.config.level, bounds=self.config.bounds,
+                         checksum=self.config.checksum, directions=self.directions_schedule.wants(step),
+                         extra=self.options.gradient_statistics, cache=self._cache)
         if self.options.parameter_norms:
             norms, statistics = launch_parameter_norms(names, [self._parameters[i][1] for i in indices]), pending
             pending = lambda: with_parameter_norms(statistics(), norms())  # noqa: E731
@@ -247,17 +191,17 @@ class GradientMonitor(SessionMonitor):
             self._probed_steps += 1
             self._session.submit(pending)
 
-    def _gradients(self) -> tuple[list[str], list, list[int], list[torch.Tensor]]:
-        """The gradients to record now: their names, the gradients (FSDP1: this rank's pieces of the flat ones),
-        their parameters' indices, and the objects the parameters hold (the overlap's hooks saw those). The usual
-        case, dense gradients in ``.grad`` on every parameter, is a few list operations, not a loop in Python."""
+    def _gradients(self) -> tuple[list[str], list, list[int]]:
+        """The gradients to record now: their names, the gradients (FSDP1: this rank's pieces of the flat ones)
+        and their parameters' indices. The usual case, dense gradients in ``.grad`` on every parameter, is a few
+        list operations, not a loop in Python."""
         plain = self._plain_parameters
         if plain:
             held = [parameter.grad for parameter in plain]
             if not any(grad is None or grad.is_sparse or grad.requires_grad for grad in held) and \
                     not any("main_grad" in parameter.__dict__ for parameter in plain):
-                return self._parameter_names, held, list(range(len(held))), held
-        names, grads, indices, originals = [], [], [], []
+                return self._parameter_names, held, list(range(len(held)))
+        names, grads, indices = [], [], []
         for index, (name, parameter, slot) in enumerate(self._parameters):
             if slot is not None:  # FSDP1: this rank's piece of the flattened gradient
                 piece, start, capacity = slot.piece(parameter)
@@ -273,8 +217,7 @@ class GradientMonitor(SessionMonitor):
             names.append(name)
             grads.append(grad.detach() if grad.requires_grad else grad)
             indices.append(index)
-            originals.append(grad)
-        return names, grads, indices, originals
+        return names, grads, indices
 
     def _report_failure(self, step: int, error: Exception) -> None:
         """Counted in ``errors``, tagged on the run (the failed steps), warned about once, logged each time."""
@@ -292,9 +235,6 @@ class GradientMonitor(SessionMonitor):
         return self._probe_failures + super().errors
 
     def _remove_hook(self) -> None:
-        if self._early is not None:
-            self._early.close()
-            self._early = None
         if self._hook is not None:
             self._hook.remove()
             self._hook = None

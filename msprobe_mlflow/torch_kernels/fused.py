@@ -338,9 +338,7 @@ def in_parallel(work: Callable, items: list, threads: int) -> None:
 def worker_threads() -> int:
     """Threads the statistics may use: this rank's cores (:func:`rank_cores`), or torch's intra-op thread count
     where that is more, since the training thread, and torch's threads with it, wait for them in the optimizer's
-    pre-hook; one on a thread that runs beside training (:func:`on_one_core`)."""
-    if getattr(_this_thread, "one_core", False):
-        return 1
+    pre-hook."""
     return max(torch.get_num_threads(), rank_cores())
 
 
@@ -348,15 +346,6 @@ def rank_cores() -> int:
     """This process's cores: its CPU affinity shared among the ranks torchrun started on this machine."""
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     return max(1, cores // max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1"))))
-
-
-def on_one_core() -> None:
-    """The statistics computed on the calling thread from now on use no other thread: it runs beside training
-    (the overlap's worker, during backward)."""
-    _this_thread.one_core = True
-
-
-_this_thread = threading.local()
 
 
 def statistics(arrays: list[np.ndarray], bounds, *, with_counts: bool, with_signs: bool, sign_offsets: list[int],
