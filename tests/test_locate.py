@@ -1,12 +1,16 @@
 """``locate`` on real trainings with real injected faults: each property of its rule (input conditioning, format
 tolerance, alignment, arguments, drift) has a test that fails when the property is taken out."""
+import json
 import math
+from pathlib import Path
 
 import pytest
 import torch
+from click.testing import CliRunner
 
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from msprobe_mlflow.commands.cli import main
 from msprobe_mlflow.formats import UNIT_ROUNDOFF
 from msprobe_mlflow.locate import ARGUMENT, DRIFT, IDENTICAL, OPERATOR, SEQUENCE, locate
 from msprobe_mlflow.locate.judge import ROUNDING, reduction_size
@@ -144,3 +148,48 @@ def test_a_changed_epsilon_is_named_with_its_values(baseline, tmp_path):
     assert found.kind == ARGUMENT, found.describe()
     assert (found.pair.a.name, found.module) == ("Aten.native_layer_norm.default.2.forward", "h.1.ln_1")
     assert "1e-05 in A and 0.001 in B" in found.describe()
+
+
+MSPROBE_DUMPS = Path(__file__).parent / "data" / "msprobe_dumps"  # msprobe 1.0.3's own: make_msprobe_dumps.py
+
+
+def test_reads_msprobe_1_0_3_dumps_and_names_the_faulty_api():
+    found = locate(MSPROBE_DUMPS / "a", MSPROBE_DUMPS / "b")
+    assert (found.kind, found.pair.b.name, found.module) == (OPERATOR, "Functional.gelu.1.forward", "h.1.mlp.1")
+
+
+def msprobe_entry_pair(folder, activation: float, gradient_out: float):
+    """msprobe's schema for one API, forward and backward: its backward entry holds the gradients only."""
+    def tensor(value):
+        return {"type": "torch.Tensor", "dtype": "torch.float32", "shape": [4], "Max": value, "Min": value,
+                "Mean": value, "Norm": 2 * value, "requires_grad": True}
+    data = {"Functional.gelu.0.forward": {"input_args": [tensor(activation)], "input_kwargs": {},
+                                          "output": [tensor(activation)]},
+            "Functional.gelu.0.backward": {"input": [tensor(1.0)], "output": [tensor(gradient_out)]}}
+    (folder / "step0" / "rank").mkdir(parents=True)
+    (folder / "step0" / "rank" / "dump.json").write_text(json.dumps({"task": "statistics", "level": "L1",
+                                                                      "dump_data_dir": None, "data": data}))
+    return folder
+
+
+def test_msprobe_backward_entries_are_judged_with_their_forward_inputs(tmp_path, monkeypatch):
+    """The gradients that reach GELU's backward agree, its activations (only the forward entry shows them) differ
+    by 1e-3, and so does the gradient it returns: explained, not named."""
+    a = msprobe_entry_pair(tmp_path / "a", activation=1.0, gradient_out=0.5)
+    b = msprobe_entry_pair(tmp_path / "b", activation=1.001, gradient_out=0.5005)
+    assert locate(a, b).kind == DRIFT
+    monkeypatch.setattr("msprobe_mlflow.trace.files.TRACER", None)  # read as ours: as if they held every input
+    found = locate(a, b)
+    assert (found.kind, found.pair.a.name) == (OPERATOR, "Functional.gelu.0.backward")
+
+
+def test_command_prints_the_finding_and_exits_3_when_an_operator_is_named(baseline, tmp_path):
+    faulty = trace(tmp_path / "faulty", fault=FaultyKernel("gelu", 1, error=1e-2))
+    named = CliRunner().invoke(main, ["locate", str(baseline), str(faulty)])
+    assert named.exit_code == 3, named.output
+    assert "> Aten.gelu.default.1.forward" in named.output
+    assert named.output.rstrip().splitlines()[-1].startswith("Aten.gelu.default.1.forward in h.1.mlp.1: output")
+    same = CliRunner().invoke(main, ["locate", str(baseline), str(trace(tmp_path / "same")), "--step", "2"])
+    assert same.exit_code == 0 and "identical" in same.output
+    missing = CliRunner().invoke(main, ["locate", str(baseline), str(faulty), "--step", "7"])
+    assert missing.exit_code == 2 and "has no trace of step 7; its traced steps: [2]" in missing.output

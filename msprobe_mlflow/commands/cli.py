@@ -15,6 +15,7 @@ from msprobe_mlflow import __version__
 from msprobe_mlflow.commands import exit_codes
 from msprobe_mlflow.commands.api_check import api_check
 from msprobe_mlflow.commands.compare import compare
+from msprobe_mlflow.commands.locate import locate
 from msprobe_mlflow.commands.upload import upload
 from msprobe_mlflow.notices import PREFIX, MsprobeMlflowWarning
 
@@ -59,9 +60,10 @@ def main() -> None:
     Examples:
       msprobe-mlflow upload ./msprobe_dump/3f2a... --run-id 3f2a...
       msprobe-mlflow compare $BASELINE_RUN $CANDIDATE_RUN --fail-on-suspicious
+      msprobe-mlflow locate ./dump_a/<run>/trace ./dump_b/<run>/trace --step 120
       msprobe-mlflow api-check dump_path/step0/rank0/dump.json --output api_check_out
     """
 
 
-for subcommand in (upload, compare, api_check):
+for subcommand in (upload, compare, locate, api_check):
     main.add_command(subcommand)

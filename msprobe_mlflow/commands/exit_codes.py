@@ -21,8 +21,8 @@ Exit codes:
   2  bad input: a missing or malformed file, a wrong option, a run or experiment MLflow does not know
      (or no store at all), a parameter or credentials MLflow refuses; or a package the command needs
      is not installed (api-check without torch: the message names the extra)
-  3  suspicious or failing result: compare --fail-on-suspicious found a suspicious step, api-check found
-     an API whose status is error"""
+  3  suspicious or failing result: compare --fail-on-suspicious found a suspicious step, locate named
+     an operator, api-check found an API whose status is error"""
 
 # Paths the user named, or asked us to write to. Any other OSError (a full disk; a refused connection: requests'
 # errors are OSErrors) is operational.

@@ -4,7 +4,7 @@ nothing after it. Dtype conversions that only one run makes (autocast's casts) a
 from __future__ import annotations
 
 import difflib
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from msprobe_mlflow.trace.files import OperatorCall, Trace
 
@@ -31,9 +31,16 @@ class AlignedCall:
 
 def operator_calls(trace: Trace) -> list[OperatorCall]:
     """The trace's operator calls in the order they ran: the forward's, then the backward's (module entries left
-    out: they summarise their operators)."""
+    out: they summarise their operators). In msprobe's dumps an API's backward entry holds only the gradients; its
+    forward's inputs (what the backward reads back) are added to its inputs."""
     calls = [c for c in trace.calls if not c.is_module]
-    return [c for c in calls if c.phase == "forward"] + [c for c in calls if c.phase == "backward"]
+    forward = [c for c in calls if c.phase == "forward"]
+    backward = [c for c in calls if c.phase == "backward"]
+    if not trace.ours:
+        inputs = {c.name.removesuffix(".forward"): c.inputs for c in forward}
+        backward = [replace(c, inputs=c.inputs + inputs.get(c.name.removesuffix(".backward"), []))
+                    for c in backward]
+    return forward + backward
 
 
 def align(a: list[OperatorCall], b: list[OperatorCall]) -> list[AlignedCall]:

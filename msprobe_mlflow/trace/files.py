@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 DUMP_FILE, CONSTRUCT_FILE, STACK_FILE = "dump.json", "construct.json", "stack.json"
+TRACER = "msprobe_mlflow"  # dump.json's "tracer": ours traces every backward operator with all its inputs
 OUR_CHECKSUM, MSPROBE_CHECKSUM = "bits64", "crc32"
 _STEP_FOLDER, _RANK_FOLDER = re.compile(r"step(\d+)$"), re.compile(r"rank(\d*)$")
 MODULE_PREFIXES = ("Module.", "Cell.")  # msprobe's PyTorch and MindSpore module entries
@@ -90,6 +91,7 @@ class Trace:
     level: str = "L1"
     framework: str = ""
     folder: str = ""
+    ours: bool = False  # msprobe's backward entries hold the gradients only, not the tensors the forward saved
 
 
 def write_trace(folder: str | os.PathLike, calls: list[OperatorCall], *, level: str, framework: str) -> Path:
@@ -102,7 +104,8 @@ def write_trace(folder: str | os.PathLike, calls: list[OperatorCall], *, level: 
         outputs = [_tensor_json(a) for a in call.outputs]
         data[call.name] = {"input": inputs, "output": outputs} if call.phase == "backward" else \
             {"input_args": inputs, "input_kwargs": {}, "output": outputs}
-    dump = {"task": "statistics", "level": level, "framework": framework, "dump_data_dir": None, "data": data}
+    dump = {"task": "statistics", "level": level, "framework": framework, "tracer": TRACER, "dump_data_dir": None,
+            "data": data}
     for name, content in ((DUMP_FILE, dump), (CONSTRUCT_FILE, {c.name: c.parent for c in calls}),
                           (STACK_FILE, {c.name: c.stack for c in calls if c.stack})):
         temporary = folder / f".{name}.partial"
@@ -144,7 +147,8 @@ def read_trace(folder: str | os.PathLike) -> Trace:
         calls.append(OperatorCall(name, inputs, _arguments(entry.get("output", []), where + ".output"),
                                   parents.get(name) if isinstance(parents, dict) else None,
                                   [str(line) for line in stack] if isinstance(stack, list) else []))
-    return Trace(calls, str(dump.get("level", "")), str(dump.get("framework", "")), str(folder))
+    return Trace(calls, str(dump.get("level", "")), str(dump.get("framework", "")), str(folder),
+                 dump.get("tracer") == TRACER)
 
 
 def _load(path: Path, optional: bool = False):
