@@ -15,7 +15,7 @@ import threading
 import weakref
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Protocol
 
 from msprobe_mlflow.background import BackgroundStepWriter, PendingStep
 from msprobe_mlflow.config import GradProbeConfig
@@ -99,6 +99,30 @@ class RankPolicy:
         return [r for r in range(self.world_size) if self.rank_is_wanted(r)]
 
 
+class RunNotes(Protocol):
+    def annotate(self, *, step: int = 0, metrics: dict[str, float] | None = None,
+                 tags: dict[str, str] | None = None, files=()) -> None:
+        """Queues findings for the run (metrics at ``step``, tags, files inside the dump folder); never waits."""
+
+
+class RunSink(RunNotes, Protocol):
+    """The sink of the MLflow run a session logs into (``sinks/mlflow``): what the session and its monitor tell it
+    and ask it beside the steps, declared so that no one looks for it by attribute; the session's ``run_sink``."""
+
+    run_id: str
+
+    @property
+    def failed_ranks(self) -> dict[int, str]:
+        """At close: the ranks known to have failed or been killed, ``{rank: status}``."""
+
+    def training_ended(self, status: str, reason: str = "") -> None:
+        """How this rank's training ended (``vocabulary.RANK_ENDINGS``), told before ``close()``."""
+
+    def process_dies(self, status: str, reason: str) -> None:
+        """The process dies now (an uncaught exception, a SIGTERM): to be said at once, before the exit handlers run
+        or the launcher's SIGKILL comes."""
+
+
 def ensure_writable_folder(path: str) -> None:
     """Fails before training starts, not mid-run, when the dump folder cannot be written."""
     folder = Path(path)
@@ -141,13 +165,13 @@ class ProbeSession:
         self._training_lock = TrainingLock(config.dump_path, ranks.rank)  # held while this session is open
         self.training_id = self._claim_dump_folder(training_id or new_training_id(), from_rank_zero)
         self.sinks: list = []
+        self.run_sink: RunSink | None = None  # the one of ``sinks`` that logs into the MLflow run, if any
         self._after_sinks: list[Callable[[], None]] = []
         self._local_dump = LocalDump(config.dump_path, config.direction_format, self.notices)
         self._writer = BackgroundStepWriter([self._local_dump.write])
         self.closed = False
         self.outcome: tuple[str, str] | None = None  # (status, reason), see end_as()
         _open_sessions.add(self)
-        _install_process_hooks()
 
     def _claim_dump_folder(self, training_id: str, from_rank_zero) -> str:
         """Makes ``dump_path`` this training's before its first step, and returns its ID (rank 0's, on every rank).
@@ -185,9 +209,12 @@ class ProbeSession:
         report them or act on them. Before the first step; other steps are judged by those sinks."""
         self._local_dump.spike_rule = rule
 
-    def add_sinks(self, sinks: list) -> None:
-        """Sinks get the steps submitted from now on, after the local dump."""
+    def add_sinks(self, sinks: list, run_sink: RunSink | None = None) -> None:
+        """Sinks get the steps submitted from now on, after the local dump; ``run_sink``, one of them, is the
+        session's :attr:`run_sink`."""
         self.sinks += sinks
+        if run_sink is not None:
+            self.run_sink = run_sink
         self._writer.handlers += [sink.handle for sink in sinks]
 
     def submit(self, pending: PendingStep) -> None:
@@ -214,16 +241,15 @@ class ProbeSession:
         """Writes what is pending, then closes each sink (which delivers what it still holds). Safe to call twice;
         ``errors`` stay readable afterwards.
 
-        Sinks with ``training_ended(status, reason)`` are told first how the training ended: as recorded by
-        :meth:`end_as`, else from the exception propagating now (``stop()`` in a ``finally:`` or ``except`` block
-        while training raised), else finished."""
+        The :attr:`run_sink` is told first how the training ended: as recorded by :meth:`end_as`, else from the
+        exception propagating now (``stop()`` in a ``finally:`` or ``except`` block while training raised), else
+        finished."""
         if self.closed:
             return
         self.closed = True
         self.end_as(*outcome_of(sys.exc_info()[1]))
-        for sink in self.sinks:
-            if hasattr(sink, "training_ended"):
-                sink.training_ended(*self.outcome)
+        if self.run_sink is not None:
+            self.run_sink.training_ended(*self.outcome)
         self._writer.close()
         self._writer.guarded("closing the local dump failed", self._local_dump.close)
         for sink in self.sinks:
@@ -236,60 +262,86 @@ class ProbeSession:
             self.notices.warn(f"{len(self._writer.errors)} write failure(s); first: {self._writer.errors[0]}")
 
 
-_open_sessions: "weakref.WeakSet[ProbeSession]" = weakref.WeakSet()
-_fatal_hooks: list[Callable[[str, str], None]] = []
-_hooks_installed = False
+class _OpenSessions:
+    """The sessions open in this process, and the process's hooks while any is: an uncaught exception marks them
+    failed (the traceback printed first), a SIGTERM marks them killed (only where SIGTERM had Python's default
+    action: a handler of the user's or the framework's is left alone; after the report, bounded by
+    ``KILLED_REPORT_SECONDS``, the process dies of the signal as it would have). The first session to open installs
+    them; the last to close puts back those it found, so the process outlives its monitors unchanged (a hook
+    replaced meanwhile is someone else's, and stays)."""
+
+    def __init__(self) -> None:
+        self._sessions: "weakref.WeakSet[ProbeSession]" = weakref.WeakSet()
+        self._lock = threading.Lock()
+        self._excepthook: Callable | None = None  # ours, while installed
+        self._found_excepthook: Callable | None = None  # the one ours calls first, and puts back
+
+    def add(self, session: ProbeSession) -> None:
+        with self._lock:
+            self._sessions.add(session)
+            if self._excepthook is None:  # else still installed (a session dropped unclosed is gone from the set)
+                self._install()
+
+    def discard(self, session: ProbeSession) -> None:
+        with self._lock:
+            self._sessions.discard(session)
+            if not self._sessions:
+                self._restore()
+
+    def sessions(self) -> list[ProbeSession]:
+        return list(self._sessions)
+
+    def end_all_as(self, status: str, reason: str) -> None:
+        """The process dies: each open session ends so, and its run sink says it at once."""
+        for session in self.sessions():
+            session.end_as(status, reason)
+            if session.run_sink is not None:
+                try:
+                    session.run_sink.process_dies(status, reason)
+                except Exception:  # the process is dying of something else: say so in the log, never hide that
+                    logger.warning("msprobe-mlflow could not report the end of the training", exc_info=True)
+
+    def _install(self) -> None:
+        found = self._found_excepthook = sys.excepthook
+
+        def report_uncaught(kind, error, traceback) -> None:
+            found(kind, error, traceback)
+            self.end_all_as(*outcome_of(error))
+
+        sys.excepthook = self._excepthook = report_uncaught
+        if _on_main_thread() and signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+            signal.signal(signal.SIGTERM, _report_then_die)
+
+    def _restore(self) -> None:
+        if self._excepthook is None:
+            return
+        if sys.excepthook is self._excepthook:
+            sys.excepthook = self._found_excepthook
+        self._excepthook = self._found_excepthook = None
+        # off the main thread it cannot be put back: ours stays, which with no session open dies as the default does
+        if _on_main_thread() and signal.getsignal(signal.SIGTERM) is _report_then_die:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)  # the one it replaced: it replaces nothing else
 
 
-def on_fatal_end(hook: Callable[[str, str], None]) -> None:
-    """``hook(status, reason)`` runs when the process dies of an uncaught exception or a SIGTERM, after every open
-    session was marked so: what must be said at once (the MLflow sink's rank status), before the exit handlers run
-    or the launcher's SIGKILL comes."""
-    if hook not in _fatal_hooks:
-        _fatal_hooks.append(hook)
-
-
-def _end_open_sessions_as(status: str, reason: str) -> None:
-    for session in list(_open_sessions):
-        session.end_as(status, reason)
-    for hook in _fatal_hooks:
-        try:
-            hook(status, reason)
-        except Exception:  # the process is dying of something else: say so in the log, never hide that
-            logger.warning("msprobe-mlflow could not report the end of the training", exc_info=True)
-
-
-def _install_process_hooks() -> None:
-    """Once per process: an uncaught exception marks the open sessions failed (the traceback printed first), and
-    a SIGTERM marks them killed (only where SIGTERM still has Python's default action: a handler of the user's or
-    the framework's is left alone; after the report, bounded by ``KILLED_REPORT_SECONDS``, the process dies of the
-    signal as it would have)."""
-    global _hooks_installed
-    if _hooks_installed:
-        return
-    _hooks_installed = True
-    previous = sys.excepthook
-
-    def report_uncaught(kind, error, traceback) -> None:
-        previous(kind, error, traceback)
-        _end_open_sessions_as(*outcome_of(error))
-
-    sys.excepthook = report_uncaught
-    if threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
-        signal.signal(signal.SIGTERM, _report_then_die)
+def _on_main_thread() -> bool:
+    """Signal handlers are set on the main thread only."""
+    return threading.current_thread() is threading.main_thread()
 
 
 def _report_then_die(signum, frame) -> None:
     signal.signal(signum, signal.SIG_DFL)
-    reporter = threading.Thread(target=_end_open_sessions_as, args=(KILLED, signal.Signals(signum).name),
+    reporter = threading.Thread(target=_open_sessions.end_all_as, args=(KILLED, signal.Signals(signum).name),
                                 daemon=True)
     reporter.start()
     reporter.join(KILLED_REPORT_SECONDS)
     os.kill(os.getpid(), signum)
 
 
+_open_sessions = _OpenSessions()
+
+
 @atexit.register
 def _close_open_sessions() -> None:
     """Interpreter exit writes and uploads what training submitted but the threads had not finished."""
-    for session in list(_open_sessions):
+    for session in _open_sessions.sessions():
         session.close()

@@ -72,6 +72,82 @@ def test_a_training_that_ends_normally_is_finished(tmp_path, monkeypatch):
     assert "msprobe_mlflow.failed_ranks" not in finished.data.tags
 
 
+def process_hooks():
+    return sys.excepthook, signal.getsignal(signal.SIGTERM)
+
+
+def train_two_steps(model, optimizer) -> None:
+    import torch
+
+    for _ in range(2):
+        optimizer.zero_grad()
+        model(torch.ones(2, 8)).sum().backward()
+        optimizer.step()
+
+
+def test_the_hooks_that_mark_a_run_failed_are_given_back_at_stop_and_installed_again_by_the_next_monitor(
+        tmp_path, monkeypatch, capsys):
+    """``sys.excepthook`` and the SIGTERM handler are the monitor's while it runs: ``stop()`` puts back the very
+    ones found before ``monitor()``, and the next monitor installs them again, where an uncaught exception still
+    marks its run failed."""
+    import torch
+
+    from msprobe_mlflow import GradProbeConfig
+    from msprobe_mlflow.pytorch import GradientMonitor
+
+    mlflow.set_tracking_uri(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    mlflow.set_experiment("hooks")
+    monkeypatch.chdir(tmp_path)
+    model = torch.nn.Linear(8, 4)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+    config = GradProbeConfig(dump_path=str(tmp_path / "dump"), level="L1")
+    found = process_hooks()
+    assert found[1] is signal.SIG_DFL  # the one action a SIGTERM handler of the monitor's replaces
+    with mlflow.start_run() as first:
+        monitor = GradientMonitor(config, silent=True).monitor(model, optimizer)
+        assert all(now is not before for now, before in zip(process_hooks(), found))
+        train_two_steps(model, optimizer)
+        monitor.stop()
+    assert all(now is before for now, before in zip(process_hooks(), found))
+    assert MlflowClient().get_run(first.info.run_id).info.status == "FINISHED"
+
+    with mlflow.start_run() as second:
+        monitor = GradientMonitor(config, silent=True).monitor(model, optimizer)
+        assert all(now is not before for now, before in zip(process_hooks(), found))
+        train_two_steps(model, optimizer)
+        try:
+            raise RuntimeError("uncaught on purpose")
+        except RuntimeError as error:
+            sys.excepthook(type(error), error, error.__traceback__)  # what the interpreter does as it dies of it
+        monitor.stop()
+    assert all(now is before for now, before in zip(process_hooks(), found))
+    assert "RuntimeError: uncaught on purpose" in capsys.readouterr().err  # the hook found, called first
+    run = MlflowClient().get_run(second.info.run_id)
+    assert (run.info.status, run.data.tags["msprobe_mlflow.rank0.status"]) == ("FAILED", "failed")
+    assert run.data.tags["msprobe_mlflow.rank0.failure"] == "RuntimeError: uncaught on purpose"
+
+
+def test_an_excepthook_the_user_sets_while_a_monitor_runs_is_left_in_place_at_stop(tmp_path, monkeypatch):
+    import torch
+
+    from msprobe_mlflow import GradProbeConfig
+    from msprobe_mlflow.pytorch import GradientMonitor
+
+    model = torch.nn.Linear(8, 4)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+    monitor = GradientMonitor(GradProbeConfig(dump_path=str(tmp_path / "dump"), level="L1"), log_to_mlflow=False,
+                              silent=True).monitor(model, optimizer)
+
+    def users_hook(kind, error, traceback):
+        pass
+
+    monkeypatch.setattr(sys, "excepthook", users_hook)
+    train_two_steps(model, optimizer)
+    monitor.stop()
+    assert sys.excepthook is users_hook
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+
+
 def test_mindspore_model_train_that_raises_tags_rank_0_failed(tmp_path, monkeypatch):
     pytest.importorskip("mindspore", reason="MindSpore is not installed (the torch-only stage)")
     from mindspore_training import batches, dense, sgd_model

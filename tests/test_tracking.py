@@ -157,6 +157,30 @@ print(run.info.run_id)
         f"grad_summary_{step}.csv" for step in range(3)]
 
 
+def test_autolog_disabled_before_torch_is_imported_leaves_no_hook_for_it(tmp_path):
+    """What ``autolog()`` kept for PyTorch until torch is imported is released by ``disable=True``."""
+    script = tmp_path / "autolog_disabled_first.py"
+    script.write_text(f"""
+import sys
+sys.path.insert(0, {str(Path(__file__).parent.parent)!r})
+import mlflow, msprobe_mlflow
+mlflow.set_tracking_uri({f"sqlite:///{tmp_path / 'mlflow.db'}"!r})
+msprobe_mlflow.autolog(dump_path={str(tmp_path / "dump")!r})
+msprobe_mlflow.autolog(disable=True)
+import torch
+model = torch.nn.Linear(3, 2)
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+with mlflow.start_run() as run:
+    optimizer.zero_grad()
+    model(torch.ones(4, 3)).sum().backward()
+    optimizer.step()
+print(run.info.run_id)
+""")
+    _, logged_steps = run_and_read_logged_steps(script, f"sqlite:///{tmp_path / 'mlflow.db'}")
+    assert logged_steps == []
+    assert not (tmp_path / "dump").exists()
+
+
 def _train_into_deleted_run(tmp_path, silent: bool):
     """The run is deleted after the first step, so every later request of the sink fails for real."""
     monitor = GradientMonitor(GradProbeConfig(dump_path=str(tmp_path / "dump"), level="L1"), silent=silent)

@@ -72,7 +72,7 @@ class NormsBeforeClipping:
         import torch
 
         self.monitor = monitor
-        self._run = next((s for s in monitor._session.sinks if hasattr(s, "annotate")), None)  # the MLflow sink
+        self._run = monitor.run_sink
         if self._run is None or self._undo is not None:
             return
         watched = {id(p) for p in model.parameters()}

@@ -11,7 +11,7 @@ from msprobe_mlflow.monitoring import status_lines
 from msprobe_mlflow.monitoring.directions_schedule import DirectionsSchedule, directions_sinks
 from msprobe_mlflow.notices import Notices
 from msprobe_mlflow.monitoring.options import MonitorOptions
-from msprobe_mlflow.session import ProbeSession, RankPolicy, outcome_of
+from msprobe_mlflow.session import ProbeSession, RankPolicy, RunSink, outcome_of
 from msprobe_mlflow.sinks import choose_sinks
 from msprobe_mlflow.sinks.baseline import BaselineOptions
 from msprobe_mlflow.tracking.aggregate import SummaryGather
@@ -71,16 +71,15 @@ class SessionMonitor:
             gathers.append(summary_gather())
             return gathers[-1]
 
-        session.add_sinks(trigger + choose_sinks(self.config, ranks, framework=framework, tracking=self.tracking,
-                                                 share_run_id=share_run_id, metrics_file=self.options.metrics_file,
-                                                 notices=self.notices, baseline=self.baseline,
-                                                 spike_rule=anomalies.flag_rule,
-                                                 summary_gather=make_gather if summary_gather else None)
-                          + list(self.options.sinks))
+        sinks, run_sink = choose_sinks(self.config, ranks, framework=framework, tracking=self.tracking,
+                                       share_run_id=share_run_id, metrics_file=self.options.metrics_file,
+                                       notices=self.notices, baseline=self.baseline, spike_rule=anomalies.flag_rule,
+                                       summary_gather=make_gather if summary_gather else None)
+        session.add_sinks(trigger + sinks + list(self.options.sinks), run_sink)
         for gather in gathers:  # its group, once the sinks' end-of-run exchange is done
             session.close_after_sinks(gather.close)
-        if ranks.owns_run and session.training_id:  # so that `upload --run-id` refuses another training's dump
-            self._tag_sinks(session, {TRAINING_ID_TAG: session.training_id})
+        if ranks.owns_run and session.training_id and run_sink is not None:
+            run_sink.annotate(tags={TRAINING_ID_TAG: session.training_id})  # `upload --run-id` refuses another's dump
         self._say_start_and_end(session)
         return session
 
@@ -89,27 +88,27 @@ class SessionMonitor:
         ranks = session.ranks
         if status_lines.says_start(ranks):
             tracking_uri = (self.tracking.tracking_uri if self.tracking else None) or tracking_uri_if_imported()
-            self.notices.say(status_lines.start_line(self.config, ranks, _run_id_of(session), tracking_uri,
-                                                     self.baseline))
+            run_id = session.run_sink.run_id if session.run_sink is not None else None
+            self.notices.say(status_lines.start_line(self.config, ranks, run_id, tracking_uri, self.baseline))
         if ranks.probes:
             session.close_after_sinks(lambda: self.notices.say(status_lines.end_line(
                 self.config.dump_path, ranks, self.options.anomalies.anomaly_flags, self.baseline is not None)))
 
+    @property
+    def run_sink(self) -> RunSink | None:
+        """The sink of the MLflow run this monitor logs into (None: none), for what adds to the run beside the
+        steps (``annotate``), as the trainers' callbacks do."""
+        return self._session.run_sink if self._session else None
+
     def tag_run(self, tags: dict[str, str], step: int = 0) -> None:
         """Sets ``tags`` on the MLflow run this monitor logs into (queued, sent off the training thread)."""
-        if self._session:
-            self._tag_sinks(self._session, tags, step)
-
-    @staticmethod
-    def _tag_sinks(session: ProbeSession, tags: dict[str, str], step: int = 0) -> None:
-        for sink in session.sinks:
-            if hasattr(sink, "annotate"):
-                sink.annotate(step=step, tags=tags)
+        if self.run_sink is not None:
+            self.run_sink.annotate(step=step, tags=tags)
 
     @property
     def run_id(self) -> str | None:
         """The MLflow run this monitor logs into (None: no MLflow sink)."""
-        return _run_id_of(self._session) if self._session else None
+        return self.run_sink.run_id if self.run_sink is not None else None
 
     @property
     def errors(self) -> list[str]:
@@ -134,14 +133,9 @@ class SessionMonitor:
     def failed_ranks(self) -> dict[int, str]:
         """After ``stop()``: the ranks of this training that failed or were killed, ``{rank: status}``, as far as
         this rank knows (rank 0 waits for the others); who ends the run ends it FAILED then."""
-        sinks = self._session.sinks if self._session else []
-        return {rank: status for sink in sinks for rank, status in getattr(sink, "failed_ranks", {}).items()}
+        return dict(self.run_sink.failed_ranks) if self.run_sink is not None else {}
 
     def __exit__(self, kind, error, traceback) -> None:
         if kind is not None:  # the with block's exception is its training's end
             self.end_as(*outcome_of(error))
         self.stop()
-
-
-def _run_id_of(session: ProbeSession) -> str | None:
-    return next((sink.run_id for sink in session.sinks if getattr(sink, "run_id", None)), None)

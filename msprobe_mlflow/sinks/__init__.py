@@ -7,9 +7,11 @@ policy, and its exceptions are counted in the monitor's ``errors``. To add an ou
 write one module here with the sink and add one line to :func:`choose_sinks`.
 
 Sinks that find things (``baseline``: the live verdict; ``anomalies``: anomaly flags) keep them in the local dump
-and add them to the MLflow run through its sink's ``annotate(step=, metrics=, tags=, files=)`` (:class:`RunNotes`),
-so a run has one client and one rate limit. They come before the MLflow sink in the list: flushed and closed
-first, what they annotate last is still sent.
+and add them to the MLflow run through its sink's ``annotate(step=, metrics=, tags=, files=)``
+(:class:`~msprobe_mlflow.session.RunNotes`), so a run has one client and one rate limit. They come before the MLflow
+sink in the list: flushed and closed first, what they annotate last is still sent. The MLflow sink is also the
+session's ``run_sink`` (:class:`~msprobe_mlflow.session.RunSink`: told how the training ended, asked for the run
+and its failed ranks).
 """
 from __future__ import annotations
 
@@ -17,12 +19,13 @@ from typing import TYPE_CHECKING, Callable, Protocol, runtime_checkable
 
 from msprobe_mlflow.config import GradProbeConfig
 from msprobe_mlflow.records import StepRecord
-from msprobe_mlflow.session import RankPolicy
+from msprobe_mlflow.session import RankPolicy, RunSink
 
 if TYPE_CHECKING:
     from msprobe_mlflow.tracking.aggregate import SummaryGather
     from msprobe_mlflow.anomaly_rule import SpikeRule
     from msprobe_mlflow.sinks.baseline import BaselineOptions
+    from msprobe_mlflow.sinks.mlflow import MlflowSink
 
 
 @runtime_checkable
@@ -37,29 +40,24 @@ class StepSink(Protocol):
         """Delivers what is pending and releases everything; called once, at the end of monitoring."""
 
 
-class RunNotes(Protocol):
-    def annotate(self, *, step: int = 0, metrics: dict[str, float] | None = None,
-                 tags: dict[str, str] | None = None, files=()) -> None:
-        """Queues findings for the run (metrics at ``step``, tags, files inside the dump folder); never waits."""
-
-
 def choose_sinks(config: GradProbeConfig, ranks: RankPolicy, *, framework: str, tracking=None,
                  share_run_id: Callable[[str | None], str | None] = lambda run_id: run_id,
                  metrics_file: bool = False, notices=None, baseline: "BaselineOptions | None" = None,
                  spike_rule: "SpikeRule | None" = None,
-                 summary_gather: "Callable[[], SummaryGather] | None" = None) -> list[StepSink]:
+                 summary_gather: "Callable[[], SummaryGather] | None" = None
+                 ) -> tuple[list[StepSink], RunSink | None]:
     """The sinks of a monitor: the live verdict against ``baseline``, the anomaly flags (``spike_rule``), MLflow
     when ``tracking`` options are given and a run is found (``share_run_id`` is a collective under distributed
     training: every rank calls this; so is ``summary_gather``, the framework's all-gather for rank-0 aggregated
-    metrics, see ``tracking.aggregate``), the JSON-lines metrics file if asked."""
+    metrics, see ``tracking.aggregate``), the JSON-lines metrics file if asked; with the MLflow sink on its own
+    (None: no run), the session's ``run_sink``."""
     sinks: list[StepSink] = []
-    run_sinks = []
+    run: MlflowSink | None = None
     if tracking is not None:
         from msprobe_mlflow.sinks.mlflow import open_mlflow_sink
 
-        run_sinks = open_mlflow_sink(config, ranks, tracking, framework=framework, share_run_id=share_run_id,
-                                     notices=notices, summary_gather=summary_gather)
-    run: RunNotes | None = run_sinks[0] if run_sinks else None
+        run = open_mlflow_sink(config, ranks, tracking, framework=framework, share_run_id=share_run_id,
+                               notices=notices, summary_gather=summary_gather)
     if baseline is not None and ranks.probes:
         from msprobe_mlflow.sinks.baseline_process import BaselineSink
 
@@ -70,9 +68,10 @@ def choose_sinks(config: GradProbeConfig, ranks: RankPolicy, *, framework: str, 
 
         sinks.append(AnomalySink(spike_rule, config.dump_path, ranks.rank, run=run, notices=notices,
                                  several_ranks=ranks.world_size > 1))
-    sinks += run_sinks
+    if run is not None:
+        sinks.append(run)
     if metrics_file and ranks.probes:
         from msprobe_mlflow.sinks.jsonl import JsonLinesMetricsSink
 
         sinks.append(JsonLinesMetricsSink(config.dump_path, tracking.param_metrics if tracking else ()))
-    return sinks
+    return sinks, run

@@ -40,7 +40,7 @@ training goes on with the local dump only.
 """
 from __future__ import annotations
 
-import weakref
+import atexit
 from pathlib import Path
 from typing import Callable
 
@@ -48,7 +48,7 @@ from msprobe_mlflow.config import GradProbeConfig
 from msprobe_mlflow.metrics import record_metrics
 from msprobe_mlflow.notices import Notices
 from msprobe_mlflow.records import StepRecord
-from msprobe_mlflow.session import RankPolicy, on_fatal_end
+from msprobe_mlflow.session import RankPolicy
 from msprobe_mlflow.sinks.mlflow import settings
 from msprobe_mlflow.sinks.mlflow.attempts import Attempts
 from msprobe_mlflow.sinks.mlflow.items import Annotation, Drain, QueuedStep
@@ -59,28 +59,30 @@ from msprobe_mlflow.sinks.mlflow.unsent import Unsent
 from msprobe_mlflow.tracking.aggregate import RankZeroMetrics, SummaryGather, aggregation_wanted
 from msprobe_mlflow.tracking.live_run import LiveRun, end_active_run_failed, metric_points
 from msprobe_mlflow.tracking.options import TrackingOptions
+from msprobe_mlflow.vocabulary import RANK_FAILURES
 
 
 def open_mlflow_sink(config: GradProbeConfig, ranks: RankPolicy, options: TrackingOptions, *, framework: str,
                      share_run_id: Callable[[str | None], str | None], notices: Notices | None = None,
-                     summary_gather: Callable[[], SummaryGather] | None = None) -> list["MlflowSink"]:
-    """The MLflow sink of this rank, in a list (empty when no run is found, or this rank does not log).
+                     summary_gather: Callable[[], SummaryGather] | None = None) -> "MlflowSink | None":
+    """The MLflow sink of this rank (None when no run is found, or this rank does not log).
     ``share_run_id`` turns this process's run ID into rank 0's: a collective, so every rank calls this.
     ``summary_gather`` makes the framework's all-gather (a collective too); it is called when aggregation is on:
     ``options.aggregate_metrics``, and every rank probes (a rank filter leaves ranks out of the collective)."""
     run_id = share_run_id(options.local_run_id())
     if not run_id or not ranks.probes:
-        return []
+        return None
     gather = None
     if summary_gather is not None and not ranks.wanted and aggregation_wanted(options.aggregate_metrics,
                                                                               ranks.world_size):
         gather = summary_gather()
-    return [MlflowSink(run_id, config, options, ranks, framework=framework, notices=notices, gather=gather)]
+    return MlflowSink(run_id, config, options, ranks, framework=framework, notices=notices, gather=gather)
 
 
 class MlflowSink:
-    """Logs one rank's steps into one run (see the module docstring for the policy): the sink protocol over its
-    parts, and rank-0 aggregation of the summary metrics, a collective every rank takes part in."""
+    """Logs one rank's steps into one run (see the module docstring for the policy): the sink protocol and
+    ``session.RunSink`` over its parts, and rank-0 aggregation of the summary metrics, a collective every rank
+    takes part in."""
 
     def __init__(self, run_id: str, config: GradProbeConfig, options: TrackingOptions, ranks: RankPolicy, *,
                  framework: str, notices: Notices | None = None, max_pending: int = 10_000,
@@ -100,8 +102,6 @@ class MlflowSink:
             config, ranks, framework, every_rank))
         self.sender.started.wait(settings.START_CHECK_SECONDS)
         self.attempt.tell_refusal()
-        _sinks_of_this_process.add(self)
-        _runs_of_this_process.add(run_id)
 
     @property
     def failed_ranks(self) -> dict[int, str]:
@@ -155,26 +155,18 @@ class MlflowSink:
                                        self.rank, self.options, self.notices)
         self.attempt.tell_refusal()
         self.ends.close(bool(self.unsent.steps or self.attempt.refused), self.aggregation)
+        if self.ends.outcome[0] in RANK_FAILURES:
+            # the run is ended FAILED, its exception maybe still on its way up: should the run still be the active
+            # one at exit, MLflow's exit handler would end it FINISHED; this one, registered later, runs first
+            atexit.register(end_active_run_failed, {self.run_id})
 
     def training_ended(self, status: str, reason: str = "") -> None:
         """How this rank's training ended (``vocabulary.RANK_ENDINGS``), told by the session before ``close()``."""
         self.ends.outcome = (status, reason)
 
-    def say_failed(self, status: str, reason: str) -> None:
-        self.ends.say_failed(status, reason)
-
-
-_sinks_of_this_process: "weakref.WeakSet[MlflowSink]" = weakref.WeakSet()
-_runs_of_this_process: set[str] = set()
-
-
-def _report_fatal_end(status: str, reason: str) -> None:
-    """The process dies (``session.on_fatal_end``): each open sink says so at once, and the active run, when this
-    process logged into it, ends FAILED (MLflow's own exit handler would end it FINISHED)."""
-    for sink in list(_sinks_of_this_process):
-        if not sink._closed:
-            sink.say_failed(status, reason)
-    end_active_run_failed(_runs_of_this_process)
-
-
-on_fatal_end(_report_fatal_end)
+    def process_dies(self, status: str, reason: str) -> None:
+        """Says at once that this rank failed or was killed, unless closed; the active run, when it is this one,
+        ends FAILED (MLflow's exit handler would end it FINISHED)."""
+        if not self._closed:
+            self.ends.say_failed(status, reason)
+        end_active_run_failed({self.run_id})
