@@ -4,8 +4,9 @@ A ``TorchDispatchMode`` sees each aten operator below autograd, so the backward'
 the forward's; a ``TorchFunctionMode`` (above autograd) writes the module and call site on each autograd node the
 forward creates, which is how a backward operator knows its module (``torch._C._current_autograd_node()``).
 Views and ``detach`` are left out: their bits are their input's. Statistics (max, min, mean, norm in float32, and
-a 64-bit checksum of the bits) are computed on the device per tensor, once per tensor version, and copied to the
-host in one batch when the trace stops. Nothing is installed outside a traced step, so other steps pay nothing.
+a checksum of the bits, :mod:`~msprobe_mlflow.torch_kernels.bit_checksum`) are computed on the device per tensor,
+once per tensor version, and copied to the host in one batch when the trace stops. Nothing is installed outside a
+traced step, so other steps pay nothing.
 """
 from __future__ import annotations
 
@@ -20,27 +21,16 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
+from msprobe_mlflow.torch_kernels.bit_checksum import bit_checksum, checksum_hex, in_memory_order
 from msprobe_mlflow.trace.files import OUR_CHECKSUM, OperatorCall, Scalar, TensorSummary
+from msprobe_mlflow.trace.options import LEVELS
 
-LEVELS = ("L0", "L1", "mix")  # msprobe's: modules only, operators only, both
+
 _NODE_KEY = "msprobe_mlflow.trace"  # autograd node metadata: (forward module entry, call site)
 _LEFT_OUT = {torch.ops.aten.detach.default, torch.ops.aten.lift_fresh.default, torch.ops.aten.alias.default}
+_LEFT_OUT_NAMESPACES = {"profiler"}  # record_function's markers (an optimizer's step() opens one)
 _OWN_FILES = (__file__, torch.utils._python_dispatch.__file__, torch.overrides.__file__)
 _STACK_DEPTH = 30
-_CHECKSUM_WIDTH = 4096  # elements per row of the checksum: each row and each column has its own odd weight
-
-
-def _odd_weights(count: int, seed: int) -> np.ndarray:
-    index = np.arange(count, dtype=np.uint64)
-    with np.errstate(over="ignore"):
-        return ((index * np.uint64(0x9E3779B97F4A7C15) + np.uint64(seed)) | np.uint64(1)).view(np.int64)
-
-
-_COLUMN_WEIGHTS = _odd_weights(_CHECKSUM_WIDTH, 0x632BE59BD9B4E019)
-_ROW_MULTIPLIER = int(np.uint64(0xD6E8FEB86659FD93).view(np.int64))
-_BITS_AS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
-
-
 class OperatorTracer:
     """Records one step's calls of ``model``: ``start()``, run forward and backward, then ``stop()`` returns a
     callable that builds the :class:`OperatorCall` list (after the one device-to-host copy)."""
@@ -65,7 +55,6 @@ class OperatorTracer:
         self._measuring = False  # while the tracer computes statistics, its own operators are not traced
         self._modes: list = []
         self._hooks: list = []
-        self._weights: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
 
     # -- lifetime --------------------------------------------------------------------------------------------------
     def start(self) -> None:
@@ -88,7 +77,7 @@ class OperatorTracer:
 
         def build() -> list[OperatorCall]:
             values = np.concatenate([s.numpy() for s in statistics]) if statistics else np.zeros((0, 4))
-            sums = np.concatenate([c.numpy() for c in checksums]) if checksums else np.zeros(0, np.int64)
+            sums = np.concatenate([c.numpy() for c in checksums]) if checksums else np.zeros((0, 2), np.int64)
             for call in calls:
                 for arguments in (call.inputs, call.outputs):
                     for index, argument in enumerate(arguments):
@@ -123,7 +112,8 @@ class OperatorTracer:
 
     # -- operators -------------------------------------------------------------------------------------------------
     def _record(self, func, args, kwargs, output) -> None:
-        if self.level == "L0" or func in _LEFT_OUT or func.is_view:
+        namespace, operator = func._schema.name.split("::")
+        if self.level == "L0" or func in _LEFT_OUT or func.is_view or namespace in _LEFT_OUT_NAMESPACES:
             return
         node = torch._C._current_autograd_node()
         if node is None:
@@ -134,7 +124,7 @@ class OperatorTracer:
             module, stack = node.metadata.get(_NODE_KEY, (self._last_backward_module, ()))
             self._last_backward_module = module
             module = module.replace(".forward.", ".backward.") if module else None
-        operator = f"Aten.{func._schema.name.split('::')[-1]}.{func._overloadname}"
+        operator = f"{namespace.capitalize()}.{operator}.{func._overloadname}"  # msprobe's "Aten.mm.default"
         number = self._counters[(operator, phase)]
         self._counters[(operator, phase)] += 1
         name = f"{operator}.{number}.{phase}"
@@ -190,7 +180,7 @@ class OperatorTracer:
         self._measuring = True
         try:
             with torch.no_grad(), torch.autocast(tensor.device.type, enabled=False):
-                return self._queue_statistics(tensor.detach())
+                return self._queue_statistics(in_memory_order(tensor))
         finally:
             self._measuring = False
 
@@ -200,30 +190,8 @@ class OperatorTracer:
         values = data if data.dtype == torch.float32 else data.float()
         low, high = torch.aminmax(values)
         self._statistics.append(torch.stack([high, low, values.mean(), torch.linalg.vector_norm(values)]))
-        self._checksums.append(self._checksum(data))
+        self._checksums.append(bit_checksum(data))
         return len(self._statistics) - 1
-
-    def _checksum(self, data: torch.Tensor) -> torch.Tensor:
-        """A 64-bit sum of the bits, each element weighted by an odd number of its own (its row's times its
-        column's): any one element that changes changes the sum; integer arithmetic, so every device agrees."""
-        bits = data.reshape(-1)
-        bits = bits.view(torch.uint8) if bits.dtype == torch.bool else bits
-        bits = bits.view(_BITS_AS[bits.element_size()]).to(torch.int64)
-        pad = -bits.numel() % _CHECKSUM_WIDTH
-        if pad:
-            bits = torch.nn.functional.pad(bits, (0, pad))
-        rows = bits.view(-1, _CHECKSUM_WIDTH)
-        columns, row_weights = self._weights_on(data.device, rows.shape[0])
-        return ((rows * columns).sum(1) * row_weights[: rows.shape[0]]).sum()
-
-    def _weights_on(self, device: torch.device, rows: int) -> tuple[torch.Tensor, torch.Tensor]:
-        columns, row_weights = self._weights.get(device, (None, None))
-        if columns is None or row_weights.numel() < rows:
-            columns = torch.from_numpy(_COLUMN_WEIGHTS).to(device)
-            count = max(rows, 2 * (0 if row_weights is None else row_weights.numel()), 1024)
-            row_weights = (torch.arange(count, dtype=torch.int64, device=device) * 2 + 1) * _ROW_MULTIPLIER
-            self._weights[device] = (columns, row_weights)
-        return columns, row_weights
 
 
 class _Unfilled(TensorSummary):
@@ -235,7 +203,7 @@ class _Unfilled(TensorSummary):
 
     def fill(self, values: np.ndarray, sums: np.ndarray) -> TensorSummary:
         high, low, mean, norm = (float(v) if np.isfinite(v) else _non_finite(v) for v in values[self.slot])
-        checksum = f"{OUR_CHECKSUM}:{int(sums[self.slot]) & 0xFFFFFFFFFFFFFFFF:016x}"
+        checksum = f"{OUR_CHECKSUM}:{checksum_hex(sums[self.slot])}"
         return TensorSummary(self.dtype, self.shape, high, low, mean, norm, checksum, self.requires_grad)
 
 
