@@ -49,6 +49,7 @@ UNSENT_SUMMARY_RANKS_TAG = f"{TAG_PREFIX}unsent_summary_ranks"  # ranks whose va
 MLFLOW_STEP_OFFSET_TAG = f"{TAG_PREFIX}mlflow_step_offset"  # added to the dump's steps for MLflow's
 RECORDED_TAG = f"{TAG_PREFIX}gradients_recorded"  # what the recorded gradients are (before or after clipping)
 FAILED_STEPS_TAG = f"{TAG_PREFIX}failed_steps"  # steps whose probe failed
+TRACED_STEPS_TAG = f"{TAG_PREFIX}traced_steps"  # steps whose operator trace is in the run (``locate``)
 TRAINING_ID_TAG = f"{TAG_PREFIX}training_id"  # the training whose dump the run holds (the dump's training ID)
 
 # An API's status in an API check: msprobe's words, used as they are in the CSVs, the tags, the metrics and the CLI;

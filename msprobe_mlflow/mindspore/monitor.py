@@ -88,6 +88,10 @@ class GradientMonitor(SessionMonitor):
             self._session = self._open_session("mindspore", RankPolicy.of(self.config, current_rank(), world_size()),
                                                shared_run_id, summary_all_gather)
         ranks = self._session.ranks
+        if self.options.trace.plan().steps:
+            self.notices.warn("trace_steps (and MSPROBE_MLFLOW_TRACE_STEPS) trace PyTorch's operators only; for "
+                              "MindSpore, take msprobe's own data dump of the step (task statistics), which "
+                              "msprobe-mlflow locate reads")
         parameters = list(optimizer.parameters)
         selected = [(i, p) for i, p in enumerate(parameters) if self.config.wants_param(p.name)]
         missing = set(self.config.param_list) - {p.name for p in parameters}

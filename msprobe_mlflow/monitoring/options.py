@@ -14,11 +14,12 @@ from msprobe_mlflow.sinks import StepSink
 from msprobe_mlflow.sinks.anomalies import AnomalyOptions
 from msprobe_mlflow.sinks.baseline import BaselineOptions
 from msprobe_mlflow.statistics_table import OPT_IN, PARAMETER_NORM, refuse_unknown
+from msprobe_mlflow.trace.options import TraceOptions
 from msprobe_mlflow.tracking.options import TrackingOptions
 
 # Each group's fields are its keywords (``tracking_uri`` is both MLflow's and the baseline run's: one keyword).
 GROUPS = {"live_verdict": BaselineOptions, "anomalies": AnomalyOptions, "tier": TierOptions,
-          "tracking": TrackingOptions}
+          "trace": TraceOptions, "tracking": TrackingOptions}
 BOOLEANS = ("log_to_mlflow", "metrics_file", "silent")
 # Options there were, refused saying why they went (``options.md``), not taken for a misspelling.
 REMOVED = {"overlap": "overlap was removed: the step kernel reads gradients at memory speed, so computing during "
@@ -35,6 +36,8 @@ class MonitorOptions:
       directions compared with a baseline's as the step lands.
     - ``anomalies`` (:class:`~msprobe_mlflow.sinks.anomalies.AnomalyOptions`): the anomaly flags and their rule.
     - ``tier`` (:class:`~.directions_schedule.TierOptions`): the always-on tier, over the config's.
+    - ``trace`` (:class:`~msprobe_mlflow.trace.options.TraceOptions`): the steps whose every operator is traced
+      for ``locate`` (``trace_steps``, ``trace_level``, ``trace_config``; PyTorch).
     - ``metrics_file``: also each step's summary metrics in ``{dump_path}/rank{R}/metrics.jsonl``; ``sinks``: more
       outputs (``handle(record)``, ``flush()``, ``close()``), fed after the local dump; ``silent``: no
       warnings, problems go to the ``msprobe_mlflow`` logger only, and so do the monitor's start and end lines
@@ -53,6 +56,7 @@ class MonitorOptions:
     live_verdict: BaselineOptions | None = None
     anomalies: AnomalyOptions = AnomalyOptions()
     tier: TierOptions = TierOptions()
+    trace: TraceOptions = TraceOptions()
     metrics_file: bool = False
     sinks: tuple[StepSink, ...] = ()
     silent: bool = False

@@ -16,7 +16,7 @@ from __future__ import annotations
 import os
 
 import torch
-from torch.optim.optimizer import register_optimizer_step_pre_hook
+from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
 from msprobe_mlflow.config import GradProbeConfig
 from msprobe_mlflow.dump import step_ranges
@@ -26,13 +26,14 @@ from msprobe_mlflow.parameter_names import eager_named_parameters
 from msprobe_mlflow.pytorch.compute_format import ComputeFormatWatch
 from msprobe_mlflow.pytorch.distributed import current_rank, shared_run_id, summary_all_gather, world_size
 from msprobe_mlflow.pytorch.fsdp1 import FlatSlot, fsdp1_named_parameters, has_fsdp1
+from msprobe_mlflow.pytorch.operator_traces import TracedSteps
 from msprobe_mlflow.records import with_compute_format, with_parameter_norms
 from msprobe_mlflow.session import RankPolicy
 from msprobe_mlflow.statistics_table import PARAMETER_NORM
 from msprobe_mlflow.torch_kernels.parameter_norms import launch_parameter_norms
 from msprobe_mlflow.torch_kernels.sharded import FlatPiece, has_sharded, launch_sharded_statistics
 from msprobe_mlflow.torch_kernels.statistics import StatisticsCache, launch_step_statistics
-from msprobe_mlflow.vocabulary import FAILED_STEPS_TAG, RECORDED_TAG, TAG_RANGES_LIMIT, rank_tag
+from msprobe_mlflow.vocabulary import FAILED_STEPS_TAG, RECORDED_TAG, TAG_RANGES_LIMIT, TRACED_STEPS_TAG, rank_tag
 
 
 # model id -> the monitor watching it, so two monitors never probe one model by accident.
@@ -56,6 +57,9 @@ class GradientMonitor(SessionMonitor):
         self._optimizer: torch.optim.Optimizer | None = None
         self._model_id: int | None = None
         self._hook = None
+        self._traces: TracedSteps | None = None  # trace_steps: the operator traces, armed by _after_hook
+        self._after_hook = None
+        self._traced_steps: list[int] = []
         self._probe_failures: list[str] = []
         self._failed_steps: list[int] = []
         self._probed_steps = 0
@@ -77,6 +81,7 @@ class GradientMonitor(SessionMonitor):
             raise ValueError(f"statistics = {list(self.options.statistics)!r}: {PARAMETER_NORM!r} is not supported "
                              f"with FSDP1 (FullyShardedDataParallel); use FSDP2 (torch.distributed.fsdp.fully_shard) "
                              f"or leave {PARAMETER_NORM!r} out")
+        plan = self.options.trace.plan()  # a bad MSPROBE_MLFLOW_TRACE_STEPS fails before anything starts
         self._remove_hook()
         if self._session is None or self._session.closed:  # first: a bad dump_path fails before any hook exists
             self._session = self._open_session("pytorch", RankPolicy.of(self.config, current_rank(), world_size()),
@@ -106,6 +111,12 @@ class GradientMonitor(SessionMonitor):
             self._hook = optimizer.register_step_pre_hook(self._on_optimizer_step)
         else:
             self._hook = register_optimizer_step_pre_hook(self._on_optimizer_step)
+        if plan.steps and self._session.ranks.probes:
+            self._traces = TracedSteps(plan, model, self.config.dump_path, self._session.ranks.rank, self.notices,
+                                       self._trace_written)
+            self._after_hook = optimizer.register_step_post_hook(self._after_optimizer_step) if optimizer else \
+                register_optimizer_step_post_hook(self._after_optimizer_step)
+            self._traces.arm(self.step)
         return self
 
     def _owns_model_parameters(self, optimizer: torch.optim.Optimizer) -> bool:
@@ -125,6 +136,20 @@ class GradientMonitor(SessionMonitor):
             self._probe_step(step)
             return None
         return self._after_closure(closure, step, args, kwargs)
+
+    def _after_optimizer_step(self, optimizer, args, kwargs):
+        """The update is done: the next step's trace starts here, if it is traced."""
+        if optimizer is self._optimizer and self._traces is not None:
+            self._traces.arm(self.step)
+
+    def _trace_written(self, step: int, files: list) -> None:
+        """On the trace's writer thread: the trace goes into the run, its step into the run's tag."""
+        self._traced_steps.append(step)
+        tag = TRACED_STEPS_TAG if self._session.ranks.world_size == 1 else \
+            rank_tag(self._session.ranks.rank, "traced_steps")
+        if self.run_sink is not None:
+            self.run_sink.annotate(step=step, tags={tag: step_ranges(self._traced_steps, limit=TAG_RANGES_LIMIT)},
+                                   files=files)
 
     def _after_closure(self, closure, step: int, args, kwargs):
         """The step's arguments with ``closure`` wrapped so that the probe runs when it first returns: the
@@ -157,6 +182,8 @@ class GradientMonitor(SessionMonitor):
         self._probe_step(self.step)
 
     def _probe_step(self, step: int) -> None:
+        if self._traces is not None:  # the step's gradients are final: its trace ends before the probe
+            self._traces.finish()
         ranks = self._session.ranks
         if not self.config.wants_step(step):
             return
@@ -232,12 +259,17 @@ class GradientMonitor(SessionMonitor):
     @property
     def errors(self) -> list[str]:
         """Probe failures (training thread), then what the writer thread and the sinks could not do."""
-        return self._probe_failures + super().errors
+        return self._probe_failures + (self._traces.errors if self._traces else []) + super().errors
 
     def _remove_hook(self) -> None:
         if self._hook is not None:
             self._hook.remove()
             self._hook = None
+        if self._after_hook is not None:
+            self._after_hook.remove()
+            self._after_hook = None
+        if self._traces is not None:
+            self._traces.close()
         if self._formats is not None:
             self._formats.close()
             self._formats = None

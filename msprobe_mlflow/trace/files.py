@@ -16,6 +16,8 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from msprobe_mlflow.trace.options import TRACE_STEPS_VARIABLE
+
 DUMP_FILE, CONSTRUCT_FILE, STACK_FILE = "dump.json", "construct.json", "stack.json"
 TRACER = "msprobe_mlflow"  # dump.json's "tracer": ours traces every backward operator with all its inputs
 OUR_CHECKSUM, MSPROBE_CHECKSUM = "bits64", "crc32"
@@ -211,19 +213,30 @@ def _number(value, where: str) -> float | None:
 
 def trace_folder(root: str | os.PathLike, step: int | None = None, rank: int | None = None) -> Path:
     """The folder holding ``step``'s trace of ``rank`` under ``root`` (``root/step{S}/rank{R}``; msprobe names a
-    rank ``rank`` without its number outside torch.distributed), or ``root`` itself when it holds a dump.json."""
+    rank ``rank`` without its number outside torch.distributed), or ``root`` itself when it holds a dump.json. A
+    monitor's dump folder holds its traces in ``rank{R}/trace/``."""
     root = Path(root)
     if (root / DUMP_FILE).is_file() or root.name == DUMP_FILE:
         return root.parent if root.name == DUMP_FILE else root
+    monitored = {int(m.group(1)): p / "trace" for p in (root.iterdir() if root.is_dir() else ())
+                 if (m := _RANK_FOLDER.match(p.name)) and m.group(1) and (p / "trace").is_dir()}
+    if monitored and not traced_steps(root):
+        if rank is None and len(monitored) > 1:
+            raise TraceError(f"{root} holds the traces of ranks {sorted(monitored)}: name one (--rank)")
+        if rank is not None and rank not in monitored:
+            raise TraceError(f"{root} has no trace of rank {rank}; it holds ranks {sorted(monitored)}")
+        return trace_folder(monitored[rank if rank is not None else next(iter(monitored))], step, rank)
     steps = traced_steps(root)
     if not steps:
-        raise TraceError(f"{root} holds no trace: expected step{{S}}/rank{{R}}/dump.json (msprobe's dump layout)")
+        raise TraceError(f"{root} holds no trace: expected step{{S}}/rank{{R}}/dump.json (msprobe's dump layout); "
+                         f"rerun the training with {TRACE_STEPS_VARIABLE}=S to trace step S")
     if step is None:
         if len(steps) > 1:
             raise TraceError(f"{root} holds traces of steps {steps}: name one (--step)")
         step = steps[0]
     if step not in steps:
-        raise TraceError(f"{root} has no trace of step {step}; its traced steps: {steps}")
+        raise TraceError(f"{root} has no trace of step {step}; its traced steps: {steps}. Rerun the training with "
+                         f"{TRACE_STEPS_VARIABLE}={step} to trace it")
     ranks = sorted((root / f"step{step}").iterdir())
     ranks = {m.group(1): p for p in ranks if (m := _RANK_FOLDER.match(p.name)) and (p / DUMP_FILE).is_file()}
     if rank is None:
