@@ -29,7 +29,7 @@ LAYERS = [
     ("mindspore", {"mindspore"}, ["monitoring"]),
     ("integrations", {"integrations"}, ["pytorch", "mindspore"]),
     ("api_check", {"api_check"}, ["tracking"]),
-    ("commands", {"commands", "__main__"}, ["api_check", "tracking"]),
+    ("commands", {"commands", "__main__"}, ["api_check", "tracking", "locate"]),
 ]
 
 

@@ -20,7 +20,7 @@ from test_compare_dumps import FLIPS, base_signs, write_ours
 
 REPO = Path(__file__).resolve().parents[1]
 API_INFO = REPO / "examples" / "mindspore_api_dump" / "tensor" / "api_info.json"
-COMMANDS = ["upload", "compare", "api-check"]
+COMMANDS = ["upload", "compare", "locate", "api-check"]
 
 
 def rest_error(error_code: str, message: str = "refused") -> RestException:
@@ -180,6 +180,7 @@ EXAMPLES = {  # the first example line of each help
     "upload": "msprobe-mlflow upload ./msprobe_dump/3f2a... --run-id 3f2a...",
     "compare": "msprobe-mlflow compare 3f2a...c1 9b7e...04",
     "api-check": "msprobe-mlflow api-check dump_path/step0/rank0/dump.json --run-id $TRAINING_RUN --no-nested",
+    "locate": "MSPROBE_MLFLOW_TRACE_STEPS=120 python train.py        # both trainings, each with its dump_path",
 }
 
 
@@ -192,5 +193,5 @@ def test_help_shows_an_example_and_the_exit_codes(command):
     exit_codes = " ".join(lines[lines.index("Exit codes:") + 1:])
     for meaning in ("0  done", "1  operational failure: the tracking server cannot be reached", "2  bad input:",
                     "3  suspicious or failing result: compare --fail-on-suspicious found a suspicious step, "
-                    "api-check found an API whose status is error"):
+                    "locate named an operator, api-check found an API whose status is error"):
         assert meaning in exit_codes

@@ -40,9 +40,10 @@ def locate(a: str, b: str, step: int | None, rank: int | None) -> int:
         index = next(i for i, (pair, _) in enumerate(found.rows) if pair is found.pair)
         for pair, judgement in found.rows[max(0, index - ROWS_AROUND): index + ROWS_AROUND + 1]:
             mark = ">" if pair is found.pair else " "
+            inputs = "equal" if judgement is not None and judgement.inputs_bit_equal else \
+                f"{judgement.input_difference:.2g}" if judgement is not None else ""
             numbers = "in one run only" if judgement is None else \
-                f"inputs {judgement.input_difference:.2g}  output {judgement.output_difference:.2g}  " \
-                f"explained up to {judgement.tolerance:.2g}"
+                f"inputs {inputs}  output {judgement.output_difference:.2g}  explained up to {judgement.tolerance:.2g}"
             click.echo(f"{mark} {pair.call.name:<48} {numbers}")
     click.echo(found.describe())
     return SUSPICIOUS_RESULT if found.named else OK
