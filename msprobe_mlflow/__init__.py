@@ -11,6 +11,7 @@ _LAZY_EXPORTS = {
     "upload_dump": "msprobe_mlflow.tracking.upload",
     "compare_dumps": "msprobe_mlflow.compare.engine",
     "compare_runs": "msprobe_mlflow.tracking.comparison_run",
+    "locate": "msprobe_mlflow.tracking.locate_run",
     "read_statistics": "msprobe_mlflow.tracking.run_dump",
     "MonitorOptions": "msprobe_mlflow.monitoring.options",
 }

@@ -50,6 +50,7 @@ MLFLOW_STEP_OFFSET_TAG = f"{TAG_PREFIX}mlflow_step_offset"  # added to the dump'
 RECORDED_TAG = f"{TAG_PREFIX}gradients_recorded"  # what the recorded gradients are (before or after clipping)
 FAILED_STEPS_TAG = f"{TAG_PREFIX}failed_steps"  # steps whose probe failed
 TRACED_STEPS_TAG = f"{TAG_PREFIX}traced_steps"  # steps whose operator trace is in the run (``locate``)
+TRACE_FOLDER = "trace"  # the operator traces: ``{dump_path}/rank{R}/trace/step{S}/rank{R}/``, mirrored in the run
 TRAINING_ID_TAG = f"{TAG_PREFIX}training_id"  # the training whose dump the run holds (the dump's training ID)
 
 # An API's status in an API check: msprobe's words, used as they are in the CSVs, the tags, the metrics and the CLI;
@@ -83,6 +84,28 @@ PAIR_TAG = f"{COMPARE_TAG_PREFIX}pair"  # the ordered pair's key: every comparis
 PREVIOUS_TAG = f"{COMPARE_TAG_PREFIX}previous_run"  # the latest earlier comparison of the pair
 SKIPPED_TAG = f"{COMPARE_TAG_PREFIX}skipped_damaged"
 STATISTICS_MISSING_TAG = f"{COMPARE_TAG_PREFIX}statistics_missing"
+LOCATE_RUN_TAG = f"{COMPARE_TAG_PREFIX}locate_run"  # on a comparison run: its latest locate run
+
+# A locate run (nested under the pair's comparison run): the operator named, or "drift"/"identical".
+PARENT_RUN_TAG = "mlflow.parentRunId"  # MLflow's: nests a run under another in the UI
+LOCATE_ARTIFACT_ROOT = "locate"  # ``locate/ops.csv``, ``locate/differences.png``
+LOCATE_TAG_PREFIX = f"{TAG_PREFIX}locate."
+LOCATE_FINDING_TAG = f"{LOCATE_TAG_PREFIX}finding"  # operator, sequence, argument, drift or identical
+
+
+def trace_artifact_folder(rank: int) -> str:
+    """``grad_probe/rank{R}/trace``: a rank's operator traces in its run (``step{S}/rank{R}/`` below)."""
+    return f"{ARTIFACT_ROOT}/rank{rank}/{TRACE_FOLDER}"
+
+
+def locate_tag(field: str) -> str:
+    """``msprobe_mlflow.locate.{field}``: step, rank, operator, module, phase, call_site."""
+    return f"{LOCATE_TAG_PREFIX}{field}"
+
+
+def locate_metric(field: str) -> str:
+    """``locate/{field}``: input_difference, output_difference, tolerance (of the named call)."""
+    return f"{LOCATE_ARTIFACT_ROOT}/{field}"
 
 
 def source_run_tag(side: str) -> str:

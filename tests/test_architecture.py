@@ -20,16 +20,16 @@ LAYERS = [
      ["bottom"]),
     ("torch_kernels", {"torch_kernels"}, ["records"]),
     ("compare", {"compare"}, ["records"]),
-    ("locate", {"locate"}, ["records"]),
+    ("localization", {"localization"}, ["records"]),
     ("session", {"session"}, ["records"]),
-    ("tracking", {"tracking"}, ["compare", "session"]),
+    ("tracking", {"tracking"}, ["compare", "session", "localization"]),
     ("sinks", {"sinks"}, ["tracking"]),
     ("monitoring", {"monitoring"}, ["sinks"]),
     ("pytorch", {"pytorch"}, ["monitoring", "torch_kernels"]),
     ("mindspore", {"mindspore"}, ["monitoring"]),
     ("integrations", {"integrations"}, ["pytorch", "mindspore"]),
     ("api_check", {"api_check"}, ["tracking"]),
-    ("commands", {"commands", "__main__"}, ["api_check", "tracking", "locate"]),
+    ("commands", {"commands", "__main__"}, ["api_check", "tracking"]),
 ]
 
 

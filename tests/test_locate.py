@@ -12,8 +12,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from msprobe_mlflow.commands.cli import main
 from msprobe_mlflow.formats import UNIT_ROUNDOFF
-from msprobe_mlflow.locate import ARGUMENT, DRIFT, IDENTICAL, OPERATOR, SEQUENCE, locate
-from msprobe_mlflow.locate.judge import ROUNDING, reduction_size
+from msprobe_mlflow.localization import ARGUMENT, DRIFT, IDENTICAL, OPERATOR, SEQUENCE, locate_traces as locate
+from msprobe_mlflow.localization.judge import ROUNDING, reduction_size
 from msprobe_mlflow.torch_kernels.operator_trace import OperatorTracer
 from msprobe_mlflow.trace.files import write_trace
 from tests.tiny_transformer import Block, FaultyKernel, TinyGPT, one_ulp_up, train

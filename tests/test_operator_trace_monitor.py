@@ -9,7 +9,7 @@ import torch
 from mlflow import MlflowClient
 
 from msprobe_mlflow.config import GradProbeConfig
-from msprobe_mlflow.locate import OPERATOR, locate
+from msprobe_mlflow.localization import OPERATOR, locate_traces as locate
 from msprobe_mlflow.pytorch import GradientMonitor
 from msprobe_mlflow.trace.files import read_trace, trace_folder
 from msprobe_mlflow.trace.options import TRACE_STEPS_VARIABLE

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import click
 
-from msprobe_mlflow.commands import command
+from msprobe_mlflow.commands import command, tracking_uri_option
 from msprobe_mlflow.commands.exit_codes import OK, SUSPICIOUS_RESULT
 
 ROWS_AROUND = 3  # aligned calls printed before and after the finding
@@ -11,39 +11,57 @@ ROWS_AROUND = 3  # aligned calls printed before and after the finding
 
 @command("locate", short_help="name the first operator of a traced step whose output differs beyond what its "
                               "inputs and rounding explain")
-@click.argument("a", metavar="A", type=click.Path(exists=True, file_okay=False))
-@click.argument("b", metavar="B", type=click.Path(exists=True, file_okay=False))
+@click.argument("a", metavar="A")
+@click.argument("b", metavar="B")
 @click.option("--step", type=click.IntRange(min=0), default=None, metavar="S",
-              help="the traced step to compare (default: the one step both folders hold). Example: --step 120")
+              help="the traced step to compare (default: the pair's first suspicious step, from a comparison of A "
+                   "and B; for bare trace folders, the one step both hold). Example: --step 120")
 @click.option("--rank", type=click.IntRange(min=0), default=None, metavar="R",
-              help="the rank to compare (default: the one rank the step holds). Example: --rank 0")
-def locate(a: str, b: str, step: int | None, rank: int | None) -> int:
+              help="the rank to compare (default: the first rank the verdict flags, else the one rank traced). "
+                   "Example: --rank 0")
+@tracking_uri_option
+@click.option("--no-mlflow", is_flag=True,
+              help="log nothing: print the finding only (run IDs as sources still need the tracking store)")
+@click.option("--cache-dir", metavar="DIR", type=click.Path(file_okay=False),
+              help="where traces downloaded from a tracking server are cached by run ID (default "
+                   "~/.cache/msprobe-mlflow/runs)")
+def locate(a: str, b: str, step: int | None, rank: int | None, tracking_uri: str | None, no_mlflow: bool,
+           cache_dir: str | None) -> int:
     """Compare two traces of one training step, operator by operator in execution order (the forward, then the
     backward), and name the first operator whose output differs beyond what its inputs' differences and its
     format's rounding explain; or say "drift" when none does (the step's difference is rounding amplified, not a
-    bug). A and B are trace folders: ours (a monitor with trace_steps, or MSPROBE_MLFLOW_TRACE_STEPS set) or
-    msprobe's data dump (task statistics), holding step<S>/rank<R>/dump.json. Exits with code 3 when an operator
+    bug). A and B are MLflow run IDs, monitors' dump folders or trace folders (ours, or msprobe's data dump of task
+    statistics: step<S>/rank<R>/dump.json). A run gets its traces with trace_steps=[S] or MSPROBE_MLFLOW_TRACE_STEPS
+    set. The finding is logged as a run nested under the pair's comparison run. Exits with code 3 when an operator
     is named.
 
     \b
     Examples:
       MSPROBE_MLFLOW_TRACE_STEPS=120 python train.py        # both trainings, each with its dump_path
-      msprobe-mlflow locate ./dump_npu/<run>/trace ./dump_gpu/<run>/trace --step 120
+      msprobe-mlflow locate $GPU_RUN $NPU_RUN               # the step: the pair's first suspicious one
+      msprobe-mlflow locate ./dump_gpu ./dump_npu --step 120 --no-mlflow
     """
-    from msprobe_mlflow.locate import locate as locate_step
+    from msprobe_mlflow.tracking.locate_run import locate as locate_step
 
-    found = locate_step(a, b, step=step, rank=rank)
-    click.echo(f"A: {found.folders[0]}\nB: {found.folders[1]}")
+    result = locate_step(a, b, step=step, rank=rank, tracking_uri=tracking_uri, cache_dir=cache_dir,
+                         log_run=not no_mlflow)
+    found = result.localization
+    click.echo(f"step {result.step}, rank {result.rank}\nA: {found.folders[0]}\nB: {found.folders[1]}")
     judged = [row for row in found.rows if row[1] is not None]
     click.echo(f"{len(found.rows)} operator calls aligned ({len(found.rows) - len(judged)} in one run only)")
     if found.pair is not None:
         index = next(i for i, (pair, _) in enumerate(found.rows) if pair is found.pair)
         for pair, judgement in found.rows[max(0, index - ROWS_AROUND): index + ROWS_AROUND + 1]:
-            mark = ">" if pair is found.pair else " "
-            inputs = "equal" if judgement is not None and judgement.inputs_bit_equal else \
-                f"{judgement.input_difference:.2g}" if judgement is not None else ""
-            numbers = "in one run only" if judgement is None else \
-                f"inputs {inputs}  output {judgement.output_difference:.2g}  explained up to {judgement.tolerance:.2g}"
-            click.echo(f"{mark} {pair.call.name:<48} {numbers}")
+            click.echo(f"{'>' if pair is found.pair else ' '} {pair.call.name:<48} {_numbers(judgement)}")
     click.echo(found.describe())
+    if result.run_id:
+        click.echo(f"logged: run {result.run_id}" + (f", nested under the comparison run {result.comparison_run_id}"
+                                                      if result.comparison_run_id else ""))
     return SUSPICIOUS_RESULT if found.named else OK
+
+
+def _numbers(judgement) -> str:
+    if judgement is None:
+        return "in one run only"
+    inputs = "equal" if judgement.inputs_bit_equal else f"{judgement.input_difference:.2g}"
+    return f"inputs {inputs}  output {judgement.output_difference:.2g}  explained up to {judgement.tolerance:.2g}"

@@ -16,9 +16,7 @@ from msprobe_mlflow.notices import Notices
 from msprobe_mlflow.torch_kernels.operator_trace import OperatorTracer
 from msprobe_mlflow.trace.files import write_trace
 from msprobe_mlflow.trace.options import TracePlan
-
-TRACE_FOLDER = "trace"
-
+from msprobe_mlflow.vocabulary import TRACE_FOLDER
 
 def trace_root(dump_path: str, rank: int) -> Path:
     """The folder ``locate`` takes: ``step{S}/rank{R}/`` below it."""

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from msprobe_mlflow.trace.options import TRACE_STEPS_VARIABLE
+from msprobe_mlflow.vocabulary import TRACE_FOLDER
 
 DUMP_FILE, CONSTRUCT_FILE, STACK_FILE = "dump.json", "construct.json", "stack.json"
 TRACER = "msprobe_mlflow"  # dump.json's "tracer": ours traces every backward operator with all its inputs
@@ -218,8 +219,8 @@ def trace_folder(root: str | os.PathLike, step: int | None = None, rank: int | N
     root = Path(root)
     if (root / DUMP_FILE).is_file() or root.name == DUMP_FILE:
         return root.parent if root.name == DUMP_FILE else root
-    monitored = {int(m.group(1)): p / "trace" for p in (root.iterdir() if root.is_dir() else ())
-                 if (m := _RANK_FOLDER.match(p.name)) and m.group(1) and (p / "trace").is_dir()}
+    monitored = {int(m.group(1)): p / TRACE_FOLDER for p in (root.iterdir() if root.is_dir() else ())
+                 if (m := _RANK_FOLDER.match(p.name)) and m.group(1) and (p / TRACE_FOLDER).is_dir()}
     if monitored and not traced_steps(root):
         if rank is None and len(monitored) > 1:
             raise TraceError(f"{root} holds the traces of ranks {sorted(monitored)}: name one (--rank)")

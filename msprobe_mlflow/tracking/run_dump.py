@@ -141,7 +141,7 @@ def _download(client: MlflowClient, run_id: str, artifact_path: str, destination
     os.replace(fetched, destination)
 
 
-def _run_cache(client: MlflowClient, run_id: str, cache_dir: str | os.PathLike | None) -> Path:
+def run_cache(client: MlflowClient, run_id: str, cache_dir: str | os.PathLike | None) -> Path:
     """The run's cache folder (not created), refusing a run ID that is no plain name before anything is asked."""
     if not _PLAIN_RUN_ID.match(run_id):
         raise RunDumpError(f"run ID {run_id!r} from {client.tracking_uri} is not a plain name (1 to 64 letters, "
@@ -149,7 +149,7 @@ def _run_cache(client: MlflowClient, run_id: str, cache_dir: str | os.PathLike |
     return (Path(cache_dir) if cache_dir is not None else default_cache_dir()) / run_id
 
 
-def _fetch(client: MlflowClient, run_id: str, run_root: Path, wanted: list[tuple[str, int | None]],
+def fetch_artifacts(client: MlflowClient, run_id: str, run_root: Path, wanted: list[tuple[str, int | None]],
            progress: bool | None, archives: list[tuple[str, int | None]] = ()) -> Path:
     """Downloads into ``run_root`` each ``(artifact path, size)`` not already there with that size, and each of
     ``archives``, expanded beside it into its steps' files."""
@@ -184,13 +184,14 @@ def fetch_run_dump(client: MlflowClient, listing: RunDumpListing, steps: dict[in
     if in_place is not None and not listing.archives(steps):
         return in_place
     run_id = listing.run_id
-    run_root = _run_cache(client, run_id, cache_dir)
+    run_root = run_cache(client, run_id, cache_dir)
     folders = [f"{ARTIFACT_ROOT}/{relative_step_dir(rank, step)}" for rank, rank_steps in steps.items()
                for step in rank_steps]
     with ThreadPoolExecutor(DOWNLOAD_WORKERS, thread_name_prefix="msprobe-list") as pool:
         wanted = [(e.path, e.file_size) for entries in pool.map(lambda f: client.list_artifacts(run_id, f), folders)
                   for e in entries if not e.is_dir]
-    return _fetch(client, run_id, run_root, wanted + listing.summary_files(steps), progress, listing.archives(steps))
+    return fetch_artifacts(client, run_id, run_root, wanted + listing.summary_files(steps), progress,
+                           listing.archives(steps))
 
 
 def read_statistics(source: str | os.PathLike, tracking_uri: str | None = None,
@@ -209,7 +210,7 @@ def read_statistics(source: str | os.PathLike, tracking_uri: str | None = None,
     listing = list_run_dump(client, get_run(client, str(source), f"source = {str(source)!r}"), directions=False)
     folder = local_artifact_dump(listing.run)
     if folder is None or listing.archives(listing.summaries):
-        folder = _fetch(client, listing.run_id, _run_cache(client, listing.run_id, cache_dir),
+        folder = fetch_artifacts(client, listing.run_id, run_cache(client, listing.run_id, cache_dir),
                         listing.summary_files(listing.summaries), progress, listing.archives(listing.summaries))
     return read_statistics_table(folder)
 

@@ -22,7 +22,7 @@ import math
 from dataclasses import dataclass
 
 from msprobe_mlflow.formats import UNIT_ROUNDOFF
-from msprobe_mlflow.locate.align import AlignedCall
+from msprobe_mlflow.localization.align import AlignedCall
 from msprobe_mlflow.trace.files import OperatorCall, Scalar, TensorSummary
 
 AMPLIFICATION = 10.0  # how much larger than its inputs' difference an operator's may grow from rounding carried in

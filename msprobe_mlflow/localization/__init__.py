@@ -1,6 +1,6 @@
-"""From a suspicious step to the operator: ``locate(a, b, step=S)`` walks two traces of step S in execution order
+"""From a suspicious step to the operator: ``locate_traces(a, b, step=S)`` walks two traces of step S in execution order
 and names the first operator whose output differs beyond what its inputs' differences and its format's rounding
-explain (:mod:`msprobe_mlflow.locate.judge`); or says that none does, which makes the step's difference drift
+explain (:mod:`msprobe_mlflow.localization.judge`); or says that none does, which makes the step's difference drift
 (rounding amplified), not a bug. An operator present in one run only, or a numeric argument that differs (an
 epsilon, a scale), is the first finding where it comes first."""
 from __future__ import annotations
@@ -10,8 +10,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from msprobe_mlflow.formats import UNIT_ROUNDOFF
-from msprobe_mlflow.locate.align import AlignedCall, align, module_path, operator_calls
-from msprobe_mlflow.locate.judge import Judgement, differing_argument, judge
+from msprobe_mlflow.localization.align import AlignedCall, align, module_path, operator_calls
+from msprobe_mlflow.localization.judge import Judgement, differing_argument, judge
 from msprobe_mlflow.trace.files import OperatorCall, read_trace, trace_folder
 
 OPERATOR, SEQUENCE, ARGUMENT, DRIFT, IDENTICAL = "operator", "sequence", "argument", "drift", "identical"
@@ -47,8 +47,8 @@ class Localization:
         return f"{where}: {self.detail}" + (f"; called at {site}" if site else "")
 
 
-def locate(a: str | os.PathLike, b: str | os.PathLike, *, step: int | None = None,
-           rank: int | None = None) -> Localization:
+def locate_traces(a: str | os.PathLike, b: str | os.PathLike, *, step: int | None = None,
+                  rank: int | None = None) -> Localization:
     """Compares the traces of ``step`` (of ``rank``) in trace folders ``a`` and ``b``: each a folder with
     ``step{S}/rank{R}/dump.json`` (ours or msprobe's data dump), or one such folder itself."""
     folder_a, folder_b = trace_folder(a, step, rank), trace_folder(b, step, rank)
