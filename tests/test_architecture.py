@@ -22,7 +22,7 @@ LAYERS = [
     ("compare", {"compare"}, ["records"]),
     ("localization", {"localization"}, ["records"]),
     ("session", {"session"}, ["records"]),
-    ("tracking", {"tracking"}, ["compare", "session", "localization"]),
+    ("tracking", {"tracking"}, ["compare", "session", "localization", "torch_kernels"]),
     ("sinks", {"sinks"}, ["tracking"]),
     ("monitoring", {"monitoring"}, ["sinks"]),
     ("pytorch", {"pytorch"}, ["monitoring", "torch_kernels"]),

@@ -53,7 +53,9 @@ def locate(a: str, b: str, step: int | None, rank: int | None, tracking_uri: str
         index = next(i for i, (pair, _) in enumerate(found.rows) if pair is found.pair)
         for pair, judgement in found.rows[max(0, index - ROWS_AROUND): index + ROWS_AROUND + 1]:
             click.echo(f"{'>' if pair is found.pair else ' '} {pair.call.name:<48} {_numbers(judgement)}")
-    click.echo(found.describe())
+    click.echo(result.describe())
+    if result.side_hint:
+        click.echo(result.side_hint)
     if result.run_id:
         click.echo(f"logged: run {result.run_id}" + (f", nested under the comparison run {result.comparison_run_id}"
                                                       if result.comparison_run_id else ""))

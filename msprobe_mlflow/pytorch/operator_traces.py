@@ -13,6 +13,7 @@ import torch
 
 from msprobe_mlflow.dump import rank_dir
 from msprobe_mlflow.notices import Notices
+from msprobe_mlflow.torch_kernels.operator_replay import save_call
 from msprobe_mlflow.torch_kernels.operator_trace import OperatorTracer
 from msprobe_mlflow.trace.files import write_trace
 from msprobe_mlflow.trace.options import TracePlan
@@ -44,7 +45,7 @@ class TracedSteps:
             return
         try:
             tracer = OperatorTracer(self.model, level=self.plan.level, api_list=self.plan.api_list,
-                                    scope=self.plan.scope)
+                                    scope=self.plan.scope, save=self.plan.save)
             tracer.start()
             self._tracer, self._step = tracer, step
         except Exception as error:
@@ -60,15 +61,22 @@ class TracedSteps:
         except Exception as error:
             self._fail(step, error)
             return
-        writer = threading.Thread(target=self._write, args=(step, build), name="msprobe-mlflow-trace", daemon=True)
+        writer = threading.Thread(target=self._write, args=(step, build, tracer.saved), name="msprobe-mlflow-trace",
+                                  daemon=True)
         writer.start()
         self._writers.append(writer)
 
-    def _write(self, step: int, build) -> None:
+    def _write(self, step: int, build, saved: dict) -> None:
         try:
             folder = self.root / f"step{step}" / f"rank{self.rank}"
             write_trace(folder, build(), level=self.plan.level, framework="pytorch")
-            self.on_written(step, sorted(folder.glob("*.json")))
+            for name, (args, kwargs, output) in saved.items():
+                save_call(folder, name, args, kwargs, output)
+            missing = sorted(set(self.plan.save) - set(saved))
+            if missing:
+                self.notices.warn(f"step {step} made no call named {', '.join(missing)}: nothing saved for it "
+                                  f"(names as locate prints them, in this training's trace)")
+            self.on_written(step, sorted(p for p in folder.rglob("*") if p.is_file()))
         except Exception as error:
             self._fail(step, error)
 

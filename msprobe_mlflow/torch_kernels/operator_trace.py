@@ -19,7 +19,7 @@ import numpy as np
 import torch
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_leaves
+from torch.utils._pytree import tree_leaves, tree_map
 
 from msprobe_mlflow.torch_kernels.bit_checksum import bit_checksum, checksum_hex, in_memory_order
 from msprobe_mlflow.trace.files import OUR_CHECKSUM, OperatorCall, Scalar, TensorSummary
@@ -36,11 +36,13 @@ class OperatorTracer:
     callable that builds the :class:`OperatorCall` list (after the one device-to-host copy)."""
 
     def __init__(self, model: torch.nn.Module, *, level: str = "mix", api_list: tuple[str, ...] = (),
-                 scope: tuple[str, ...] = ()):
+                 scope: tuple[str, ...] = (), save: tuple[str, ...] = ()):
         if level not in LEVELS:
             raise ValueError(f"trace level {level!r} is not one of msprobe's {LEVELS}")
         self.level = level
         self.api_list, self.scope = tuple(api_list), tuple(scope)
+        self.save = frozenset(save)  # calls whose inputs and outputs are kept, for the float64 replay
+        self.saved: dict[str, tuple] = {}  # call name -> (args, kwargs, output), copied to the host
         self._module_names = {id(m): n for n, m in model.named_modules()}
         self._calls: list[OperatorCall] = []
         self._statistics: list[torch.Tensor] = []  # per device: stacked at stop()
@@ -111,25 +113,43 @@ class OperatorTracer:
             self._calls.append(call)
 
     # -- operators -------------------------------------------------------------------------------------------------
-    def _record(self, func, args, kwargs, output) -> None:
+    def _name(self, func) -> tuple[str, str, str | None, tuple] | None:
+        """The next call of ``func``'s name (msprobe's ``Aten.mm.default.3.backward``), phase, module and call
+        site; None for what is not traced."""
         namespace, operator = func._schema.name.split("::")
         if self.level == "L0" or func in _LEFT_OUT or func.is_view or namespace in _LEFT_OUT_NAMESPACES:
-            return
+            return None
         node = torch._C._current_autograd_node()
         if node is None:
-            phase, module = "forward", self._modules[-1][0] if self._modules else None
-            stack = _call_site()
+            phase, module, stack = "forward", self._modules[-1][0] if self._modules else None, None
         else:
             phase = "backward"
             module, stack = node.metadata.get(_NODE_KEY, (self._last_backward_module, ()))
+        operator = f"{namespace.capitalize()}.{operator}.{func._overloadname}"  # msprobe's "Aten.mm.default"
+        return f"{operator}.{self._counters[(operator, phase)]}.{phase}", phase, module, stack
+
+    def _copied_if_saved(self, func, args, kwargs):
+        """Host copies of the arguments of a call to save, taken before it runs (an in-place call changes them)."""
+        named = self._name(func) if self.save else None
+        if named is None or named[0] not in self.save:
+            return None
+        return tree_map(_host_copy, (args, kwargs))
+
+    def _record(self, func, args, kwargs, output, copied=None) -> None:
+        named = self._name(func)
+        if named is None:
+            return
+        name, phase, module, stack = named
+        self._counters[name.rsplit(".", 2)[0], phase] += 1
+        if phase == "backward":
             self._last_backward_module = module
             module = module.replace(".forward.", ".backward.") if module else None
-        operator = f"{namespace.capitalize()}.{operator}.{func._overloadname}"  # msprobe's "Aten.mm.default"
-        number = self._counters[(operator, phase)]
-        self._counters[(operator, phase)] += 1
-        name = f"{operator}.{number}.{phase}"
+        elif stack is None:
+            stack = _call_site()
         if not self._wanted(name):
             return
+        if copied is not None:
+            self.saved[name] = (*copied, tree_map(_host_copy, output))
         inputs = [self._argument(a) for a in tree_leaves((args, kwargs))]
         self._calls.append(OperatorCall(name, inputs, [self._argument(o) for o in tree_leaves(output)], module,
                                         list(stack)))
@@ -207,6 +227,10 @@ class _Unfilled(TensorSummary):
         return TensorSummary(self.dtype, self.shape, high, low, mean, norm, checksum, self.requires_grad)
 
 
+def _host_copy(value):
+    return value.detach().to("cpu", copy=True) if isinstance(value, torch.Tensor) else value
+
+
 def _non_finite(value) -> float | None:
     return None if np.isnan(value) else float(value)
 
@@ -239,9 +263,11 @@ class _OperatorRecorder(TorchDispatchMode):
         self.tracer = tracer
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if self.tracer._measuring:
+            return func(*args, **(kwargs or {}))
+        copied = self.tracer._copied_if_saved(func, args, kwargs or {})
         output = func(*args, **(kwargs or {}))
-        if not self.tracer._measuring:
-            self.tracer._record(func, args, kwargs or {}, output)
+        self.tracer._record(func, args, kwargs or {}, output, copied)
         return output
 
 

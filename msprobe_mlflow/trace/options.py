@@ -10,6 +10,8 @@ from dataclasses import dataclass
 
 LEVELS = ("L0", "L1", "mix")
 TRACE_STEPS_VARIABLE = "MSPROBE_MLFLOW_TRACE_STEPS"
+TRACE_SAVE_VARIABLE = "MSPROBE_MLFLOW_TRACE_SAVE"  # calls whose inputs are saved for the replay: "A.b.c.0.forward,..."
+_CALL_NAME = re.compile(r"^[A-Za-z_][\w.]*\.\d+\.(forward|backward)$")
 _STEP_LIST = re.compile(r"^\s*\d+(\s*-\s*\d+)?(\s*,\s*\d+(\s*-\s*\d+)?)*\s*$")
 
 
@@ -20,6 +22,7 @@ class TracePlan:
     level: str = "mix"
     scope: tuple[str, ...] = ()
     api_list: tuple[str, ...] = ()
+    save: tuple[str, ...] = ()  # call names whose inputs and outputs are saved (which side is wrong)
 
 
 @dataclass(frozen=True)
@@ -27,6 +30,7 @@ class TraceOptions:
     trace_steps: tuple[int, ...] = ()
     trace_level: str = "mix"
     trace_config: str | None = None  # msprobe's config.json, task "statistics"
+    trace_save: tuple[str, ...] = ()  # call names (``Aten.gelu.default.1.forward``) whose inputs are saved
 
     def __post_init__(self):
         steps = self.trace_steps
@@ -38,6 +42,10 @@ class TraceOptions:
         if self.trace_level not in LEVELS:
             raise ValueError(f"trace_level = {self.trace_level!r} is not accepted; expected one of msprobe's "
                              f"{', '.join(LEVELS)}")
+        if not isinstance(self.trace_save, (list, tuple)) or not all(_CALL_NAME.match(str(n)) for n in self.trace_save):
+            raise ValueError(f"trace_save = {self.trace_save!r} is not accepted; expected call names as locate prints "
+                             f"them, e.g. ['Aten.gelu.default.1.forward']")
+        object.__setattr__(self, "trace_save", tuple(self.trace_save))
         if self.trace_config is not None:
             self.plan(environment={})  # a bad config is refused now, not at the traced step
 
@@ -47,7 +55,8 @@ class TraceOptions:
             config_steps, level, scope, api_list = _msprobe_config(self.trace_config)
             steps |= config_steps
         steps |= steps_from_environment(environment.get(TRACE_STEPS_VARIABLE))
-        return TracePlan(frozenset(steps), level, scope, api_list)
+        save = tuple(self.trace_save) + calls_from_environment(environment.get(TRACE_SAVE_VARIABLE))
+        return TracePlan(frozenset(steps), level, scope, api_list, save)
 
 
 def steps_from_environment(value: str | None) -> set[int]:
@@ -62,6 +71,16 @@ def steps_from_environment(value: str | None) -> set[int]:
         first, _, last = part.partition("-")
         steps.update(range(int(first), int(last or first) + 1))
     return steps
+
+
+def calls_from_environment(value: str | None) -> tuple[str, ...]:
+    """``"Aten.gelu.default.1.forward"``, several separated by commas; empty or unset: none."""
+    names = tuple(n.strip() for n in (value or "").split(",") if n.strip())
+    bad = [n for n in names if not _CALL_NAME.match(n)]
+    if bad:
+        raise ValueError(f"{TRACE_SAVE_VARIABLE}={value!r} is not accepted: {bad[0]!r} is no call name as locate "
+                         f"prints them (e.g. Aten.gelu.default.1.forward)")
+    return names
 
 
 def _msprobe_config(path: str) -> tuple[set[int], str, tuple[str, ...], tuple[str, ...]]:

@@ -4,20 +4,22 @@ run (``locate step S rank R``: tags, metrics, ``locate/ops.csv``, ``locate/diffe
 comparison run's description."""
 from __future__ import annotations
 
+import math
 import os
 import re
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from mlflow.entities import Metric, Run
 from mlflow.tracking import MlflowClient
 
 from msprobe_mlflow import __version__
-from msprobe_mlflow.localization import Localization, call_site, locate_traces
+from msprobe_mlflow.localization import OPERATOR, Localization, call_site, locate_traces
 from msprobe_mlflow.localization.report import OPS_FILE, PLOT_FILE, plot_differences, write_ops_csv
 from msprobe_mlflow.trace.files import TraceError, trace_folder
-from msprobe_mlflow.trace.options import TRACE_STEPS_VARIABLE
+from msprobe_mlflow.trace.options import TRACE_SAVE_VARIABLE, TRACE_STEPS_VARIABLE
 from msprobe_mlflow.tracking.comparison_run import compare_runs, pair_key, previous_comparison, resolve_source
 from msprobe_mlflow.tracking.experiments import experiment_id_for, run_page_link
 from msprobe_mlflow.tracking.run_dump import fetch_artifacts, get_run, local_artifact_dump, run_cache
@@ -26,6 +28,9 @@ from msprobe_mlflow.tracking.server import require_existing_store
 from msprobe_mlflow.vocabulary import (DESCRIPTION_TAG, LOCATE_ARTIFACT_ROOT, LOCATE_FINDING_TAG,
                                        LOCATE_RUN_TAG, PARENT_RUN_TAG, SOURCE_NAME_TAG, TRACE_FOLDER, VERSION_TAG,
                                        locate_metric, locate_tag, trace_artifact_folder)
+
+if TYPE_CHECKING:
+    from msprobe_mlflow.torch_kernels.operator_replay import SideError
 
 _STEP_FOLDER = re.compile(r"step(\d+)$")
 _OPERATOR_LINE = "**Operator**"  # the first line of a comparison run's description, once located
@@ -39,9 +44,14 @@ class LocateResult:
     rank: int
     run_id: str | None = None  # the locate run (None: not logged)
     comparison_run_id: str | None = None  # the comparison run it is nested under, if any
+    side: "SideError | None" = None  # each side's error against the float64 replay of the named call
+    side_hint: str = ""  # how to learn which side is wrong, when the call's inputs were not saved
 
     def describe(self) -> str:
-        return self.localization.describe()
+        found = self.localization
+        if self.side is not None:
+            return f"{found.describe()}; {self.side.describe(found.pair.call.name, found.module)}"
+        return found.describe()
 
 
 class _Clients:
@@ -67,10 +77,11 @@ def locate(a: str | os.PathLike, b: str | os.PathLike, *, step: int | None = Non
            progress: bool | None = None) -> LocateResult:
     """Names the first operator of a traced step whose output differs beyond what its inputs and rounding explain
     (:func:`msprobe_mlflow.localization.locate_traces`). ``a`` and ``b``: MLflow run IDs, monitors' dump folders
-    or trace folders. ``step`` None: the pair's first suspicious step, from a comparison of the two (logged as the pair's
-    comparison run unless ``log_run=False``), or the one step both trace folders hold. ``log_run``: a run nested
-    under the pair's comparison run, where there is a tracking store to log into (a run ID was given, or a
-    comparison was logged)."""
+    or trace folders. ``step`` None: the pair's first suspicious step, from a comparison of the two (logged as the
+    pair's comparison run unless ``log_run=False``), or the one step both trace folders hold. ``log_run``: a run
+    nested under the pair's comparison run, where there is a tracking store to log into (a run ID was given, or a
+    comparison was logged). Where both traces saved the named call's inputs (``trace_save``), ``side`` holds each
+    side's error against its float64 replay: which side is wrong."""
     clients = _Clients(tracking_uri)
     runs = [_run_or_none(given, side, clients) for given, side in ((a, "A"), (b, "B"))]
     comparison_run_id = None
@@ -90,6 +101,8 @@ def locate(a: str | os.PathLike, b: str | os.PathLike, *, step: int | None = Non
     found = locate_traces(*folders, step=step, rank=rank)
     step, rank = _step_and_rank(found)
     result = LocateResult(found, step, rank, comparison_run_id=comparison_run_id)
+    if found.kind == OPERATOR:
+        result.side, result.side_hint = _which_side(found, step)
     if log_run and (clients.made or any(runs)):
         client = clients()
         if comparison_run_id is None:
@@ -97,6 +110,19 @@ def locate(a: str | os.PathLike, b: str | os.PathLike, *, step: int | None = Non
         result.run_id = log_locate_run(client, result, runs, comparison_run_id, (str(a), str(b)))
         result.comparison_run_id = comparison_run_id
     return result
+
+
+def _which_side(found: Localization, step: int) -> tuple["SideError | None", str]:
+    """Each side's error against the float64 replay of the named call, where both traces saved its inputs."""
+    names = dict.fromkeys((found.pair.a.name, found.pair.b.name))
+    hint = (f"which side is wrong: rerun both trainings with {TRACE_STEPS_VARIABLE}={step} "
+            f"{TRACE_SAVE_VARIABLE}={','.join(names)}")
+    try:
+        from msprobe_mlflow.torch_kernels.operator_replay import side_error
+    except ModuleNotFoundError as e:  # a MindSpore-only install reading traces
+        return None, f"which side is wrong needs torch to replay the call ({e})"
+    side = side_error(Path(found.folders[0]), found.pair.a.name, Path(found.folders[1]), found.pair.b.name)
+    return side, "" if side is not None else hint
 
 
 def _run_or_none(given, side: str, clients: _Clients) -> Run | None:
@@ -132,10 +158,16 @@ def _trace_root(given, side: str, run: Run | None, step: int | None, rank: int |
     in_place = local_artifact_dump(run)
     if in_place is not None:
         return in_place / f"rank{rank}" / TRACE_FOLDER
-    folder = f"{relative}/step{step}/rank{rank}"
-    wanted_files = [(e.path, e.file_size) for e in client.list_artifacts(run_id, folder) if not e.is_dir]
+    wanted_files = _files_below(client, run_id, f"{relative}/step{step}/rank{rank}")
     return fetch_artifacts(client, run_id, run_cache(client, run_id, cache_dir), wanted_files, progress) / \
         f"rank{rank}" / TRACE_FOLDER
+
+
+def _files_below(client: MlflowClient, run_id: str, folder: str) -> list[tuple[str, int | None]]:
+    files = []
+    for entry in client.list_artifacts(run_id, folder):
+        files += _files_below(client, run_id, entry.path) if entry.is_dir else [(entry.path, entry.file_size)]
+    return files
 
 
 def _step_and_rank(found: Localization) -> tuple[int, int]:
@@ -178,12 +210,16 @@ def log_locate_run(client: MlflowClient, result: LocateResult, runs: list[Run | 
         if call_site(call):
             tags[locate_tag("call_site")] = call_site(call)
     metrics = []
+    values = {}
     if found.judgement is not None:
-        now = now_ms()
-        metrics = [Metric(locate_metric(name), value, now, result.step) for name, value in
-                   (("input_difference", found.judgement.input_difference),
-                    ("output_difference", found.judgement.output_difference),
-                    ("tolerance", found.judgement.tolerance)) if value == value and abs(value) != float("inf")]
+        values = {"input_difference": found.judgement.input_difference,
+                  "output_difference": found.judgement.output_difference, "tolerance": found.judgement.tolerance}
+    if result.side is not None:
+        values.update(error_a=result.side.error_a, error_b=result.side.error_b)
+        tags[locate_tag("side")] = result.side.wrong or "neither"
+    now = now_ms()
+    metrics = [Metric(locate_metric(name), value, now, result.step) for name, value in values.items()
+               if math.isfinite(value)]
     with created_run(client, experiment_id, run_name=f"locate step {result.step} rank {result.rank}") as run_id:
         log_batched(client, run_id, metrics=metrics, tags=[tag(k, v) for k, v in tags.items()])
         with tempfile.TemporaryDirectory(prefix="msprobe-locate-") as scratch:
@@ -197,7 +233,8 @@ def log_locate_run(client: MlflowClient, result: LocateResult, runs: list[Run | 
 
 
 def _description(result: LocateResult, given: tuple[str, str]) -> str:
-    return (f"**{result.describe()}**\n\n- step {result.step}, rank {result.rank}\n- A: `{given[0]}`\n"
+    hint = f"\n- {result.side_hint}" if result.side_hint else ""
+    return (f"**{result.describe()}**\n\n- step {result.step}, rank {result.rank}{hint}\n- A: `{given[0]}`\n"
             f"- B: `{given[1]}`\n- every aligned call: `{LOCATE_ARTIFACT_ROOT}/{OPS_FILE}`; the differences along "
             f"the execution order: `{LOCATE_ARTIFACT_ROOT}/{PLOT_FILE}`")
 

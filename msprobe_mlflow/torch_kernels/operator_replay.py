@@ -1,0 +1,134 @@
+"""Which side is wrong: the named operator's real inputs and outputs, saved at a second trace of the step
+(``trace_save``, ``MSPROBE_MLFLOW_TRACE_SAVE``), and its replay in float64 on the CPU from each side's own inputs.
+Each side's error is its output's distance from that replay (relative, in the 2-norm); a kernel bug shows as one
+side far off and the other at its format's rounding.
+
+A saved call is ``saved/{call name}/call.json`` (the arguments' structure: tensors by file, scalars by value) and one
+``.npy`` per tensor (written as float32 when numpy has no such format, bfloat16's values exactly), read back with
+``allow_pickle=False``."""
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from msprobe_mlflow.safe_paths import param_file_stem
+
+SAVED_FOLDER, CALL_FILE = "saved", "call.json"
+MAX_SAVED_BYTES = 2 ** 30  # a saved tensor larger than this is refused when read back (untrusted folders)
+_NUMPY_LACKS = {torch.bfloat16: torch.float32}
+
+
+@dataclass
+class SideError:
+    """Each side's output against the float64 replay of its own inputs."""
+    error_a: float
+    error_b: float
+
+    @property
+    def wrong(self) -> str | None:
+        """"A" or "B" when one side is at least 10x further off than the other (and beyond 1e-12), else None."""
+        low, high = sorted((self.error_a, self.error_b))
+        if high > 1e-12 and high >= 10 * low:
+            return "A" if self.error_a == high else "B"
+        return None
+
+    def describe(self, call: str, module: str) -> str:
+        if self.wrong is None:
+            return f"neither side stands out: A is {self.error_a:.1g} off float64, B {self.error_b:.1g}"
+        other = "B" if self.wrong == "A" else "A"
+        errors = {"A": self.error_a, "B": self.error_b}
+        return (f"{self.wrong}'s {call} in {module or 'the model'} is {errors[self.wrong]:.1g} off float64, "
+                f"{other}'s {errors[other]:.1g}")
+
+
+def save_call(folder: Path, name: str, args, kwargs, output) -> None:
+    """Writes one call's arguments and outputs (tensors already copied to the host) under ``folder/saved/``."""
+    target = folder / SAVED_FOLDER / param_file_stem(name, "")
+    target.mkdir(parents=True, exist_ok=True)
+    counter = iter(range(1 << 30))
+
+    def encode(value):
+        if isinstance(value, torch.Tensor):
+            file = f"tensor_{next(counter)}.npy"
+            data = value.to(_NUMPY_LACKS.get(value.dtype, value.dtype))
+            np.save(target / file, data.numpy(), allow_pickle=False)
+            return {"tensor": file, "dtype": str(value.dtype).removeprefix("torch."), "shape": list(value.shape)}
+        if isinstance(value, (list, tuple)):
+            return [encode(v) for v in value]
+        if isinstance(value, dict):
+            return {"kwargs": {k: encode(v) for k, v in value.items()}}
+        if isinstance(value, (bool, int, float, str)) or value is None:
+            return value
+        if isinstance(value, torch.dtype):
+            return {"dtype": str(value).removeprefix("torch.")}
+        return {"unsupported": repr(value)}
+
+    call = {"name": name, "args": encode(list(args)), "kwargs": encode(dict(kwargs))["kwargs"],
+            "output": encode(list(output) if isinstance(output, (list, tuple)) else [output])}
+    (target / CALL_FILE).write_text(json.dumps(call, indent=1), encoding="utf-8")
+
+
+def saved_call_folder(trace_folder: str | Path, name: str) -> Path | None:
+    folder = Path(trace_folder) / SAVED_FOLDER / param_file_stem(name, "")
+    return folder if (folder / CALL_FILE).is_file() else None
+
+
+def _decode(value, folder: Path):
+    if isinstance(value, list):
+        return [_decode(v, folder) for v in value]
+    if isinstance(value, dict) and "tensor" in value:
+        path = folder / Path(str(value["tensor"])).name  # a bare file name: never outside the call's folder
+        if path.stat().st_size > MAX_SAVED_BYTES:
+            raise ValueError(f"{path}: {path.stat().st_size} bytes, over the {MAX_SAVED_BYTES} accepted")
+        array = np.load(path, allow_pickle=False)
+        dtype = getattr(torch, str(value.get("dtype")), None)
+        if not isinstance(dtype, torch.dtype):
+            raise ValueError(f"{folder / CALL_FILE}: dtype {value.get('dtype')!r} is not a torch dtype")
+        return torch.from_numpy(array).to(dtype)
+    if isinstance(value, dict) and "dtype" in value:
+        return getattr(torch, str(value["dtype"]))
+    if isinstance(value, dict) and "unsupported" in value:
+        raise ValueError(f"{folder / CALL_FILE}: an argument that cannot be replayed: {value['unsupported']}")
+    return value
+
+
+def _operator(name: str):
+    """``Aten.gelu.default.1.forward`` -> ``torch.ops.aten.gelu.default``."""
+    namespace, operator, overload = name.split(".")[:3]
+    return getattr(getattr(getattr(torch.ops, namespace.lower()), operator), overload)
+
+
+def _in_float64(value):
+    if isinstance(value, torch.Tensor) and value.is_floating_point():
+        return value.double()
+    if isinstance(value, list):
+        return [_in_float64(v) for v in value]
+    if isinstance(value, torch.dtype) and value.is_floating_point:
+        return torch.float64
+    return value
+
+
+def replay_error(folder: Path) -> float:
+    """The saved output's distance from the float64 replay of the saved inputs: ||out - ref|| / ||ref||."""
+    call = json.loads((folder / CALL_FILE).read_text(encoding="utf-8"))
+    args, output = _decode(call["args"], folder), _decode(call["output"], folder)
+    kwargs = {k: _decode(v, folder) for k, v in call["kwargs"].items()}
+    reference = _operator(call["name"])(*_in_float64(args), **{k: _in_float64(v) for k, v in kwargs.items()})
+    reference = reference[0] if isinstance(reference, (list, tuple)) else reference
+    observed = output[0].double()
+    scale = float(torch.linalg.vector_norm(reference))
+    gap = float(torch.linalg.vector_norm(observed - reference))
+    return gap / scale if scale > 0 else (0.0 if gap == 0 else math.inf)
+
+
+def side_error(folder_a: Path, name_a: str, folder_b: Path, name_b: str) -> SideError | None:
+    """Each side's error, where both sides saved the call; None otherwise."""
+    saved = saved_call_folder(folder_a, name_a), saved_call_folder(folder_b, name_b)
+    if None in saved:
+        return None
+    return SideError(replay_error(saved[0]), replay_error(saved[1]))

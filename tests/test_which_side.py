@@ -1,0 +1,78 @@
+"""Which side is wrong: the named call's inputs saved at a second trace of the step (``trace_save``,
+``MSPROBE_MLFLOW_TRACE_SAVE``), replayed in float64, each side's output measured against its own replay."""
+import pytest
+import torch
+
+import msprobe_mlflow
+from msprobe_mlflow.config import GradProbeConfig
+from msprobe_mlflow.pytorch import GradientMonitor
+from msprobe_mlflow.torch_kernels.operator_replay import replay_error, save_call, saved_call_folder
+from msprobe_mlflow.trace.options import TRACE_SAVE_VARIABLE
+from tests.tiny_transformer import FaultyKernel, train
+
+
+def traced(dump, save=(), fault=None, dtype=torch.float32):
+    monitor = GradientMonitor(GradProbeConfig(dump_path=str(dump), level="L1"), log_to_mlflow=False, silent=True,
+                              trace_steps=[2], trace_save=list(save))
+
+    def on_step(step, phase, model):
+        if step == 0 and phase == "start":
+            monitor.monitor(model)
+        if fault is not None:
+            fault.armed = step == 2
+
+    if fault:
+        with fault:
+            train(3, on_step=on_step, dtype=dtype)
+    else:
+        train(3, on_step=on_step, dtype=dtype)
+    monitor.stop()
+    assert monitor.errors == []
+    return dump
+
+
+@pytest.mark.parametrize("faulty, name", [("B", "Aten.gelu.default.1.forward"), ("A", "Aten.mm.default.3.backward")])
+def test_the_side_whose_output_is_off_its_float64_replay_is_named(tmp_path, faulty, name):
+    operator, number, phase = name.split(".")[1], int(name.split(".")[3]), name.split(".")[4]
+    fault = FaultyKernel(operator, number, phase, error=1e-2)
+    clean = traced(tmp_path / "clean", save=[name], dtype=torch.float64 if faulty == "A" else torch.float32)
+    broken = traced(tmp_path / "broken", save=[name], fault=fault)
+    a, b = (broken, clean) if faulty == "A" else (clean, broken)
+    result = msprobe_mlflow.locate(a, b, step=2, log_run=False)
+    assert result.localization.pair.a.name == name
+    errors = {"A": result.side.error_a, "B": result.side.error_b}
+    other = "B" if faulty == "A" else "A"
+    assert result.side.wrong == faulty
+    assert errors[faulty] == pytest.approx(1e-2, rel=0.05)  # the kernel's 1% error, measured independently of it
+    assert errors[other] < 1e-5
+    assert f"{faulty}'s {name} in " in result.describe() and "off float64" in result.describe()
+
+
+def test_without_saved_inputs_locate_says_how_to_save_them(tmp_path):
+    clean = traced(tmp_path / "clean")
+    broken = traced(tmp_path / "broken", fault=FaultyKernel("gelu", 1, error=1e-2))
+    result = msprobe_mlflow.locate(clean, broken, step=2, log_run=False)
+    assert result.side is None
+    assert result.side_hint == ("which side is wrong: rerun both trainings with MSPROBE_MLFLOW_TRACE_STEPS=2 "
+                                f"{TRACE_SAVE_VARIABLE}=Aten.gelu.default.1.forward")
+
+
+def test_replay_error_of_a_saved_call_against_values_computed_here(tmp_path):
+    x = torch.linspace(-3, 3, 101)
+    exact = torch.nn.functional.gelu(x.double())
+    save_call(tmp_path, "Aten.gelu.default.0.forward", [x], {"approximate": "none"}, x.new_tensor(exact) * 1.03)
+    folder = saved_call_folder(tmp_path, "Aten.gelu.default.0.forward")
+    assert replay_error(folder) == pytest.approx(0.03, rel=1e-3)
+
+
+def test_a_saved_call_cannot_reach_outside_its_folder(tmp_path):
+    x = torch.ones(3)
+    save_call(tmp_path, "Aten.relu.default.0.forward", [x], {}, x)
+    folder = saved_call_folder(tmp_path, "Aten.relu.default.0.forward")
+    (tmp_path / "secret.npy").write_bytes(b"not an array")
+    text = (folder / "call.json").read_text().replace('"tensor_0.npy"', '"../../secret.npy"')
+    (folder / "call.json").write_text(text)
+    with pytest.raises(FileNotFoundError, match="secret.npy"):  # looked up as a bare name in the call's folder
+        replay_error(folder)
+    with pytest.raises(ValueError, match=r"trace_save = \['gelu'\] is not accepted; expected call names"):
+        GradientMonitor(GradProbeConfig(dump_path=str(tmp_path)), trace_save=["gelu"])
