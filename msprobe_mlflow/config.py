@@ -91,7 +91,7 @@ class GradProbeConfig:
     ``direction_format``: ``packed`` (1 bit per element, one archive per rank and step) or ``npy`` (msprobe's
     boolean ``.npy`` per parameter). ``checksum``: what L0's ``MD5`` column holds, ``md5`` (msprobe's, hashed on
     the host) or ``mix64`` (a checksum computed where the gradients are, written ``mix64:<16 hex digits>``: equal
-    gradients give equal values, at device speed; see the README).
+    gradients give equal values, at device speed; see docs/monitor.md).
 
     The always-on tier (ours; the defaults are msprobe's behaviour, directions at every step): statistics at every
     probed step, directions only at steps ``0, N, 2N...`` (``directions_every_n_steps`` = N; 0: none on schedule)

@@ -114,8 +114,8 @@ def test_a_server_that_accepts_and_never_answers_is_said_to_have_timed_out_exit_
 def test_the_readmes_server_down_section_says_how_long_start_run_retries_with_mlflows_own_defaults():
     from mlflow.environment_variables import MLFLOW_HTTP_REQUEST_MAX_RETRIES, MLFLOW_HTTP_REQUEST_TIMEOUT
 
-    readme = (REPO / "README.md").read_text(encoding="utf-8")
-    section = readme.split("**When the tracking server is down**")[1].split("\n## ")[0]
+    readme = (REPO / "docs" / "mlflow.md").read_text(encoding="utf-8")
+    section = readme.split("## When the tracking server is down")[1].split("\n## ")[0]
     assert "`mlflow.start_run()`" in section and "about four minutes" in section
     assert f"{MLFLOW_HTTP_REQUEST_MAX_RETRIES.default + 1} tries" in section  # the first and its retries
     assert f"`MLFLOW_HTTP_REQUEST_TIMEOUT` ({MLFLOW_HTTP_REQUEST_TIMEOUT.default} s)" in section
