@@ -2,12 +2,14 @@
 the probe) in the dump folder and the MLflow run, the environment variable and msprobe's config.json, training
 untouched, and ``locate`` on two monitored trainings."""
 import json
+import threading
 
 import mlflow
 import pytest
 import torch
 from mlflow import MlflowClient
 
+import msprobe_mlflow
 from msprobe_mlflow.config import GradProbeConfig
 from msprobe_mlflow.localization import OPERATOR, locate_traces as locate
 from msprobe_mlflow.pytorch import GradientMonitor
@@ -103,3 +105,35 @@ def test_a_trace_left_unfinished_is_said_and_nothing_is_written(tmp_path):
     with pytest.warns(UserWarning, match="the trace of step 0 was not written: monitoring stopped before"):
         monitor.stop()
     assert not (tmp_path / "rank0" / "trace").exists()
+
+
+def test_trace_on_suspicious_traces_the_step_after_the_live_verdict_trips(tmp_path):
+    """The baseline traced every step; the candidate's kernel goes wrong at step 2, its live verdict trips, and the
+    step after is traced: locate then compares the first traced step at or after the suspicious one."""
+    steps = 7
+    baseline = GradientMonitor(GradProbeConfig(dump_path=str(tmp_path / "a"), level="L1"), log_to_mlflow=False,
+                               trace_steps=list(range(steps)), silent=True)
+    train(steps, on_step=lambda step, phase, model: step == 0 and phase == "start" and baseline.monitor(model))
+    baseline.stop()
+    tripped = threading.Event()
+    candidate = GradientMonitor(GradProbeConfig(dump_path=str(tmp_path / "b"), level="L1"), log_to_mlflow=False,
+                                baseline=str(tmp_path / "a"), trace_on_suspicious=True,
+                                on_suspicious=lambda verdict: tripped.set(), silent=True)
+    fault = FaultyKernel("gelu", 1, error=1e-2)
+
+    def on_step(step, phase, model):
+        if step == 0 and phase == "start":
+            candidate.monitor(model)
+        if step == 4 and phase == "start":
+            assert tripped.wait(120), "the live verdict never tripped"  # the training reads the flag, as users do
+        fault.armed = step >= 2
+        fault.calls = 0
+
+    with fault:
+        train(steps, on_step=on_step)
+    candidate.stop()
+    traced = sorted(int(p.name[4:]) for p in (tmp_path / "b" / "rank0" / "trace").iterdir())
+    assert len(traced) == 1 and 2 < traced[0] < steps
+    result = msprobe_mlflow.locate(tmp_path / "a", tmp_path / "b", log_run=False)
+    assert result.step == traced[0]
+    assert result.localization.pair.b.name == "Aten.gelu.default.1.forward"

@@ -97,6 +97,9 @@ class MonitorOptions:
         flat = {**(options or DEFAULT).keywords(), **keywords}
         RuleSettings(flat["rule"], flat["first_threshold"], flat["drop_threshold"],
                      flat["precision"])  # refused even without baseline
+        if flat["baseline"] is None and flat["trace_on_suspicious"]:
+            raise ValueError("trace_on_suspicious is given without baseline=; it traces the step after the first one "
+                             "found suspicious against a baseline run: pass baseline=RUN_ID_OR_DUMP_FOLDER too")
         if flat["baseline"] is None and flat["on_suspicious"] is not None:
             raise ValueError("on_suspicious is given without baseline=; it is called when a step is suspicious "
                              "against a baseline run: pass baseline=RUN_ID_OR_DUMP_FOLDER too")

@@ -14,6 +14,7 @@ names and shapes (:mod:`msprobe_mlflow.pytorch.fsdp1`).
 from __future__ import annotations
 
 import os
+from dataclasses import replace
 
 import torch
 from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
@@ -111,7 +112,8 @@ class GradientMonitor(SessionMonitor):
             self._hook = optimizer.register_step_pre_hook(self._on_optimizer_step)
         else:
             self._hook = register_optimizer_step_pre_hook(self._on_optimizer_step)
-        if plan.steps and self._session.ranks.probes:
+        live = self.options.live_verdict
+        if (plan.steps or (live is not None and live.trace_on_suspicious)) and self._session.ranks.probes:
             self._traces = TracedSteps(plan, model, self.config.dump_path, self._session.ranks.rank, self.notices,
                                        self._trace_written)
             self._after_hook = optimizer.register_step_post_hook(self._after_optimizer_step) if optimizer else \
@@ -136,6 +138,22 @@ class GradientMonitor(SessionMonitor):
             self._probe_step(step)
             return None
         return self._after_closure(closure, step, args, kwargs)
+
+    @property
+    def baseline(self):
+        """The live verdict's options; with ``trace_on_suspicious``, its callback first asks for the next step's
+        trace."""
+        live = self.options.live_verdict
+        if live is None or not live.trace_on_suspicious:
+            return live
+        user = live.on_suspicious
+
+        def trace_then_call(verdict):
+            if self._traces is not None:
+                self._traces.request(self.step + 1)  # the step after the one now running
+            if user is not None:
+                user(verdict)
+        return replace(live, on_suspicious=trace_then_call)
 
     def _after_optimizer_step(self, optimizer, args, kwargs):
         """The update is done: the next step's trace starts here, if it is traced."""

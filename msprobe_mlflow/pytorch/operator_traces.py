@@ -6,6 +6,7 @@ moves with it) and hands the files to the run. A failure is counted and reported
 from __future__ import annotations
 
 import threading
+from dataclasses import replace
 from pathlib import Path
 from typing import Callable
 
@@ -38,6 +39,10 @@ class TracedSteps:
     @property
     def tracing(self) -> bool:
         return self._tracer is not None
+
+    def request(self, step: int) -> None:
+        """Adds ``step`` to the plan (from any thread: the live verdict's, after a suspicious step)."""
+        self.plan = replace(self.plan, steps=self.plan.steps | {step})
 
     def arm(self, step: int) -> None:
         """Starts tracing when ``step`` is one of the plan's (its forward comes next)."""

@@ -85,6 +85,7 @@ class BaselineOptions:
     tracking_uri: str | None = None  # where a run ID is looked up; None: the current tracking URI
     rule: str = DEFAULT_RULE
     precision: str | None = None  # the noise rule's: the coarsest format either run computed in (None: not known)
+    trace_on_suspicious: bool = False  # PyTorch: trace the step after the first suspicious one, for ``locate``
 
     def __post_init__(self):
         given = self.baseline
@@ -96,6 +97,9 @@ class BaselineOptions:
         elif _looks_like_a_path(given):
             raise ValueError(f"baseline = {given!r}: no such folder; {DUMP_FOLDER_EXPECTED}, or an MLflow run ID")
         object.__setattr__(self, "baseline", given)
+        if not isinstance(self.trace_on_suspicious, bool):
+            raise ValueError(f"trace_on_suspicious = {self.trace_on_suspicious!r} is not accepted; expected True or "
+                             f"False")
         if self.on_suspicious is not None and not callable(self.on_suspicious):
             raise ValueError(f"on_suspicious = {self.on_suspicious!r} is not accepted; expected a function taking "
                              f"the verdict, or None")

@@ -212,6 +212,20 @@ def _number(value, where: str) -> float | None:
     raise TraceError(f"{where} is {value!r}; expected a number or null")
 
 
+def trace_root(root: str | os.PathLike, rank: int | None = None) -> Path:
+    """The folder holding ``step{S}/`` folders: ``root`` itself, or a monitor's dump folder's ``rank{R}/trace/``."""
+    root = Path(root)
+    monitored = {int(m.group(1)): p / TRACE_FOLDER for p in (root.iterdir() if root.is_dir() else ())
+                 if (m := _RANK_FOLDER.match(p.name)) and m.group(1) and (p / TRACE_FOLDER).is_dir()}
+    if not monitored or traced_steps(root):
+        return root
+    if rank is None and len(monitored) > 1:
+        raise TraceError(f"{root} holds the traces of ranks {sorted(monitored)}: name one (--rank)")
+    if rank is not None and rank not in monitored:
+        raise TraceError(f"{root} has no trace of rank {rank}; it holds ranks {sorted(monitored)}")
+    return monitored[rank if rank is not None else next(iter(monitored))]
+
+
 def trace_folder(root: str | os.PathLike, step: int | None = None, rank: int | None = None) -> Path:
     """The folder holding ``step``'s trace of ``rank`` under ``root`` (``root/step{S}/rank{R}``; msprobe names a
     rank ``rank`` without its number outside torch.distributed), or ``root`` itself when it holds a dump.json. A
@@ -219,14 +233,7 @@ def trace_folder(root: str | os.PathLike, step: int | None = None, rank: int | N
     root = Path(root)
     if (root / DUMP_FILE).is_file() or root.name == DUMP_FILE:
         return root.parent if root.name == DUMP_FILE else root
-    monitored = {int(m.group(1)): p / TRACE_FOLDER for p in (root.iterdir() if root.is_dir() else ())
-                 if (m := _RANK_FOLDER.match(p.name)) and m.group(1) and (p / TRACE_FOLDER).is_dir()}
-    if monitored and not traced_steps(root):
-        if rank is None and len(monitored) > 1:
-            raise TraceError(f"{root} holds the traces of ranks {sorted(monitored)}: name one (--rank)")
-        if rank is not None and rank not in monitored:
-            raise TraceError(f"{root} has no trace of rank {rank}; it holds ranks {sorted(monitored)}")
-        return trace_folder(monitored[rank if rank is not None else next(iter(monitored))], step, rank)
+    root = trace_root(root, rank)
     steps = traced_steps(root)
     if not steps:
         raise TraceError(f"{root} holds no trace: expected step{{S}}/rank{{R}}/dump.json (msprobe's dump layout); "

@@ -18,7 +18,7 @@ from mlflow.tracking import MlflowClient
 from msprobe_mlflow import __version__
 from msprobe_mlflow.localization import OPERATOR, Localization, call_site, locate_traces
 from msprobe_mlflow.localization.report import OPS_FILE, PLOT_FILE, plot_differences, write_ops_csv
-from msprobe_mlflow.trace.files import TraceError, trace_folder
+from msprobe_mlflow.trace.files import TraceError, trace_folder, trace_root, traced_steps
 from msprobe_mlflow.trace.options import TRACE_SAVE_VARIABLE, TRACE_STEPS_VARIABLE
 from msprobe_mlflow.tracking.comparison_run import compare_runs, pair_key, previous_comparison, resolve_source
 from msprobe_mlflow.tracking.experiments import experiment_id_for, run_page_link
@@ -96,6 +96,8 @@ def locate(a: str | os.PathLike, b: str | os.PathLike, *, step: int | None = Non
         first = min(ranks, key=lambda r: r.first_suspicious_step)
         step, rank = first.first_suspicious_step, first.rank
         comparison_run_id = comparison.run_id
+        both = set.intersection(*(set(_traced_steps(given, run, rank, clients)) for given, run in zip((a, b), runs)))
+        step = min((s for s in both if s >= step), default=step)  # trace_on_suspicious traced the step after
     folders = [_trace_root(given, side, run, step, rank, clients, cache_dir, progress)
                for given, side, run in zip((a, b), "AB", runs)]
     found = locate_traces(*folders, step=step, rank=rank)
@@ -145,8 +147,7 @@ def _trace_root(given, side: str, run: Run | None, step: int | None, rank: int |
     rank = 0 if rank is None else rank
     client, run_id = clients(), run.info.run_id
     relative = trace_artifact_folder(rank)
-    steps = sorted(int(m.group(1)) for e in client.list_artifacts(run_id, relative)
-                   if e.is_dir and (m := _STEP_FOLDER.search(e.path)))
+    steps = _traced_steps(given, run, rank, clients)
     if step is None and len(steps) == 1:
         step = steps[0]
     if step is None:
@@ -168,6 +169,13 @@ def _files_below(client: MlflowClient, run_id: str, folder: str) -> list[tuple[s
     for entry in client.list_artifacts(run_id, folder):
         files += _files_below(client, run_id, entry.path) if entry.is_dir else [(entry.path, entry.file_size)]
     return files
+
+
+def _traced_steps(given, run: Run | None, rank: int, clients: _Clients) -> list[int]:
+    if run is None:
+        return traced_steps(trace_root(given, rank))
+    return sorted(int(m.group(1)) for e in clients().list_artifacts(run.info.run_id, trace_artifact_folder(rank))
+                  if e.is_dir and (m := _STEP_FOLDER.search(e.path)))
 
 
 def _step_and_rank(found: Localization) -> tuple[int, int]:
