@@ -3,7 +3,6 @@ its first output and the judgement) and a plot of the differences along the exec
 from __future__ import annotations
 
 import csv
-import math
 from pathlib import Path
 
 from matplotlib.backends.backend_agg import FigureCanvasAgg
@@ -71,7 +70,3 @@ def plot_differences(found: Localization, path: Path) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     figure.savefig(path)
     return path
-
-
-def finite(value: float | None) -> float | None:
-    return value if value is not None and math.isfinite(value) else None
