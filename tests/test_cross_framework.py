@@ -141,8 +141,8 @@ def test_a_verdict_on_part_of_the_models_says_partial(twins):
     folder, _ = twins
     comparison = compare_dumps(folder / "torch_without_last_bias", folder / "mindspore", None, progress=False)
     assert comparison.ranks[0].only_in_b == ["network.body.2.bias"]
-    assert comparison.verdict.partial == "partial: 1 of 6 parameters of B unpaired"
-    assert comparison.verdict.describe().startswith("partial: 1 of 6 parameters of B unpaired")
+    assert comparison.verdict.partial == "partial: the models differ (1 of 6 parameters of B unpaired)"
+    assert comparison.verdict.describe().startswith("partial: the models differ (1 of 6 parameters of B unpaired)")
     assert comparison.verdict.to_dict()["partial"] == comparison.verdict.partial
 
 

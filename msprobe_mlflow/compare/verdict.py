@@ -330,15 +330,15 @@ class Coverage:
     skipped_steps: int = 0
 
     def partial(self) -> str | None:
-        """``partial: 2 of 6 parameters of A, 1 of 5 of B unpaired; 1 damaged step skipped`` where something was
-        left out, else None."""
+        """``partial: the models differ (2 of 6 parameters of A, 1 of 5 of B unpaired); 1 damaged step skipped``
+        where something was left out, else None."""
         sides = []
         if self.only_in_a:
             sides.append(f"{self.only_in_a} of {self.paired + self.only_in_a} parameters of A")
         if self.only_in_b:
             words = "of B" if sides else "parameters of B"
             sides.append(f"{self.only_in_b} of {self.paired + self.only_in_b} {words}")
-        parts = [f"{', '.join(sides)} unpaired"] if sides else []
+        parts = [f"the models differ ({', '.join(sides)} unpaired)"] if sides else []
         if self.skipped_steps:
             parts.append(f"{self.skipped_steps} damaged step{'s' if self.skipped_steps > 1 else ''} skipped")
         return f"partial: {'; '.join(parts)}" if parts else None
