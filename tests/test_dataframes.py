@@ -1,6 +1,7 @@
 """Results as pandas DataFrames for notebooks: a comparison's similarities, a monitored run's statistics."""
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import uuid
@@ -114,3 +115,32 @@ def test_importing_the_package_or_comparing_loads_no_pandas(hand_dumps):
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "False"
     assert "read_statistics" in msprobe_mlflow.__all__
+
+
+def test_the_verdicts_trips_as_a_dataframe(hand_dumps):
+    comparison = compare_dumps(*hand_dumps, None)
+    rank = comparison.verdict.ranks[0]
+    assert rank.suspicious and rank.parameter_trips
+    frame = comparison.trips_dataframe()
+    assert list(frame.columns) == ["rank", "step", "parameter", "reason", "score", "similarity", "expected", "grade",
+                                   "detail"]
+    trips = ([rank.summary_trip] if rank.summary_trip else []) + rank.parameter_trips
+    assert frame.parameter.tolist() == (["summary"] if rank.summary_trip else []) + \
+        [t.name for t in rank.parameter_trips]
+    assert frame.step.tolist() == [rank.first_suspicious_step] * len(trips)
+    assert frame.reason.tolist() == [t.reason for t in trips] and set(frame.grade) == {rank.grade}
+
+
+def test_verdict_json_names_the_runs_compared(sqlite_store, tmp_path):
+    experiment = mlflow.create_experiment(f"frames-{uuid.uuid4().hex[:8]}",
+                                          artifact_location=str(tmp_path / "artifacts"))
+    runs = []
+    for name in ("a", "b"):
+        with mlflow.start_run(experiment_id=experiment) as run:
+            train_monitored(tmp_path / name, steps=2)
+        runs.append(run.info.run_id)
+    compare_runs(*runs, output_dir=tmp_path / "out", plots=False)
+    written = json.loads((tmp_path / "out" / "verdict.json").read_text())
+    assert (written["run_a"], written["run_b"]) == tuple(runs)
+    compare_dumps(tmp_path / "a", tmp_path / "b", tmp_path / "folders", plots=False)
+    assert "run_a" not in json.loads((tmp_path / "folders" / "verdict.json").read_text())

@@ -116,10 +116,13 @@ class DumpComparison:
     ranks: list[RankComparison]
     verdict: Verdict
     output_dir: Path | None = None
+    runs: tuple[str | None, str | None] = (None, None)  # the MLflow run IDs the dumps were read from, if any
 
     def to_dict(self) -> dict:
-        """What ``verdict.json`` holds: the sources, each rank's series and the verdict."""
+        """What ``verdict.json`` holds: the sources (the runs' IDs where they were runs), each rank's series and the
+        verdict."""
         return {
+            **{f"run_{side}": run for side, run in zip("ab", self.runs) if run},
             "dump_a": str(self.dump_a),
             "dump_b": str(self.dump_b),
             "verdict": self.verdict.to_dict(),
@@ -144,6 +147,20 @@ class DumpComparison:
                 for rank in self.ranks for index, step in enumerate(rank.steps) for name in rank.parameters
                 if (counts := rank.counts[name][index]) is not None]
         return pandas.DataFrame(rows, columns=["rank", "step", "parameter", "similarity", "agreeing", "numel"])
+
+    def trips_dataframe(self):
+        """The verdict's trips as a ``pandas.DataFrame``: a row per rank and tripping series at its first suspicious
+        step (the summary first, then the parameters, most evidence first), columns ``rank``, ``step``,
+        ``parameter`` (``summary`` for the summary), ``reason``, ``score``, ``similarity``, ``expected``, ``grade``
+        and ``detail``."""
+        import pandas
+
+        rows = [(rank.rank, trip.step, "summary" if trip is rank.summary_trip else trip.name, trip.reason, trip.score,
+                 trip.similarity, trip.previous, rank.grade, trip.detail)
+                for rank in self.verdict.ranks
+                for trip in ([rank.summary_trip] if rank.summary_trip else []) + rank.parameter_trips]
+        return pandas.DataFrame(rows, columns=["rank", "step", "parameter", "reason", "score", "similarity",
+                                               "expected", "grade", "detail"])
 
     def table(self, steps_per_line: int = 10, head_and_tail: int | None = None) -> str:
         """Per rank, the summary similarity at each step, a few steps per line; with ``head_and_tail``, only that
@@ -379,7 +396,7 @@ def compare_dumps(dump_a: str | os.PathLike, dump_b: str | os.PathLike, output_d
                   drop_threshold: float | None = None, precision: str | None = None, plots: bool = True,
                   per_param_plots: bool = False, workers: int | None = None, progress: bool | None = None,
                   name_map: dict[str, str] | str | os.PathLike | None = None,
-                  skip_damaged: bool = False) -> DumpComparison:
+                  skip_damaged: bool = False, runs: tuple[str | None, str | None] = (None, None)) -> DumpComparison:
     """Compares two local dumps rank by rank, step by step, parameter by parameter, and judges the steps with
     ``rule`` (``"noise"``, the default, or ``"msprobe"``, whose thresholds are ``first_threshold`` and
     ``drop_threshold``; see ``compare/verdict.py``), or the rule with its settings as one
@@ -396,7 +413,8 @@ def compare_dumps(dump_a: str | os.PathLike, dump_b: str | os.PathLike, output_d
 
     Writes ``{output_dir}/rank{R}/similarities.csv`` (msprobe's format), ``similarities_picture/`` (the summary
     curve and the heat map; one curve per parameter with ``per_param_plots``) and ``verdict.json``; nothing when
-    ``output_dir`` is None. Raises ``CompareInputError`` (or ``ValueError`` for a damaged file), naming the file
+    ``output_dir`` is None (``runs``: the MLflow run IDs the dumps come from, named in ``verdict.json``). Raises
+    ``CompareInputError`` (or ``ValueError`` for a damaged file), naming the file
     and the reason, before anything is written. A step with a file that cannot be read as written (a direction
     archive failing its CRC-32, a truncated ``.npy``, a malformed summary CSV) is never compared: it raises, naming
     the file and the step, or with ``skip_damaged`` is left out and listed (``RankComparison.skipped_steps``,
@@ -420,7 +438,8 @@ def compare_dumps(dump_a: str | os.PathLike, dump_b: str | os.PathLike, output_d
     compared = [c for c, _ in results]
     _check_name_map_used(name_map, compared)
     comparison = DumpComparison(folder_a, folder_b, compared,
-                                Verdict(settings, [verdict for _, verdict in results], coverage_of(compared)))
+                                Verdict(settings, [verdict for _, verdict in results], coverage_of(compared)),
+                                runs=runs)
     if output_dir is not None:
         write_comparison(comparison, output_dir, plots, per_param_plots, progress)
     return comparison

@@ -72,6 +72,10 @@ class RunComparison:
         """:meth:`DumpComparison.to_dataframe`: the similarities per rank, step and parameter."""
         return self.comparison.to_dataframe()
 
+    def trips_dataframe(self):
+        """:meth:`DumpComparison.trips_dataframe`: the verdict's trips (reason, score, similarity, grade)."""
+        return self.comparison.trips_dataframe()
+
     def run_url(self) -> str | None:
         """The run's page when the store is a server, else None (open it with ``mlflow ui``)."""
         if self.run_id and self.tracking_uri and self.tracking_uri.startswith(("http://", "https://")):
@@ -375,7 +379,7 @@ def compare_runs(run_a: str | os.PathLike, run_b: str | os.PathLike, tracking_ur
     try:
         comparison = compare_dumps(folder_a, folder_b, output_dir, rule=settings, plots=plots,
                                    per_param_plots=per_param_plots, progress=progress, name_map=name_map,
-                                   skip_damaged=skip_damaged)
+                                   skip_damaged=skip_damaged, runs=(sources[0].run_id, sources[1].run_id))
         run_id = experiment_id = previous = None
         if log_run:
             run_id, experiment_id, previous = log_comparison_run(client_factory(), comparison, sources, experiment,
