@@ -20,7 +20,7 @@ from test_compare_dumps import FLIPS, base_signs, write_ours
 
 REPO = Path(__file__).resolve().parents[1]
 API_INFO = REPO / "examples" / "mindspore_api_dump" / "tensor" / "api_info.json"
-COMMANDS = ["upload", "compare", "locate", "api-check"]
+COMMANDS = ["upload", "compare", "show", "locate", "api-check"]
 
 
 def rest_error(error_code: str, message: str = "refused") -> RestException:
@@ -181,6 +181,7 @@ EXAMPLES = {  # the first example line of each help
     "compare": "msprobe-mlflow compare 3f2a...c1 9b7e...04",
     "api-check": "msprobe-mlflow api-check dump_path/step0/rank0/dump.json --run-id $TRAINING_RUN --no-nested",
     "locate": "MSPROBE_MLFLOW_TRACE_STEPS=120 python train.py        # both trainings, each with its dump_path",
+    "show": "msprobe-mlflow show 7c1e...      # the comparison run's verdict",
 }
 
 

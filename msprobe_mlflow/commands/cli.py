@@ -16,6 +16,7 @@ from msprobe_mlflow.commands import exit_codes
 from msprobe_mlflow.commands.api_check import api_check
 from msprobe_mlflow.commands.compare import compare
 from msprobe_mlflow.commands.locate import locate
+from msprobe_mlflow.commands.show import show
 from msprobe_mlflow.commands.upload import upload
 from msprobe_mlflow.notices import PREFIX, MsprobeMlflowWarning
 
@@ -65,5 +66,5 @@ def main() -> None:
     """
 
 
-for subcommand in (upload, compare, locate, api_check):
+for subcommand in (upload, compare, show, locate, api_check):
     main.add_command(subcommand)
