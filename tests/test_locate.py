@@ -188,8 +188,27 @@ def test_command_prints_the_finding_and_exits_3_when_an_operator_is_named(baseli
     named = CliRunner().invoke(main, ["locate", str(baseline), str(faulty)])
     assert named.exit_code == 3, named.output
     assert "> Aten.gelu.default.1.forward" in named.output
-    assert named.output.rstrip().splitlines()[-1].startswith("Aten.gelu.default.1.forward in h.1.mlp.1: output")
+    assert named.output.rstrip().splitlines()[-2].startswith("Aten.gelu.default.1.forward in h.1.mlp.1: output")
+    assert named.output.rstrip().splitlines()[-1].startswith("which side is wrong: rerun both trainings with")
     same = CliRunner().invoke(main, ["locate", str(baseline), str(trace(tmp_path / "same")), "--step", "2"])
     assert same.exit_code == 0 and "identical" in same.output
     missing = CliRunner().invoke(main, ["locate", str(baseline), str(faulty), "--step", "7"])
     assert missing.exit_code == 2 and "has no trace of step 7; its traced steps: [2]" in missing.output
+
+
+def test_calls_made_in_another_order_pair_up_and_only_a_missing_one_is_named():
+    from msprobe_mlflow.localization.align import align
+    from msprobe_mlflow.trace.files import OperatorCall, TensorSummary
+
+    def call(name):
+        tensor = TensorSummary("torch.float32", (2,), 1.0, 0.0, 0.5, 1.0)
+        return OperatorCall(name, [tensor], [], "Module.x.A.forward.0")
+    a = [call(n) for n in ("Aten.mm.default.0.backward", "Aten.add.Tensor.0.backward", "Aten.mul.Tensor.0.backward")]
+    b = [call(n) for n in ("Aten.add.Tensor.0.backward", "Aten.mm.default.0.backward", "Aten.mul.Tensor.0.backward",
+                           "Aten.sub.Tensor.0.backward")]
+    pairs = align(a, b)
+    assert [(p.a.name if p.a else None, p.b.name if p.b else None) for p in pairs] == [
+        ("Aten.mm.default.0.backward", "Aten.mm.default.0.backward"),
+        ("Aten.add.Tensor.0.backward", "Aten.add.Tensor.0.backward"),
+        ("Aten.mul.Tensor.0.backward", "Aten.mul.Tensor.0.backward"),
+        (None, "Aten.sub.Tensor.0.backward")]

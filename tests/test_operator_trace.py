@@ -113,3 +113,17 @@ def test_unreadable_traces_name_the_file_and_field(tmp_path):
         read_trace(trace_folder(tmp_path, step=1))
     with pytest.raises(TraceError, match="no trace of step 2; its traced steps: \\[1\\]"):
         trace_folder(tmp_path, step=2)
+
+
+def test_an_operator_writing_into_its_input_is_recorded_as_it_read_and_wrote():
+    """``b.add_(1)``: its input as it was (max 2), its output as it became (max 3), not the cached old values."""
+    tracer = OperatorTracer(torch.nn.Linear(1, 1), level="L1")
+    a = torch.ones(4)
+    tracer.start()
+    b = a * 2
+    b.add_(1)
+    c = b * 1
+    calls = {c.name: c for c in tracer.stop()()}
+    added = calls["Aten.add_.Tensor.0.forward"]
+    assert (added.inputs[0].max, added.outputs[0].max) == (2.0, 3.0)
+    assert calls["Aten.mul.Tensor.1.forward"].inputs[0].max == 3.0 and c.max() == 3.0

@@ -1,6 +1,7 @@
 """Pairs the operator calls of two traces of one step: by position when both ran the same sequence, else by
 sequence alignment on (phase, operator, module, input shapes), so an operator present in one run only shifts
-nothing after it. Dtype conversions that only one run makes (autocast's casts) are set aside, not findings."""
+nothing after it; calls the two runs made in another order pair up too. Dtype conversions that only one run makes
+(autocast's casts) are set aside, not findings."""
 from __future__ import annotations
 
 import difflib
@@ -59,7 +60,24 @@ def align(a: list[OperatorCall], b: list[OperatorCall]) -> list[AlignedCall]:
             aligned.extend(AlignedCall(x, y) for x, y in zip(left, right))
         else:
             aligned.extend([AlignedCall(x, None) for x in left] + [AlignedCall(None, y) for y in right])
-    return aligned
+    return _paired_out_of_order(aligned)
+
+
+def _paired_out_of_order(aligned: list[AlignedCall]) -> list[AlignedCall]:
+    """Calls left to one side that the other side made elsewhere in the same phase (the backward may run two
+    branches in another order) pair with them, in order of occurrence, at A's place: only what one run never made
+    stays one-sided."""
+    waiting: dict[tuple, list[int]] = {}
+    for index, pair in enumerate(aligned):
+        if pair.a is None:
+            waiting.setdefault(_key(pair.b), []).append(index)
+    dropped = set()
+    for pair in aligned:
+        if pair.b is None and waiting.get(_key(pair.a)):
+            index = waiting[_key(pair.a)].pop(0)
+            pair.b = aligned[index].b
+            dropped.add(index)
+    return [pair for index, pair in enumerate(aligned) if index not in dropped]
 
 
 def _conversion(call: OperatorCall) -> bool:

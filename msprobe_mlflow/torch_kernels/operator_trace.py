@@ -135,7 +135,14 @@ class OperatorTracer:
             return None
         return tree_map(_host_copy, (args, kwargs))
 
-    def _record(self, func, args, kwargs, output, copied=None) -> None:
+    def _inputs_before(self, func, args, kwargs) -> list | None:
+        """An operator that writes into its arguments (``add_``, ``out=``): their summaries before it runs (what it
+        read); its outputs are then summarised afresh (the version counter moves only after this mode returns)."""
+        if not func._schema.is_mutable or self._name(func) is None:
+            return None
+        return [self._argument(a) for a in tree_leaves((args, kwargs))]
+
+    def _record(self, func, args, kwargs, output, copied=None, before=None) -> None:
         named = self._name(func)
         if named is None:
             return
@@ -150,9 +157,9 @@ class OperatorTracer:
             return
         if copied is not None:
             self.saved[name] = (*copied, tree_map(_host_copy, output))
-        inputs = [self._argument(a) for a in tree_leaves((args, kwargs))]
-        self._calls.append(OperatorCall(name, inputs, [self._argument(o) for o in tree_leaves(output)], module,
-                                        list(stack)))
+        inputs = before if before is not None else [self._argument(a) for a in tree_leaves((args, kwargs))]
+        outputs = [self._argument(o, fresh=before is not None) for o in tree_leaves(output)]
+        self._calls.append(OperatorCall(name, inputs, outputs, module, list(stack)))
 
     def _tag_nodes(self, output) -> None:
         """Writes the current module and call site on the autograd nodes ``output`` comes from."""
@@ -172,23 +179,25 @@ class OperatorTracer:
         return wanted
 
     # -- statistics ------------------------------------------------------------------------------------------------
-    def _argument(self, value):
+    def _argument(self, value, fresh: bool = False):
         if isinstance(value, torch.Tensor):
-            return self._tensor(value)
+            return self._tensor(value, fresh)
         if isinstance(value, (bool, int, float, str)) or value is None:
             return Scalar(type(value).__name__, value)
         if isinstance(value, (torch.SymInt, torch.SymFloat, torch.SymBool)):
             return Scalar(type(value).__name__.replace("Sym", "").lower(), str(value))
         return Scalar(f"{type(value).__module__}.{type(value).__qualname__}", str(value))
 
-    def _tensor(self, tensor: torch.Tensor):
+    def _tensor(self, tensor: torch.Tensor, fresh: bool = False):
         dtype, shape = str(tensor.dtype), tuple(tensor.shape)
         plain = type(tensor) in (torch.Tensor, torch.nn.Parameter) and tensor.layout == torch.strided and \
             tensor.device.type != "meta" and not tensor.is_quantized and tensor.numel() > 0
         if not plain:
             return TensorSummary(dtype, shape, requires_grad=tensor.requires_grad)
         seen = self._seen.get(id(tensor))
-        if seen is not None and seen[0]() is tensor and seen[1] == tensor._version:
+        if fresh:
+            slot = self._launch(tensor)
+        elif seen is not None and seen[0]() is tensor and seen[1] == tensor._version:
             slot = seen[2]
         else:
             slot = self._launch(tensor)
@@ -266,8 +275,9 @@ class _OperatorRecorder(TorchDispatchMode):
         if self.tracer._measuring:
             return func(*args, **(kwargs or {}))
         copied = self.tracer._copied_if_saved(func, args, kwargs or {})
+        before = self.tracer._inputs_before(func, args, kwargs or {})
         output = func(*args, **(kwargs or {}))
-        self.tracer._record(func, args, kwargs or {}, output, copied)
+        self.tracer._record(func, args, kwargs or {}, output, copied, before)
         return output
 
 
