@@ -291,6 +291,13 @@ class _OpenSessions:
     def sessions(self) -> list[ProbeSession]:
         return list(self._sessions)
 
+    def release_unused(self) -> None:
+        """Puts the hooks back when no session is open any more though none closed last (the last ones were
+        dropped without ``stop()``)."""
+        with self._lock:
+            if not self._sessions:
+                self._restore()
+
     def end_all_as(self, status: str, reason: str) -> None:
         """The process dies: each open session ends so, and its run sink says it at once."""
         for session in self.sessions():

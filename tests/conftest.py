@@ -107,3 +107,15 @@ def tmp_experiment(sqlite_store, tmp_path):
                                              artifact_location=(tmp_path / "artifacts").as_uri())
     mlflow.set_experiment(experiment_id=experiment_id)
     return experiment_id
+
+
+@pytest.fixture(autouse=True)
+def no_monitoring_session_left_open():
+    """A test that leaves a monitor running (or drops one without ``stop()``) must not leave the next one a process
+    whose hooks are a monitor's: its sessions are closed and the process's hooks put back after it."""
+    yield
+    from msprobe_mlflow.session import _open_sessions
+
+    for session in _open_sessions.sessions():
+        session.close()
+    _open_sessions.release_unused()
