@@ -17,7 +17,8 @@ from msprobe_mlflow.sinks.baseline import BaselineOptions
 from msprobe_mlflow.tracking.aggregate import SummaryGather
 from msprobe_mlflow.tracking.options import TrackingOptions
 from msprobe_mlflow.tracking.server import tracking_uri_if_imported
-from msprobe_mlflow.vocabulary import TRAINING_ID_TAG
+from msprobe_mlflow.dump import step_ranges
+from msprobe_mlflow.vocabulary import TAG_RANGES_LIMIT, TRACED_STEPS_TAG, TRAINING_ID_TAG, rank_tag
 
 
 class SessionMonitor:
@@ -40,6 +41,7 @@ class SessionMonitor:
         self.step = 0
         self._session: ProbeSession | None = None
         self.training_id: str | None = None  # set by the first session: what its dump records (rank 0's)
+        self.traced_steps: list[int] = []  # the steps whose operator trace is written (trace_steps)
 
     @property
     def tracking(self) -> TrackingOptions | None:
@@ -104,6 +106,15 @@ class SessionMonitor:
         """Sets ``tags`` on the MLflow run this monitor logs into (queued, sent off the training thread)."""
         if self.run_sink is not None:
             self.run_sink.annotate(step=step, tags=tags)
+
+    def trace_written(self, step: int, files: list) -> None:
+        """On a trace's writer thread: the trace goes into the run, its step into the run's tag."""
+        self.traced_steps.append(step)
+        ranks = self._session.ranks
+        tag = TRACED_STEPS_TAG if ranks.world_size == 1 else rank_tag(ranks.rank, "traced_steps")
+        if self.run_sink is not None:
+            self.run_sink.annotate(step=step, tags={tag: step_ranges(self.traced_steps, limit=TAG_RANGES_LIMIT)},
+                                   files=files)
 
     @property
     def run_id(self) -> str | None:

@@ -27,14 +27,15 @@ from msprobe_mlflow.parameter_names import eager_named_parameters
 from msprobe_mlflow.pytorch.compute_format import ComputeFormatWatch
 from msprobe_mlflow.pytorch.distributed import current_rank, shared_run_id, summary_all_gather, world_size
 from msprobe_mlflow.pytorch.fsdp1 import FlatSlot, fsdp1_named_parameters, has_fsdp1
-from msprobe_mlflow.pytorch.operator_traces import TracedSteps
+from msprobe_mlflow.monitoring.traced_steps import TracedSteps
+from msprobe_mlflow.pytorch.operator_traces import pytorch_traced_steps
 from msprobe_mlflow.records import with_compute_format, with_parameter_norms
 from msprobe_mlflow.session import RankPolicy
 from msprobe_mlflow.statistics_table import PARAMETER_NORM
 from msprobe_mlflow.torch_kernels.parameter_norms import launch_parameter_norms
 from msprobe_mlflow.torch_kernels.sharded import FlatPiece, has_sharded, launch_sharded_statistics
 from msprobe_mlflow.torch_kernels.statistics import StatisticsCache, launch_step_statistics
-from msprobe_mlflow.vocabulary import FAILED_STEPS_TAG, RECORDED_TAG, TAG_RANGES_LIMIT, TRACED_STEPS_TAG, rank_tag
+from msprobe_mlflow.vocabulary import FAILED_STEPS_TAG, RECORDED_TAG, TAG_RANGES_LIMIT, rank_tag
 
 
 # model id -> the monitor watching it, so two monitors never probe one model by accident.
@@ -60,7 +61,6 @@ class GradientMonitor(SessionMonitor):
         self._hook = None
         self._traces: TracedSteps | None = None  # trace_steps: the operator traces, armed by _after_hook
         self._after_hook = None
-        self._traced_steps: list[int] = []
         self._probe_failures: list[str] = []
         self._failed_steps: list[int] = []
         self._probed_steps = 0
@@ -114,8 +114,8 @@ class GradientMonitor(SessionMonitor):
             self._hook = register_optimizer_step_pre_hook(self._on_optimizer_step)
         live = self.options.live_verdict
         if (plan.steps or (live is not None and live.trace_on_suspicious)) and self._session.ranks.probes:
-            self._traces = TracedSteps(plan, model, self.config.dump_path, self._session.ranks.rank, self.notices,
-                                       self._trace_written)
+            self._traces = pytorch_traced_steps(plan, model, self.config.dump_path, self._session.ranks.rank,
+                                                self.notices, self.trace_written)
             self._after_hook = optimizer.register_step_post_hook(self._after_optimizer_step) if optimizer else \
                 register_optimizer_step_post_hook(self._after_optimizer_step)
             self._traces.arm(self.step)
@@ -159,15 +159,6 @@ class GradientMonitor(SessionMonitor):
         """The update is done: the next step's trace starts here, if it is traced."""
         if optimizer is self._optimizer and self._traces is not None:
             self._traces.arm(self.step)
-
-    def _trace_written(self, step: int, files: list) -> None:
-        """On the trace's writer thread: the trace goes into the run, its step into the run's tag."""
-        self._traced_steps.append(step)
-        tag = TRACED_STEPS_TAG if self._session.ranks.world_size == 1 else \
-            rank_tag(self._session.ranks.rank, "traced_steps")
-        if self.run_sink is not None:
-            self.run_sink.annotate(step=step, tags={tag: step_ranges(self._traced_steps, limit=TAG_RANGES_LIMIT)},
-                                   files=files)
 
     def _after_closure(self, closure, step: int, args, kwargs):
         """The step's arguments with ``closure`` wrapped so that the probe runs when it first returns: the
