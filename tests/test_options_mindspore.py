@@ -37,13 +37,3 @@ def test_the_callback_takes_the_tier_archives_and_aggregation_from_the_object(tm
     history = MlflowClient().get_metric_history(run.info.run_id, "grad/rank0/total_norm")
     assert [m.step for m in history] == [0, 1, 2]
 
-
-def test_trace_steps_on_mindspore_say_what_to_use_instead(tmp_path, pynative):
-    import mindspore
-
-    network = mindspore.nn.Dense(3, 2)
-    optimizer = mindspore.nn.SGD(network.trainable_params(), learning_rate=0.1)
-    monitor = GradientMonitor(GradProbeConfig(dump_path=str(tmp_path)), log_to_mlflow=False, trace_steps=[1])
-    with pytest.warns(UserWarning, match="trace PyTorch's operators only; for MindSpore, take msprobe's own data"):
-        monitor.monitor(optimizer)
-    monitor.stop()

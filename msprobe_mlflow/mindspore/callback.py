@@ -61,7 +61,9 @@ class GradProbeCallback(Callback):
             config = self.config.replace(dump_path=run_dump_folder(self.config.dump_path, run_id))
             self.monitor = GradientMonitor(config, options=self.options, run_id=run_id)
         try:
-            self.monitor.monitor(optimizer, network=cb_params.get("train_network"))  # its mixed precision
+            # the train network's mixed precision; the user's network names the traced steps' cells
+            self.monitor.monitor(optimizer, network=cb_params.get("train_network"),
+                                 traced_network=cb_params.get("network"))
         except ValueError as e:  # already monitored (by the user's own monitor, say): training goes on without us
             self.monitor.notices.warn(f"GradProbeCallback does not monitor this training: {e}")
 

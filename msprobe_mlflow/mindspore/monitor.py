@@ -17,11 +17,15 @@ import functools
 import os
 import weakref
 
+import mindspore as ms
 from mindspore import nn
 
 from msprobe_mlflow.config import GradProbeConfig
 from msprobe_mlflow.mindspore.compute_format import compute_format, step_format
 from msprobe_mlflow.mindspore.distributed import current_rank, shared_run_id, summary_all_gather, world_size
+from msprobe_mlflow.mindspore.operator_trace import graph_mode_message
+from msprobe_mlflow.mindspore.operator_traces import install_boundary, mindspore_traced_steps, remove_boundary
+from msprobe_mlflow.monitoring.traced_steps import TracedSteps
 from msprobe_mlflow.mindspore.probe import (GradientProbe, install_probe, installed_probe, probe_settings,
                                            remove_probe)
 from msprobe_mlflow.monitoring.options import MonitorOptions
@@ -63,15 +67,20 @@ class GradientMonitor(SessionMonitor):
         self._exit_hook_registered = False
         self._armed_until = -1
         self._compute_format: str | None = None
+        self._traces: TracedSteps | None = None  # trace_steps (PyNative): armed after each optimizer call
+        self._trace_errors: list[str] = []  # of traces closed (stop(), another optimizer)
 
-    def monitor(self, optimizer: nn.Cell, network: nn.Cell | None = None) -> "GradientMonitor":
+    def monitor(self, optimizer: nn.Cell, network: nn.Cell | None = None, *,
+                traced_network: nn.Cell | None = None) -> "GradientMonitor":
         """Starts probing the gradients ``optimizer`` receives, from its next step on.
 
         Call it after ``mindspore.communication.init()`` (the rank is read here), on every rank: under ``msrun``
         every rank logs into rank 0's run (rank 0's run ID is broadcast here, a collective). Calling it with another
         optimizer re-targets the monitor; the step counter goes on. ``network``: the cell whose gradients the
         optimizer receives (``GradProbeCallback`` gives ``Model.train``'s), whose mixed precision then goes into the
-        format each step records (:mod:`msprobe_mlflow.mindspore.compute_format`).
+        format each step records (:mod:`msprobe_mlflow.mindspore.compute_format`). ``traced_network``: the cell
+        whose cells name the entries of the operator traces (``trace_steps``, PyNative), ``network`` when not given
+        (without either, the traces hold the API calls, outside any cell).
         """
         if not isinstance(optimizer, nn.Cell) or not hasattr(optimizer, "parameters"):
             raise TypeError(f"monitor() takes a MindSpore optimizer (mindspore.nn.Optimizer, mindspore.mint.optim), "
@@ -88,10 +97,7 @@ class GradientMonitor(SessionMonitor):
             self._session = self._open_session("mindspore", RankPolicy.of(self.config, current_rank(), world_size()),
                                                shared_run_id, summary_all_gather)
         ranks = self._session.ranks
-        if self.options.trace.plan().steps:
-            self.notices.warn("trace_steps (and MSPROBE_MLFLOW_TRACE_STEPS) trace PyTorch's operators only; for "
-                              "MindSpore, take msprobe's own data dump of the step (task statistics), which "
-                              "msprobe-mlflow locate reads")
+        plan = self.options.trace.plan()
         parameters = list(optimizer.parameters)
         selected = [(i, p) for i, p in enumerate(parameters) if self.config.wants_param(p.name)]
         missing = set(self.config.param_list) - {p.name for p in parameters}
@@ -132,11 +138,40 @@ class GradientMonitor(SessionMonitor):
         self._last_probed_step = self.step - 1
         self._first_step, self._idle_collections = self.step, 0
         _monitored_optimizers[id(optimizer)] = self
-        install_probe(optimizer, probe, self.collect)
+        install_probe(optimizer, probe, self._after_optimizer_call if plan.steps else self.collect)
+        if plan.steps:
+            self._start_traces(plan, optimizer, traced_network if traced_network is not None else network)
         if not self._exit_hook_registered:  # after MindSpore's own: runs before MindSpore shuts down
             atexit.register(_stop_at_exit, weakref.ref(self))
             self._exit_hook_registered = True
         return self
+
+    def _start_traces(self, plan, optimizer: nn.Cell, network: nn.Cell | None) -> None:
+        """``trace_steps`` in PyNative: each traced step's forward and backward, up to its optimizer call."""
+        if ms.get_context("mode") != ms.PYNATIVE_MODE:
+            self.notices.warn(f"trace_steps (and MSPROBE_MLFLOW_TRACE_STEPS): {graph_mode_message()}")
+            return
+        if plan.save:
+            self.notices.warn("trace_save: the MindSpore trace saves no call's inputs (the float64 replay takes "
+                              "PyTorch calls); the traced steps are traced without them")
+        if not self._session.ranks.probes:
+            return
+        self._traces = mindspore_traced_steps(plan, network, self.config.dump_path, self._session.ranks.rank,
+                                              self.notices, self.trace_written)
+        install_boundary(optimizer, self._traces.finish)  # the step's gradients are final: its trace ends
+        self._traces.arm(self.step)
+
+    def _after_optimizer_call(self) -> None:
+        """The update is done (PyNative: the optimizer returned to Python): the step is collected, and the next
+        step's trace starts here if it is traced."""
+        self.collect()
+        if self._traces is not None:
+            self._traces.arm(self.step)
+
+    @property
+    def errors(self) -> list[str]:
+        """Trace failures, then what the writer thread and the sinks could not do."""
+        return self._trace_errors + (self._traces.errors if self._traces else []) + super().errors
 
     def collect(self) -> None:
         """Writes the last optimizer step's statistics if that step was probed; a no-op when nothing new ran.
@@ -210,6 +245,11 @@ class GradientMonitor(SessionMonitor):
         if self._optimizer is None:
             return
         self.collect()
+        if self._traces is not None:
+            self._traces.close()
+            remove_boundary(self._optimizer)
+            self._trace_errors += self._traces.errors
+            self._traces = None
         self._probe.deactivate()
         remove_probe(self._optimizer)
         if _monitored_optimizers.get(id(self._optimizer)) is self:
