@@ -395,14 +395,12 @@ def test_the_callback_traces_model_train_with_the_users_cells(pynative, tmp_path
 # -- across frameworks ---------------------------------------------------------------------------------------------
 
 
-def test_a_pytorch_twin_and_a_mindspore_twin_located(pynative, tmp_path):
-    """The same network and weights in both frameworks, each traced by its own tracer, then ``locate``: the
-    operator map across frameworks is not there yet, so what ``locate`` says is recorded here (see the report)."""
+def torch_twin_trace(folder):
+    """The same network and weights in PyTorch (torch's classes named as MindSpore's), traced at step 0."""
     torch = pytest.importorskip("torch")
-    from msprobe_mlflow.localization import locate_traces
     from msprobe_mlflow.torch_kernels.operator_trace import OperatorTracer
 
-    class TorchLayerNorm(torch.nn.Module):
+    class LayerNorm(torch.nn.Module):
         def __init__(self, size):
             super().__init__()
             self.weight = torch.nn.Parameter(torch.ones(size))
@@ -416,7 +414,7 @@ def test_a_pytorch_twin_and_a_mindspore_twin_located(pynative, tmp_path):
     class TorchNet(torch.nn.Module):
         def __init__(self):
             super().__init__()
-            self.fc1, self.ln, self.fc2 = torch.nn.Linear(8, 16), TorchLayerNorm(16), torch.nn.Linear(16, 4)
+            self.fc1, self.ln, self.fc2 = torch.nn.Linear(8, 16), LayerNorm(16), torch.nn.Linear(16, 4)
             for layer, (w, b) in ((self.fc1, (W1, B1)), (self.fc2, (W2, B2))):
                 layer.weight.data, layer.bias.data = torch.from_numpy(w.copy()), torch.from_numpy(b.copy())
 
@@ -427,11 +425,32 @@ def test_a_pytorch_twin_and_a_mindspore_twin_located(pynative, tmp_path):
     tracer = OperatorTracer(model)
     tracer.start()
     torch.mean(torch.square(model(torch.from_numpy(X)) - torch.from_numpy(Y))).backward()
-    write_trace(tmp_path / "torch" / "step0" / "rank0", tracer.stop()(), level="mix", framework="pytorch")
+    write_trace(folder / "step0" / "rank0", tracer.stop()(), level="mix", framework="pytorch")
+    return folder
+
+
+def test_a_mindspore_twin_of_a_pytorch_model_aligns_and_is_drift(pynative, tmp_path):
+    """Across frameworks: calls pair by what they compute (MintFunctional.linear is Aten.addmm), the checksums
+    agree where the bits do (through the hand-built LayerNorm), tanh's last bits are the first difference, and every
+    module entry pairs."""
+    from msprobe_mlflow.localization import DRIFT, locate_traces
+
     write_trace(tmp_path / "mindspore" / "step0" / "rank0", traced_step(), level="mix", framework="mindspore")
-    found = locate_traces(tmp_path / "torch", tmp_path / "mindspore", step=0)
-    print(f"\nlocate(torch, mindspore): {found.kind}: {found.describe()}")
-    for pair, judgement in found.rows[:12]:
-        print(f"  {pair.a.name if pair.a else '-':40s} {pair.b.name if pair.b else '-':40s} "
-              f"{judgement.output_difference if judgement else ''}")
-    assert found.kind in ("sequence", "operator", "argument", "drift", "identical")
+    found = locate_traces(torch_twin_trace(tmp_path / "torch"), tmp_path / "mindspore", step=0)
+    assert found.kind == DRIFT, found.describe()
+    assert found.module_share == 1.0
+    pairs = [(pair.a.operator, pair.b.operator, j.output_difference) for pair, j in found.rows]
+    assert pairs[0][:2] == ("Aten.addmm.default", "MintFunctional.linear")
+    first = next(i for i, (_, _, difference) in enumerate(pairs) if difference > 0)
+    assert pairs[first][:2] == ("Aten.tanh.default", "Mint.tanh") and first >= 10  # bit-equal up to tanh
+
+
+def test_a_faulty_mindspore_kernel_is_named_against_the_pytorch_twin(pynative, tmp_path, monkeypatch):
+    from msprobe_mlflow.localization import OPERATOR, locate_traces
+
+    exact_tanh = mint.tanh
+    monkeypatch.setattr(mint, "tanh", lambda x: mint.mul(exact_tanh(x), 1.01))  # the device's kernel, 1% off
+    write_trace(tmp_path / "mindspore" / "step0" / "rank0", traced_step(), level="mix", framework="mindspore")
+    found = locate_traces(torch_twin_trace(tmp_path / "torch"), tmp_path / "mindspore", step=0)
+    assert found.kind == OPERATOR, found.describe()
+    assert (found.pair.a.operator, found.pair.b.operator) == ("Aten.tanh.default", "Mint.tanh")

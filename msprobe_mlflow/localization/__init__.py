@@ -11,6 +11,7 @@ from pathlib import Path
 
 from msprobe_mlflow.formats import UNIT_ROUNDOFF
 from msprobe_mlflow.localization.align import AlignedCall, align, module_path, operator_calls
+from msprobe_mlflow.localization.frameworks import across_frameworks, align_across
 from msprobe_mlflow.localization.judge import Judgement, differing_argument, judge
 from msprobe_mlflow.trace.files import OperatorCall, read_trace, trace_folder
 
@@ -27,6 +28,7 @@ class Localization:
     detail: str = ""
     rows: list[tuple[AlignedCall, Judgement | None]] = field(default_factory=list)  # every aligned call, in order
     folders: tuple[str, str] = ("", "")
+    module_share: float | None = None  # across frameworks: the share of module entries matched
 
     @property
     def named(self) -> bool:
@@ -52,13 +54,20 @@ def locate_traces(a: str | os.PathLike, b: str | os.PathLike, *, step: int | Non
     """Compares the traces of ``step`` (of ``rank``) in trace folders ``a`` and ``b``: each a folder with
     ``step{S}/rank{R}/dump.json`` (ours or msprobe's data dump), or one such folder itself."""
     folder_a, folder_b = trace_folder(a, step, rank), trace_folder(b, step, rank)
-    calls_a, calls_b = operator_calls(read_trace(folder_a)), operator_calls(read_trace(folder_b))
-    localization = walk(align(calls_a, calls_b))
+    trace_a, trace_b = read_trace(folder_a), read_trace(folder_b)
+    if across_frameworks(trace_a, trace_b):
+        pairs, module_share = align_across(trace_a, trace_b)
+        localization = walk(pairs, across=True)
+        localization.module_share = module_share
+    else:
+        localization = walk(align(operator_calls(trace_a), operator_calls(trace_b)))
     localization.folders = (str(folder_a), str(folder_b))
     return localization
 
 
-def walk(aligned: list[AlignedCall]) -> Localization:
+def walk(aligned: list[AlignedCall], across: bool = False) -> Localization:
+    """``across``: two frameworks' calls (:mod:`~msprobe_mlflow.localization.frameworks`): their arguments are
+    spelled otherwise, so only outputs are judged."""
     rows: list[tuple[AlignedCall, Judgement | None]] = []
     found: Localization | None = None
     noise = 0.0  # the unit roundoff of the coarsest format whose outputs have differed so far
@@ -72,7 +81,7 @@ def walk(aligned: list[AlignedCall]) -> Localization:
         if pair.one_sided:
             side, order = ("A", pair.a) if pair.a is not None else ("B", pair.b)
             found = Localization(SEQUENCE, pair, detail=f"it ran in {side} only ({order.phase})")
-        elif (argument := differing_argument(pair)) is not None:
+        elif not across and (argument := differing_argument(pair)) is not None:
             index, x, y = argument
             found = Localization(ARGUMENT, pair, judgement,
                                  f"its argument {index + 1} ({x.type}) is {x.value!r} in A and {y.value!r} in B")

@@ -64,14 +64,20 @@ def tensor_difference(a: TensorSummary, b: TensorSummary) -> float:
 def same_bits(a: TensorSummary, b: TensorSummary) -> bool:
     """Equal bits, where both checksums are of one kind; otherwise equal dtype and statistics."""
     if a.checksum and b.checksum and a.checksum.split(":")[0] == b.checksum.split(":")[0]:
-        return a.checksum == b.checksum and a.dtype == b.dtype
-    return a.dtype == b.dtype and a.statistics() == b.statistics() and None not in a.statistics()
+        return a.checksum == b.checksum and dtype_name(a.dtype) == dtype_name(b.dtype)
+    return dtype_name(a.dtype) == dtype_name(b.dtype) and a.statistics() == b.statistics() and \
+        None not in a.statistics()
+
+
+def dtype_name(dtype: str) -> str:
+    """``torch.float32``, MindSpore's ``Float32`` and ``mindspore.float32`` -> ``float32``."""
+    return dtype.lower().removeprefix("torch.").removeprefix("mindspore.")
 
 
 def output_format(call: OperatorCall) -> str:
     """The format name of a call's first floating output (``float32`` for ``torch.float32`` or ``Float32``)."""
     for tensor in call.tensors_out:
-        name = tensor.dtype.lower().replace("torch.", "").replace("mindspore.", "")
+        name = dtype_name(tensor.dtype)
         if name in UNIT_ROUNDOFF:
             return name
     return "float32"

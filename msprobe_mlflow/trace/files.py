@@ -103,8 +103,8 @@ def write_trace(folder: str | os.PathLike, calls: list[OperatorCall], *, level: 
     folder.mkdir(parents=True, exist_ok=True)
     data = {}
     for call in calls:
-        inputs = [_tensor_json(a) for a in call.inputs]
-        outputs = [_tensor_json(a) for a in call.outputs]
+        inputs = [_tensor_json(a, framework) for a in call.inputs]
+        outputs = [_tensor_json(a, framework) for a in call.outputs]
         data[call.name] = {"input": inputs, "output": outputs} if call.phase == "backward" else \
             {"input_args": inputs, "input_kwargs": {}, "output": outputs}
     dump = {"task": "statistics", "level": level, "framework": framework, "tracer": TRACER, "dump_data_dir": None,
@@ -118,10 +118,10 @@ def write_trace(folder: str | os.PathLike, calls: list[OperatorCall], *, level: 
     return folder
 
 
-def _tensor_json(argument) -> dict:
+def _tensor_json(argument, framework: str) -> dict:
     if isinstance(argument, Scalar):
         return {"type": argument.type, "value": argument.value}
-    entry = {"type": "torch.Tensor", "dtype": argument.dtype, "shape": list(argument.shape), "Max": argument.max,
+    entry = {"type": "mindspore.Tensor" if framework == "mindspore" else "torch.Tensor", "dtype": argument.dtype, "shape": list(argument.shape), "Max": argument.max,
              "Min": argument.min, "Mean": argument.mean, "Norm": argument.norm,
              "requires_grad": argument.requires_grad}
     if argument.checksum is not None:
