@@ -6,10 +6,15 @@ Model families (each a function of (seed, step) alone; one pair, two trainings o
 
 - tuning (the constants of ``locate``'s rule were set on it): ``tiny-gpt``, the tiny transformer the tests train
   (``tests/tiny_transformer.py``, copied here: embedding, attention, LayerNorm, GELU MLP; Adam);
-- held out (declared before any measurement, never tuned on; reported apart): ``cnn-bn`` (two convolutions with
-  bias, each followed by BatchNorm, ReLU, pooling; SGD with momentum), ``gru`` (an embedding, a GRU over 10 tokens,
-  LayerNorm, a linear head; Adam), ``mixer`` (an MLP-Mixer on 2 x 2 patches with an attention-pooling head: a
-  softmax over the tokens; AdamW).
+- seen: ``cnn-bn`` (two convolutions with bias, each followed by BatchNorm, ReLU, pooling; SGD with momentum),
+  ``gru`` (an embedding, a GRU over 10 tokens, LayerNorm, a linear head; Adam), ``mixer`` (an MLP-Mixer on 2 x 2
+  patches with an attention-pooling head: a softmax over the tokens; AdamW): held out for the first run (2026-12-06,
+  ``results/locate.md``), whose misses on them then shaped the rule, so reported with the tuning family since;
+- held out (declared 2026-12-06 before the rule was changed after the first run, never tuned on; reported apart):
+  ``lstm`` (an embedding, a two-layer LSTM, LayerNorm, a linear head; RMSprop), ``resnet-gn`` (a convolution with
+  bias, two residual blocks of convolutions with bias each followed by GroupNorm, global pooling, a linear head;
+  SGD with Nesterov momentum), ``vit`` (2 x 2 patches, a class token, two ``nn.TransformerEncoderLayer`` with
+  pre-norm and ReLU, the class token's head; Adam).
 
 Noise (B against the reference A: float32, one torch thread): ``none`` (B as A), ``float64`` (B's model and data in
 float64), ``bf16`` (B's forward under bfloat16 autocast), ``ulp`` (each of B's initial weights one ulp up or down, a
@@ -317,7 +322,91 @@ class MixerFamily(Images):
         return torch.optim.AdamW(model.parameters(), lr=2e-3, weight_decay=0.01)
 
 
-FAMILIES = {f.name: f for f in (TinyGPTFamily(), CNNFamily(), GRUFamily(), MixerFamily())}
+class LSTMNet(nn.Module):
+    def __init__(self, vocab: int = 32, classes: int = 10):
+        super().__init__()
+        self.embedding = nn.Embedding(vocab, 16)
+        self.rnn = nn.LSTM(16, 24, num_layers=2, batch_first=True)
+        self.norm = nn.LayerNorm(24)
+        self.head = nn.Linear(24, classes)
+
+    def forward(self, tokens):
+        states, _ = self.rnn(self.embedding(tokens))
+        return self.head(self.norm(states[:, -1]))
+
+
+class ResidualBlock(nn.Module):
+    def __init__(self, channels: int):
+        super().__init__()
+        self.conv1, self.norm1 = nn.Conv2d(channels, channels, 3, padding=1), nn.GroupNorm(4, channels)
+        self.conv2, self.norm2 = nn.Conv2d(channels, channels, 3, padding=1), nn.GroupNorm(4, channels)
+
+    def forward(self, x):
+        return torch.relu(x + self.norm2(self.conv2(torch.relu(self.norm1(self.conv1(x))))))
+
+
+class ResNetGN(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.stem = nn.Conv2d(1, 8, 3, padding=1)
+        self.blocks = nn.Sequential(ResidualBlock(8), ResidualBlock(8))
+        self.head = nn.Linear(8, 10)
+
+    def forward(self, x):
+        return self.head(self.blocks(torch.relu(self.stem(x))).mean((2, 3)))
+
+
+class ViT(nn.Module):
+    def __init__(self, width: int = 32):
+        super().__init__()
+        self.patch = nn.Linear(4, width)
+        self.cls = nn.Parameter(torch.zeros(1, 1, width))
+        self.position = nn.Parameter(torch.randn(1, 17, width) * 0.02)
+        layer = nn.TransformerEncoderLayer(width, 2, 64, dropout=0.0, batch_first=True, norm_first=True)
+        self.encoder = nn.TransformerEncoder(layer, 2, enable_nested_tensor=False)
+        self.head = nn.Linear(width, 10)
+
+    def forward(self, images):
+        patches = images.unfold(2, 2, 2).unfold(3, 2, 2).reshape(images.shape[0], 16, 4)
+        tokens = torch.cat([self.cls.expand(images.shape[0], -1, -1), self.patch(patches)], 1) + self.position
+        return self.head(self.encoder(tokens)[:, 0])
+
+
+class LSTMFamily(GRUFamily):
+    name, held_out = "lstm", True
+
+    def build(self):
+        return LSTMNet()
+
+    def optimizer(self, model):
+        return torch.optim.RMSprop(model.parameters(), lr=2e-3)
+
+
+class ResNetGNFamily(Images):
+    name, held_out = "resnet-gn", True
+
+    def build(self):
+        return ResNetGN()
+
+    def optimizer(self, model):
+        return torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9, nesterov=True)
+
+
+class ViTFamily(Images):
+    name, held_out = "vit", True
+
+    def build(self):
+        return ViT()
+
+    def optimizer(self, model):
+        return torch.optim.Adam(model.parameters(), lr=2e-3)
+
+
+SEEN = ("cnn-bn", "gru", "mixer")  # held out for the first run only (see the docstring)
+for _seen in (CNNFamily, GRUFamily, MixerFamily):
+    _seen.held_out = False
+FAMILIES = {f.name: f for f in (TinyGPTFamily(), CNNFamily(), GRUFamily(), MixerFamily(), LSTMFamily(),
+                                ResNetGNFamily(), ViTFamily())}
 TUNING = tuple(name for name, f in FAMILIES.items() if not f.held_out)
 HELD_OUT = tuple(name for name, f in FAMILIES.items() if f.held_out)
 
