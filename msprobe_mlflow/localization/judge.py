@@ -11,6 +11,10 @@ one output element (1 for elementwise operators, the inner size of a matmul, eve
 first operator in execution order (the forward, then the backward) whose output difference is not explained is
 named; when none is, the step's differences are rounding carried forward ("drift").
 
+Each output's tolerance is that times its cancellation (:func:`cancellation`: an output small beside what made it,
+such as a bias gradient before BatchNorm, zero in exact arithmetic, keeps its inputs' absolute rounding); an RNN
+kernel's workspace (:func:`scratch`) is not judged.
+
 Statistics only bound a difference from below: inputs whose bits differ may differ in every element by the
 rounding of the coarsest format whose differences reached them (a bfloat16 pair's: 2^-8 of each element), which
 their max, min, mean and RMS barely show. So the inputs' difference is at least that format's unit roundoff on the
@@ -30,6 +34,14 @@ ROUNDING = 8.0  # the rounding an operator adds on top, in units of u x sqrt(K)
 SCALAR_TOLERANCE = 1e-3  # a numeric argument this much apart (relative) is a different argument, not noise
 _TINY = 1e-30
 _PRODUCTS = ("mm", "matmul", "linear", "mv", "dot", "conv", "attention", "einsum", "bmm", "addbmm")
+# The operators whose outputs may cancel (:func:`cancellation`), by their short name.
+_PRODUCT_SUMS = {"mm", "addmm", "bmm", "baddbmm", "matmul", "linear", "mv", "dot", "einsum", "convolution",
+                 "convolution_backward", "conv2d", "conv1d", "conv3d", "dense"}
+_SUMS = {"sum", "embedding_dense_backward", "native_group_norm_backward", "native_batch_norm_backward",
+         "native_layer_norm_backward"}
+_DIFFERENCES = {"add", "sub", "rsub"}
+_NORMALIZATIONS = {"native_layer_norm", "native_batch_norm", "native_group_norm", "_native_batch_norm_legit",
+                   "_native_batch_norm_legit_no_training", "layer_norm", "batch_norm", "group_norm"}
 
 
 @dataclass
@@ -101,20 +113,68 @@ def reduction_size(call: OperatorCall) -> int:
 
 
 def judge(pair: AlignedCall, noise: float = 0.0) -> Judgement:
-    """``noise``: the unit roundoff of the coarsest format whose differences reached this call (see above)."""
+    """``noise``: the unit roundoff of the coarsest format whose differences reached this call (see above). Each
+    output is judged against its own tolerance, widened by its cancellation (:func:`cancellation`); the output
+    furthest beyond (or nearest to) its tolerance speaks for the call."""
     a, b = pair.a, pair.b
     inputs = [tensor_difference(x, y) for x, y in zip(a.tensors_in, b.tensors_in)]
-    outputs = [tensor_difference(x, y) for x, y in zip(a.tensors_out, b.tensors_out)]
     input_difference = max(inputs, default=0.0)
     if input_difference > 0.0:
         peaks = [_peak(x) for x, d in zip(a.tensors_in, inputs) if d > 0.0]
         input_difference = max(input_difference, noise * max(peaks, default=1.0))
-    output_difference = max(outputs, default=0.0)
     fmt = max(output_format(a), output_format(b), key=UNIT_ROUNDOFF.__getitem__)
-    tolerance = AMPLIFICATION * input_difference + \
-        ROUNDING * UNIT_ROUNDOFF[fmt] * math.sqrt(max(reduction_size(a), reduction_size(b)))
+    rounding = ROUNDING * UNIT_ROUNDOFF[fmt] * math.sqrt(max(reduction_size(a), reduction_size(b)))
+    judged = [(tensor_difference(x, y), (AMPLIFICATION * input_difference + rounding) *
+               max(cancellation(a, x), cancellation(b, y))) for x, y in zip(a.tensors_out, b.tensors_out)
+              if not scratch(a, x)]
+    output_difference, tolerance = max(judged, key=lambda j: j[0] / j[1] if j[1] > 0 else math.inf * j[0],
+                                       default=(0.0, AMPLIFICATION * input_difference + rounding))
     return Judgement(input_difference, output_difference, tolerance, fmt, output_difference > tolerance,
                      all(d == 0.0 for d in inputs))
+
+
+def scratch(call: OperatorCall, output: TensorSummary) -> bool:
+    """An output of raw bytes from an operator that reads none (an RNN kernel's workspace): memory the kernel
+    reserves for its backward, whose bytes are not a result and may be left uninitialised."""
+    raw = ("uint8", "int8")
+    return dtype_name(output.dtype) in raw and not any(dtype_name(t.dtype) in raw for t in call.tensors_in)
+
+
+def cancellation(call: OperatorCall, output: TensorSummary) -> float:
+    """How much larger than its inputs' an output's relative difference may be because the output is small beside
+    what made it (at least 1): a sum or product over K terms against the scale its terms would give it, sqrt(K)
+    times theirs (a bias gradient summed over a batch before BatchNorm is zero in exact arithmetic); a difference
+    against its inputs' scale; a normalisation against its input's spread (a mean-dominated input loses digits)."""
+    name = _short_name(call)
+    terms = sorted((t for t in call.tensors_in if _rms(t) is not None), key=lambda t: t.numel, reverse=True)
+    rms = _rms(output)
+    if not terms or not rms:
+        return 1.0
+    if name in _NORMALIZATIONS:
+        x = terms[0]
+        spread = math.sqrt(max(_rms(x) ** 2 - (x.mean or 0.0) ** 2, 0.0))
+        return max(1.0, _rms(x) / spread) if spread > 0 else 1.0
+    if name in _PRODUCT_SUMS:
+        scale = _rms(terms[0]) * (_rms(terms[1]) if len(terms) > 1 else 1.0) * \
+            math.sqrt(max(1, terms[0].numel // max(output.numel, 1)))
+    elif name in _SUMS:
+        scale = _rms(terms[0]) * math.sqrt(max(1, terms[0].numel // max(output.numel, 1)))
+    elif name in _DIFFERENCES:
+        scale = max(_rms(t) for t in terms)
+    else:
+        return 1.0
+    return max(1.0, scale / rms)
+
+
+def _rms(tensor: TensorSummary) -> float | None:
+    return abs(tensor.norm) / math.sqrt(tensor.numel) if tensor.norm is not None and tensor.numel else None
+
+
+def _short_name(call: OperatorCall) -> str:
+    """``Aten.add_.Tensor`` -> ``add``; ``Functional.linear`` -> ``linear``; ``Tensor.__sub__`` -> ``sub``."""
+    parts = call.operator.split(".")
+    name = parts[1] if len(parts) > 1 else parts[0]
+    return name.strip("_") if name.startswith("__") else name.rstrip("_") if not name.startswith("_") else name
 
 
 def _peak(tensor: TensorSummary) -> float:
