@@ -14,6 +14,9 @@ it). Reported per training and threshold:
 Results: ``results/anomalies.md``::
 
     PYTHONPATH=. .venv/bin/python benchmarks/anomaly_rates.py
+
+``--quick --out DIR``: a dry run of the harness in seconds (the same trainings and rule, 60 steps, 4 injections per
+fault), its table only in DIR.
 """
 from __future__ import annotations
 
@@ -31,6 +34,7 @@ STEPS = 300
 THRESHOLDS = (6.0, 7.0, 8.0)
 FAULTS = {"x10": 10.0, "x100": 100.0, "x0.1": 0.1, "zeroed": 0.0}
 INJECTIONS = 40
+QUICK_STEPS, QUICK_INJECTIONS = 60, 4  # --quick: past the rule's warm-up (window // 2 steps), a few faults
 
 
 def regression_mlp():
@@ -87,7 +91,7 @@ TRAININGS = {
 }
 
 
-def clean_norms(name: str) -> tuple[list[str], np.ndarray]:
+def clean_norms(name: str, steps: int = STEPS) -> tuple[list[str], np.ndarray]:
     """Steps x parameters gradient norms (float32, as the monitor computes them) of one clean training."""
     build, optimizer_for, decay_at = TRAININGS[name]
     torch.manual_seed(0)
@@ -95,7 +99,7 @@ def clean_norms(name: str) -> tuple[list[str], np.ndarray]:
     optimizer = optimizer_for(model.parameters())
     generator = torch.Generator().manual_seed(1)
     norms = []
-    for step in range(STEPS):
+    for step in range(steps):
         if step == decay_at:
             for group in optimizer.param_groups:
                 group["lr"] /= 10
@@ -117,9 +121,9 @@ def flags_of(names: list[str], norms: np.ndarray, rule: SpikeRule, last_step: in
     return found
 
 
-def measure(name: str) -> dict:
-    names, norms = clean_norms(name)
-    result = {"parameters": len(names), "by_threshold": {}}
+def measure(name: str, steps: int = STEPS, injections: int = INJECTIONS) -> dict:
+    names, norms = clean_norms(name, steps)
+    result = {"parameters": len(names), "steps": steps, "injections": injections, "by_threshold": {}}
     for threshold in THRESHOLDS:
         rule = SpikeRule(threshold=threshold)
         clean = flags_of(names, norms, rule)
@@ -127,13 +131,13 @@ def measure(name: str) -> dict:
         recall = {}
         for fault, factor in FAULTS.items():
             caught = 0
-            for _ in range(INJECTIONS):
-                parameter, step = int(rng.integers(len(names))), int(rng.integers(rule.window // 2 + 5, STEPS))
+            for _ in range(injections):
+                parameter, step = int(rng.integers(len(names))), int(rng.integers(rule.window // 2 + 5, steps))
                 faulty = norms.copy()
                 faulty[step, parameter] *= factor
                 caught += any(f.step == step and f.parameter == names[parameter]
                               for f in flags_of(names, faulty, rule, step))
-            recall[fault] = caught / INJECTIONS
+            recall[fault] = caught / injections
         result["by_threshold"][threshold] = {
             "false_parameter_steps": sum(f.parameter is not None for f in clean),
             "false_total_steps": sum(f.parameter is None for f in clean),
@@ -143,11 +147,13 @@ def measure(name: str) -> dict:
 
 def markdown(results: dict) -> str:
     window = SpikeRule().window
+    first = next(iter(results.values()))
+    steps, injections = first["steps"], first["injections"]
     lines = ["# Anomaly flags: false flags on clean trainings, recall of injected faults", "",
-             f"{len(TRAININGS)} trainings of {STEPS} steps (CPU); the rule of `SpikeRule` (window {window} steps, "
+             f"{len(TRAININGS)} trainings of {steps} steps (CPU); the rule of `SpikeRule` (window {window} steps, "
              f"judged from {window // 2}), at each threshold. *False*: flags on the clean run (parameter-steps of "
-             f"all parameter-steps; steps with any flag, the total norm included, of {STEPS}). *Recall*: of "
-             f"{INJECTIONS} faults injected into one parameter's norm at one step each, those flagged there.", "",
+             f"all parameter-steps; steps with any flag, the total norm included, of {steps}). *Recall*: of "
+             f"{injections} faults injected into one parameter's norm at one step each, those flagged there.", "",
              "| training | threshold | false parameter-steps | steps with a flag | recall x10 | x100 | x0.1 | zeroed |",
              "|---|---:|---:|---:|---:|---:|---:|---:|"]
     totals = {t: [0, 0, 0] for t in THRESHOLDS}
@@ -155,24 +161,30 @@ def markdown(results: dict) -> str:
         for threshold, row in result["by_threshold"].items():
             recall = row["recall"]
             lines.append(f"| {name} | {threshold:g} | {row['false_parameter_steps']} / "
-                         f"{result['parameters'] * STEPS:,} | {row['steps_with_a_flag']} / {STEPS} | "
+                         f"{result['parameters'] * steps:,} | {row['steps_with_a_flag']} / {steps} | "
                          + " | ".join(f"{recall[f]:.2f}" for f in FAULTS) + " |")
             totals[threshold][0] += row["false_parameter_steps"]
             totals[threshold][1] += row["steps_with_a_flag"]
-            totals[threshold][2] += result["parameters"] * STEPS
+            totals[threshold][2] += result["parameters"] * steps
     lines += ["", "All trainings: " + "; ".join(
-        f"threshold {t:g}: {false} false parameter-steps of {all_:,}, {steps} flagged steps of "
-        f"{STEPS * len(results)}" for t, (false, steps, all_) in totals.items()) + ".", "",
+        f"threshold {t:g}: {false} false parameter-steps of {all_:,}, {flagged} flagged steps of "
+        f"{steps * len(results)}" for t, (false, flagged, all_) in totals.items()) + ".", "",
         "Reproduce: `PYTHONPATH=. python benchmarks/anomaly_rates.py` (also run by `benchmarks/run`)."]
     return "\n".join(lines) + "\n"
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument("--out", type=Path, help=f"where anomalies.md goes (default {RESULTS}; --quick needs it)")
+    parser.add_argument("--quick", action="store_true", help=f"a dry run of the harness in seconds: {QUICK_STEPS} "
+                        f"steps, {QUICK_INJECTIONS} injections per fault")
     args = parser.parse_args()
+    if args.quick and args.out is None:
+        parser.error("--quick needs --out: a dry run never writes into benchmarks/results/")
+    args.out = args.out or RESULTS
     torch.set_num_threads(1)
-    results = {name: measure(name) for name in TRAININGS}
+    steps, injections = (QUICK_STEPS, QUICK_INJECTIONS) if args.quick else (STEPS, INJECTIONS)
+    results = {name: measure(name, steps, injections) for name in TRAININGS}
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "anomalies.md").write_text(markdown(results))
     print(markdown(results))

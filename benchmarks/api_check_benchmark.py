@@ -17,7 +17,10 @@ one nested run per call against ``nested=False``, into a SQLite store and throug
 nested run at a time, and ``NESTED_RUNS_AT_ONCE`` at a time).
 
 Run: ``benchmarks/run-api-check`` (``--calls N``, ``--repeats N``, ``--threads default|1|both``). Results go to
-``results/api_check.json`` and ``results/api_check.md``.
+``results/api_check.json`` and ``results/api_check.md`` (``--out DIR``: there instead).
+
+``--quick --out DIR``: a dry run of the harness in about a minute (``QUICK``: 20 calls, torch's default threads,
+the MLflow logging of 5 calls; arguments given change them), results only in DIR.
 """
 from __future__ import annotations
 
@@ -41,6 +44,7 @@ sys.path.insert(0, str(ROOT))  # this checkout's msprobe_mlflow, whichever one t
 EXAMPLE = ROOT / "examples" / "mindspore_api_dump" / "statistics" / "api_info.json"
 RESULTS = Path(__file__).resolve().parent / "results"
 SCALES = (1, 2, 4, 8, 16, 32, 64)
+QUICK = {"calls": 20, "repeats": 1, "threads": "default", "mlflow_calls": 5}  # --quick's defaults
 _KEY = re.compile(r"^(?P<api>[A-Za-z_]+\.[A-Za-z0-9_]+)\.(?P<index>\d+)\.(?P<side>forward|backward)$")
 
 
@@ -193,9 +197,18 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=1, help="runs of each variant, interleaved; medians")
     parser.add_argument("--threads", choices=("default", "1", "both"), default="both")
     parser.add_argument("--mlflow-calls", type=int, default=500, help="calls of the dump whose check is logged")
+    parser.add_argument("--out", type=Path, help=f"where api_check.json and api_check.md go (default {RESULTS}; "
+                        "--quick needs it)")
+    parser.add_argument("--quick", action="store_true", help="a dry run of the harness in about a minute: "
+                        + ", ".join(f"--{key.replace('_', '-')} {value}" for key, value in QUICK.items())
+                        + " unless given; writes only into --out")
     parser.add_argument("--variant", help=argparse.SUPPRESS)
     parser.add_argument("paths", nargs="*", help=argparse.SUPPRESS)
+    if "--quick" in sys.argv[1:]:
+        parser.set_defaults(**QUICK)
     args = parser.parse_args()
+    if args.quick and args.out is None:
+        parser.error("--quick needs --out: a dry run never writes into benchmarks/results/")
     if args.variant:
         print(json.dumps(run_variant(args.variant, Path(args.paths[0]), Path(args.paths[1]))))
         return
@@ -248,9 +261,11 @@ def write_results(calls, runs, logging, load_before, load_after, args) -> None:
                "load_average_1min_before_after": [round(load_before[0], 2), round(load_after[0], 2)],
                "commit": subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
                                         text=True).stdout.strip()}
-    RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "api_check.json").write_text(json.dumps({"calls": calls, "repeats": args.repeats, "machine": machine,
-                                                        "variants": rows, "mlflow": logging}, indent=1) + "\n")
+    out = args.out or RESULTS
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "api_check.json").write_text(json.dumps({"calls": calls, "repeats": args.repeats, "quick": args.quick,
+                                                    "machine": machine, "variants": rows, "mlflow": logging},
+                                                   indent=1) + "\n")
     lines = [
         "# API checker on many calls",
         "",
@@ -292,7 +307,7 @@ def write_results(calls, runs, logging, load_before, load_after, args) -> None:
         per_run = 1000 * (logging[nested] - logging[flat]) / logging["calls"]
         lines.append(f"| {label} | {logging[flat]:.1f} | {logging[nested]:.1f} | {per_run:.1f} |")
     lines.append("")
-    (RESULTS / "api_check.md").write_text("\n".join(lines))
+    (out / "api_check.md").write_text("\n".join(lines))
     print("\n".join(lines))
 
 

@@ -7,6 +7,8 @@ is loaded). Reported per variant: the import of torch and msprobe_mlflow, the fi
 it), the median of the later steps, and ``stop()``. Results: ``results/first_step.json`` and ``.md``::
 
     benchmarks/.venv/bin/python benchmarks/first_step.py [--level L2] [--steps 5] [--out DIR]
+
+``--quick --out DIR``: a dry run of the harness (2 steps per process unless ``--steps`` says), results only in DIR.
 """
 from __future__ import annotations
 
@@ -68,10 +70,20 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--level", default="L2", choices=["L0", "L1", "L2", "none"], help="default L2")
     parser.add_argument("--steps", type=int, default=5, help="steps per process (default 5; at least 2)")
-    parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument("--out", type=Path, help=f"where first_step.json and .md go (default {RESULTS}; --quick "
+                        "needs it)")
+    parser.add_argument("--quick", action="store_true", help="a dry run of the harness: 2 steps per process unless "
+                        "--steps says; writes only into --out")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--dump", help=argparse.SUPPRESS)
+    if "--quick" in sys.argv[1:]:
+        parser.set_defaults(steps=2)
     args = parser.parse_args()
+    if args.steps < 2:
+        parser.error(f"--steps ({args.steps}) must be at least 2: the later steps' median needs one")
+    if args.quick and args.out is None:
+        parser.error("--quick needs --out: a dry run never writes into benchmarks/results/")
+    args.out = args.out or RESULTS
     if args.child:
         print(json.dumps(child(args.level, args.steps, args.dump)))
         return

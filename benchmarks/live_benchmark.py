@@ -199,9 +199,11 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=9)
     parser.add_argument("--iterations", type=int, help="timed iterations per turn (default: 8 for the large "
                         "model, 48 for the small one)")
-    parser.add_argument("--quick", action="store_true", help="small models, a dry run of the harness")
+    parser.add_argument("--quick", action="store_true", help="small models, a dry run of the harness; needs --out")
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args()
+    if args.quick and args.out == RESULTS:
+        parser.error("--quick needs --out: a dry run never writes into benchmarks/results/")
     if args.iterations is not None and args.iterations < DIVERGES_AT:
         parser.error(f"--iterations must be at least {DIVERGES_AT}: the baseline diverges at step {DIVERGES_AT}")
     logging.getLogger("msprobe_mlflow").setLevel(logging.ERROR)  # the verdict each baseline turn gives, 30 times

@@ -27,12 +27,16 @@ otherwise (see its help). Results: ``results/monitor.json`` and ``results/monito
     benchmarks/.venv/bin/python benchmarks/monitor_benchmark.py [--rounds 5] [--iterations 3] [--out DIR]
 
 ``--profile L2`` only trains the 67M model under our monitor, for a sampling profiler (py-spy).
+
+``--quick --out DIR``: a dry run of the harness in seconds (small models), results only in DIR; without msprobe 1.0.3
+installed it leaves msprobe's variants and the byte-for-byte check out, saying so.
 """
 from __future__ import annotations
 
 import argparse
 import contextlib
 import hashlib
+import importlib.util
 import io
 import json
 import logging
@@ -202,10 +206,11 @@ class Variant:
     attach: Callable[[Workload, Path], Attached] | None  # None: no monitor
 
 
-def variants() -> list[Variant]:
+def variants(with_msprobe: bool = True) -> list[Variant]:
     found = [Variant(NO_MONITOR, None)]
     for level in LEVELS:
-        found.append(Variant(f"msprobe 1.0.3 {level}", lambda w, f, level=level: attach_msprobe(level, w, f)))
+        if with_msprobe:
+            found.append(Variant(f"msprobe 1.0.3 {level}", lambda w, f, level=level: attach_msprobe(level, w, f)))
         found.append(Variant(f"ours {level}", lambda w, f, level=level: attach_ours(level, False, w, f)))
     found.append(Variant(MLFLOW_VARIANT, lambda w, f: attach_ours("L2", True, w, f)))
     found += [Variant(stage, lambda w, f, stage=stage: attach_ours("L2", False, w, f, stage)) for stage in STAGES]
@@ -396,12 +401,13 @@ class OtherLoad:
                         "load_average_1min_end": os.getloadavg()[0]}
 
 
-def benchmark_workload(build: Callable[[], Workload], rounds: int, iterations: int, scratch: Path) -> dict:
+def benchmark_workload(build: Callable[[], Workload], rounds: int, iterations: int, scratch: Path,
+                       with_msprobe: bool = True) -> dict:
     workload = build()
     print(f"{workload.name} ...", file=sys.stderr, flush=True)
     for _ in range(WARM_UP_ITERATIONS):
         workload.iteration()
-    all_variants = variants()
+    all_variants = variants(with_msprobe)
     turns: dict[str, list[dict]] = {v.name: [] for v in all_variants}
     floors: list[float] = []
     with OtherLoad() as load:
@@ -497,14 +503,16 @@ def markdown(result: dict) -> str:
     machine, settings = result["machine"], result["settings"]
     same = "; ".join(f"{level}: CSV {'identical' if v['csv'] else 'DIFFERENT'}"
                      + (f", directions {'identical' if v['directions'] else 'DIFFERENT'}" if "directions" in v else "")
-                     for level, v in result["same_output_as_msprobe"].items())
+                     for level, v in result["same_output_as_msprobe"].items()) \
+        or "not checked, msprobe 1.0.3 is not installed (a --quick dry run: its variants are left out)"
+    msprobe = "msprobe 1.0.3" if result["same_output_as_msprobe"] else "no msprobe"
     threads = f"{machine['torch_threads']} torch thread(s)" + (" (torch's default)" if machine.get(
         "torch_threads_default") else "")
     lines = [
         f"## Monitor overhead (CPU, {threads})",
         "",
         f"{machine['cpus']} CPUs ({machine['processor']}), torch {machine['torch']}, numpy {machine['numpy']}, "
-        f"mlflow {machine['mlflow']}, msprobe 1.0.3, Python {machine['python']}; msprobe-mlflow at "
+        f"mlflow {machine['mlflow']}, {msprobe}, Python {machine['python']}; msprobe-mlflow at "
         f"{machine['msprobe_mlflow']}. torch runs "
         f"{machine['torch_threads']} intra-op thread(s) (`--torch-threads`): on a small machine shared with other "
         f"work, 2 OpenMP threads stall whenever another process holds a CPU and iteration times swing tenfold; a "
@@ -676,7 +684,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rounds", type=int, default=5, help="turns of every variant (default 5)")
     parser.add_argument("--iterations", type=int, default=3, help="timed iterations per turn (default 3)")
-    parser.add_argument("--quick", action="store_true", help="tiny models: checks the harness in seconds")
+    parser.add_argument("--quick", action="store_true", help="tiny models: checks the harness in seconds; needs "
+                        "--out; without msprobe 1.0.3, its variants are left out")
     parser.add_argument("--out", type=Path, default=RESULTS,
                         help=f"where the results go (default {RESULTS})")
     parser.add_argument("--torch-threads", type=int, default=1,
@@ -701,6 +710,15 @@ def main() -> int:
         return profile(args.profile)
     if args.kernel:
         return kernel_passes()
+    with_msprobe = importlib.util.find_spec("msprobe") is not None
+    if args.quick and args.out == RESULTS:
+        parser.error("--quick needs --out: a dry run never writes into benchmarks/results/")
+    if not with_msprobe and not args.quick:
+        parser.error("msprobe 1.0.3 is not installed: benchmarks/run sets up benchmarks/.venv with it (--quick "
+                     "leaves its variants out)")
+    if not with_msprobe:
+        print("msprobe 1.0.3 is not installed (benchmarks/setup-env): its variants and the byte-for-byte check are "
+              "left out", file=sys.stderr)
     import mlflow
 
     scratch = Path(tempfile.mkdtemp(prefix="monitor-bench-"))
@@ -715,11 +733,11 @@ def main() -> int:
                         "numpy": np.__version__, "mlflow": mlflow.__version__, "python": platform.python_version(),
                         "platform": platform.platform(), "msprobe_mlflow": code_version()},
             "settings": {"rounds": args.rounds, "iterations": args.iterations, "bounds": BOUNDS, "quick": args.quick},
-            "same_output_as_msprobe": same_output_as_msprobe(scratch),
+            "same_output_as_msprobe": same_output_as_msprobe(scratch) if with_msprobe else {},
             "models": [],
         }
         for build in workloads(args.quick):
-            result["models"].append(benchmark_workload(build, args.rounds, args.iterations, scratch))
+            result["models"].append(benchmark_workload(build, args.rounds, args.iterations, scratch, with_msprobe))
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     args.out.mkdir(parents=True, exist_ok=True)

@@ -198,9 +198,11 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--seconds", type=float, default=2.0, help="timed iterations per turn, at least")
     parser.add_argument("--levels", nargs="+", default=["L0", "L1", "L2"], choices=["L0", "L1", "L2"])
-    parser.add_argument("--quick", action="store_true", help="small models, a dry run of the harness")
+    parser.add_argument("--quick", action="store_true", help="small models, a dry run of the harness; needs --out")
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args()
+    if args.quick and args.out == RESULTS:
+        parser.error("--quick needs --out: a dry run never writes into benchmarks/results/")
     if args.rounds < 1 or args.seconds <= 0:
         parser.error(f"--rounds ({args.rounds}) must be 1 or more and --seconds ({args.seconds}) above 0")
     default_threads = torch.get_num_threads()

@@ -133,9 +133,11 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--iterations", type=int, default=8)
     parser.add_argument("--every", type=int, default=100, help="directions_every_n_steps of the tier variants")
-    parser.add_argument("--quick", action="store_true", help="small models, a dry run of the harness")
+    parser.add_argument("--quick", action="store_true", help="small models, a dry run of the harness; needs --out")
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args()
+    if args.quick and args.out == RESULTS:
+        parser.error("--quick needs --out: a dry run never writes into benchmarks/results/")
     if not args.iterations < args.every:
         parser.error(f"--iterations ({args.iterations}) must be below --every ({args.every}): the timed steps are "
                      f"meant to be the tier's statistics-only steps")
