@@ -31,6 +31,8 @@ _LEFT_OUT = {torch.ops.aten.detach.default, torch.ops.aten.lift_fresh.default, t
 _LEFT_OUT_NAMESPACES = {"profiler"}  # record_function's markers (an optimizer's step() opens one)
 _OWN_FILES = (__file__, torch.utils._python_dispatch.__file__, torch.overrides.__file__)
 _STACK_DEPTH = 30
+
+
 class OperatorTracer:
     """Records one step's calls of ``model``: ``start()``, run forward and backward, then ``stop()`` returns a
     callable that builds the :class:`OperatorCall` list (after the one device-to-host copy)."""
@@ -45,9 +47,8 @@ class OperatorTracer:
         self.saved: dict[str, tuple] = {}  # call name -> (args, kwargs, output), copied to the host
         self._module_names = {id(m): n for n, m in model.named_modules()}
         self._calls: list[OperatorCall] = []
-        self._statistics: list[torch.Tensor] = []  # per device: stacked at stop()
+        self._statistics: list[torch.Tensor] = []  # a row per tensor version, stacked at stop()
         self._checksums: list[torch.Tensor] = []
-        self._pending: list[tuple[int, object, int]] = []  # (call index, which list, position) -> fill at stop
         self._seen: dict[int, tuple] = {}  # id(tensor) -> (weakref, version, slot): one statistic per version
         self._counters: dict[tuple[str, str], int] = defaultdict(int)
         self._module_counters: dict[str, int] = defaultdict(int)
@@ -73,7 +74,7 @@ class OperatorTracer:
         for hook in self._hooks:
             hook.remove()
         self._modes, self._hooks, self._seen = [], [], {}
-        statistics = [s.to("cpu") for s in _stacked(self._statistics)]
+        statistics = [s.to("cpu") for s in _stacked(self._statistics)]  # the one device-to-host copy (and its sums')
         checksums = [c.to("cpu") for c in _stacked(self._checksums)]
         calls = self._calls
 
@@ -245,13 +246,10 @@ def _non_finite(value) -> float | None:
 
 
 def _stacked(rows: list[torch.Tensor]) -> list[torch.Tensor]:
-    """One tensor per device, rows in order (a trace on one device: one copy)."""
+    """The rows as one tensor on the first row's device (a trace on one device: one copy to the host)."""
     if not rows:
         return []
-    devices = {r.device for r in rows}
-    if len(devices) == 1:
-        return [torch.stack(rows)]
-    return [torch.stack([r.to(rows[0].device) for r in rows])]
+    return [torch.stack([row.to(rows[0].device) for row in rows])]
 
 
 def _call_site() -> tuple[str, ...]:
