@@ -3,8 +3,8 @@ call's input and output tensors: dtype, shape, Max, Min, Mean, Norm), ``construc
 module) and ``stack.json`` (where it was called), in ``step{S}/rank{R}/``.
 
 msprobe's compare reads our traces and ``locate`` reads msprobe's dumps. Beside msprobe's fields a tensor carries
-``checksum``: 16 hex digits, equal exactly when the tensor's bits are (computed on the device,
-:mod:`msprobe_mlflow.torch_kernels.operator_trace`); msprobe's own ``md5`` field (a CRC32 of the bytes) is read as a
+``checksum``: 16 hex digits, equal for equal bytes, and changed by any one changed word (computed on the device,
+:mod:`msprobe_mlflow.torch_kernels.bit_checksum`); msprobe's own ``md5`` field (a CRC32 of the bytes) is read as a
 checksum of another kind, so two checksums are compared only when both are of one kind.
 """
 from __future__ import annotations
@@ -38,7 +38,7 @@ class TensorSummary:
     min: float | None = None
     mean: float | None = None
     norm: float | None = None
-    checksum: str | None = None  # "{kind}:{hex}", equal exactly when the bits are (within one kind)
+    checksum: str | None = None  # "{kind}:{hex}", equal for equal bits (compared within one kind)
     requires_grad: bool = False
 
     @property
@@ -121,9 +121,9 @@ def write_trace(folder: str | os.PathLike, calls: list[OperatorCall], *, level: 
 def _tensor_json(argument, framework: str) -> dict:
     if isinstance(argument, Scalar):
         return {"type": argument.type, "value": argument.value}
-    entry = {"type": "mindspore.Tensor" if framework == "mindspore" else "torch.Tensor", "dtype": argument.dtype, "shape": list(argument.shape), "Max": argument.max,
-             "Min": argument.min, "Mean": argument.mean, "Norm": argument.norm,
-             "requires_grad": argument.requires_grad}
+    entry = {"type": "mindspore.Tensor" if framework == "mindspore" else "torch.Tensor", "dtype": argument.dtype,
+             "shape": list(argument.shape), "Max": argument.max, "Min": argument.min, "Mean": argument.mean,
+             "Norm": argument.norm, "requires_grad": argument.requires_grad}
     if argument.checksum is not None:
         entry["checksum"] = argument.checksum.split(":", 1)[1]
     return entry
