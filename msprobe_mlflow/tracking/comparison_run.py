@@ -120,6 +120,25 @@ def _looks_like_a_path(given: str) -> bool:
     return any(mark in given for mark in ("/", "\\", os.sep)) or given.startswith((".", "~")) or not given
 
 
+class LazyClient:
+    """The one MLflow client of a command, made when first needed: ``client(reading)`` with ``reading`` naming a
+    run to read requires the local store to exist (opening a missing one would make an empty store)."""
+
+    def __init__(self, tracking_uri: str | None):
+        self.tracking_uri, self._client = tracking_uri, None
+
+    def __call__(self, reading: str | None = None) -> MlflowClient:
+        if self._client is None:
+            if reading is not None:
+                require_existing_store(self.tracking_uri, reading)
+            self._client = MlflowClient(self.tracking_uri)
+        return self._client
+
+    @property
+    def made(self) -> bool:
+        return self._client is not None
+
+
 def resolve_source(given: str | os.PathLike, side: str, client_factory) -> ComparisonSource:
     """A dump folder if something exists at ``given`` (a file is refused as such), else an MLflow run ID
     (``client_factory(label)`` is only called then)."""
@@ -360,16 +379,7 @@ def compare_runs(run_a: str | os.PathLike, run_b: str | os.PathLike, tracking_ur
     """
     settings = rule_settings(rule, first_threshold, drop_threshold, precision)  # refused before any reading
     name_map = name_map_from(name_map)
-    clients: list[MlflowClient] = []
-
-    def client_factory(reading: str | None = None) -> MlflowClient:
-        """The one client, made when first needed; ``reading`` a run, a local store must exist (else one is made)."""
-        if not clients:
-            if reading is not None:
-                require_existing_store(tracking_uri, reading)
-            clients.append(MlflowClient(tracking_uri))
-        return clients[0]
-
+    client_factory = LazyClient(tracking_uri)
     sources = [resolve_source(run_a, "A", client_factory), resolve_source(run_b, "B", client_factory)]
     folder_a, folder_b = local_dumps(*sources, client_factory, cache_dir, progress)
     scratch = None

@@ -20,11 +20,11 @@ from msprobe_mlflow.localization import OPERATOR, Localization, call_site, locat
 from msprobe_mlflow.localization.report import OPS_FILE, PLOT_FILE, plot_differences, write_ops_csv
 from msprobe_mlflow.trace.files import TraceError, trace_folder, trace_root, traced_steps
 from msprobe_mlflow.trace.options import TRACE_SAVE_VARIABLE, TRACE_STEPS_VARIABLE
-from msprobe_mlflow.tracking.comparison_run import compare_runs, pair_key, previous_comparison, resolve_source
+from msprobe_mlflow.tracking.comparison_run import (LazyClient, compare_runs, pair_key, previous_comparison,
+                                                   resolve_source)
 from msprobe_mlflow.tracking.experiments import experiment_id_for, run_page_link
 from msprobe_mlflow.tracking.run_dump import fetch_artifacts, get_run, local_artifact_dump, run_cache
 from msprobe_mlflow.tracking.runs import MAX_TAG_VAL_LENGTH, clipped, created_run, log_batched, now_ms, tag
-from msprobe_mlflow.tracking.server import require_existing_store
 from msprobe_mlflow.vocabulary import (DESCRIPTION_TAG, LOCATE_ARTIFACT_ROOT, LOCATE_FINDING_TAG,
                                        LOCATE_RUN_TAG, PARENT_RUN_TAG, SOURCE_NAME_TAG, TRACE_FOLDER, VERSION_TAG,
                                        locate_metric, locate_tag, trace_artifact_folder)
@@ -54,24 +54,6 @@ class LocateResult:
         return found.describe()
 
 
-class _Clients:
-    """The one MLflow client, made when first needed (a run ID to read: the local store must exist)."""
-
-    def __init__(self, tracking_uri: str | None):
-        self.tracking_uri, self._client = tracking_uri, None
-
-    def __call__(self, reading: str | None = None) -> MlflowClient:
-        if self._client is None:
-            if reading is not None:
-                require_existing_store(self.tracking_uri, reading)
-            self._client = MlflowClient(self.tracking_uri)
-        return self._client
-
-    @property
-    def made(self) -> bool:
-        return self._client is not None
-
-
 def locate(a: str | os.PathLike, b: str | os.PathLike, *, step: int | None = None, rank: int | None = None,
            tracking_uri: str | None = None, cache_dir: str | os.PathLike | None = None, log_run: bool = True,
            progress: bool | None = None) -> LocateResult:
@@ -82,7 +64,7 @@ def locate(a: str | os.PathLike, b: str | os.PathLike, *, step: int | None = Non
     nested under the pair's comparison run, where there is a tracking store to log into (a run ID was given, or a
     comparison was logged). Where both traces saved the named call's inputs (``trace_save``), ``side`` holds each
     side's error against its float64 replay: which side is wrong."""
-    clients = _Clients(tracking_uri)
+    clients = LazyClient(tracking_uri)
     runs = [_run_or_none(given, side, clients) for given, side in ((a, "A"), (b, "B"))]
     comparison_run_id = None
     if step is None and all(run is not None or _holds_gradients(given) for run, given in zip(runs, (a, b))):
@@ -127,7 +109,7 @@ def _which_side(found: Localization, step: int) -> tuple["SideError | None", str
     return side, "" if side is not None else hint
 
 
-def _run_or_none(given, side: str, clients: _Clients) -> Run | None:
+def _run_or_none(given, side: str, clients: LazyClient) -> Run | None:
     if Path(given).exists():
         return None
     resolve_source(given, side, clients)  # refuses a mistyped folder, checks the store, names the side
@@ -139,7 +121,7 @@ def _holds_gradients(folder) -> bool:
     return any(Path(folder).glob("rank*/grad_summary_*.csv"))
 
 
-def _trace_root(given, side: str, run: Run | None, step: int | None, rank: int | None, clients: _Clients,
+def _trace_root(given, side: str, run: Run | None, step: int | None, rank: int | None, clients: LazyClient,
                 cache_dir, progress) -> Path:
     """The local folder holding ``step``'s trace of ``given`` (its ``step{S}/rank{R}/`` inside)."""
     if run is None:
@@ -171,7 +153,7 @@ def _files_below(client: MlflowClient, run_id: str, folder: str) -> list[tuple[s
     return files
 
 
-def _traced_steps(given, run: Run | None, rank: int, clients: _Clients) -> list[int]:
+def _traced_steps(given, run: Run | None, rank: int, clients: LazyClient) -> list[int]:
     if run is None:
         return traced_steps(trace_root(given, rank))
     return sorted(int(m.group(1)) for e in clients().list_artifacts(run.info.run_id, trace_artifact_folder(rank))
