@@ -73,7 +73,7 @@ def test_compare_runs_logs_metrics_tags_and_artifacts(hand_dumps, experiment_id)
     client = MlflowClient()
     run = client.get_run(result.run_id)
     assert run.info.experiment_id == experiment_id and run.info.status == "FINISHED"
-    assert run.info.run_name == "baseline vs candidate"
+    assert run.info.run_name == "suspicious at step 1: baseline vs candidate"  # what differs between comparisons first
     tags = run.data.tags
     assert (tags["msprobe_mlflow.compare.run_a"], tags["msprobe_mlflow.compare.run_b"]) == (run_a, run_b)
     assert tags["msprobe_mlflow.compare.verdict"] == "suspicious"
@@ -143,7 +143,8 @@ def test_repeated_comparisons_of_a_pair_share_its_key_and_each_links_the_previou
     assert sorted(run.info.run_id for run in found) == sorted([first.run_id, second.run_id])
     previous_line = next(line for line in tags[second.run_id]["mlflow.note.content"].splitlines()
                          if line.startswith("- previous comparison of this pair: "))
-    assert previous_line.startswith(f"- previous comparison of this pair: [baseline vs candidate](#/experiments/"
+    assert previous_line.startswith(f"- previous comparison of this pair: [suspicious at step 1: baseline vs "
+                                    f"candidate](#/experiments/"
                                     f"{experiment_id}/runs/{first.run_id}?workflowType=machine_learning) (suspicious); "
                                     f"[all of them](#/experiments/{experiment_id}/runs?searchFilter=")
     assert quote(f"tags.msprobe_mlflow.compare.pair = '{first.pair}'") in previous_line
@@ -257,7 +258,8 @@ def test_cli_end_to_end_names_the_perturbed_step(store, experiment_id, tmp_path)
     assert f"every comparison of this pair (runs table search): tags.msprobe_mlflow.compare.pair = '{pair}'" \
         in done.stdout.splitlines()
     assert "previous comparison of this pair" not in done.stdout
-    comparison_runs = [r for r in runs_in(experiment_id) if r.info.run_name == "baseline vs perturbed"]
+    comparison_runs = [r for r in runs_in(experiment_id) if r.info.run_name.endswith(": baseline vs perturbed")]
+    assert comparison_runs and comparison_runs[0].info.run_name.startswith(("break at step 2", "departure at step 2"))
     assert len(comparison_runs) == 1
     assert comparison_runs[0].data.tags["msprobe_mlflow.compare.first_suspicious_step"] == "2"
     assert (tmp_path / "out" / "rank0" / "similarities.csv").exists()

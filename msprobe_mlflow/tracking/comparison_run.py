@@ -336,6 +336,14 @@ def _metrics(comparison: DumpComparison) -> list[Metric]:
     return metrics
 
 
+def _verdict_first(verdict: Verdict) -> str:
+    """What differs between comparisons of one pair, first in the run's name (the runs table cuts names short):
+    ``break at step 120``, ``departure at step 40``, ``suspicious at step 3`` (msprobe's rule), ``consistent``."""
+    if not verdict.suspicious:
+        return "consistent"
+    return f"{verdict.grade or 'suspicious'} at step {verdict.first_suspicious_step}"
+
+
 def log_comparison_run(client: MlflowClient, comparison: DumpComparison, sources: list[ComparisonSource],
                        experiment: str | None = None, run_name: str | None = None) -> tuple[str, str, Run | None]:
     """Creates the comparison run, linked to the latest earlier comparison of the same pair in its experiment, and
@@ -343,7 +351,7 @@ def log_comparison_run(client: MlflowClient, comparison: DumpComparison, sources
     experiment_id = _experiment_id(client, experiment, sources)
     pair = pair_key(sources)
     previous = previous_comparison(client, experiment_id, pair)
-    run_name = run_name or f"{sources[0].label} vs {sources[1].label}"
+    run_name = run_name or f"{_verdict_first(comparison.verdict)}: {sources[0].label} vs {sources[1].label}"
     with created_run(client, experiment_id, run_name=run_name) as run_id:
         verdict = comparison.verdict
         recorded = sorted({rank.recorded_precision for rank in verdict.ranks} - {None})
