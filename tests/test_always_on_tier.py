@@ -297,6 +297,6 @@ def test_a_full_run_against_a_tier_baseline_reports_the_steps_the_baseline_has_n
 def test_the_run_description_counts_the_steps_without_directions_apart_from_those_not_compared():
     line = verdict_line(BaselineOptions("0123abcd", rule="msprobe"), None, compared=3, not_compared=1,
                         without_directions=5)
-    assert line == ("msprobe-mlflow live verdict: no suspicious step in 3 compared step(s) against baseline 0123abcd "
-                    "(msprobe's rule: first < 0.97, drop > 0.03); 1 step(s) not compared; 5 step(s) probed without "
+    assert line == ("msprobe-mlflow live verdict: no suspicious step in 3 compared step(s) against baseline "
+                    "[0123abcd](#/runs/0123abcd) (msprobe's rule: first < 0.97, drop > 0.03); 1 step(s) not compared; 5 step(s) probed without "
                     "directions (always-on tier)")

@@ -98,7 +98,7 @@ def test_a_deterministic_rerun_has_similarity_one_at_every_step_and_no_verdict(t
     assert "msprobe_mlflow.first_suspicious_step" not in tags
     assert tags["mlflow.note.content"].startswith(
         f"msprobe-mlflow live verdict: no suspicious step in {STEPS} compared step(s) against baseline "
-        f"{baseline_run}")
+        f"[{baseline_run}](#/runs/{baseline_run})")  # the baseline run linked, as the comparison run links its sources
     assert findings(tmp_path / "rerun")["compared_steps"] == list(range(STEPS))
     for step in range(STEPS):
         rows = read_csv(findings_dir(tmp_path / "rerun", 0) / f"similarities_{step}.csv")
@@ -130,7 +130,8 @@ def test_a_perturbation_is_named_at_its_step_while_training_as_compare_names_it_
     assert tags["msprobe_mlflow.suspicious_parameters"] == ", ".join(
         culprit_text(t) for t in afterwards.verdict.ranks[0].parameter_trips)
     assert tags["mlflow.note.content"].startswith(
-        f"msprobe-mlflow live verdict: suspicious from step {PERTURBED_FROM}, a break against baseline {baseline_run}")
+        f"msprobe-mlflow live verdict: suspicious from step {PERTURBED_FROM}, a break against baseline "
+        f"[{baseline_run}](#/runs/{baseline_run})")
     live_summary = dict(summary_history(run.info.run_id))
     assert [live_summary[s] for s in afterwards.comparison.ranks[0].steps] == afterwards.comparison.ranks[0].summary
     saved = findings(tmp_path / "candidate")["verdict"]

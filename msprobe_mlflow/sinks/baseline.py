@@ -213,8 +213,12 @@ class BaselinePrefetcher:
 
 def verdict_line(options: BaselineOptions, verdict: RankVerdict | None, compared: int, not_compared: int,
                  without_directions: int = 0) -> str:
-    """The live verdict in one line, for the run's description."""
-    against = f"against baseline {options.baseline}"
+    """The live verdict in one line, for the run's description (Markdown: a baseline run is linked to its page)."""
+    from msprobe_mlflow.tracking.experiments import direct_run_link  # MLflow: in the comparison's process only
+
+    given = options.baseline
+    against = f"against baseline `{given}`" if Path(given).exists() else \
+        f"against baseline [{given}]({direct_run_link(given)})"
     if verdict is not None:
         evidence = "; ".join(f"{t.name} {trip_numbers(t)}" for t in verdict.parameter_trips[:3])
         if not evidence and verdict.summary_trip is not None:

@@ -34,6 +34,11 @@ def run_page_link(experiment_id: str, run_id: str) -> str:
     return f"#/experiments/{experiment_id}/runs/{run_id}?{MODEL_TRAINING_VIEW}"
 
 
+def direct_run_link(run_id: str) -> str:
+    """The run's page by its ID alone (the UI finds its experiment), relative to any page of the same MLflow UI."""
+    return f"#/runs/{run_id}"
+
+
 def run_page_url(ui_url: str, experiment_id: str, run_id: str) -> str:
     """The run's page in the MLflow UI at ``ui_url``, in the model-training view."""
     return f"{ui_url.rstrip('/')}/{run_page_link(experiment_id, run_id)}"
