@@ -87,3 +87,15 @@ def test_a_consistent_comparison_marks_nothing_on_the_heat_map():
     names, steps, matrix = parameters(6)
     axes = heatmap_figure(names, steps, matrix).axes[0]
     assert len(axes.patches) == 0 and "suspicious" not in axes.get_title()
+
+
+def test_rows_whose_sign_is_rounding_are_greyed_and_labelled_as_noise():
+    names, steps, matrix = parameters(6)
+    matrix[2] = 0.5  # a key bias's signs: a coin toss at every step
+    axes = heatmap_figure(names, steps, matrix, noise={names[2]}).axes[0]
+    [grey] = [patch for patch in axes.patches if to_rgb(patch.get_facecolor()) == to_rgb("lightgrey")]
+    assert (grey.get_y(), grey.get_height(), grey.get_width()) == (1.5, 1, len(steps))  # row 2, every step
+    labels = [label.get_text() for label in axes.get_yticklabels()]
+    assert labels[2] == f"{names[2]} (sign noise)" and all("noise" not in label for i, label in enumerate(labels)
+                                                           if i != 2)
+    assert "grey: sign is rounding" in axes.get_title()

@@ -347,7 +347,7 @@ def _write_rank(folder: Path, rank: RankComparison, verdict: RankVerdict, plots:
     curves = pictures.CurvePlotter()
     curves.summary(picture_folder, rank.steps, rank.summary, verdict.summary_band, verdict.first_suspicious_step)
     pictures.heatmap(picture_folder, rank.parameters, rank.steps, rank.matrix(), verdict.first_suspicious_step,
-                     {trip.name for trip in verdict.parameter_trips})
+                     {trip.name for trip in verdict.parameter_trips}, {n.name for n in verdict.sign_noise})
     if per_param_plots:
         line = ProgressLine(f"rank{rank.rank} parameter plots", len(rank.parameters), progress)
         for name in rank.parameters:

@@ -23,6 +23,7 @@ MAX_HEATMAP_ROWS = 60
 MAX_LABEL_CHARACTERS = 56
 MAX_STEP_LABELS = 40
 SUSPICIOUS_COLOUR = "tab:red"  # the first suspicious step, on the curve and the heat map
+NOISE_COLOUR, NOISE_LABEL = "lightgrey", " (sign noise)"  # a heat-map row whose sign is rounding
 _DPI, _ROW_INCHES, _STEP_INCHES, _LABEL_POINTS = 100, 0.24, 0.3, 10
 
 
@@ -95,16 +96,18 @@ def _shortened(name: str) -> str:
 
 
 def heatmap_figure(names: list[str], steps: list[int], matrix: np.ndarray, suspicious_step: int | None = None,
-                   culprits=()) -> Figure:
+                   culprits=(), noise=()) -> Figure:
     """``matrix[i, j]``: similarity of ``names[i]`` at ``steps[j]``; NaN cells (not compared) stay blank. The
     ``suspicious_step``'s column is outlined in red, its step label red and bold, and the rows of ``culprits`` (the
-    parameters tripping there) have red labels, so the picture says where the verdict points.
+    parameters tripping there) have red labels, so the picture says where the verdict points. The rows of
+    ``noise`` (parameters whose sign is rounding: their similarity is low from the start and means nothing) are
+    greyed over and labelled so, or they would be the most conspicuous thing on it.
 
     Sized to what it shows: a 0.24-inch row per parameter with 10-point labels, 0.3 inch per step (at most
     ``MAX_STEP_LABELS`` step labels, always the suspicious step's), so 6 parameters and 500 read alike.
     """
     rows = heatmap_rows(matrix)
-    labels = [_shortened(names[i]) for i in rows]
+    labels = [_shortened(names[i]) + (NOISE_LABEL if names[i] in noise else "") for i in rows]
     label_inches = 0.085 * max(map(len, labels), default=0)
     width = min(max(label_inches + 2.5 + _STEP_INCHES * len(steps), 8), 24)
     figure = Figure(figsize=(width, 2.2 + _ROW_INCHES * len(rows)), dpi=_DPI, layout="constrained")
@@ -125,6 +128,13 @@ def heatmap_figure(names: list[str], steps: list[int], matrix: np.ndarray, suspi
     axes.tick_params(labelsize=_LABEL_POINTS)
     axes.set_xlabel("steps", fontsize=_LABEL_POINTS)
     title = "direction similarity per parameter"
+    for position, row in enumerate(rows):
+        if names[row] in noise:
+            axes.add_patch(Rectangle((-0.5, position - 0.5), len(steps), 1, facecolor=NOISE_COLOUR, alpha=0.85,
+                                     edgecolor="none"))
+            axes.get_yticklabels()[position].set(color="dimgrey", fontstyle="italic")
+    if any(names[row] in noise for row in rows):
+        title += " (grey: sign is rounding)"
     if marked is not None:
         axes.add_patch(Rectangle((marked - 0.5, -0.5), 1, len(rows), fill=False, edgecolor=SUSPICIOUS_COLOUR,
                                  linewidth=2.5, clip_on=False))
@@ -141,8 +151,8 @@ def heatmap_figure(names: list[str], steps: list[int], matrix: np.ndarray, suspi
 
 
 def heatmap(folder: Path, names: list[str], steps: list[int], matrix: np.ndarray, suspicious_step: int | None = None,
-            culprits=()) -> Path:
+            culprits=(), noise=()) -> Path:
     """Saves :func:`heatmap_figure` as ``{folder}/similarity_heatmap.png``."""
     path = folder / "similarity_heatmap.png"
-    _save(heatmap_figure(names, steps, matrix, suspicious_step, culprits), path)
+    _save(heatmap_figure(names, steps, matrix, suspicious_step, culprits, noise), path)
     return path
