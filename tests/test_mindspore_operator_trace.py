@@ -12,9 +12,10 @@ import pytest
 ms = pytest.importorskip("mindspore", reason="MindSpore is not installed (the torch-only stage)")
 from mindspore import Parameter, Tensor, mint, nn  # noqa: E402
 
-from msprobe_mlflow.mindspore.operator_trace import (MindSporeOperatorTracer, checksum_hex,  # noqa: E402
+from msprobe_mlflow.mindspore.operator_trace import (MindSporeOperatorTracer,  # noqa: E402
                                                      device_checksum, host_checksum, traced_apis)
 from msprobe_mlflow.trace.files import read_trace, trace_folder, write_trace  # noqa: E402
+from msprobe_mlflow.trace.recording import checksum_hex  # noqa: E402
 
 rng = np.random.default_rng(3)
 X = rng.standard_normal((6, 8)).astype(np.float32)
@@ -144,13 +145,13 @@ def test_statistics_and_gradients_equal_numpy(pynative):
 
 def _torch_checksum(array: np.ndarray, transposed: bool = False) -> str:
     torch = pytest.importorskip("torch")
-    from msprobe_mlflow.torch_kernels.bit_checksum import bit_checksum, checksum_hex as torch_hex
+    from msprobe_mlflow.torch_kernels.bit_checksum import bit_checksum
 
     if array.dtype.name == "bfloat16":
         tensor = torch.from_numpy(array.view(np.int16)).view(torch.bfloat16)
     else:
         tensor = torch.from_numpy(array)
-    return torch_hex(bit_checksum(tensor.t() if transposed else tensor))
+    return checksum_hex(bit_checksum(tensor.t() if transposed else tensor))
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16", "float64", "int32", "bool"])

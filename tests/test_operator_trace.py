@@ -7,7 +7,7 @@ import pytest
 import torch
 from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
 
-from msprobe_mlflow.torch_kernels.bit_checksum import checksum_hex
+from msprobe_mlflow.trace.recording import checksum_hex
 from msprobe_mlflow.torch_kernels.operator_trace import OperatorTracer
 from msprobe_mlflow.trace.files import TraceError, read_trace, trace_folder, write_trace
 from tests.tiny_transformer import TinyGPT, batches

@@ -51,7 +51,6 @@ from __future__ import annotations
 import functools
 import inspect
 import math
-import sys
 import types
 from collections import defaultdict
 from typing import Callable
@@ -65,9 +64,9 @@ from msprobe_mlflow.mindspore.traced_apis import (FUNCTIONAL, JIT, MINT, MINT_FU
                                                   MSPROBE_TENSOR_METHODS, PRIMITIVE, TENSOR)
 from msprobe_mlflow.trace.files import OUR_CHECKSUM, OperatorCall, Scalar, TensorSummary
 from msprobe_mlflow.trace.options import LEVELS
+from msprobe_mlflow.trace.recording import CHECKSUM_MASK, PendingSummary, Selection, call_site, checksum_hex, filled
 
-_MASK = 0xFFFFFFFF
-_STACK_DEPTH = 30
+_OWN_FILES = (__file__, functools.__file__)  # left out of call sites
 _CHUNK = 1 << 22  # words summed at a time on the host: bounds the temporary arrays to 32 MiB each
 _MISSING = object()
 # the cell attributes that registering hooks fills (with ``_lazy_*hook*``); None ones are None again at stop()
@@ -95,7 +94,7 @@ class MindSporeOperatorTracer:
         if network is not None and not isinstance(network, nn.Cell):
             raise TypeError(f"the traced network is a mindspore.nn.Cell, got {type(network).__name__}")
         self.network, self.level = network, level
-        self.api_list, self.scope = tuple(api_list), tuple(scope)
+        self._selection = Selection(scope, api_list)
         self._calls: list[OperatorCall] = []
         self._statistics: list = []  # per tensor, a (1, 4) float32 tensor on its device: concatenated at stop()
         self._checksums: list = []  # per tensor, a (1, 2) int64 tensor on its device (not on the CPU: host sums)
@@ -105,7 +104,6 @@ class MindSporeOperatorTracer:
         self._cell_calls: list[OperatorCall | None] = []  # the entries of the cells on that stack, root excepted
         self._backward_parents: dict[int, list] = defaultdict(list)  # id(cell) -> its forward calls' parents
         self._depth = 0  # > 0 inside a traced call: calls made there are part of it
-        self._in_scope = not scope
         self._installed: list[tuple] = []  # (owner, attribute, what owner.__dict__ held before, the wrapper)
         self._wrappers: dict[tuple[int, str], Callable] = {}
         self._primitive_classes: dict[tuple[type, str], type] = {}
@@ -165,12 +163,7 @@ class MindSporeOperatorTracer:
         calls = self._calls
 
         def build() -> list[OperatorCall]:
-            for call in calls:
-                for arguments in (call.inputs, call.outputs):
-                    for index, argument in enumerate(arguments):
-                        if isinstance(argument, _Unfilled):
-                            arguments[index] = argument.fill(statistics, checksums)
-            return calls
+            return filled(calls, statistics, checksums)
         return build
 
     def _restore(self) -> None:
@@ -223,7 +216,7 @@ class MindSporeOperatorTracer:
         if entry is None:
             return None
         call = self._cell_calls.pop() if self._cell_calls else None
-        if call is not None and self._wanted(call.name):
+        if call is not None and self._selection.wants(call.name):
             call.outputs = [self._argument(o) for o in _leaves(output)]
             self._calls.append(call)
         return None
@@ -235,7 +228,7 @@ class MindSporeOperatorTracer:
         parent = parents.pop() if parents else None
         if parent is not None:
             parent = parent.replace(".forward.", ".backward.")
-        if self._wanted(name):  # msprobe's convention: input = the outputs' gradients, output = the inputs'
+        if self._selection.wants(name):  # msprobe's convention: input = the outputs' gradients, output = the inputs'
             self._calls.append(OperatorCall(name, [self._argument(g) for g in _leaves(grad_output)],
                                             [self._argument(g) for g in _leaves(grad_input)], parent))
         return None
@@ -281,7 +274,7 @@ class MindSporeOperatorTracer:
         """Records the call's inputs (before it runs: an in-place call changes them), runs it, records outputs."""
         name = f"{operator}.{self._counters[operator, 'forward']}.forward"
         self._counters[operator, "forward"] += 1
-        wanted = self._wanted(name)
+        wanted = self._selection.wants(name)
         self._depth += 1
         try:
             inputs = [self._argument(a) for a in _leaves((args, kwargs))] if wanted else None
@@ -289,7 +282,7 @@ class MindSporeOperatorTracer:
             if wanted:
                 parent = self._cells[-1] if self._cells else None
                 self._calls.append(OperatorCall(name, inputs, [self._argument(o) for o in _leaves(output)],
-                                                parent, list(_call_site())))
+                                                parent, list(call_site(_OWN_FILES))))
             return output
         finally:
             self._depth -= 1
@@ -324,15 +317,6 @@ class MindSporeOperatorTracer:
                 return original(primitive, *args, **kwargs)
             return tracer._traced_call(operator, functools.partial(original, primitive), args, kwargs)
         return __call__
-
-    def _wanted(self, name: str) -> bool:
-        """msprobe's ``scope`` (a first and a last entry, inclusive) and ``list`` (names containing any)."""
-        if self.scope and name == self.scope[0]:
-            self._in_scope = True
-        wanted = self._in_scope and (not self.api_list or any(part in name for part in self.api_list))
-        if self.scope and name == self.scope[-1]:
-            self._in_scope = False
-        return wanted
 
     # -- statistics ------------------------------------------------------------------------------------------------
     def _argument(self, value):
@@ -378,7 +362,7 @@ class MindSporeOperatorTracer:
                     self._unmeasured(dtype, "checksum", error)
         finally:
             self._depth -= 1
-        return _Unfilled(dtype, shape, requires_grad, slot, checksum)
+        return PendingSummary(dtype, shape, requires_grad, slot, checksum)
 
     def _unmeasured(self, dtype: str, what: str, error: Exception) -> None:
         """A tensor whose statistics or checksum could not be computed is traced without them (said once per
@@ -386,25 +370,6 @@ class MindSporeOperatorTracer:
         key = f"{what} of {dtype} tensors"
         if key not in self.unmeasured:
             self.unmeasured[key] = repr(error)
-
-
-class _Unfilled(TensorSummary):
-    """A tensor's summary whose statistics are still on the device (row ``slot`` of the batch); its checksum is
-    the string already (host sums) or its row in the checksums' batch."""
-
-    def __init__(self, dtype: str, shape: tuple, requires_grad: bool, slot: int | None, checksum):
-        super().__init__(dtype, shape, requires_grad=requires_grad)
-        object.__setattr__(self, "slot", slot)
-        object.__setattr__(self, "pending_checksum", checksum)
-
-    def fill(self, values: np.ndarray, sums: np.ndarray) -> TensorSummary:
-        high = low = mean = norm = None
-        if self.slot is not None:
-            high, low, mean, norm = (float(v) if np.isfinite(v) else _non_finite(v) for v in values[self.slot])
-        checksum = self.pending_checksum
-        if isinstance(checksum, int):
-            checksum = f"{OUR_CHECKSUM}:{checksum_hex(sums[checksum])}"
-        return TensorSummary(self.dtype, self.shape, high, low, mean, norm, checksum, self.requires_grad)
 
 
 def traced_apis() -> list[tuple[object, str, str]]:
@@ -444,7 +409,7 @@ def host_checksum(tensor: ms.Tensor) -> tuple[int, int]:
         chunk = words[start:start + _CHUNK].astype(np.uint64)
         total += int(chunk.sum(dtype=np.uint64))
         weighted += int((chunk * np.arange(start, start + chunk.size, dtype=np.uint64)).sum(dtype=np.uint64))
-    return total & _MASK, weighted & _MASK
+    return total & CHECKSUM_MASK, weighted & CHECKSUM_MASK
 
 
 def device_checksum(tensor: ms.Tensor) -> ms.Tensor:
@@ -460,11 +425,6 @@ def device_checksum(tensor: ms.Tensor) -> ms.Tensor:
     words = flat.view(ms.int32).astype(ms.int64)
     index = ops.arange(words.shape[0], dtype=ms.int64)
     return mint.cat([words.sum().reshape(1), (words * index).sum().reshape(1)])
-
-
-def checksum_hex(sums) -> str:
-    total, weighted = (int(s) & _MASK for s in sums)
-    return f"{total:08x}{weighted:08x}"
 
 
 def _memory_permutation(tensor: ms.Tensor) -> list[int] | None:
@@ -516,10 +476,6 @@ def _concatenated(rows: list, width: int) -> np.ndarray:
     return mint.cat(rows).asnumpy()
 
 
-def _non_finite(value) -> float | None:
-    return None if np.isnan(value) else float(value)
-
-
 def _leaves(value) -> list:
     """The arguments of a call flattened as msprobe flattens them: tuples, lists and dicts opened."""
     if isinstance(value, (list, tuple)):
@@ -540,17 +496,3 @@ def _jit_executor():
     except ImportError:  # another MindSpore: jit functions are not told apart
         return None
     return _JitExecutor
-
-
-_OWN_FILES = (__file__, functools.__file__)
-
-
-def _call_site() -> tuple[str, ...]:
-    """The Python frames that made the current call, innermost first, as msprobe's stack.json writes them."""
-    frame, lines = sys._getframe(2), []
-    while frame is not None and len(lines) < _STACK_DEPTH:
-        code = frame.f_code
-        if code.co_filename not in _OWN_FILES:
-            lines.append(f"File {code.co_filename}, line {frame.f_lineno}, in {code.co_name}")
-        frame = frame.f_back
-    return tuple(lines)

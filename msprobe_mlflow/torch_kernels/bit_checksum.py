@@ -9,8 +9,8 @@ import numpy as np
 import torch
 
 from msprobe_mlflow.torch_kernels.fused import kernel
+from msprobe_mlflow.trace.recording import CHECKSUM_MASK
 
-_MASK = 0xFFFFFFFF
 
 
 @kernel
@@ -43,20 +43,16 @@ def _dense_permutation(tensor: torch.Tensor) -> bool:
 
 
 def bit_checksum(tensor: torch.Tensor) -> torch.Tensor:
-    """The two sums of ``tensor`` in memory order (int64, to be read mod 2^32 by :func:`checksum_hex`), on the CPU
-    at once, elsewhere queued on the tensor's device."""
+    """The two sums of ``tensor`` in memory order (int64, to be read mod 2^32 by
+    :func:`~msprobe_mlflow.trace.recording.checksum_hex`), on the CPU at once, elsewhere queued on its device."""
     raw = in_memory_order(tensor).view(torch.uint8)
     if raw.numel() % 4:
         raw = torch.cat([raw, raw.new_zeros(4 - raw.numel() % 4)])
     words = raw.view(torch.int32)
     if words.device.type == "cpu":
         total, weighted = _word_sums(words.numpy().view(np.uint32))
-        return torch.tensor([int(total) & _MASK, int(weighted) & _MASK], dtype=torch.int64)
-    unsigned = words.to(torch.int64) & _MASK
+        return torch.tensor([int(total) & CHECKSUM_MASK, int(weighted) & CHECKSUM_MASK], dtype=torch.int64)
+    unsigned = words.to(torch.int64) & CHECKSUM_MASK
     index = torch.arange(unsigned.numel(), dtype=torch.int64, device=words.device)
     return torch.stack([unsigned.sum(), (unsigned * index).sum()])
 
-
-def checksum_hex(sums) -> str:
-    total, weighted = (int(s) & _MASK for s in sums)
-    return f"{total:08x}{weighted:08x}"

@@ -10,7 +10,6 @@ traced step, so other steps pay nothing.
 """
 from __future__ import annotations
 
-import sys
 import weakref
 from collections import defaultdict
 from typing import Callable
@@ -21,16 +20,16 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves, tree_map
 
-from msprobe_mlflow.torch_kernels.bit_checksum import bit_checksum, checksum_hex, in_memory_order
-from msprobe_mlflow.trace.files import OUR_CHECKSUM, OperatorCall, Scalar, TensorSummary
+from msprobe_mlflow.torch_kernels.bit_checksum import bit_checksum, in_memory_order
+from msprobe_mlflow.trace.files import OperatorCall, Scalar, TensorSummary
 from msprobe_mlflow.trace.options import LEVELS
+from msprobe_mlflow.trace.recording import PendingSummary, Selection, call_site, filled
 
 
 _NODE_KEY = "msprobe_mlflow.trace"  # autograd node metadata: (forward module entry, call site)
 _LEFT_OUT = {torch.ops.aten.detach.default, torch.ops.aten.lift_fresh.default, torch.ops.aten.alias.default}
 _LEFT_OUT_NAMESPACES = {"profiler"}  # record_function's markers (an optimizer's step() opens one)
 _OWN_FILES = (__file__, torch.utils._python_dispatch.__file__, torch.overrides.__file__)
-_STACK_DEPTH = 30
 
 
 class OperatorTracer:
@@ -42,7 +41,7 @@ class OperatorTracer:
         if level not in LEVELS:
             raise ValueError(f"trace level {level!r} is not one of msprobe's {LEVELS}")
         self.level = level
-        self.api_list, self.scope = tuple(api_list), tuple(scope)
+        self._selection = Selection(scope, api_list)
         self.save = frozenset(save)  # calls whose inputs and outputs are kept, for the float64 replay
         self.saved: dict[str, tuple] = {}  # call name -> (args, kwargs, output), copied to the host
         self._module_names = {id(m): n for n, m in model.named_modules()}
@@ -54,7 +53,6 @@ class OperatorTracer:
         self._module_counters: dict[str, int] = defaultdict(int)
         self._modules: list[tuple[str, OperatorCall | None]] = []  # the forward's module stack
         self._last_backward_module: str | None = None
-        self._in_scope = not scope
         self._measuring = False  # while the tracer computes statistics, its own operators are not traced
         self._modes: list = []
         self._hooks: list = []
@@ -81,12 +79,7 @@ class OperatorTracer:
         def build() -> list[OperatorCall]:
             values = np.concatenate([s.numpy() for s in statistics]) if statistics else np.zeros((0, 4))
             sums = np.concatenate([c.numpy() for c in checksums]) if checksums else np.zeros((0, 2), np.int64)
-            for call in calls:
-                for arguments in (call.inputs, call.outputs):
-                    for index, argument in enumerate(arguments):
-                        if isinstance(argument, _Unfilled):
-                            arguments[index] = argument.fill(values, sums)
-            return calls
+            return filled(calls, values, sums)
         return build
 
     # -- modules ---------------------------------------------------------------------------------------------------
@@ -109,7 +102,7 @@ class OperatorTracer:
         if not self._modules:
             return
         name, call = self._modules.pop()
-        if call is not None and self._wanted(name):
+        if call is not None and self._selection.wants(name):
             call.outputs = [self._argument(o) for o in tree_leaves(output)]
             self._calls.append(call)
 
@@ -153,8 +146,8 @@ class OperatorTracer:
             self._last_backward_module = module
             module = module.replace(".forward.", ".backward.") if module else None
         elif stack is None:
-            stack = _call_site()
-        if not self._wanted(name):
+            stack = call_site(_OWN_FILES)
+        if not self._selection.wants(name):
             return
         if copied is not None:
             self.saved[name] = (*copied, tree_map(_host_copy, output))
@@ -168,16 +161,7 @@ class OperatorTracer:
         for tensor in tree_leaves(output):
             node = getattr(tensor, "grad_fn", None) if isinstance(tensor, torch.Tensor) else None
             if node is not None and _NODE_KEY not in node.metadata:
-                node.metadata[_NODE_KEY] = (module, _call_site())
-
-    def _wanted(self, name: str) -> bool:
-        """msprobe's ``scope`` (a first and a last entry, inclusive) and ``list`` (names containing any)."""
-        if self.scope and name == self.scope[0]:
-            self._in_scope = True
-        wanted = self._in_scope and (not self.api_list or any(part in name for part in self.api_list))
-        if self.scope and name == self.scope[-1]:
-            self._in_scope = False
-        return wanted
+                node.metadata[_NODE_KEY] = (module, call_site(_OWN_FILES))
 
     # -- statistics ------------------------------------------------------------------------------------------------
     def _argument(self, value, fresh: bool = False):
@@ -203,7 +187,7 @@ class OperatorTracer:
         else:
             slot = self._launch(tensor)
             self._seen[id(tensor)] = (weakref.ref(tensor), tensor._version, slot)
-        return _Unfilled(dtype, shape, tensor.requires_grad, slot)
+        return PendingSummary(dtype, shape, tensor.requires_grad, slot, slot)
 
     def _launch(self, tensor: torch.Tensor) -> int:
         """Queues the tensor's statistics and checksum on its device; returns their row."""
@@ -224,25 +208,8 @@ class OperatorTracer:
         return len(self._statistics) - 1
 
 
-class _Unfilled(TensorSummary):
-    """A tensor's summary whose statistics are still on the device (row ``slot`` of the batch)."""
-
-    def __init__(self, dtype: str, shape: tuple, requires_grad: bool, slot: int):
-        super().__init__(dtype, shape, requires_grad=requires_grad)
-        object.__setattr__(self, "slot", slot)
-
-    def fill(self, values: np.ndarray, sums: np.ndarray) -> TensorSummary:
-        high, low, mean, norm = (float(v) if np.isfinite(v) else _non_finite(v) for v in values[self.slot])
-        checksum = f"{OUR_CHECKSUM}:{checksum_hex(sums[self.slot])}"
-        return TensorSummary(self.dtype, self.shape, high, low, mean, norm, checksum, self.requires_grad)
-
-
 def _host_copy(value):
     return value.detach().to("cpu", copy=True) if isinstance(value, torch.Tensor) else value
-
-
-def _non_finite(value) -> float | None:
-    return None if np.isnan(value) else float(value)
 
 
 def _stacked(rows: list[torch.Tensor]) -> list[torch.Tensor]:
@@ -250,18 +217,6 @@ def _stacked(rows: list[torch.Tensor]) -> list[torch.Tensor]:
     if not rows:
         return []
     return [torch.stack([row.to(rows[0].device) for row in rows])]
-
-
-def _call_site() -> tuple[str, ...]:
-    """The Python frames that made the current call, innermost first, as msprobe's stack.json writes them (the
-    source line is looked up when the trace is written, not here)."""
-    frame, lines = sys._getframe(2), []
-    while frame is not None and len(lines) < _STACK_DEPTH:
-        code = frame.f_code
-        if code.co_filename not in _OWN_FILES:
-            lines.append(f"File {code.co_filename}, line {frame.f_lineno}, in {code.co_name}")
-        frame = frame.f_back
-    return tuple(lines)
 
 
 class _OperatorRecorder(TorchDispatchMode):
