@@ -11,7 +11,7 @@ import msprobe_mlflow
 from msprobe_mlflow.commands.cli import main
 from msprobe_mlflow.config import GradProbeConfig
 from msprobe_mlflow.pytorch import GradientMonitor
-from tests.tiny_transformer import FaultyKernel, train
+from tests.tiny_transformer import FaultyKernel, train_monitored
 
 STEPS = 4
 
@@ -20,19 +20,8 @@ def training_run(dump, name: str, trace_steps, fault: FaultyKernel | None = None
     """A monitored training in its own MLflow run, its fault armed from step 2 on; returns the run ID."""
     monitor = GradientMonitor(GradProbeConfig(dump_path=str(dump), level="L1"), trace_steps=trace_steps,
                               silent=True)
-
-    def on_step(step, phase, model):
-        if step == 0 and phase == "start":
-            monitor.monitor(model)
-        if fault is not None:
-            fault.armed = step >= 2
-
     with mlflow.start_run(run_name=name) as run:
-        if fault:
-            with fault:
-                train(STEPS, on_step=on_step)
-        else:
-            train(STEPS, on_step=on_step)
+        train_monitored(monitor, STEPS, fault, fault_steps=range(2, STEPS))
         monitor.stop()
     return run.info.run_id
 

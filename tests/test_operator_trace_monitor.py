@@ -15,7 +15,7 @@ from msprobe_mlflow.localization import OPERATOR, locate_traces as locate
 from msprobe_mlflow.pytorch import GradientMonitor
 from msprobe_mlflow.trace.files import read_trace, trace_folder
 from msprobe_mlflow.trace.options import TRACE_STEPS_VARIABLE
-from tests.tiny_transformer import FaultyKernel, train
+from tests.tiny_transformer import FaultyKernel, train, train_monitored
 
 STEPS = 4
 
@@ -23,19 +23,7 @@ STEPS = 4
 def monitored(dump, fault: FaultyKernel | None = None, **options):
     """Trains ``STEPS`` steps under a monitor; returns the monitor. ``fault`` is armed at step 2."""
     monitor = GradientMonitor(GradProbeConfig(dump_path=str(dump), level="L1"), **options)
-
-    def on_step(step, phase, model):
-        if step == 0 and phase == "start":
-            optimizer = None  # the monitor finds the optimizer of the model's parameters
-            monitor.monitor(model, optimizer)
-        if fault is not None:
-            fault.armed = step == 2
-
-    if fault:
-        with fault:
-            train(STEPS, on_step=on_step)
-    else:
-        train(STEPS, on_step=on_step)
+    train_monitored(monitor, STEPS, fault, fault_steps={2})
     monitor.stop()
     assert monitor.errors == []
     return monitor

@@ -8,24 +8,13 @@ from msprobe_mlflow.config import GradProbeConfig
 from msprobe_mlflow.pytorch import GradientMonitor
 from msprobe_mlflow.torch_kernels.operator_replay import replay_error, save_call, saved_call_folder
 from msprobe_mlflow.trace.options import TRACE_SAVE_VARIABLE
-from tests.tiny_transformer import FaultyKernel, train
+from tests.tiny_transformer import FaultyKernel, train_monitored
 
 
 def traced(dump, save=(), fault=None, dtype=torch.float32):
     monitor = GradientMonitor(GradProbeConfig(dump_path=str(dump), level="L1"), log_to_mlflow=False, silent=True,
                               trace_steps=[2], trace_save=list(save))
-
-    def on_step(step, phase, model):
-        if step == 0 and phase == "start":
-            monitor.monitor(model)
-        if fault is not None:
-            fault.armed = step == 2
-
-    if fault:
-        with fault:
-            train(3, on_step=on_step, dtype=dtype)
-    else:
-        train(3, on_step=on_step, dtype=dtype)
+    train_monitored(monitor, 3, fault, fault_steps={2}, dtype=dtype)
     monitor.stop()
     assert monitor.errors == []
     return dump

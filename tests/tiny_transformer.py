@@ -89,3 +89,18 @@ def train(steps: int, *, on_step=None, dtype=torch.float32, autocast: bool = Fal
         optimizer.step()
         optimizer.zero_grad()
     return model
+
+
+def train_monitored(monitor, steps: int, fault: FaultyKernel | None = None, fault_steps=(), **training):
+    """Trains ``TinyGPT`` ``steps`` steps under ``monitor`` (``monitor(model)`` before the first); ``fault``, if
+    any, is armed at ``fault_steps``. Stops nothing: the caller stops the monitor."""
+    def on_step(step, phase, model):
+        if step == 0 and phase == "start":
+            monitor.monitor(model)  # the monitor finds the optimizer of the model's parameters
+        if fault is not None:
+            fault.armed = step in fault_steps
+
+    if fault is None:
+        return train(steps, on_step=on_step, **training)
+    with fault:
+        return train(steps, on_step=on_step, **training)
