@@ -272,13 +272,14 @@ class _OpenSessions:
 
     def __init__(self) -> None:
         self._sessions: "weakref.WeakSet[ProbeSession]" = weakref.WeakSet()
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()  # a session collected while the lock is held releases under it
         self._excepthook: Callable | None = None  # ours, while installed
         self._found_excepthook: Callable | None = None  # the one ours calls first, and puts back
 
     def add(self, session: ProbeSession) -> None:
         with self._lock:
             self._sessions.add(session)
+            weakref.finalize(session, self.release_unused)  # dropped without close(): its hooks go with it
             if self._excepthook is None:  # else still installed (a session dropped unclosed is gone from the set)
                 self._install()
 
@@ -293,9 +294,9 @@ class _OpenSessions:
 
     def release_unused(self) -> None:
         """Puts the hooks back when no session is open any more though none closed last (the last ones were
-        dropped without ``stop()``)."""
+        dropped without ``stop()``: called as each is collected)."""
         with self._lock:
-            if not self._sessions:
+            if not list(self._sessions):  # the live ones (a session being collected is not)
                 self._restore()
 
     def end_all_as(self, status: str, reason: str) -> None:

@@ -127,6 +127,20 @@ def test_the_hooks_that_mark_a_run_failed_are_given_back_at_stop_and_installed_a
     assert run.data.tags["msprobe_mlflow.rank0.failure"] == "RuntimeError: uncaught on purpose"
 
 
+def test_a_session_dropped_without_closing_gives_the_hooks_back_when_it_is_collected(tmp_path):
+    import gc
+
+    from msprobe_mlflow import GradProbeConfig
+    from msprobe_mlflow.session import ProbeSession
+
+    found = process_hooks()
+    session = ProbeSession(GradProbeConfig(dump_path=str(tmp_path / "dump")), framework="pytorch")
+    assert all(now is not before for now, before in zip(process_hooks(), found))
+    del session  # never closed: a monitor a training dropped without stop()
+    gc.collect()
+    assert all(now is before for now, before in zip(process_hooks(), found))
+
+
 def test_an_excepthook_the_user_sets_while_a_monitor_runs_is_left_in_place_at_stop(tmp_path, monkeypatch):
     import torch
 
