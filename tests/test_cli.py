@@ -82,6 +82,9 @@ def cli(*arguments: str, cwd: Path, **environment: str) -> subprocess.CompletedP
     ("upload", ["dump", "--experiment", "imports"]),  # a new run
     ("compare", ["0123456789abcdef0123456789abcdef", "fedcba9876543210fedcba9876543210", "--no-mlflow"]),
     ("compare", ["dump", "dump"]),  # two folders, the comparison run logged
+    ("locate", ["0123456789abcdef0123456789abcdef", "dump", "--step", "2"]),  # a side is a run ID
+    ("locate", ["dump", "dump"]),  # the step from the pair's comparison, logged as its run
+    ("show", ["0123456789abcdef0123456789abcdef"]),
     ("api-check", [str(REPO / "examples/mindspore_api_dump/statistics/api_info.json"),
                    "--output", "out"]),  # before any API runs, before the output folder is made
 ])

@@ -41,8 +41,13 @@ def locate(a: str, b: str, step: int | None, rank: int | None, tracking_uri: str
       msprobe-mlflow locate $GPU_RUN $NPU_RUN               # the step: the pair's first suspicious one
       msprobe-mlflow locate ./dump_gpu ./dump_npu --step 120 --no-mlflow
     """
-    from msprobe_mlflow.tracking.locate_run import locate as locate_step
+    from pathlib import Path
 
+    from msprobe_mlflow.tracking.locate_run import locate as locate_step
+    from msprobe_mlflow.tracking.server import require_tracking_server
+
+    if not (Path(a).exists() and Path(b).exists()) or (step is None and not no_mlflow):
+        require_tracking_server(tracking_uri)  # a side is a run ID, or the pair's comparison run is logged
     result = locate_step(a, b, step=step, rank=rank, tracking_uri=tracking_uri, cache_dir=cache_dir,
                          log_run=not no_mlflow)
     found = result.localization

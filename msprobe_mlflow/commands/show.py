@@ -20,9 +20,11 @@ def show(sources: tuple[str, ...], tracking_uri: str | None) -> None:
       msprobe-mlflow show $GPU_RUN $NPU_RUN
     """
     from msprobe_mlflow.tracking.comparison_history import list_comparisons, show_comparison
+    from msprobe_mlflow.tracking.server import require_tracking_server
 
     if len(sources) > 2:
         raise click.UsageError(f"got {len(sources)} sources; give one comparison run, or the two compared sources")
+    require_tracking_server(tracking_uri)
     if len(sources) == 1:
         click.echo(show_comparison(sources[0], tracking_uri))
         return
