@@ -65,3 +65,20 @@ def test_a_saved_call_cannot_reach_outside_its_folder(tmp_path):
         replay_error(folder)
     with pytest.raises(ValueError, match=r"trace_save = \['gelu'\] is not accepted; expected call names"):
         GradientMonitor(GradProbeConfig(dump_path=str(tmp_path)), trace_save=["gelu"])
+
+
+def test_a_damaged_saved_call_is_named_with_its_file(tmp_path):
+    x = torch.ones(3)
+    save_call(tmp_path, "Aten.relu.default.0.forward", [x], {}, x)
+    folder = saved_call_folder(tmp_path, "Aten.relu.default.0.forward")
+    tensor_file = folder / "tensor_0.npy"
+    tensor_file.write_bytes(tensor_file.read_bytes()[:-4])  # truncated
+    with pytest.raises(ValueError, match="tensor_0.npy cannot be read as a saved tensor"):
+        replay_error(folder)
+    (folder / "call.json").write_text('{"name": "Aten.no_such_op.default.0.forward", "args": [], "kwargs": {}, '
+                                      '"output": []}')
+    with pytest.raises(ValueError, match="call.json: name 'Aten.no_such_op.default.0.forward' is no aten operator"):
+        replay_error(folder)
+    (folder / "call.json").write_text("{")
+    with pytest.raises(ValueError, match="call.json cannot be read as a saved call"):
+        replay_error(folder)

@@ -85,7 +85,10 @@ def _decode(value, folder: Path):
         path = folder / Path(str(value["tensor"])).name  # a bare file name: never outside the call's folder
         if path.stat().st_size > MAX_SAVED_BYTES:
             raise ValueError(f"{path}: {path.stat().st_size} bytes, over the {MAX_SAVED_BYTES} accepted")
-        array = np.load(path, allow_pickle=False)
+        try:
+            array = np.load(path, allow_pickle=False)
+        except ValueError as error:  # truncated, or not an array
+            raise ValueError(f"{path} cannot be read as a saved tensor ({error})") from None
         dtype = getattr(torch, str(value.get("dtype")), None)
         if not isinstance(dtype, torch.dtype):
             raise ValueError(f"{folder / CALL_FILE}: dtype {value.get('dtype')!r} is not a torch dtype")
@@ -115,10 +118,20 @@ def _in_float64(value):
 
 def replay_error(folder: Path) -> float:
     """The saved output's distance from the float64 replay of the saved inputs: ||out - ref|| / ||ref||."""
-    call = json.loads((folder / CALL_FILE).read_text(encoding="utf-8"))
-    args, output = _decode(call["args"], folder), _decode(call["output"], folder)
-    kwargs = {k: _decode(v, folder) for k, v in call["kwargs"].items()}
-    reference = _operator(call["name"])(*_in_float64(args), **{k: _in_float64(v) for k, v in kwargs.items()})
+    try:
+        call = json.loads((folder / CALL_FILE).read_text(encoding="utf-8"))
+        args, output, kwargs, name = call["args"], call["output"], call["kwargs"], call["name"]
+    except (ValueError, KeyError, TypeError) as error:
+        raise ValueError(f"{folder / CALL_FILE} cannot be read as a saved call: {error!r} (expected name, args, "
+                         f"kwargs and output)") from None
+    args, output = _decode(args, folder), _decode(output, folder)
+    kwargs = {k: _decode(v, folder) for k, v in kwargs.items()}
+    try:
+        operator = _operator(str(name))
+    except (AttributeError, ValueError, RuntimeError):
+        raise ValueError(f"{folder / CALL_FILE}: name {name!r} is no aten operator this torch has (expected a call "
+                         f"name such as Aten.gelu.default.1.forward)") from None
+    reference = operator(*_in_float64(args), **{k: _in_float64(v) for k, v in kwargs.items()})
     reference = reference[0] if isinstance(reference, (list, tuple)) else reference
     observed = output[0].double()
     scale = float(torch.linalg.vector_norm(reference))
