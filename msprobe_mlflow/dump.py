@@ -49,6 +49,7 @@ from msprobe_mlflow.directions import PACKED_FILE_NAME, write_npy, write_packed
 from msprobe_mlflow.levels import LEVELS, MD5_COLUMN
 from msprobe_mlflow.records import StepRecord
 from msprobe_mlflow.safe_paths import atomic_write_bytes, confined_path, refuse_symlink
+from msprobe_mlflow.vocabulary import TRACE_FOLDER
 
 DUMP_CONFIG_FILE_NAME = "msprobe_mlflow_config.json"
 TRAINING_ID_FILE_NAME = "training_id"
@@ -522,7 +523,9 @@ class TrainingLock:
 
 
 def _holds_steps(rank_folder: Path) -> bool:
-    return bool(summary_steps(rank_folder) or indexed_children(rank_folder, STEP_PREFIX))
+    """Steps recorded or traced (``trace/step{S}/``): a training's that the next one must not write among."""
+    return bool(summary_steps(rank_folder) or indexed_children(rank_folder, STEP_PREFIX)
+                or indexed_children(rank_folder / TRACE_FOLDER, STEP_PREFIX))
 
 
 def dump_trainings(folder: str | os.PathLike) -> dict[str | None, list[str]]:

@@ -276,3 +276,26 @@ def test_a_run_records_its_trainings_id_and_upload_refuses_another_trainings_dum
     upload_dump(tmp_path / "second", untagged)
     assert client.get_run(untagged).data.tags["msprobe_mlflow.training_id"] == second_id
     assert len(client.get_metric_history(untagged, "grad/rank0/total_norm")) == 3
+
+
+def test_a_rank_folder_holding_only_a_trace_is_set_aside_too(tmp_path):
+    """A training that traced step 0 and probed nothing yet (it died, or probes later steps): the next training in
+    the dump path sets its trace aside rather than writing its own trace of step 0 over it."""
+    dump = tmp_path / "dump"
+    first = GradProbeConfig(dump_path=str(dump), level="L1", step=[50])  # probes nothing within 2 steps
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 2)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    with GradientMonitor(first, log_to_mlflow=False, trace_steps=[0]) as monitor:
+        monitor.monitor(model, optimizer)
+        for _ in range(2):
+            optimizer.zero_grad()
+            model(torch.ones(1, 4)).sum().backward()
+            optimizer.step()
+    first_trace = files_of(dump / "rank0" / "trace")
+    assert first_trace and not summary_steps(dump / "rank0")
+    first_id = (dump / "rank0" / "training_id").read_text()
+    with pytest.warns(UserWarning, match=SET_ASIDE):
+        torch_training(dump, 2, seed=1, trace_steps=[0])
+    assert files_of(dump / "previous" / first_id / "rank0" / "trace") == first_trace  # kept whole, elsewhere
+    assert files_of(dump / "rank0" / "trace") != first_trace
