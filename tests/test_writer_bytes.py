@@ -14,7 +14,7 @@ import pytest
 from msprobe_mlflow import directions
 from msprobe_mlflow.directions import _layout_fields, read_packed, write_packed
 from msprobe_mlflow.dump import read_summary, summary_csv_bytes, write_step
-from msprobe_mlflow.metrics import record_metrics
+from msprobe_mlflow.metrics import record_metrics, step_metrics
 from msprobe_mlflow.records import StepRecord
 
 # Names that csv quotes (comma, quote, newline), braces (str.format's), non-ASCII; a scalar and an empty parameter.
@@ -145,3 +145,16 @@ def test_a_bad_cell_is_named_by_row_and_column(tmp_path, column, cell, message):
     table = read_summary(path)
     with pytest.raises(ValueError, match=re.escape(f"{path}: {message}")):
         table.shapes() if column == "shape" else table.numbers(column)
+
+
+@pytest.mark.parametrize("level", ["L0", "L1", "L2"])
+def test_live_metrics_equal_those_read_back_from_the_written_csv(tmp_path, level):
+    """The sinks read a live record's numbers, ``upload`` the CSV: both give the same floats, NaN and -0.0 alike."""
+    for seed in range(3):
+        record = make_record(level, seed)
+        record.extra = {"param_norm": np.abs(record.values[:, 2]), "abs_mean": record.values[:, 0]}
+        path = write_step(tmp_path, record)[-1]
+        patterns = ("layer.*", "sc*")
+        live, read_back = record_metrics(record, patterns), step_metrics(read_summary(path), 0, patterns)
+        assert list(live) == list(read_back)
+        assert [np.float64(v).tobytes() for v in live.values()] == [np.float64(v).tobytes() for v in read_back.values()]
