@@ -58,6 +58,7 @@ from msprobe_mlflow.sinks.mlflow.sender import SendLoop
 from msprobe_mlflow.sinks.mlflow.unsent import Unsent
 from msprobe_mlflow.tracking.aggregate import RankZeroMetrics, SummaryGather, aggregation_wanted
 from msprobe_mlflow.tracking.live_run import LiveRun, end_active_run_failed, metric_points
+from msprobe_mlflow.tracking.request_process import RoundRequests
 from msprobe_mlflow.tracking.options import TrackingOptions
 from msprobe_mlflow.vocabulary import RANK_FAILURES
 
@@ -93,7 +94,8 @@ class MlflowSink:
         self.run = LiveRun(run_id, options.tracking_uri)
         self.attempt = Attempts(run_id, self.run.tracking_uri, self.rank, config.dump_path, self.notices)
         self.unsent, drain = Unsent(), Drain()
-        self.rounds = Rounds(self.run, config.dump_path, self.rank, options, drain, self.unsent)
+        self.requests = RoundRequests(self.run, self.notices)
+        self.rounds = Rounds(self.requests, config.dump_path, self.rank, options, drain, self.unsent)
         self.ends = RankEnds(self.run, ranks, self.attempt, self.notices)
         self.sender = SendLoop(self.rank, max_pending, self.rounds, self.unsent, self.attempt, drain)
         self._drain, self._closed = drain, False
@@ -153,6 +155,7 @@ class MlflowSink:
         if not self.attempt.refused:
             self.unsent.send_leftovers(self.run, self.attempt, self.rounds, self._drain, self.config.dump_path,
                                        self.rank, self.options, self.notices)
+        self.requests.close()
         self.attempt.tell_refusal()
         self.ends.close(bool(self.unsent.steps or self.attempt.refused), self.aggregation)
         if self.ends.outcome[0] in RANK_FAILURES:

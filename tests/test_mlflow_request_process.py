@@ -1,0 +1,106 @@
+"""Fast steps move the live sink's MLflow requests to a process of their own (tracking/request_process.py): the run
+holds exactly what the thread would have sent, failures keep their text and error code, and a process that dies
+loses nothing. Real SQLite store, real child process."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from mlflow.exceptions import MlflowException
+from mlflow.tracking import MlflowClient
+
+from msprobe_mlflow.config import GradProbeConfig
+from msprobe_mlflow.dump import read_summary, summary_csv_path, write_step
+from msprobe_mlflow.metrics import step_metrics
+from msprobe_mlflow.notices import Notices
+from msprobe_mlflow.records import StepRecord
+from msprobe_mlflow.session import RankPolicy
+from msprobe_mlflow.sinks import mlflow as sink_module
+from msprobe_mlflow.sinks.mlflow import settings as sink_settings
+from msprobe_mlflow.tracking.live_run import LiveRun, MetricPoint
+from msprobe_mlflow.tracking.options import TrackingOptions
+from msprobe_mlflow.tracking.request_process import RoundRequests
+
+
+def record(step: int) -> StepRecord:
+    rng = np.random.default_rng(step)
+    return StepRecord(rank=0, step=step, level="L1", bounds=(-1, 0, 1), names=["w", "b"], shapes=[(3, 5), (5,)],
+                      values=rng.standard_normal((2, 3)).astype(np.float32),
+                      directions=np.concatenate([np.packbits(rng.random(15) > 0.5), np.packbits(rng.random(5) > 0.5)]))
+
+
+def open_sink(experiment_id: str, dump) -> tuple[sink_module.MlflowSink, str]:
+    run_id = MlflowClient().create_run(experiment_id).info.run_id
+    config = GradProbeConfig(dump_path=str(dump), level="L1")
+    return sink_module.MlflowSink(run_id, config, TrackingOptions(run_id), RankPolicy(), framework="pytorch"), run_id
+
+
+def hand_in(sink: sink_module.MlflowSink, dump, steps: range) -> None:
+    """Writes the steps into the local dump, hands them to the sink, and waits until their round is over."""
+    for step in steps:
+        write_step(dump, record(step))
+        sink.handle(record(step))
+    sink.flush()
+
+
+def assert_run_holds_the_dump(run_id: str, dump, steps: range) -> None:
+    """Every step's metrics as ``upload`` reads them from the CSV, and every step's CSV byte for byte."""
+    client = MlflowClient()
+    for key in step_metrics(read_summary(summary_csv_path(dump, 0, 0)), 0):
+        history = {m.step: m.value for m in client.get_metric_history(run_id, key)}
+        assert history == {s: step_metrics(read_summary(summary_csv_path(dump, 0, s)), 0)[key] for s in steps}
+    for step in steps:
+        sent = client.download_artifacts(run_id, f"grad_probe/rank0/grad_summary_{step}.csv", str(dump / "sent"))
+        assert open(sent, "rb").read() == summary_csv_path(dump, 0, step).read_bytes()
+
+
+def test_a_round_of_several_steps_moves_the_requests_to_a_process_and_the_run_holds_every_step(
+        tmp_experiment, tmp_path, monkeypatch):
+    monkeypatch.setattr(sink_settings, "SEND_INTERVAL_SECONDS", 600.0)  # each round is the steps before a flush()
+    dump = tmp_path / "dump"
+    sink, run_id = open_sink(tmp_experiment, dump)
+    hand_in(sink, dump, range(sink_settings.PROCESS_MIN_ROUND_STEPS - 1))  # a round of a few steps: in the thread
+    assert sink.requests.process is None
+    hand_in(sink, dump, range(sink_settings.PROCESS_MIN_ROUND_STEPS - 1, 10))
+    process = sink.requests.process
+    assert process is not None and process.poll() is None
+    sink.close()
+    assert process.wait(timeout=60) == 0  # told to end, it ends by itself
+    assert_run_holds_the_dump(run_id, dump, range(10))
+    assert MlflowClient().get_run(run_id).data.tags["msprobe_mlflow.rank0.status"] == "finished"
+
+
+def test_a_request_process_that_dies_loses_nothing_and_says_so_once(tmp_experiment, tmp_path, monkeypatch):
+    monkeypatch.setattr(sink_settings, "SEND_INTERVAL_SECONDS", 600.0)
+    monkeypatch.setattr(sink_settings, "PROCESS_MIN_ROUND_STEPS", 1)
+    dump = tmp_path / "dump"
+    sink, run_id = open_sink(tmp_experiment, dump)
+    hand_in(sink, dump, range(3))
+    process = sink.requests.process
+    process.kill()
+    process.wait(timeout=60)
+    with pytest.warns(UserWarning) as told:
+        hand_in(sink, dump, range(3, 6))  # the round's first request finds it dead: the thread makes them
+        assert sink.unsent.steps == set()  # none left for stop() to send
+        sink.close()
+    messages = [str(w.message) for w in told]
+    assert sum("the MLflow request process ended" in m for m in messages) == 1 and len(messages) == 1, messages
+    assert sink.requests.process is None
+    assert_run_holds_the_dump(run_id, dump, range(6))
+    assert MlflowClient().get_run(run_id).data.tags["msprobe_mlflow.rank0.status"] == "finished"
+
+
+def test_a_request_failing_in_the_process_raises_what_it_raises_in_the_thread(sqlite_store):
+    """Same text, same MLflow error code (what tells refused credentials apart), though exceptions need not pickle."""
+    no_such_run = LiveRun("0" * 32, sqlite_store[0])
+    point = [MetricPoint("grad/rank0/total_norm", 1.0, 0, 0)]
+    with pytest.raises(MlflowException) as in_thread:
+        RoundRequests(no_such_run, Notices()).log(point)
+    remote = RoundRequests(no_such_run, Notices())
+    remote.move_to_process()
+    try:
+        with pytest.raises(MlflowException) as in_process:
+            remote.log(point)
+    finally:
+        remote.close()
+    assert in_process.value.error_code == in_thread.value.error_code != "INTERNAL_ERROR"
+    assert str(in_process.value) == str(in_thread.value)
