@@ -28,7 +28,13 @@ class ComputeFormatWatch:
         self._dtypes = {parameter.dtype for parameter in parameters}
         self._devices = {parameter.device.type for parameter in parameters}
         self._autocast: set[torch.dtype] | None = None  # None: no forward since the last take()
+        self._taken = False
         self._hook = model.register_forward_pre_hook(self._on_forward)
+
+    def missed_first_forward(self) -> bool:
+        """No forward seen before the first :meth:`take`: the watch came after that step's forward (``autolog()``
+        attaches at the first optimizer step), or the model is called past the monitored module."""
+        return not self._taken and self._autocast is None
 
     def _on_forward(self, module, args) -> None:
         seen = self._autocast if self._autocast is not None else set()
@@ -37,7 +43,7 @@ class ComputeFormatWatch:
 
     def take(self) -> str | None:
         """The coarsest format of the step whose forward ran since the last call (see the module docstring)."""
-        seen, self._autocast = self._autocast, None
+        seen, self._autocast, self._taken = self._autocast, None, True
         if seen is None or not self._devices or not self._devices <= set(REPORTED_DEVICES):
             return None
         formats = [FORMAT_OF_DTYPE.get(dtype) for dtype in self._dtypes | seen]

@@ -68,6 +68,7 @@ class GradientMonitor(SessionMonitor):
         self._unsupported: str | None = None  # why this model's gradients cannot be recorded: each probe fails
         self._cache = StatisticsCache()  # the buffers its steps reuse, released at stop()
         self._formats: ComputeFormatWatch | None = None  # the format each step computed in (autocast, TF32...)
+        self._held = None  # the first step's pending record while its format is not known yet (_submit_held)
 
     def monitor(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None) -> "GradientMonitor":
         """Starts probing ``model``'s gradients at each ``optimizer.step()``.
@@ -202,7 +203,9 @@ class GradientMonitor(SessionMonitor):
             self._report_failure(step, e)
 
     def _probe(self, rank: int, step: int, writes: bool) -> None:
+        unseen_forward = self._formats is not None and self._formats.missed_first_forward()
         compute_format = self._formats.take() if self._formats else None
+        self._submit_held(compute_format)
         if self._unsupported:
             raise NotImplementedError(self._unsupported)
         names, grads, indices = self._gradients()
@@ -225,7 +228,19 @@ class GradientMonitor(SessionMonitor):
             pending = lambda: with_compute_format(measured(), compute_format)  # noqa: E731
         if writes:
             self._probed_steps += 1
-            self._session.submit(pending)
+            if unseen_forward:
+                self._held = pending
+            else:
+                self._session.submit(pending)
+
+    def _submit_held(self, compute_format: str | None) -> None:
+        """The first step of a monitor attached during it (``autolog()``: at its optimizer step) ran its forward
+        unseen: its record waits for the next probed step and takes that step's format, as one training loop
+        computes its steps alike; at ``flush()`` or ``stop()`` it goes without one."""
+        held, self._held = self._held, None
+        if held is not None:
+            self._session.submit(held if compute_format is None else
+                                 lambda: with_compute_format(held(), compute_format))
 
     def _gradients(self) -> tuple[list[str], list, list[int]]:
         """The gradients to record now: their names, the gradients (FSDP1: this rank's pieces of the flat ones)
@@ -270,7 +285,13 @@ class GradientMonitor(SessionMonitor):
         """Probe failures (training thread), then what the writer thread and the sinks could not do."""
         return self._probe_failures + (self._traces.errors if self._traces else []) + super().errors
 
+    def flush(self) -> None:
+        self._submit_held(None)
+        super().flush()
+
     def _remove_hook(self) -> None:
+        if self._session is not None and not self._session.closed:
+            self._submit_held(None)
         if self._hook is not None:
             self._hook.remove()
             self._hook = None
