@@ -161,8 +161,12 @@ def drive(job: DriverJob) -> dict:
     from msprobe_mlflow.notices import Notices
     from msprobe_mlflow.session import RankPolicy
     from msprobe_mlflow.tracking.options import TrackingOptions
-    from msprobe_mlflow.sinks.mlflow import MlflowSink
+    from msprobe_mlflow.sinks.mlflow import MlflowSink, settings as sink_settings
 
+    # Requests stay on each simulated rank's sender thread: the request process a real rank starts when its rounds
+    # carry several steps (one per training process) would be a process per simulated rank here, and its requests
+    # would escape the latency timer. The server sees the same requests either way.
+    sink_settings.PROCESS_MIN_ROUND_STEPS = sys.maxsize
     latencies: list[tuple[str, float]] = []
     timed_requests(latencies)
     config = GradProbeConfig(dump_path=job.dump_path, level="L1")

@@ -6,7 +6,8 @@ with momentum. Variants: no monitor; msprobe 1.0.3 and ours at L0, L1, L2 (bound
 into MLflow (a SQLite store in a temporary folder); ours at L2 cut short after its probe, its writer thread and its
 local dump (``STAGES``: where the time goes). Every round runs each variant once, in an order rotated by one each
 round (drift in the machine's load hits all alike): attach, one probed warm-up iteration, ``--iterations`` timed
-iterations, detach. Reported per variant, as medians over rounds:
+iterations, detach. Then, per model, ours at L2 with MLflow on against off in turns of 6 s
+(``STEADY_TURN_SECONDS``), so that the sink's requests run beside training as in a real job. Reported per variant, as medians over rounds:
 
 - iteration: wall time of one full iteration (zero_grad, forward, backward, optimizer step with the probe);
 - with drain: the timed iterations plus ``stop()`` (our writer thread finishing the steps it queued, MLflow
@@ -72,6 +73,10 @@ MLFLOW_VARIANT = "ours L2 + MLflow"
 REPRODUCE = "benchmarks/run"
 WARM_UP_ITERATIONS = 5  # the first iterations of a process run several times slower here (fresh pages)
 MIN_TURN_SECONDS = 0.25  # a turn times at least this long: 3 iterations of a 13 ms model swing 0.9x-2.7x
+# MLflow on against off, steady state: a turn this long holds several of the sink's rounds (one a second), so that
+# the requests run while training does, as in a real job, not only at stop() as in the short turns above.
+STEADY_TURN_SECONDS = 6.0
+QUICK_STEADY_TURN_SECONDS = 1.5  # --quick: two rounds of requests, enough to run the harness
 
 
 # --- workloads --------------------------------------------------------------------------------------------------
@@ -341,9 +346,10 @@ def md5_seconds(workload: Workload, repeats: int = 3) -> float:
     return statistics.median(seconds)
 
 
-def measure(workload: Workload, variant: Variant, folder: Path, iterations: int) -> dict:
+def measure(workload: Workload, variant: Variant, folder: Path, iterations: int,
+            min_seconds: float = MIN_TURN_SECONDS) -> dict:
     """One turn of a variant: attach, a probed warm-up, ``iterations`` timed iterations (more until the turn
-    lasted ``MIN_TURN_SECONDS``), stop."""
+    lasted ``min_seconds``), stop."""
     with PeakResidentMemory() as memory:
         attached = variant.attach(workload, folder) if variant.attach else None
         workload.iteration()
@@ -351,7 +357,7 @@ def measure(workload: Workload, variant: Variant, folder: Path, iterations: int)
             attached.flush()  # the warm-up step's background work stays out of the timed span
         iteration_seconds = []
         wall_start, cpu_start = time.perf_counter(), time.process_time() + children_cpu_seconds()
-        while len(iteration_seconds) < iterations or time.perf_counter() - wall_start < MIN_TURN_SECONDS:
+        while len(iteration_seconds) < iterations or time.perf_counter() - wall_start < min_seconds:
             start = time.perf_counter()
             workload.iteration()
             iteration_seconds.append(time.perf_counter() - start)
@@ -402,7 +408,7 @@ class OtherLoad:
 
 
 def benchmark_workload(build: Callable[[], Workload], rounds: int, iterations: int, scratch: Path,
-                       with_msprobe: bool = True) -> dict:
+                       with_msprobe: bool = True, quick: bool = False) -> dict:
     workload = build()
     print(f"{workload.name} ...", file=sys.stderr, flush=True)
     for _ in range(WARM_UP_ITERATIONS):
@@ -420,9 +426,33 @@ def benchmark_workload(build: Callable[[], Workload], rounds: int, iterations: i
                 shutil.rmtree(folder, ignore_errors=True)
             floors += floor_seconds(workload)
     summary = summarise(workload, turns, floors, load.summary)
+    summary["mlflow_steady"] = mlflow_steady_state(workload, rounds, iterations, scratch,
+                                                   QUICK_STEADY_TURN_SECONDS if quick else STEADY_TURN_SECONDS)
     summary["md5_s"] = md5_seconds(workload)
     summary["device_ops_per_step"] = device_ops_per_step(workload)
     return summary
+
+
+def mlflow_steady_state(workload: Workload, rounds: int, iterations: int, scratch: Path, seconds: float) -> dict:
+    """Ours at L2 with MLflow on against off in turns of ``seconds``, alternating which goes first:
+    per round the ratio of the iterations' medians, of the turns' wall times per iteration (with drain) and of
+    CPU time (this process and its children: the local dump's and the MLflow requests' processes)."""
+    by_name = {v.name: v for v in variants(with_msprobe=False)}
+    pair = [by_name["ours L2"], by_name[MLFLOW_VARIANT]]
+    ratios: dict[str, list[float]] = {"iteration_s": [], "with_drain_s": [], "cpu_s": []}
+    for round_index in range(rounds):
+        turns = {}
+        for variant in pair[round_index % 2:] + pair[:round_index % 2]:
+            print(f"  steady round {round_index + 1}/{rounds}: {variant.name}", file=sys.stderr, flush=True)
+            folder = scratch / f"steady-{variant.name.replace(' ', '_')}-{round_index}"
+            turns[variant.name] = measure(workload, variant, folder, iterations, seconds)
+            shutil.rmtree(folder, ignore_errors=True)
+        for key in ratios:
+            on, off = (turns[name][key] for name in (MLFLOW_VARIANT, "ours L2"))
+            ratios[key].append(statistics.median(on) / statistics.median(off) if key == "iteration_s" else on / off)
+    return {"turn_seconds": seconds, **{f"{key}_ratio": statistics.median(values)
+                                                    for key, values in ratios.items()},
+            "iteration_s_ratio_range_over_rounds": [min(ratios["iteration_s"]), max(ratios["iteration_s"])]}
 
 
 def summarise(workload: Workload, turns: dict[str, list[dict]], floors: list[float], load: dict) -> dict:
@@ -570,6 +600,12 @@ def markdown(result: dict) -> str:
                       f"(rounds: {low:.2f}-{high:.2f}), "
                       f"{model['mlflow_on_vs_off_l2_with_drain']:.2f}x with drain; "
                       f"artifacts uploaded per step: {megabytes(mlflow_row['mlflow_artifact_bytes_per_step'])}."]
+        steady = model["mlflow_steady"]
+        low, high = steady["iteration_s_ratio_range_over_rounds"]
+        lines += ["", f"MLflow logging on vs off (ours L2), steady state (turns of {steady['turn_seconds']:g} s, "
+                      f"the sink's requests running beside training): {steady['iteration_s_ratio']:.2f}x iteration "
+                      f"time (rounds: {low:.2f}-{high:.2f}), {steady['with_drain_s_ratio']:.2f}x with drain, "
+                      f"{steady['cpu_s_ratio']:.2f}x CPU."]
     lines += ["", f"Reproduce: `{REPRODUCE}` (this table alone: `benchmarks/.venv/bin/python "
                   f"benchmarks/monitor_benchmark.py`). Figures from one run on a shared machine: compare ratios "
                   f"within a table, not times between runs.",
@@ -737,7 +773,8 @@ def main() -> int:
             "models": [],
         }
         for build in workloads(args.quick):
-            result["models"].append(benchmark_workload(build, args.rounds, args.iterations, scratch, with_msprobe))
+            result["models"].append(benchmark_workload(build, args.rounds, args.iterations, scratch, with_msprobe,
+                                                       args.quick))
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     args.out.mkdir(parents=True, exist_ok=True)

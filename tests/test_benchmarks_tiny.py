@@ -159,8 +159,10 @@ def test_monitor_benchmark_quick_measures_every_variant(tmp_path):
         # cut after the probe: next to nothing written (the dump's own bookkeeping), no directions
         assert rows["ours L2: probe only"]["bytes_per_step"] < rows["ours L2"]["bytes_per_step"] / 100
         assert rows["ours L2: probe only"]["direction_bytes_per_element"] == 0
+        steady = model["mlflow_steady"]
+        assert steady["iteration_s_ratio"] > 0 and steady["cpu_s_ratio"] > 0
     markdown = (tmp_path / "out" / "monitor.md").read_text()
-    assert markdown.count("| ours L2 + MLflow |") == 2
+    assert markdown.count("| ours L2 + MLflow |") == 2 and markdown.count("steady state (turns of 1.5 s") == 2
 
 
 def test_divergence_benchmark_quick_names_the_steps_and_writes_only_into_its_work_folder(tmp_path):
