@@ -62,40 +62,15 @@ def check_api_accuracy(path: str | os.PathLike, *, output_dir: str | os.PathLike
     one entry becomes that API's ``error`` or ``skip`` row.
     """
     dump = read_api_info(path)
-    try:
-        pattern = re.compile(api_filter) if api_filter else None
-    except re.error as error:
-        raise ValueError(f"api_filter = {api_filter!r} is not a regular expression ({error})") from None
+    pattern = _api_pattern(api_filter)
     thresholds = _thresholds(cosine_threshold, max_abs_threshold)
     workers = check_workers(workers)
-    target = None
-    if log_to_mlflow:
-        from msprobe_mlflow.tracking.server import require_tracking_server
-
-        require_tracking_server(tracking_uri)  # an unreachable server fails now, not after the last API
-    _require_frameworks()  # before anything is made or recorded
-    if log_to_mlflow:  # looked up before anything is made: a wrong run ID leaves no empty output folder behind
-        from msprobe_mlflow.tracking.api_check_runs import check_run, resolve_target
-
-        target = resolve_target(experiment, parent_run_id, tracking_uri)
-    try:
-        Path(output_dir).mkdir(parents=True, exist_ok=True)
-    except OSError as error:
-        raise ValueError(f"output_dir = {str(output_dir)!r} cannot be created ({error.strerror or error})") from None
+    target = _run_target(log_to_mlflow, experiment, parent_run_id, tracking_uri)
+    _make_output_dir(output_dir)
     calls = [call for call in dump.calls if pattern is None or pattern.search(call.name)]
     _say_if_keywords_unrecorded(calls)
-    done = 0
-
-    def on_result(index: int, result: ApiResult) -> None:
-        nonlocal done
-        done += 1
-        if on_progress is not None:
-            on_progress(done, len(calls), result.name)
-
-    running = nullcontext() if target is None else check_run(
-        target, api_info=dump.path, task=dump.task, thresholds=thresholds, api_filter=api_filter, nested=nested)
-    with running as run:  # the check's run lasts as long as the check
-        results = replay_calls(calls, dump.task, thresholds, workers, on_result)
+    with _check_run(target, dump, thresholds, api_filter, nested) as run:  # the check's run lasts as long as the check
+        results = replay_calls(calls, dump.task, thresholds, workers, _progress_counter(on_progress, len(calls)))
         details_csv, result_csv = write_reports(results, output_dir)
         report = ApiCheckReport(results, details_csv, result_csv, api_info=dump.path,
                                 dump_data_dir=dump.dump_data_dir, dump_data_dir_found=dump.dump_data_dir_found)
@@ -103,6 +78,62 @@ def check_api_accuracy(path: str | os.PathLike, *, output_dir: str | os.PathLike
             run.log(report)
             report.run_id = run.run_id
     return report
+
+
+def _api_pattern(api_filter: str | None) -> re.Pattern | None:
+    """``api_filter`` compiled (None: every call), refused with its own error when it is no regular expression."""
+    try:
+        return re.compile(api_filter) if api_filter else None
+    except re.error as error:
+        raise ValueError(f"api_filter = {api_filter!r} is not a regular expression ({error})") from None
+
+
+def _run_target(log_to_mlflow: bool, experiment: str | None, parent_run_id: str | None, tracking_uri: str | None):
+    """Where the check's run goes (None: not logged), found before anything is made or recorded: an unreachable
+    server fails at once, a missing framework before any lookup, a wrong run ID leaves no empty output folder."""
+    if log_to_mlflow:
+        from msprobe_mlflow.tracking.server import require_tracking_server
+
+        require_tracking_server(tracking_uri)  # an unreachable server fails now, not after the last API
+    _require_frameworks()  # before anything is made or recorded
+    if not log_to_mlflow:
+        return None
+    from msprobe_mlflow.tracking.api_check_runs import resolve_target
+
+    return resolve_target(experiment, parent_run_id, tracking_uri)
+
+
+def _check_run(target, dump, thresholds: Thresholds, api_filter: str | None, nested: bool):
+    """The check's MLflow run, as a context; one that yields None where the check is not logged (``target`` None)."""
+    if target is None:
+        return nullcontext()
+    from msprobe_mlflow.tracking.api_check_runs import check_run
+
+    return check_run(target, api_info=dump.path, task=dump.task, thresholds=thresholds, api_filter=api_filter,
+                     nested=nested)
+
+
+def _make_output_dir(output_dir: str | os.PathLike) -> None:
+    """Made before any API runs: a folder that cannot be made stops the check before its work, not after."""
+    try:
+        Path(output_dir).mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise ValueError(f"output_dir = {str(output_dir)!r} cannot be created ({error.strerror or error})") from None
+
+
+def _progress_counter(on_progress: Callable[[int, int, str], None] | None,
+                      total: int) -> Callable[[int, ApiResult], None]:
+    """The callback ``replay_calls`` makes after each result: counts them and passes the count on to
+    ``on_progress``."""
+    done = 0
+
+    def on_result(index: int, result: ApiResult) -> None:
+        nonlocal done
+        done += 1
+        if on_progress is not None:
+            on_progress(done, total, result.name)
+
+    return on_result
 
 
 def _say_if_keywords_unrecorded(calls: list[ApiCall]) -> None:

@@ -117,6 +117,21 @@ def compare(a: str, b: str, output: str | None, experiment: str | None, run_name
     """
     from msprobe_mlflow.compare.engine import compare_dumps
 
+    options = dict(rule=_checked_rule_settings(rule, first_threshold, drop_threshold, precision), plots=not no_plots,
+                   per_param_plots=per_param_plots, name_map=name_map, skip_damaged=skip_damaged)
+    if no_mlflow and Path(a).exists() and Path(b).exists():  # two dumps: no tracking store involved
+        comparison = compare_dumps(a, b, output, **options)
+        _print_result(comparison, every_step=every_step)
+        verdict = comparison.verdict
+    else:
+        verdict = _compare_through_mlflow(a, b, tracking_uri, experiment, run_name, output, cache_dir, no_mlflow,
+                                          every_step, options)
+    return SUSPICIOUS_RESULT if fail_on_suspicious and verdict.fails(fail_on_suspicious) else OK
+
+
+def _checked_rule_settings(rule: str, first_threshold: float | None, drop_threshold: float | None,
+                           precision: str | None):
+    """The rule's settings; an option of the other rule is refused rather than silently ignored."""
     thresholds = {key: value for key, value in (("first_threshold", first_threshold),
                                                 ("drop_threshold", drop_threshold)) if value is not None}
     if thresholds and rule != "msprobe":
@@ -125,22 +140,22 @@ def compare(a: str, b: str, output: str | None, experiment: str | None, run_name
     if precision is not None and rule != "noise":
         raise ValueError(f"--precision applies to --rule noise only (msprobe's rule reads fixed thresholds); "
                          f"leave it out with --rule {rule}")
-    options = dict(rule=rule_settings(rule, precision=precision, **thresholds), plots=not no_plots,
-                   per_param_plots=per_param_plots, name_map=name_map, skip_damaged=skip_damaged)
-    if no_mlflow and Path(a).exists() and Path(b).exists():  # two dumps: no tracking store involved
-        comparison = compare_dumps(a, b, output, **options)
-        _print_result(comparison, every_step=every_step)
-        verdict = comparison.verdict
-    else:
-        from msprobe_mlflow.tracking.comparison_run import compare_runs
-        from msprobe_mlflow.tracking.server import require_tracking_server
+    return rule_settings(rule, precision=precision, **thresholds)
 
-        require_tracking_server(tracking_uri)  # a side is a run ID, or the comparison run is logged
-        result = compare_runs(a, b, tracking_uri=tracking_uri, experiment=experiment, run_name=run_name,
-                              output_dir=output, cache_dir=cache_dir, log_run=not no_mlflow, **options)
-        _print_result(result.comparison, result, every_step)
-        verdict = result.verdict
-    return SUSPICIOUS_RESULT if fail_on_suspicious and verdict.fails(fail_on_suspicious) else OK
+
+def _compare_through_mlflow(a: str, b: str, tracking_uri: str | None, experiment: str | None, run_name: str | None,
+                            output: str | None, cache_dir: str | None, no_mlflow: bool, every_step: bool,
+                            options: dict):
+    """A side is a run ID, or the comparison run is logged: the tracking server is asked first, so that a wrong
+    URI fails at once. Prints the result and returns its verdict."""
+    from msprobe_mlflow.tracking.comparison_run import compare_runs
+    from msprobe_mlflow.tracking.server import require_tracking_server
+
+    require_tracking_server(tracking_uri)
+    result = compare_runs(a, b, tracking_uri=tracking_uri, experiment=experiment, run_name=run_name,
+                          output_dir=output, cache_dir=cache_dir, log_run=not no_mlflow, **options)
+    _print_result(result.comparison, result, every_step)
+    return result.verdict
 
 
 def _print_result(comparison, result=None, every_step: bool = False) -> None:

@@ -231,64 +231,89 @@ def _compare_rank(dump_a: Path, dump_b: Path, rank: int, settings: RuleSettings,
         raise CompareInputError(f"rank{rank}: no step folder in both dumps (A has steps {steps_a}, B has {steps_b}); "
                                 f"only steps with directions in both are compared")
     judge = judge_for(settings, rank)
-    order: list[str] = []
-    counts: dict[str, list[Counts]] = {}
-    only_a: dict[str, None] = {}
-    only_b: dict[str, None] = {}
-    renamed: dict[tuple[str, str, str], None] = {}
-    summary_counts = []
-    bounds_differ = None
-    skipped: list[SkippedStep] = []
-    statistics_missing: dict[int, tuple[str, ...]] = {}
+    tally = _RankTally(steps)
     line = ProgressLine(f"rank{rank} steps", len(steps), progress)
     for index, step in enumerate(steps):
-        try:
-            compared = compare_step(step, step_dir(dump_a, rank, step), step_dir(dump_b, rank, step), pool=pool,
-                                    name_map=name_map)
-        except StepMismatch as e:
-            raise CompareInputError(f"rank{rank} {e}") from None
-        except DamagedFile as e:
-            if not skip_damaged:
-                raise CompareInputError(f"rank{rank} step{step}: {e}; the step cannot be compared (--skip-damaged, "
-                                        f"skip_damaged=True in Python, compares the other steps and lists it)"
-                                        ) from None
-            skipped.append(SkippedStep(step, str(e.path), e.problem))
-            line.advance()
-            continue
+        compared = _compared_step(dump_a, dump_b, rank, step, pool, name_map, skip_damaged)
+        if isinstance(compared, SkippedStep):
+            tally.skipped.append(compared)
+        else:
+            tally.add(index, step, compared, rank)
+            judge.judge_step(compared)
+        line.advance()
+    line.close()
+    return tally.comparison(rank, steps_a, steps_b), judge.report()
+
+
+def _compared_step(dump_a: Path, dump_b: Path, rank: int, step: int, pool: ThreadPoolExecutor,
+                   name_map: dict[str, str] | None, skip_damaged: bool):
+    """One step compared, or (``skip_damaged``) the damaged file that leaves it out; a damaged step otherwise
+    stops the comparison, as a step whose parameters do not match."""
+    try:
+        return compare_step(step, step_dir(dump_a, rank, step), step_dir(dump_b, rank, step), pool=pool,
+                            name_map=name_map)
+    except StepMismatch as e:
+        raise CompareInputError(f"rank{rank} {e}") from None
+    except DamagedFile as e:
+        if not skip_damaged:
+            raise CompareInputError(f"rank{rank} step{step}: {e}; the step cannot be compared (--skip-damaged, "
+                                    f"skip_damaged=True in Python, compares the other steps and lists it)") from None
+        return SkippedStep(step, str(e.path), e.problem)
+
+
+@dataclass
+class _RankTally:
+    """What a rank's compared steps add up to, step by step, until it becomes its :class:`RankComparison`."""
+
+    steps: list[int]  # the steps in both dumps, damaged ones included
+    order: list[str] = field(default_factory=list)  # the parameters in the order first compared
+    counts: dict[str, list[Counts]] = field(default_factory=dict)
+    only_a: dict[str, None] = field(default_factory=dict)  # dicts as ordered sets
+    only_b: dict[str, None] = field(default_factory=dict)
+    renamed: dict[tuple[str, str, str], None] = field(default_factory=dict)
+    summary_counts: list = field(default_factory=list)
+    bounds_differ: tuple | None = None
+    skipped: list[SkippedStep] = field(default_factory=list)
+    statistics_missing: dict[int, tuple[str, ...]] = field(default_factory=dict)
+
+    def add(self, index: int, step: int, compared, rank: int) -> None:
+        """Adds the ``index``-th step's counts; refuses a step where no parameter of A pairs with one of B."""
         if compared.statistics_missing:
-            statistics_missing[step] = compared.statistics_missing
+            self.statistics_missing[step] = compared.statistics_missing
         if not compared.compared:
             raise CompareInputError(
                 f"rank{rank} step{step}: no parameter of A could be paired with one of B (A has "
                 f"{sorted(compared.only_in_a)[:5]}, B has {sorted(compared.only_in_b)[:5]}); pair them with a name "
                 f"map: a JSON file of name in A -> name in B, given as --name-map FILE (name_map= in Python), e.g. "
                 f"{{{example_name_map(compared.only_in_a, compared.only_in_b)}}}")
-        only_a.update(dict.fromkeys(compared.only_in_a))
-        only_b.update(dict.fromkeys(compared.only_in_b))
-        renamed.update(dict.fromkeys(compared.renamed_matches))
+        self.only_a.update(dict.fromkeys(compared.only_in_a))
+        self.only_b.update(dict.fromkeys(compared.only_in_b))
+        self.renamed.update(dict.fromkeys(compared.renamed_matches))
         for name, agree, numel in zip(compared.compared, compared.agreeing.tolist(), compared.numels.tolist()):
-            if name not in counts:
-                order.append(name)
-                counts[name] = [None] * len(steps)
-            counts[name][index] = (agree, numel)
-        summary_counts.append(compared.summary_counts)
-        bounds_differ = bounds_differ or compared.bounds_differ
-        judge.judge_step(compared)
-        line.advance()
-    line.close()
-    only_steps_a, only_steps_b = sorted(set(steps_a) - set(steps)), sorted(set(steps_b) - set(steps))
-    if skipped:
-        if len(skipped) == len(steps):
-            raise CompareInputError(f"rank{rank}: every step in both dumps is damaged (first: step{skipped[0].step} "
-                                    f"{skipped[0].file}: {skipped[0].problem}); nothing left to compare")
-        kept = [index for index, step in enumerate(steps) if step not in {s.step for s in skipped}]
-        steps = [steps[index] for index in kept]
-        counts = {name: [series[index] for index in kept] for name, series in counts.items()}
-    compared_a, compared_b = set(counts), {b for _, b, _ in renamed} | set(counts)
-    comparison = RankComparison(rank, steps, order, counts, summary_counts,
-                                [n for n in only_a if n not in compared_a], [n for n in only_b if n not in compared_b],
-                                list(renamed), only_steps_a, only_steps_b, bounds_differ, skipped, statistics_missing)
-    return comparison, judge.report()
+            if name not in self.counts:
+                self.order.append(name)
+                self.counts[name] = [None] * len(self.steps)
+            self.counts[name][index] = (agree, numel)
+        self.summary_counts.append(compared.summary_counts)
+        self.bounds_differ = self.bounds_differ or compared.bounds_differ
+
+    def comparison(self, rank: int, steps_a: list[int], steps_b: list[int]) -> RankComparison:
+        """The rank's result, the skipped steps left out of its steps and counts (all skipped: refused)."""
+        steps, counts, skipped = self.steps, self.counts, self.skipped
+        only_steps_a, only_steps_b = sorted(set(steps_a) - set(steps)), sorted(set(steps_b) - set(steps))
+        if skipped:
+            if len(skipped) == len(steps):
+                raise CompareInputError(f"rank{rank}: every step in both dumps is damaged (first: step"
+                                        f"{skipped[0].step} {skipped[0].file}: {skipped[0].problem}); nothing left "
+                                        f"to compare")
+            kept = [index for index, step in enumerate(steps) if step not in {s.step for s in skipped}]
+            steps = [steps[index] for index in kept]
+            counts = {name: [series[index] for index in kept] for name, series in counts.items()}
+        compared_a, compared_b = set(counts), {b for _, b, _ in self.renamed} | set(counts)
+        return RankComparison(rank, steps, self.order, counts, self.summary_counts,
+                              [n for n in self.only_a if n not in compared_a],
+                              [n for n in self.only_b if n not in compared_b], list(self.renamed), only_steps_a,
+                              only_steps_b, self.bounds_differ, skipped, self.statistics_missing)
 
 
 def coverage_of(ranks: list[RankComparison]) -> Coverage:

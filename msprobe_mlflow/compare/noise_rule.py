@@ -1,112 +1,55 @@
 """The noise-aware rule: a step is suspicious when the two runs differ there by more than their own numerical noise.
 
-Two runs on different devices never agree bit for bit: their rounding differs from the first step on. What that
-noise can and cannot do (Higham, *Accuracy and Stability of Numerical Algorithms*, 2002, ch. 3; Higham and Mary,
-"A new approach to probabilistic rounding error analysis", SIAM J. Sci. Comput. 41(5), 2019):
+Two runs on different devices never agree bit for bit. Their rounding moves every value by a small relative amount,
+gives the elements at rounding level random signs (half of them at most: more is anti-aligned, never noise), is of
+the pair's size, learnt from the pair, and grows slowly as the trajectories part: each series is judged against its
+recent past. What this rests on, and the figures the constants were settled on: docs/compare.md, "The verdict".
 
-- It perturbs every value by a small *relative* amount: a sum of n terms in a precision of unit roundoff u is off
-  by about sqrt(n)·u relative to the sum of the terms' magnitudes (at worst n·u). A gradient element far larger
-  than that keeps its sign; a parameter's gradient norm, a sum over many elements, agrees to a few u.
-- It randomises the signs of elements that are at rounding level. Some parameters hold such elements in every
-  model: a gradient that is zero in exact arithmetic (the key third of an attention layer's fused q/k/v bias, since
-  softmax ignores a bias added to every key; a bias just before a normalisation; embeddings of tokens absent from a
-  batch) is pure rounding, so about half its signs disagree while its norm and those of its neighbours agree.
-  Random signs disagree on half the elements at most: a parameter disagreeing on more is anti-aligned, never noise.
-- Its size is that of the pair, learnt from the pair: one unit in the last place of float32 (u = 2**-24) for
-  float64 against float32, 2**-9 for bfloat16 autocast against float32. It grows slowly as the trajectories part,
-  so each series is judged against its recent past, not against step 0.
+The series, per rank and parameter, over the compared steps:
 
-The signals, per rank and compared step, each a *series* over steps:
-
-- ``direction``: the fraction of a parameter's elements whose sign disagrees (and the summary's, over all
-  parameters). Counting disagreeing signs among n elements has at least a binomial spread, sqrt(p(1-p)/n) around
-  the rate p seen so far; beyond that, the spread the series itself showed recently.
-- ``norm`` (L1, L2): the difference of the two runs' gradient norms, scaled by the larger of the two and the
-  parameter's usual norm (rounding leaves an absolute error of the size of the terms summed: a gradient that dips
-  through cancellation keeps an ordinary scaled error). A magnitude bug (a gradient scaled by the world size, a
-  loss summed instead of averaged) leaves every sign as it was and shows here only.
+- ``direction``: the fraction of elements whose sign disagrees (and the summary's, over all parameters); its noise
+  is at least binomial, sqrt(p(1-p)/n) around the rate p seen so far.
+- ``norm`` (L1, L2): the runs' gradient norms' difference, scaled by the larger of the two and the parameter's
+  usual norm (a gradient that dips through cancellation keeps an ordinary scaled error); a magnitude bug leaves
+  every sign as it was and shows here only.
 - ``distribution`` (L2): the total variation distance of the bucket fractions, the two buckets that meet at 0 taken
   as one (which side of 0 is the direction's business).
-- ``weight`` (where both runs recorded ``param_norm``): the change from one step to the next of the scaled
-  difference of the parameters' own norms. Weights carry every earlier step's rounding, amplified by the optimizer
-  (Adam moves a weight whose gradient is rounding by a whole step: a zero-initialised bias before a normalisation
-  parts by 100% in one step), so their difference is no rounding bound's, only its jumps are judged, once learnt,
-  and not for parameters whose gradient is noise; a jump also needs the runs' moves to differ by more than ten times
-  the smaller one (a gradient spike moves both runs' weights). At step 0, before any update, the runs' weights
-  differ by their storage's rounding only: there the difference is judged against the first steps' tolerance. A
-  weight that jumps was not moved by the training, and its parameter is never noise.
-- max and min serve to recognise whole-gradient noise below; a single element's rounding averages over nothing
-  (benign pairs differ there by up to 46% in bfloat16), so they are not judged as a series. Their significands
-  tell the format a gradient came out of (IEEE 754 rounds every result to its format's significand: a float32
-  value needs at most 24 bits, a float16 one 11, a bfloat16 one 8): ``precision`` evidence where they turn coarse
-  in one run only (below), for the culprits, never a break.
+- ``weight`` (``param_norm`` recorded by both): the step-to-step change of the parameters' own norms' scaled
+  difference. The optimizer amplifies every earlier step's rounding in the weights, so only its jumps are judged,
+  once learnt, never for a parameter whose gradient is noise, and only where the runs' moves differ by more than
+  ten times the smaller one (a gradient spike moves both); at step 0, before any update, the difference itself.
+- max and min, no series (one element's rounding averages over nothing): they recognise whole-gradient noise, and
+  their significands tell the format a gradient came out of (``precision`` evidence, never a break).
 
-A series *breaks* at a step when it moves away from the median of its last :data:`WINDOW` values by more than
-:data:`DEVIATIONS` times its noise (for directions sqrt(binomial² + (1.4826 MAD)²); for norms the larger of the
-series' own and the model's robust spread) and by more than twice the largest deviation the window showed; a
-norm also by more than :data:`MAGNITUDE_FLOOR` of its scale. A slow, steady drift moves the median with it and
-trips nothing. Below that floor the norms break together: rounding differences between two trajectories grow
-smoothly (on the benchmark's 18 benign pairs, over 300 steps, the median over parameters of how many times a
-parameter's |b - a| / max(a, b) exceeds the largest of its last :data:`WINDOW` values, each counted at least at
-float32's unit roundoff, never passed 4.1), while a bug that touches every parameter a little (a weight decay, a
-layer's precision) multiplies it at once by 135 to 4900; the summary breaks where that median (the lower one:
-at least half the parameters) exceeds :data:`NORM_JUMP`, two orders of magnitude, and the next step confirms it
-above ten. The weights' own norms are judged the same way once learnt: their differences grow more smoothly still
-(1.4 times at most on the benign pairs), and a tenfold weight decay, which moves both runs' weights alike and each
-by far less than the floor, multiplies them by 208 to 1509 where the pair is finer than bfloat16. Until a series has
-:data:`MIN_HISTORY` values nothing has been learnt, and only what noise cannot do is judged: a norm off by more
-than :data:`FIRST_STEPS_TOLERANCE` (26 bfloat16 units, the coarsest precision training uses), a summary whose
-signs disagree on more than 3% of the elements that are not noise (msprobe's documented 0.97), a parameter's signs
-disagreeing on more than 3% beyond its binomial noise; a sign series whose window holds none but zeros is judged so
-too, however long it is (no disagreement seen teaches nothing of the rate drift will reach). Runs that agreed bit
-for bit so far, in every recorded byte (signs, norms, max, min, buckets; never judged from signs alone), have no
-rounding between them: there, any difference breaks.
+A series *breaks* where it moves from the median of its last :data:`WINDOW` values by more than :data:`DEVIATIONS`
+times its noise (directions: sqrt(binomial² + (1.4826 MAD)²); norms: the larger of the series' own and the model's
+robust spread) and by more than twice the window's largest deviation; a norm also by more than
+:data:`MAGNITUDE_FLOOR`. Below the floor the norms break together, where the median over parameters of how many
+times |b - a| / max(a, b) exceeds the largest of its window passes :data:`NORM_JUMP` (the weights' alike, once
+learnt). Until a series has :data:`MIN_HISTORY` values, and while a sign window holds none but zeros, only what
+rounding cannot do breaks: a norm beyond :func:`first_steps_tolerance`, more than 3% of the summary's signs that are
+not noise (msprobe's 0.97), a parameter's signs more than 3% and beyond their binomial noise. Runs that agreed bit
+for bit so far, in every recorded byte (never judged from signs alone), have no rounding between them: any
+difference breaks.
 
-A step that breaks is *suspicious* when its break persists at the next step, judged against the same past: a bug's
-does (the runs' weights have parted), a rounding spike's does not (one parameter's sum that cancels, once). The
-verdict names the step of the break, one step after it (a norm beyond :data:`FIRST_STEPS_TOLERANCE` needs no
-confirmation). A break at the last compared step is not confirmed, so it is no verdict. A gradient norm beyond its
-noise but below :data:`MAGNITUDE_FLOOR` (a *faint* break: one corrupted element, say) is suspicious only where the
-next step's norm differences jump across the model by more than ten times what the window showed (the
-confirmation's ``sqrt(NORM_JUMP)``): a change the optimizer applied reaches every gradient after it, while on the
-benchmark's 18 benign pairs, whatever one parameter's sum did, that median never grew more than 4.1 times in a step
-(out of sample up to 15, at the step where a genuine parting raises a false alarm anyway, and 55 at an MLP's last
-step: a faint break just before such a step would be suspicious).
+A break is *suspicious* where it persists at the next step, judged against the same past (a bug's does, a rounding
+spike's does not); the verdict names the step of the break, and a break at the last step is none. A norm beyond
+:data:`FIRST_STEPS_TOLERANCE` needs no confirmation. A *faint* break (a norm beyond its noise, below the floor) is
+suspicious only where the next step's norm differences jump across the model by sqrt(:data:`NORM_JUMP`).
 
-*Noise*, recognised from the statistics and reported as "sign is noise", never a trip and never a culprit:
+*Noise* ("sign is noise": never a trip, never a culprit): ``whole gradient``, a parameter whose largest element is
+below :data:`ROUNDING_LEVEL` times the model's largest on both sides and whose series break; ``signs``, in the
+first steps, a parameter whose signs break while its norm agrees (its norm is still judged). A parameter whose
+weight jumped is never noise.
 
-- ``whole gradient``: a parameter whose largest element is below bfloat16's unit roundoff times the model's
-  largest on both sides, and whose series break (a bias right before a normalisation): nothing of it is judged.
-- ``signs``: in the first steps, before its own noise is known, a parameter whose signs break while its norm
-  agrees: its disagreeing elements are at rounding level (the key third of a fused q/k/v bias). Its signs are not
-  judged again; its norm still is. A parameter disagreeing on more than half its signs is anti-aligned, never noise.
-
-A bug present from the first step still trips there: it changes norms beyond rounding (a wrong operator by tens of
-percent, a magnitude bug by its factor) or flips more than half the signs. One smaller than bfloat16 rounding is
-named at step 0 where the pair's precision is known: given (``precision``), or recorded by both runs' monitors
-with each step (:mod:`msprobe_mlflow.pytorch.compute_format`; the coarsest format both recorded at every first step,
-bfloat16 where both runs' first steps hold 16-bit gradients). Where it is not known, it cannot be told from a
-bfloat16 pair's noise: the verdict then says where the first steps' norms differ beyond float32 rounding
-(:class:`~msprobe_mlflow.compare.verdict.FirstSteps`). At the first
-suspicious step the parameters that break are ranked by how far beyond their own noise they moved (``score``, in
-deviations), each with its reason and numbers; a weight that broke first (the gradients before agreed: the change
-entered there, where the gradients show it most in the layer feeding it), and so does a parameter whose gradient's
-max and min carry at most :data:`COARSE_BITS` significant bits from this step in one run, after :data:`MIN_HISTORY`
-steps and in the other run with more (``precision``: a layer cast to bfloat16, a float32 operator an accelerator
-computes in float16; its rounding reaches every gradient below it at the same relative size, so only its own
-gradient's format names it; a run under autocast is coarse from its first step and drops nothing), or from its
-first step in a run whose monitor recorded a format finer than 16 bits (a cast in its code); those whose
-gradient is at rounding level last, noise or not, since any change anywhere in the model moves them by their whole
-size.
-
-The constants rest on the bounds above; :data:`DEVIATIONS`, :data:`MAGNITUDE_FLOOR` and the confirmation were
-settled on the benign pairs of ``benchmarks/divergence_benchmark.py`` (two model families, three kinds of noise,
-three seeds, 300 steps: no false alarm), where 8 deviations, a 0.1% floor or no confirmation each gave some.
-What they cannot tell apart: a training that amplifies the runs' rounding by orders of magnitude in one step (a
-sharp region, a loss spike) moves these statistics as a change entering there does. On the benchmark's benign
-pairs out of sample (GPT-2 with warmup and gradient clipping, an MLP with a step-decayed learning rate) one of 18
-is called suspicious, there; so is the tests' 16-wide attention model under bfloat16 autocast against float32, at
-step 22 (its q/k/v bias, whose key third is rounding, moves its norm by 5% in one step).
+The first steps are judged at the pair's precision where it is known, given (``precision``) or recorded by both
+runs' monitors (:mod:`msprobe_mlflow.pytorch.compute_format`), so that a bug below bfloat16 rounding is named at
+step 0; else the verdict notes where they differ beyond float32 rounding
+(:class:`~msprobe_mlflow.compare.verdict.FirstSteps`). The culprits at the first suspicious step are ranked by
+deviations beyond their own noise, where a change entered first (a weight that jumped; a gradient newly out of a
+16-bit format: ``precision``, :data:`COARSE_BITS`), gradients at rounding level last. The rule cannot tell a
+training that amplifies the runs' rounding by orders of magnitude in one step (a sharp region, a loss spike) from
+a change entering there.
 """
 from __future__ import annotations
 
@@ -273,55 +216,20 @@ class NoiseAwareJudge:
     def _evaluate(self, comparison) -> "_Finding":
         """A step's breaks against the past, with what it adds to the past once it is known not to be a break."""
         step, names, numels = comparison.step, comparison.compared, comparison.numels
-        places = slots_of(self._slots, names)
-        for history in [*self._histories.values(), *self._relative.values(), self._usual_norm, *self._weights,
-                        *self._coarse, self._tiny]:
-            history.grow(len(self._slots))
-        if len(self._slots) > len(self._noise):
-            self._noise = np.concatenate([self._noise, np.full(len(self._slots) - len(self._noise), "", dtype=object)])
+        places = self._make_room(names)
         _, similarities = judged_values(comparison)
         series = {"direction": 1.0 - similarities}  # NaN for an empty parameter
         side_a, side_b = comparison.statistics_a, comparison.statistics_b
         both = side_a is not None and side_b is not None
         tiny = _at_rounding_level(comparison) if both else np.zeros(len(names), dtype=bool)
-        with np.errstate(all="ignore"), warnings.catch_warnings():
-            warnings.simplefilter("ignore", RuntimeWarning)  # a parameter with no past yet
-            was_tiny = np.nan_to_num(np.nanmin(self._tiny.values[:, places], axis=0), nan=1.0) == 1
+        was_tiny = self._at_rounding_level_so_far(places)
         coarse = [_coarse(side) for side in (side_a, side_b)] if both else []
         precision = self._first_steps_precision(comparison, names, places, tiny, coarse)
-        pushes, magnitudes = [], {}  # series -> (A's norms, B's norms) it compares
-        moved_alike = np.zeros(len(places), dtype=bool)  # the runs' weights moved alike this step
-        if both:
-            magnitudes["norm"] = (side_a.norm, side_b.norm)
-            usual = self._usual_norm.center_and_spread(places)[0]
-            series["norm"] = scaled_difference(side_a.norm, side_b.norm, np.where(usual > 0, usual, np.nan))
-            pushes.append((self._usual_norm, places, np.fmax(side_a.norm, side_b.norm)))
-            buckets_a, buckets_b = side_a.buckets, side_b.buckets
-            if buckets_a is not None and buckets_b is not None and buckets_a.shape == buckets_b.shape:
-                series["distribution"] = 0.5 * np.abs(buckets_b - buckets_a).sum(axis=1)
-            if side_a.parameter_norm is not None and side_b.parameter_norm is not None:
-                magnitudes[WEIGHT] = (side_a.parameter_norm, side_b.parameter_norm)
-                before = tuple(history.latest(places) for history in self._weights)  # NaN at the first step
-                if step == 0 and not self._weights[0].filled:  # before the first update both runs hold the same
-                    before = (magnitudes[WEIGHT][0], magnitudes[WEIGHT][0])  # weights, but for their storage's rounding
-                unknown = np.full(len(places), np.nan)
-                series[WEIGHT] = scaled_difference(*magnitudes[WEIGHT], unknown) - scaled_difference(*before, unknown)
-                series[WEIGHT][np.isnan(before[0])] = np.nan
-                pushes += [(history, places, norms) for history, norms in zip(self._weights, magnitudes[WEIGHT])]
-                # Two runs taking the same step move a weight alike: a jump is more than ten times the smaller move
-                # (a gradient spike moves both; a corrupted weight moves in one run only).
-                moves = [now - was for now, was in zip(magnitudes[WEIGHT], before)]
-                moved_alike = np.abs(moves[1] - moves[0]) <= DEVIATIONS * np.minimum(*np.abs(moves))
-        breaks, scores, centers, below_floor = {}, {}, {}, {}
+        pushes = []  # (history, places, values): what this step adds to the past once remembered
+        magnitudes, moved_alike = self._magnitude_series(step, places, side_a, side_b, series, pushes)
         tolerance = first_steps_tolerance(precision, numels)  # per parameter: what rounding cannot do early
-        for name, values in series.items():
-            if name in COUNT_SERIES:
-                breaks[name], scores[name], centers[name] = self._count_breaks(name, places, values, numels)
-            else:
-                breaks[name], scores[name], centers[name], below_floor[name] = self._magnitude_breaks(
-                    name, places, values, numels, tolerance if name == "norm" or step == 0 else np.inf)
-        if WEIGHT in series:
-            breaks[WEIGHT] &= ~moved_alike
+        breaks, scores, centers, below_floor = self._series_breaks(step, places, series, numels, tolerance,
+                                                                   moved_alike)
         recognised = self._recognise_noise(comparison, places, series, breaks, tiny & was_tiny)
         if both:
             pushes.append((self._tiny, places, tiny.astype(np.float64)))
@@ -330,59 +238,134 @@ class NoiseAwareJudge:
             noise[i] = found.kind
         if both and precision is None:
             self._note_first_steps(step, names, places, series["norm"], numels, tiny)
+        faint, differing = self._leave_out_noise(breaks, below_floor, series, noise, tiny)
+        summary_trip, summary = self._summary_trip(comparison, series["direction"], noise != "")
+        summary_trip = self._model_wide_jump(step, places, magnitudes, summary, summary_trip, pushes)
+        pushes += [(self._histories[name], places, values) for name, values in series.items()]
+        pushes.append((self._summary, np.array([0]), np.array([summary])))
+        only_faint = summary_trip is None and not any(np.any(found) for found in breaks.values())
+        judged = {name: faint if only_faint and name == "norm" else found for name, found in breaks.items()}
+        best = self._strongest_trips(step, names, places, similarities, series, judged, scores, centers, magnitudes,
+                                     tolerance)
+        pushes += [(history, places, now) for history, now in zip(self._coarse, coarse)]
+        if summary_trip is not None or best:  # where the change entered: evidence for the culprits, never a break
+            for i, trip in self._precision_trips(step, names, places, coarse, noise, (side_a, side_b),
+                                                 comparison.compute_formats).items():
+                best[names[i]] = trip
+        certain = _beyond_first_steps_tolerance(step, series, breaks, centers, magnitudes)
+        beyond_rounding = _beyond_rounding(certain, best.values(), self._agreed_bit_for_bit)
+        coarser = _coarser_format_within(precision, names, series.get("norm"), numels, best.values(), summary_trip,
+                                         self._histories["norm"].counts(places) < MIN_HISTORY)
+        differs = not both or _statistics_differ(side_a, side_b) or any(np.any(found) for found in differing.values())
+        return _Finding(step, summary_trip, _ranked(best.values(), names, tiny), pushes, certain, differs,
+                        {int(places[i]): found for i, found in recognised.items()}, only_faint and bool(best),
+                        beyond_rounding, coarser)
+
+    def _make_room(self, names) -> np.ndarray:
+        """The slots of this step's parameters, every series widened for a parameter seen for the first time."""
+        places = slots_of(self._slots, names)
+        for history in [*self._histories.values(), *self._relative.values(), self._usual_norm, *self._weights,
+                        *self._coarse, self._tiny]:
+            history.grow(len(self._slots))
+        if len(self._slots) > len(self._noise):
+            self._noise = np.concatenate([self._noise, np.full(len(self._slots) - len(self._noise), "", dtype=object)])
+        return places
+
+    def _at_rounding_level_so_far(self, places) -> np.ndarray:
+        """Per parameter: its gradient was at rounding level at every step judged so far (or none was), so that a
+        gradient a bug shrank later is never taken for noise."""
+        with np.errstate(all="ignore"), warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)  # a parameter with no past yet
+            return np.nan_to_num(np.nanmin(self._tiny.values[:, places], axis=0), nan=1.0) == 1
+
+    def _magnitude_series(self, step: int, places, side_a, side_b, series: dict, pushes: list):
+        """Adds to ``series`` the norms' (and, recorded, the distributions' and weights') scaled differences, where
+        both runs recorded statistics. Returns the series -> (A's, B's) magnitudes compared, and where the runs'
+        weights moved alike this step."""
+        magnitudes = {}
+        moved_alike = np.zeros(len(places), dtype=bool)
+        if side_a is None or side_b is None:
+            return magnitudes, moved_alike
+        magnitudes["norm"] = (side_a.norm, side_b.norm)
+        usual = self._usual_norm.center_and_spread(places)[0]
+        series["norm"] = scaled_difference(side_a.norm, side_b.norm, np.where(usual > 0, usual, np.nan))
+        pushes.append((self._usual_norm, places, np.fmax(side_a.norm, side_b.norm)))
+        buckets_a, buckets_b = side_a.buckets, side_b.buckets
+        if buckets_a is not None and buckets_b is not None and buckets_a.shape == buckets_b.shape:
+            series["distribution"] = 0.5 * np.abs(buckets_b - buckets_a).sum(axis=1)
+        if side_a.parameter_norm is not None and side_b.parameter_norm is not None:
+            magnitudes[WEIGHT] = (side_a.parameter_norm, side_b.parameter_norm)
+            moved_alike = self._weight_series(step, places, magnitudes[WEIGHT], series, pushes)
+        return magnitudes, moved_alike
+
+    def _weight_series(self, step: int, places, norms, series: dict, pushes: list) -> np.ndarray:
+        """Adds the step-to-step change of the weights' scaled difference to ``series``; returns where the runs
+        moved a weight alike (a gradient spike moves both runs; a corrupted weight one run only)."""
+        before = tuple(history.latest(places) for history in self._weights)  # NaN at the first step
+        if step == 0 and not self._weights[0].filled:  # before the first update both runs hold the same
+            before = (norms[0], norms[0])  # weights, but for their storage's rounding
+        unknown = np.full(len(places), np.nan)
+        series[WEIGHT] = scaled_difference(*norms, unknown) - scaled_difference(*before, unknown)
+        series[WEIGHT][np.isnan(before[0])] = np.nan
+        pushes.extend((history, places, values) for history, values in zip(self._weights, norms))
+        moves = [now - was for now, was in zip(norms, before)]
+        return np.abs(moves[1] - moves[0]) <= DEVIATIONS * np.minimum(*np.abs(moves))  # a jump: over ten times
+
+    def _series_breaks(self, step: int, places, series: dict, numels, tolerance, moved_alike):
+        """Per series: where it breaks, by how many deviations, its usual value, and (magnitudes) where it is beyond
+        its noise but below :data:`MAGNITUDE_FLOOR`. The weights meet the first steps' tolerance at step 0 only (in
+        between, no rounding bound holds for them), and never break where both runs moved them alike."""
+        breaks, scores, centers, below_floor = {}, {}, {}, {}
+        for name, values in series.items():
+            if name in COUNT_SERIES:
+                breaks[name], scores[name], centers[name] = self._count_breaks(name, places, values, numels)
+            else:
+                breaks[name], scores[name], centers[name], below_floor[name] = self._magnitude_breaks(
+                    name, places, values, numels, tolerance if name == "norm" or step == 0 else np.inf)
+        if WEIGHT in series:
+            breaks[WEIGHT] &= ~moved_alike
+        return breaks, scores, centers, below_floor
+
+    def _leave_out_noise(self, breaks: dict, below_floor: dict, series: dict, noise, tiny):
+        """Takes what is noise out of ``breaks`` (in place), and puts every difference in where the runs agreed bit
+        for bit so far. Returns the faint norm breaks, and per series where the runs differ."""
         for name in breaks:  # sign noise: not judged on signs (buckets split at 0 are signs too) nor on its weights,
             # which its noise moves (a whole step each under Adam); whole: not at all
             breaks[name] &= (noise == "") if name in (*COUNT_SERIES, WEIGHT) else (noise != WHOLE)
         # A gradient's norm beyond its noise but below the floor: a change that spreads next step, or a sum that
         # cancelled once (held, see judge_step)
-        faint = below_floor.get("norm", np.zeros(len(places), dtype=bool)) & (noise == "") & ~tiny
-        differs = {name: (values != 0) & ~np.isnan(values) for name, values in series.items()}
+        faint = below_floor.get("norm", np.zeros(len(noise), dtype=bool)) & (noise == "") & ~tiny
+        differing = {name: (values != 0) & ~np.isnan(values) for name, values in series.items()}
         if self._agreed_bit_for_bit:  # no rounding between the runs: any difference breaks
             for name in breaks:
-                breaks[name] |= differs[name]
-        summary_trip, summary = self._summary_trip(comparison, series["direction"], noise != "")
+                breaks[name] |= differing[name]
+        return faint, differing
+
+    def _model_wide_jump(self, step: int, places, magnitudes: dict, summary: float, summary_trip, pushes: list):
+        """The summary's trip, else a jump of the whole model's norm differences (the gradients', then the
+        weights'); each parameter's relative difference goes into the past either way."""
         for name, (norms_a, norms_b) in magnitudes.items():
             relative = np.abs(scaled_difference(norms_a, norms_b, np.full(len(places), np.nan)))
             pushes.append((self._relative[name], places, relative))
             summary_trip = summary_trip or self._norm_jump(name, step, places, relative, summary)
-        pushes += [(self._histories[name], places, values) for name, values in series.items()]
-        pushes.append((self._summary, np.array([0]), np.array([summary])))
+        return summary_trip
 
-        best: dict[str, Trip] = {}  # one line per parameter: its strongest evidence, a weight's first
-        only_faint = summary_trip is None and not any(np.any(found) for found in breaks.values())
+    def _strongest_trips(self, step: int, names, places, similarities, series: dict, judged: dict, scores: dict,
+                         centers: dict, magnitudes: dict, tolerance) -> dict[str, Trip]:
+        """One trip per parameter that breaks (``judged``, per series): its strongest evidence, a weight's first.
+        A magnitude judged against what rounding can do in the first steps carries that bound."""
+        best: dict[str, Trip] = {}
         for name, values in series.items():
             early = np.full(len(places), step == 0) if name == WEIGHT else \
                 self._histories[name].counts(places) < MIN_HISTORY  # judged against what rounding can do
-            for i in np.flatnonzero(faint if only_faint and name == "norm" else breaks[name]):
+            for i in np.flatnonzero(judged[name]):
                 norms = (magnitudes[name][0][i], magnitudes[name][1][i]) if name in magnitudes else None
                 bound = tolerance[i] if name in magnitudes and early[i] else None
                 trip = _trip(name, names[i], step, similarities[i], values[i], centers[name][i], scores[name][i],
                              norms, bound)
                 if names[i] not in best or _evidence(trip) > _evidence(best[names[i]]):
                     best[names[i]] = trip
-        pushes += [(history, places, now) for history, now in zip(self._coarse, coarse)]
-        if summary_trip is not None or best:  # where the change entered: evidence for the culprits, never a break
-            for i, trip in self._precision_trips(step, names, places, coarse, noise, (side_a, side_b),
-                                                 comparison.compute_formats).items():
-                best[names[i]] = trip
-        certain = any(bool(np.any(breaks[name] & (np.abs(series[name] - centers[name]) > FIRST_STEPS_TOLERANCE)))
-                      for name in magnitudes if name == "norm" or step == 0)  # what rounding cannot do
-        # A weight that moved comes first: the gradients before this step agreed, so nothing of the training moved
-        # it (a corrupted weight shows in the gradients of the layer feeding it most); so does a gradient computed
-        # in a 16-bit format from this step in one run (its rounding reaches every gradient below it at the same
-        # size). Gradients at rounding level move with any change anywhere: they come last even where nothing is
-        # noise.
-        last = {names[i] for i in np.flatnonzero(tiny)}
-        beyond_rounding = _beyond_rounding(certain, best.values(), self._agreed_bit_for_bit)
-        coarser = _coarser_format_within(precision, names, series.get("norm"), numels, best.values(), summary_trip,
-                                         self._histories["norm"].counts(places) < MIN_HISTORY)
-        return _Finding(step, summary_trip,
-                        sorted(best.values(), key=lambda t: (t.reason not in DIRECT, t.name in last, -t.score, t.name)),
-                        pushes, certain,
-                        not both or _statistics_differ(side_a, side_b)
-                        or any(np.any(found) for found in differs.values()),
-                        {int(places[i]): found for i, found in recognised.items()}, only_faint and bool(best),
-                        beyond_rounding, coarser)
+        return best
 
     def _first_steps_precision(self, comparison, names, places, tiny, coarse) -> str | None:
         """The format the first steps are judged at: the given precision; else, from what the runs recorded
@@ -608,8 +591,7 @@ def count_break(rate, numels, center, spread, count, seen):
     spread. Until the series is learnt (:data:`MIN_HISTORY` values) or while its window holds none but zeros, a
     break is also above msprobe's 3%, what rounding does not reach in the first steps: a window without one
     disagreeing element, or a few steps' worth, says nothing of the rate rounding reaches once the trajectories
-    drift apart (float32 on one thread against two agrees on every sign at step 0, then flips the elements nearest
-    zero). Once learnt, a break is also beyond twice the largest deviation the window showed."""
+    drift apart. Once learnt, a break is also beyond twice the largest deviation the window showed."""
     center = np.where(count > 0, center, 0.0)
     learnt = count >= MIN_HISTORY
     noise = np.sqrt(_binomial_spread(center, numels) ** 2 + np.where(learnt, spread, 0.0) ** 2)
@@ -625,12 +607,8 @@ def first_steps_tolerance(precision: str | None, numels) -> np.ndarray:
     """Per parameter of ``numels`` elements, what rounding cannot move a scaled norm difference by in the first
     steps: :data:`FIRST_STEPS_TOLERANCE` (26 units of bfloat16) where the pair's precision is not known, else as
     many units of the coarsest format either run computed in, and at least what summing the norm's n squares can
-    be off by: n/2 units of the format they are summed in (recursive summation's bound, Higham 2002, section 4.2;
-    float32, the gradients' norm column, unless both runs are float64), never more than where it is not known.
-    On the benchmark's benign pairs the first five steps moved by at most 20.5 units (bfloat16 autocast against
-    float32) and 18.5 units (float64, or float32 with other weights' last bits, against float32) of their coarser
-    format; their layers are small: torch's float32 norm of 1M elements on the CPU is itself 187 units off, of 4M
-    1,600."""
+    be off by: n/2 units of the format they are summed in (recursive summation's bound; float32, the gradients'
+    norm column, unless both runs are float64), never more than where it is not known."""
     formats = FIRST_STEPS_TOLERANCE * UNIT_ROUNDOFF[precision or "bfloat16"] / UNIT_ROUNDOFF["bfloat16"]
     summed = UNIT_ROUNDOFF["float64" if precision == "float64" else "float32"]
     return np.minimum(FIRST_STEPS_TOLERANCE, np.maximum(formats, 0.5 * np.asarray(numels, np.float64) * summed))
@@ -666,8 +644,8 @@ def _coarser_format_within(precision: str | None, names, norms, numels, trips, s
     recorded), the finest coarser format whose first-steps tolerance holds every one of them: a device that
     computes float32 matmuls in TF32 or HF32 without torch knowing (Ascend can) looks so, and that format is what
     ``--precision`` would have to say. Coarser only, never finer: a finer format makes a benign pair alarm; and no
-    coarser than :data:`HIDDEN_FORMAT`: bfloat16's 10% tolerance holds real bugs too (an exponent bit flipped in one
-    element moved a norm by 2.7% at step 0 in the cross-framework benchmark), and is what an unknown pair gets."""
+    coarser than :data:`HIDDEN_FORMAT`: bfloat16's 10% tolerance holds real bugs too, and is what an unknown pair
+    gets."""
     trips = list(trips)
     if precision is None or norms is None or summary_trip is not None or not trips \
             or any(t.reason != "norm" for t in trips):
@@ -701,6 +679,20 @@ def _beyond_rounding(certain: bool, trips, agreed_bit_for_bit: bool) -> str:
     if agreed_bit_for_bit:
         found.append("the runs agreed bit for bit until this step")
     return "; ".join(found)
+
+
+def _beyond_first_steps_tolerance(step: int, series: dict, breaks: dict, centers: dict, magnitudes: dict) -> bool:
+    """A norm (at step 0 a weight too) broke by more than :data:`FIRST_STEPS_TOLERANCE`: what rounding cannot do."""
+    return any(bool(np.any(breaks[name] & (np.abs(series[name] - centers[name]) > FIRST_STEPS_TOLERANCE)))
+               for name in magnitudes if name == "norm" or step == 0)
+
+
+def _ranked(trips, names, tiny) -> list[Trip]:
+    """The culprits in order: where a change entered first (a weight that moved while the gradients before agreed;
+    a gradient newly out of a 16-bit format, whose rounding reaches every gradient below it at the same size), then
+    by deviations; gradients at rounding level last, even where nothing is noise (any change moves them wholly)."""
+    last = {names[i] for i in np.flatnonzero(tiny)}
+    return sorted(trips, key=lambda t: (t.reason not in DIRECT, t.name in last, -t.score, t.name))
 
 
 def _evidence(trip: Trip) -> tuple[bool, float]:

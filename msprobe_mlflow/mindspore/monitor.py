@@ -82,16 +82,10 @@ class GradientMonitor(SessionMonitor):
         whose cells name the entries of the operator traces (``trace_steps``, PyNative), ``network`` when not given
         (without either, the traces hold the API calls, outside any cell).
         """
-        if not isinstance(optimizer, nn.Cell) or not hasattr(optimizer, "parameters"):
-            raise TypeError(f"monitor() takes a MindSpore optimizer (mindspore.nn.Optimizer, mindspore.mint.optim), "
-                            f"got {type(optimizer).__name__}")
+        _refuse_non_optimizer(optimizer)
         if optimizer is self._optimizer:
             return self
-        other = _monitored_optimizers.get(id(optimizer))
-        if other is not None and other is not self:
-            raise ValueError("this optimizer is already monitored by another GradientMonitor; call its stop() first")
-        if installed_probe(optimizer) is not None:
-            raise ValueError("this optimizer is already probed (by a monitor that was never stopped)")
+        self._refuse_monitored_elsewhere(optimizer)
         self._detach()
         if self._session is None or self._session.closed:  # first: a bad dump_path fails before the optimizer changes
             self._session = self._open_session("mindspore", RankPolicy.of(self.config, current_rank(), world_size()),
@@ -101,19 +95,12 @@ class GradientMonitor(SessionMonitor):
         parameters = list(optimizer.parameters)
         selected = [(i, p) for i, p in enumerate(parameters) if self.config.wants_param(p.name)]
         missing = set(self.config.param_list) - {p.name for p in parameters}
-        if missing:
+        if missing:  # warned here, not in a helper: the warning names the caller's monitor() line
             self.notices.warn(f"grad_probe.param_list names parameters the optimizer does not have: {sorted(missing)}")
         self._names = [p.name for _, p in selected]
         self._shapes = [tuple(p.shape) for _, p in selected]
-        try:  # every parameter's dtype: one left out of param_list computes in the same step
-            self._compute_format = compute_format([p.dtype for p in parameters], network)
-        except Exception as e:  # observability must never break training: the steps record no format
-            self._compute_format = None
-            self.notices.log(f"the format this training computes in is not known ({e!r})")
-        wanted, shapes = [self.config.wants_param(p.name) for p in parameters], [tuple(p.shape) for p in parameters]
-        settings = dict(level=self.config.level, bounds=self.config.bounds, steps=self.config.step,
-                        rank_wanted=ranks.probes, directions_every=self.config.directions_every_n_steps,
-                        extra=self.options.gradient_statistics)
+        self._compute_format = self._format_of(parameters, network)
+        wanted, shapes, settings = self._probe_settings(parameters, ranks)
         stopped_probe = getattr(optimizer, "msprobe_mlflow_probe", None)
         if stopped_probe is not None and stopped_probe.settings == probe_settings(
                 wanted, shapes, with_parameter_norms=self.options.parameter_norms, **settings):
@@ -132,6 +119,38 @@ class GradientMonitor(SessionMonitor):
                 self.notices.failure("compile", f"the gradient probe does not compile for this optimizer ({e!r}); "
                                                 f"gradients are not monitored")
                 return self
+        self._attach(optimizer, probe, plan, traced_network if traced_network is not None else network)
+        return self
+
+    def _refuse_monitored_elsewhere(self, optimizer: nn.Cell) -> None:
+        """Two monitors probing one optimizer would each count the other's steps: refused before anything changes."""
+        other = _monitored_optimizers.get(id(optimizer))
+        if other is not None and other is not self:
+            raise ValueError("this optimizer is already monitored by another GradientMonitor; call its stop() first")
+        if installed_probe(optimizer) is not None:
+            raise ValueError("this optimizer is already probed (by a monitor that was never stopped)")
+
+    def _format_of(self, parameters, network: nn.Cell | None) -> str | None:
+        """The format the steps compute in, from every parameter's dtype (one left out of param_list computes in the
+        same step) and ``network``'s mixed precision; None where it cannot be told."""
+        try:
+            return compute_format([p.dtype for p in parameters], network)
+        except Exception as e:  # observability must never break training: the steps record no format
+            self.notices.log(f"the format this training computes in is not known ({e!r})")
+            return None
+
+    def _probe_settings(self, parameters, ranks) -> tuple[list[bool], list[tuple[int, ...]], dict]:
+        """Which of the optimizer's parameters are probed, their shapes, and the probe's other settings: a stopped
+        probe with the same ones is restarted instead of replaced."""
+        wanted, shapes = [self.config.wants_param(p.name) for p in parameters], [tuple(p.shape) for p in parameters]
+        settings = dict(level=self.config.level, bounds=self.config.bounds, steps=self.config.step,
+                        rank_wanted=ranks.probes, directions_every=self.config.directions_every_n_steps,
+                        extra=self.options.gradient_statistics)
+        return wanted, shapes, settings
+
+    def _attach(self, optimizer: nn.Cell, probe: GradientProbe, plan, traced_network: nn.Cell | None) -> None:
+        """Installs ``probe`` in ``optimizer``, counting on from the monitor's step; the exit hook is registered
+        once, after MindSpore's own, so that it runs before MindSpore shuts down."""
         self._probe = probe
         self._optimizer = optimizer
         self._armed_until = -1  # the new probe is armed at its first collection
@@ -140,11 +159,10 @@ class GradientMonitor(SessionMonitor):
         _monitored_optimizers[id(optimizer)] = self
         install_probe(optimizer, probe, self._after_optimizer_call if plan.steps else self.collect)
         if plan.steps:
-            self._start_traces(plan, optimizer, traced_network if traced_network is not None else network)
-        if not self._exit_hook_registered:  # after MindSpore's own: runs before MindSpore shuts down
+            self._start_traces(plan, optimizer, traced_network)
+        if not self._exit_hook_registered:
             atexit.register(_stop_at_exit, weakref.ref(self))
             self._exit_hook_registered = True
-        return self
 
     def _start_traces(self, plan, optimizer: nn.Cell, network: nn.Cell | None) -> None:
         """``trace_steps`` in PyNative: each traced step's forward and backward, up to its optimizer call."""
@@ -263,6 +281,13 @@ class GradientMonitor(SessionMonitor):
         self._detach()
         if self._session:
             self._session.close()
+
+
+def _refuse_non_optimizer(optimizer) -> None:
+    """Only a MindSpore optimizer (a Cell with ``parameters``) has the steps the probe counts."""
+    if not isinstance(optimizer, nn.Cell) or not hasattr(optimizer, "parameters"):
+        raise TypeError(f"monitor() takes a MindSpore optimizer (mindspore.nn.Optimizer, mindspore.mint.optim), "
+                        f"got {type(optimizer).__name__}")
 
 
 def _stop_at_exit(monitor_ref: "weakref.ref[GradientMonitor]") -> None:

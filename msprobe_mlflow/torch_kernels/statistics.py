@@ -385,46 +385,8 @@ def _device_statistics(grads, norms, level, bounds32, checksum: bool = False,
     for index, grad in enumerate(grads):
         _refuse_non_floating(grad)
         groups.setdefault(grad.dtype, []).append(index)
-    pending = []
-    for indices in groups.values():
-        members = [grads[i] for i in indices]
-        buffer = cache.row_buffer(members)
-        torch._foreach_copy_(buffer.targets, members)
-        maxima, minima, has_nan, counts, bits, checksums, extras = _fused_row_statistics(
-            buffer.flat, buffer.row_valid, buffer.row_first_index, tuple(map(float, bounds32)), level.has_buckets,
-            level.has_directions, checksum, extra)
-        nan = torch.full((), math.nan, dtype=torch.float64, device=buffer.flat.device)
-
-        def per_gradient(rows: torch.Tensor, reduction: str) -> torch.Tensor:
-            return torch.segment_reduce(rows, reduction, lengths=buffer.row_counts, axis=0, unsafe=True)
-
-        undefined = buffer.empty | (per_gradient(has_nan.double(), "max") > 0)  # NaN propagates, as in np.max
-
-        def extreme(row_keys: torch.Tensor, reduction: str) -> torch.Tensor:
-            keys = torch.zeros(len(indices), dtype=row_keys.dtype, device=nan.device).scatter_reduce_(
-                0, buffer.row_owner, row_keys, reduction, include_self=False)
-            values = _order_keys(keys).view(torch.float32 if keys.dtype == torch.int32 else torch.float64)
-            return torch.where(undefined, nan, values.float().double())  # float32, as msprobe writes
-
-        extremes = torch.stack([extreme(maxima, "amax"), extreme(minima, "amin"),
-                                torch.stack([norms[i] for i in indices]).float().double()], dim=1)
-        sections = {EXTREMES: extremes}
-        if counts is not None:
-            sections[CUMULATIVE_COUNTS] = per_gradient(counts, "sum")
-        if checksums is not None:  # as two exact float64 halves
-            sums = torch.zeros(len(indices), dtype=torch.int64, device=checksums.device)
-            sums.index_add_(0, buffer.row_owner, checksums)
-            sections[CHECKSUM] = torch.stack([(sums >> 32) & 0xFFFFFFFF, sums & 0xFFFFFFFF], dim=1).double()
-        if extras is not None:  # an empty gradient has no rows: its max and min are NaN
-            sections[EXTRA] = torch.stack([
-                torch.where(buffer.empty, 0.0 if s.reduction == "sum" else nan, per_gradient(extras[:, i], s.reduction))
-                for i, s in enumerate(extra)], dim=1)
-        statistics = _to_host(torch.cat(layout.subset(indices).in_order(sections)))
-        signs = _to_host(bits) if bits is not None else None
-        values = None
-        if level.has_md5 and not checksum:  # copied on the CPU: a host view would see the next step refill it
-            values = _to_host(buffer.flat.to(torch.float32, copy=buffer.flat.device.type == "cpu"))
-        pending.append((indices, buffer.starts, statistics, signs, values))
+    pending = [_queue_dtype_group(grads, indices, norms, level, bounds32, checksum, extra, cache, layout)
+               for indices in groups.values()]
 
     def cut(flat: np.ndarray, indices: list[int], starts: list[int], length: Callable[[int], int]) -> np.ndarray:
         """Each gradient's piece of a buffer laid out in rows, concatenated (padding left out)."""
@@ -440,3 +402,62 @@ def _device_statistics(grads, norms, level, bounds32, checksum: bool = False,
         return layout.merge(parts)
 
     return collect
+
+
+def _queue_dtype_group(grads, indices: list[int], norms, level, bounds32, checksum: bool,
+                       extra: tuple[Statistic, ...], cache: StatisticsCache, layout: StatisticsLayout) -> tuple:
+    """The gradients of one dtype (``indices``): copied into their row buffer, reduced, and their results' copies
+    to the host started. Returns what ``collect`` reads back: the indices, where each gradient starts in the
+    buffer, and the pending statistics, signs and L0 values."""
+    members = [grads[i] for i in indices]
+    buffer = cache.row_buffer(members)
+    torch._foreach_copy_(buffer.targets, members)
+    maxima, minima, has_nan, counts, bits, checksums, extras = _fused_row_statistics(
+        buffer.flat, buffer.row_valid, buffer.row_first_index, tuple(map(float, bounds32)), level.has_buckets,
+        level.has_directions, checksum, extra)
+    sections = _gradient_sections(buffer, indices, norms, extra, maxima, minima, has_nan, counts, checksums, extras)
+    statistics = _to_host(torch.cat(layout.subset(indices).in_order(sections)))
+    signs = _to_host(bits) if bits is not None else None
+    values = None
+    if level.has_md5 and not checksum:  # copied on the CPU: a host view would see the next step refill it
+        values = _to_host(buffer.flat.to(torch.float32, copy=buffer.flat.device.type == "cpu"))
+    return indices, buffer.starts, statistics, signs, values
+
+
+def _gradient_sections(buffer: _RowBuffer, indices: list[int], norms, extra: tuple[Statistic, ...], maxima, minima,
+                       has_nan, counts, checksums, extras) -> dict:
+    """The layout's sections of one row buffer's gradients, on the device: each row statistic reduced over its
+    gradient's rows by whole-buffer ops, so that their number does not grow with the gradients'."""
+    nan = torch.full((), math.nan, dtype=torch.float64, device=buffer.flat.device)
+    undefined = buffer.empty | (_per_gradient(buffer, has_nan.double(), "max") > 0)  # NaN propagates, as in np.max
+    extremes = torch.stack([_gradient_extreme(buffer, len(indices), maxima, "amax", undefined, nan),
+                            _gradient_extreme(buffer, len(indices), minima, "amin", undefined, nan),
+                            torch.stack([norms[i] for i in indices]).float().double()], dim=1)
+    sections = {EXTREMES: extremes}
+    if counts is not None:
+        sections[CUMULATIVE_COUNTS] = _per_gradient(buffer, counts, "sum")
+    if checksums is not None:  # as two exact float64 halves
+        sums = torch.zeros(len(indices), dtype=torch.int64, device=checksums.device)
+        sums.index_add_(0, buffer.row_owner, checksums)
+        sections[CHECKSUM] = torch.stack([(sums >> 32) & 0xFFFFFFFF, sums & 0xFFFFFFFF], dim=1).double()
+    if extras is not None:  # an empty gradient has no rows: its max and min are NaN
+        sections[EXTRA] = torch.stack([
+            torch.where(buffer.empty, 0.0 if s.reduction == "sum" else nan,
+                        _per_gradient(buffer, extras[:, i], s.reduction))
+            for i, s in enumerate(extra)], dim=1)
+    return sections
+
+
+def _per_gradient(buffer: _RowBuffer, rows: torch.Tensor, reduction: str) -> torch.Tensor:
+    """A row statistic reduced over each gradient's rows (its rows are contiguous: one segment each)."""
+    return torch.segment_reduce(rows, reduction, lengths=buffer.row_counts, axis=0, unsafe=True)
+
+
+def _gradient_extreme(buffer: _RowBuffer, gradients: int, row_keys: torch.Tensor, reduction: str,
+                      undefined: torch.Tensor, nan: torch.Tensor) -> torch.Tensor:
+    """Each gradient's max or min from its rows' order keys (:func:`_order_keys`), as the float32 msprobe writes;
+    NaN where the gradient is empty or holds a NaN."""
+    keys = torch.zeros(gradients, dtype=row_keys.dtype, device=nan.device).scatter_reduce_(
+        0, buffer.row_owner, row_keys, reduction, include_self=False)
+    values = _order_keys(keys).view(torch.float32 if keys.dtype == torch.int32 else torch.float64)
+    return torch.where(undefined, nan, values.float().double())  # float32, as msprobe writes
