@@ -77,7 +77,7 @@ def test_a_damaged_saved_call_is_named_with_its_file(tmp_path):
         replay_error(folder)
     (folder / "call.json").write_text('{"name": "Aten.no_such_op.default.0.forward", "args": [], "kwargs": {}, '
                                       '"output": []}')
-    with pytest.raises(ValueError, match="call.json: name 'Aten.no_such_op.default.0.forward' is no aten operator"):
+    with pytest.raises(ValueError, match="call.json: name 'Aten.no_such_op.default.0.forward' is no operator this torch replays"):
         replay_error(folder)
     (folder / "call.json").write_text("{")
     with pytest.raises(ValueError, match="call.json cannot be read as a saved call"):

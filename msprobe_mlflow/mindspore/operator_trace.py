@@ -53,6 +53,7 @@ import inspect
 import math
 import types
 from collections import defaultdict
+from dataclasses import dataclass
 from typing import Callable
 
 import numpy as np
@@ -88,7 +89,7 @@ class MindSporeOperatorTracer:
     any of ``api_list``; the entries from ``scope[0]`` to ``scope[-1]``). ``network`` may be None: APIs only."""
 
     def __init__(self, network: nn.Cell | None = None, *, level: str = "mix", api_list: tuple[str, ...] = (),
-                 scope: tuple[str, ...] = ()):
+                 scope: tuple[str, ...] = (), save: tuple[str, ...] = ()):
         if level not in LEVELS:
             raise ValueError(f"trace level {level!r} is not one of msprobe's {LEVELS}")
         if network is not None and not isinstance(network, nn.Cell):
@@ -96,6 +97,8 @@ class MindSporeOperatorTracer:
         self.network, self.level = network, level
         self._selection = Selection(scope, api_list)
         self._calls: list[OperatorCall] = []
+        self.save = frozenset(save)  # calls whose inputs and outputs are kept, for the float64 replay
+        self.saved: dict[str, tuple] = {}  # call name -> (args, kwargs, output), tensors as HostTensor
         self._statistics: list = []  # per tensor, a (1, 4) float32 tensor on its device: concatenated at stop()
         self._checksums: list = []  # per tensor, a (1, 2) int64 tensor on its device (not on the CPU: host sums)
         self._counters: dict[tuple[str, str], int] = defaultdict(int)
@@ -278,7 +281,10 @@ class MindSporeOperatorTracer:
         self._depth += 1
         try:
             inputs = [self._argument(a) for a in _leaves((args, kwargs))] if wanted else None
+            saved = _host_copies((args, kwargs)) if name in self.save else None  # before it runs: in-place calls
             output = function(*args, **kwargs)
+            if saved is not None:
+                self.saved[name] = (*saved, _host_copies(output))
             if wanted:
                 parent = self._cells[-1] if self._cells else None
                 self._calls.append(OperatorCall(name, inputs, [self._argument(o) for o in _leaves(output)],
@@ -370,6 +376,27 @@ class MindSporeOperatorTracer:
         key = f"{what} of {dtype} tensors"
         if key not in self.unmeasured:
             self.unmeasured[key] = repr(error)
+
+
+@dataclass(frozen=True)
+class HostTensor:
+    """A saved call's tensor, copied to the host: its values (float32 where numpy has no such format) and its dtype,
+    as MindSpore names it (``Float32``)."""
+    values: np.ndarray
+    dtype: str
+
+
+def _host_copies(value):
+    """``value`` with each tensor copied to the host as a :class:`HostTensor` (tuples, lists and dicts opened)."""
+    if isinstance(value, ms.Tensor):
+        with _no_grad():
+            readable = value if value.dtype != ms.bfloat16 else value.astype(ms.float32)
+            return HostTensor(np.array(readable.asnumpy(), copy=True), str(value.dtype))
+    if isinstance(value, (list, tuple)):
+        return [_host_copies(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _host_copies(v) for k, v in value.items()}
+    return value
 
 
 def traced_apis() -> list[tuple[object, str, str]]:

@@ -1,11 +1,9 @@
 """Which side is wrong: the named operator's real inputs and outputs, saved at a second trace of the step
-(``trace_save``, ``MSPROBE_MLFLOW_TRACE_SAVE``), and its replay in float64 on the CPU from each side's own inputs.
-Each side's error is its output's distance from that replay (relative, in the 2-norm); a kernel bug shows as one
-side far off and the other at its format's rounding.
-
-A saved call is ``saved/{call name}/call.json`` (the arguments' structure: tensors by file, scalars by value) and one
-``.npy`` per tensor (written as float32 when numpy has no such format, bfloat16's values exactly), read back with
-``allow_pickle=False``."""
+(``trace_save``, :mod:`msprobe_mlflow.trace.saved_calls`), and its replay in float64 on the CPU from each side's own
+inputs. Each side's error is its output's distance from that replay (relative, in the 2-norm); a kernel bug shows as
+one side far off and the other at its format's rounding. PyTorch's calls replay as the aten operator they name,
+MindSpore's ``mint`` calls as the torch function the API accuracy checker compares them with (``Mint.X``: ``torch.X``,
+``MintFunctional.X``: ``torch.nn.functional.X``)."""
 from __future__ import annotations
 
 import json
@@ -16,11 +14,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from msprobe_mlflow.safe_paths import param_file_stem
+from msprobe_mlflow.trace.saved_calls import CALL_FILE, saved_call_path, write_saved_call
 
-SAVED_FOLDER, CALL_FILE = "saved", "call.json"
 MAX_SAVED_BYTES = 2 ** 30  # a saved tensor larger than this is refused when read back (untrusted folders)
 _NUMPY_LACKS = {torch.bfloat16: torch.float32}
+MINT_FAMILIES = {"Mint": torch, "MintFunctional": torch.nn.functional}  # as api_check.runner.MODULES maps them
 
 
 @dataclass
@@ -47,34 +45,22 @@ class SideError:
 
 
 def save_call(folder: Path, name: str, args, kwargs, output) -> None:
-    """Writes one call's arguments and outputs (tensors already copied to the host) under ``folder/saved/``."""
-    target = folder / SAVED_FOLDER / param_file_stem(name, "")
-    target.mkdir(parents=True, exist_ok=True)
-    counter = iter(range(1 << 30))
+    """Writes one PyTorch call's arguments and outputs (tensors already copied to the host) under ``folder/saved/``."""
+    write_saved_call(folder, name, args, kwargs, output, _host_tensor, _dtype_name)
 
-    def encode(value):
-        if isinstance(value, torch.Tensor):
-            file = f"tensor_{next(counter)}.npy"
-            data = value.to(_NUMPY_LACKS.get(value.dtype, value.dtype))
-            np.save(target / file, data.numpy(), allow_pickle=False)
-            return {"tensor": file, "dtype": str(value.dtype).removeprefix("torch."), "shape": list(value.shape)}
-        if isinstance(value, (list, tuple)):
-            return [encode(v) for v in value]
-        if isinstance(value, dict):
-            return {"kwargs": {k: encode(v) for k, v in value.items()}}
-        if isinstance(value, (bool, int, float, str)) or value is None:
-            return value
-        if isinstance(value, torch.dtype):
-            return {"dtype": str(value).removeprefix("torch.")}
-        return {"unsupported": repr(value)}
 
-    call = {"name": name, "args": encode(list(args)), "kwargs": encode(dict(kwargs))["kwargs"],
-            "output": encode(list(output) if isinstance(output, (list, tuple)) else [output])}
-    (target / CALL_FILE).write_text(json.dumps(call, indent=1), encoding="utf-8")
+def _host_tensor(value) -> tuple[np.ndarray, str] | None:
+    if not isinstance(value, torch.Tensor):
+        return None
+    return value.to(_NUMPY_LACKS.get(value.dtype, value.dtype)).numpy(), str(value.dtype).removeprefix("torch.")
+
+
+def _dtype_name(value) -> str | None:
+    return str(value).removeprefix("torch.") if isinstance(value, torch.dtype) else None
 
 
 def saved_call_folder(trace_folder: str | Path, name: str) -> Path | None:
-    folder = Path(trace_folder) / SAVED_FOLDER / param_file_stem(name, "")
+    folder = saved_call_path(trace_folder, name)
     return folder if (folder / CALL_FILE).is_file() else None
 
 
@@ -101,9 +87,15 @@ def _decode(value, folder: Path):
 
 
 def _operator(name: str):
-    """``Aten.gelu.default.1.forward`` -> ``torch.ops.aten.gelu.default``."""
-    namespace, operator, overload = name.split(".")[:3]
-    return getattr(getattr(getattr(torch.ops, namespace.lower()), operator), overload)
+    """``Aten.gelu.default.1.forward`` -> ``torch.ops.aten.gelu.default``; ``MintFunctional.gelu.0.forward`` ->
+    ``torch.nn.functional.gelu``."""
+    family, operator, overload = name.split(".")[:3]
+    if family in MINT_FAMILIES:
+        function = getattr(MINT_FAMILIES[family], operator)
+        if not callable(function):
+            raise AttributeError(operator)
+        return function
+    return getattr(getattr(getattr(torch.ops, family.lower()), operator), overload)
 
 
 def _in_float64(value):
@@ -129,8 +121,9 @@ def replay_error(folder: Path) -> float:
     try:
         operator = _operator(str(name))
     except (AttributeError, ValueError, RuntimeError):
-        raise ValueError(f"{folder / CALL_FILE}: name {name!r} is no aten operator this torch has (expected a call "
-                         f"name such as Aten.gelu.default.1.forward)") from None
+        raise ValueError(f"{folder / CALL_FILE}: name {name!r} is no operator this torch replays (expected an aten "
+                         f"call such as Aten.gelu.default.1.forward, or a MindSpore Mint or MintFunctional "
+                         f"call)") from None
     reference = operator(*_in_float64(args), **{k: _in_float64(v) for k, v in kwargs.items()})
     reference = reference[0] if isinstance(reference, (list, tuple)) else reference
     observed = output[0].double()

@@ -105,7 +105,10 @@ def _which_side(found: Localization, step: int) -> tuple["SideError | None", str
         from msprobe_mlflow.torch_kernels.operator_replay import side_error
     except ModuleNotFoundError as e:  # a MindSpore-only install reading traces
         return None, f"which side is wrong needs torch to replay the call ({e})"
-    side = side_error(Path(found.folders[0]), found.pair.a.name, Path(found.folders[1]), found.pair.b.name)
+    try:
+        side = side_error(Path(found.folders[0]), found.pair.a.name, Path(found.folders[1]), found.pair.b.name)
+    except ValueError as e:  # a call torch cannot replay (a MindSpore Functional or Tensor call), a damaged file
+        return None, f"which side is wrong: not known, the saved call cannot be replayed ({e})"
     return side, "" if side is not None else hint
 
 
