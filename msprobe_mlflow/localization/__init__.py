@@ -72,7 +72,7 @@ def walk(aligned: list[AlignedCall], across: bool = False) -> Localization:
     found: Localization | None = None
     noise = 0.0  # the unit roundoff of the coarsest format whose outputs have differed so far
     for pair in aligned:
-        judgement = None if pair.one_sided else judge(pair, noise)
+        judgement = None if pair.one_sided else judge(pair, noise, across)
         rows.append((pair, judgement))
         if judgement is not None and judgement.output_difference > 0:
             noise = max(noise, UNIT_ROUNDOFF[judgement.format])

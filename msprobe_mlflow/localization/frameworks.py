@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import difflib
 import re
+from dataclasses import replace
 
 from msprobe_mlflow.localization.align import AlignedCall
 from msprobe_mlflow.trace.files import MODULE_PREFIXES, OperatorCall, Trace
@@ -60,14 +61,29 @@ def _shapes(call: OperatorCall) -> tuple:
 def align_across(a: Trace, b: Trace) -> tuple[list[AlignedCall], float]:
     """The forward's calls paired by (family, output shapes), in order; and the share of module entries paired
     (by class family and output shapes, in order): how much of the two models' structure was matched."""
-    forward_a = [c for c in a.calls if not c.is_module and c.phase == "forward"]
-    forward_b = [c for c in b.calls if not c.is_module and c.phase == "forward"]
+    forward_a = _bias_fused([c for c in a.calls if not c.is_module and c.phase == "forward"])
+    forward_b = _bias_fused([c for c in b.calls if not c.is_module and c.phase == "forward"])
     pairs = _matched(forward_a, forward_b, lambda c: (operator_family(c), _shapes(c)))
     modules_a = [c for c in a.calls if c.name.startswith(MODULE_PREFIXES) and c.phase == "forward"]
     modules_b = [c for c in b.calls if c.name.startswith(MODULE_PREFIXES) and c.phase == "forward"]
     paired_modules = _matched(modules_a, modules_b, lambda c: (class_family(c), _shapes(c)))
     share = len(paired_modules) / max(len(modules_a), len(modules_b)) if modules_a or modules_b else 1.0
     return pairs, share
+
+
+def _bias_fused(calls: list[OperatorCall]) -> list[OperatorCall]:
+    """A product followed by the bias add that takes its output (MindSpore's ``Dense``: ``matmul``, ``bias_add``) as
+    one call, the product's, with the bias among its inputs and the sum as its output: what torch's ``addmm`` is."""
+    fused: list[OperatorCall] = []
+    for call in calls:
+        previous = fused[-1] if fused else None
+        if (previous is not None and operator_family(call) == "bias_add" and operator_family(previous) == "linear"
+                and call.parent == previous.parent and call.tensors_in and previous.tensors_out
+                and call.tensors_in[0].shape == previous.tensors_out[0].shape):
+            fused[-1] = replace(previous, inputs=previous.inputs + call.inputs[1:], outputs=call.outputs)
+        else:
+            fused.append(call)
+    return fused
 
 
 def _matched(a: list[OperatorCall], b: list[OperatorCall], key) -> list[AlignedCall]:

@@ -23,7 +23,7 @@ inputs' scale (their peak over their RMS); the walk carries that format along (`
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from msprobe_mlflow.formats import UNIT_ROUNDOFF
 from msprobe_mlflow.localization.align import AlignedCall
@@ -112,12 +112,16 @@ def reduction_size(call: OperatorCall) -> int:
     return max(1, size)
 
 
-def judge(pair: AlignedCall, noise: float = 0.0) -> Judgement:
+def judge(pair: AlignedCall, noise: float = 0.0, across: bool = False) -> Judgement:
     """``noise``: the unit roundoff of the coarsest format whose differences reached this call (see above). Each
     output is judged against its own tolerance, widened by its cancellation (:func:`cancellation`); the output
-    furthest beyond (or nearest to) its tolerance speaks for the call."""
+    furthest beyond (or nearest to) its tolerance speaks for the call. ``across`` frameworks, only the first output
+    is judged: the call's result; the others are what each framework keeps for its backward, defined otherwise
+    (MindSpore's LayerNorm returns the variance where torch's returns its reciprocal square root)."""
     a, b = pair.a, pair.b
-    inputs = [tensor_difference(x, y) for x, y in zip(a.tensors_in, b.tensors_in)]
+    outputs = zip(a.tensors_out[:1], b.tensors_out[:1]) if across else zip(a.tensors_out, b.tensors_out)
+    paired = _same_tensors(a.tensors_in, b.tensors_in) if across else zip(a.tensors_in, b.tensors_in)
+    inputs = [tensor_difference(x, y) for x, y in paired]
     input_difference = max(inputs, default=0.0)
     if input_difference > 0.0:
         peaks = [_peak(x) for x, d in zip(a.tensors_in, inputs) if d > 0.0]
@@ -125,12 +129,27 @@ def judge(pair: AlignedCall, noise: float = 0.0) -> Judgement:
     fmt = max(output_format(a), output_format(b), key=UNIT_ROUNDOFF.__getitem__)
     rounding = ROUNDING * UNIT_ROUNDOFF[fmt] * math.sqrt(max(reduction_size(a), reduction_size(b)))
     judged = [(tensor_difference(x, y), (AMPLIFICATION * input_difference + rounding) *
-               max(cancellation(a, x), cancellation(b, y))) for x, y in zip(a.tensors_out, b.tensors_out)
-              if not scratch(a, x)]
+               max(cancellation(a, x), cancellation(b, y))) for x, y in outputs if not scratch(a, x)]
     output_difference, tolerance = max(judged, key=lambda j: j[0] / j[1] if j[1] > 0 else math.inf * j[0],
                                        default=(0.0, AMPLIFICATION * input_difference + rounding))
     return Judgement(input_difference, output_difference, tolerance, fmt, output_difference > tolerance,
                      all(d == 0.0 for d in inputs))
+
+
+def _same_tensors(a: list[TensorSummary], b: list[TensorSummary]) -> list[tuple[TensorSummary, TensorSummary]]:
+    """Across frameworks, the inputs paired by their elements, not their places: each of A's with the first unpaired
+    one of B's of its shape or its transpose's (``addmm`` takes the bias first and the weight transposed; the
+    statistics do not see a transposition); an input without a twin is not compared. None paired: the inputs
+    cannot be compared, the call is not judged (its difference is infinite)."""
+    unused, paired = list(b), []
+    for x in a:
+        twin = next((y for y in unused if y.shape in (x.shape, x.shape[::-1])), None)
+        if twin is not None:
+            unused.remove(twin)
+            paired.append((x, replace(twin, shape=x.shape)))
+    if a and b and not paired:
+        return [(a[0], b[0])]  # shapes differ: an infinite difference
+    return paired
 
 
 def scratch(call: OperatorCall, output: TensorSummary) -> bool:

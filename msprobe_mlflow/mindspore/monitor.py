@@ -169,9 +169,6 @@ class GradientMonitor(SessionMonitor):
         if ms.get_context("mode") != ms.PYNATIVE_MODE:
             self.notices.warn(f"trace_steps (and MSPROBE_MLFLOW_TRACE_STEPS): {graph_mode_message()}")
             return
-        if plan.save:
-            self.notices.warn("trace_save: the MindSpore trace saves no call's inputs (the float64 replay takes "
-                              "PyTorch calls); the traced steps are traced without them")
         if not self._session.ranks.probes:
             return
         self._traces = mindspore_traced_steps(plan, network, self.config.dump_path, self._session.ranks.rank,
