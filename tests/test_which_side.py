@@ -6,7 +6,7 @@ import torch
 import msprobe_mlflow
 from msprobe_mlflow.config import GradProbeConfig
 from msprobe_mlflow.pytorch import GradientMonitor
-from msprobe_mlflow.torch_kernels.operator_replay import replay_error, save_call, saved_call_folder
+from msprobe_mlflow.torch_kernels.operator_replay import replay_error, save_call, saved_call_folder, side_error
 from msprobe_mlflow.trace.options import TRACE_SAVE_VARIABLE
 from tests.tiny_transformer import FaultyKernel, train_monitored
 
@@ -82,3 +82,21 @@ def test_a_damaged_saved_call_is_named_with_its_file(tmp_path):
     (folder / "call.json").write_text("{")
     with pytest.raises(ValueError, match="call.json cannot be read as a saved call"):
         replay_error(folder)
+
+
+def test_a_side_whose_call_is_not_replayed_is_judged_by_elimination(tmp_path):
+    """MindSpore's primitives (Dense's matmul) are not replayed: the other side within what rounding explains of the
+    named call is right, so the unreplayed side is off; beyond it, the replayed side is."""
+    x = torch.linspace(-3, 3, 101)
+    exact = torch.nn.functional.gelu(x.double())
+    save_call(tmp_path / "b", "Aten.gelu.default.0.forward", [x], {}, exact.float())
+    save_call(tmp_path / "a", "Primitive.gelu.0.forward", [x], {}, exact.float() * 1.03)
+    right = side_error(tmp_path / "a", "Primitive.gelu.0.forward", tmp_path / "b", "Aten.gelu.default.0.forward",
+                       tolerance=1e-6)
+    assert right.error_a is None and right.error_b < 1e-7 and right.wrong == "A"
+    assert "A's g in m is off: B's is" in right.describe("g", "m") and "A's call is not replayed" in right.describe("g", "m")
+    save_call(tmp_path / "c", "Aten.gelu.default.0.forward", [x], {}, exact.float() * 1.03)
+    off = side_error(tmp_path / "a", "Primitive.gelu.0.forward", tmp_path / "c", "Aten.gelu.default.0.forward",
+                     tolerance=1e-6)
+    assert off.wrong == "B" and off.error_b == pytest.approx(0.03, rel=1e-3)
+    assert side_error(tmp_path / "a", "Primitive.gelu.0.forward", tmp_path / "a", "Primitive.gelu.0.forward") is None

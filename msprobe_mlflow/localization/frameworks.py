@@ -72,12 +72,13 @@ def align_across(a: Trace, b: Trace) -> tuple[list[AlignedCall], float]:
 
 
 def _bias_fused(calls: list[OperatorCall]) -> list[OperatorCall]:
-    """A product followed by the bias add that takes its output (MindSpore's ``Dense``: ``matmul``, ``bias_add``) as
-    one call, the product's, with the bias among its inputs and the sum as its output: what torch's ``addmm`` is."""
+    """A product followed by the bias add that takes its output (MindSpore's ``Dense``: ``matmul``, ``bias_add``;
+    ``Conv2d``: ``conv2d``, ``bias_add``) as one call, the product's, with the bias among its inputs and the sum as
+    its output: what torch's ``addmm`` and ``convolution`` are."""
     fused: list[OperatorCall] = []
     for call in calls:
         previous = fused[-1] if fused else None
-        if (previous is not None and operator_family(call) == "bias_add" and operator_family(previous) == "linear"
+        if (previous is not None and operator_family(call) == "bias_add" and operator_family(previous) in ("linear", "conv")
                 and call.parent == previous.parent and call.tensors_in and previous.tensors_out
                 and call.tensors_in[0].shape == previous.tensors_out[0].shape):
             fused[-1] = replace(previous, inputs=previous.inputs + call.inputs[1:], outputs=call.outputs)

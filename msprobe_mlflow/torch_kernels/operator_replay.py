@@ -21,27 +21,53 @@ _NUMPY_LACKS = {torch.bfloat16: torch.float32}
 MINT_FAMILIES = {"Mint": torch, "MintFunctional": torch.nn.functional}  # as api_check.runner.MODULES maps them
 
 
+class NotReplayable(ValueError):
+    """The saved call names no operator torch replays (MindSpore's ``Primitive.``, ``Functional.``, ``Tensor.``)."""
+
+
 @dataclass
 class SideError:
-    """Each side's output against the float64 replay of its own inputs."""
-    error_a: float
-    error_b: float
+    """Each side's output against the float64 replay of its own inputs; None for a side with no call to replay (not
+    saved, or one torch cannot replay: MindSpore's primitives, whose attributes the trace does not hold). That side
+    is then judged by elimination: the other side within ``tolerance`` (what rounding explains of the named call's
+    output difference, the judgement's) is right, so the unreplayed one is off; beyond it, the replayed one is."""
+    error_a: float | None
+    error_b: float | None
+    tolerance: float = 0.0
 
     @property
     def wrong(self) -> str | None:
-        """"A" or "B" when one side is at least 10x further off than the other (and beyond 1e-12), else None."""
-        low, high = sorted((self.error_a, self.error_b))
-        if high > 1e-12 and high >= 10 * low:
-            return "A" if self.error_a == high else "B"
-        return None
+        """"A" or "B": the side at least 10x further off than the other (and beyond 1e-12), or as eliminated."""
+        if self.error_a is not None and self.error_b is not None:
+            low, high = sorted((self.error_a, self.error_b))
+            if high > 1e-12 and high >= 10 * low:
+                return "A" if self.error_a == high else "B"
+            return None
+        known, other, error = self._known()
+        if not self.tolerance:
+            return None
+        return known if error > self.tolerance else other
+
+    def _known(self) -> tuple[str, str, float]:
+        return ("A", "B", self.error_a) if self.error_a is not None else ("B", "A", self.error_b)
 
     def describe(self, call: str, module: str) -> str:
+        where = f"{call} in {module or 'the model'}"
+        if self.error_a is not None and self.error_b is not None:
+            if self.wrong is None:
+                return f"neither side stands out: A is {self.error_a:.1g} off float64, B {self.error_b:.1g}"
+            other = "B" if self.wrong == "A" else "A"
+            errors = {"A": self.error_a, "B": self.error_b}
+            return f"{self.wrong}'s {where} is {errors[self.wrong]:.1g} off float64, {other}'s {errors[other]:.1g}"
+        known, other, error = self._known()
+        unreplayed = f"{other}'s call is not replayed"
         if self.wrong is None:
-            return f"neither side stands out: A is {self.error_a:.1g} off float64, B {self.error_b:.1g}"
-        other = "B" if self.wrong == "A" else "A"
-        errors = {"A": self.error_a, "B": self.error_b}
-        return (f"{self.wrong}'s {call} in {module or 'the model'} is {errors[self.wrong]:.1g} off float64, "
-                f"{other}'s {errors[other]:.1g}")
+            return f"neither side stands out: {known} is {error:.1g} off float64; {unreplayed}"
+        if self.wrong == known:
+            return f"{known}'s {where} is {error:.1g} off float64, beyond the {self.tolerance:.1g} rounding explains " \
+                   f"({unreplayed})"
+        return f"{other}'s {where} is off: {known}'s is {error:.1g} off float64, within the {self.tolerance:.1g} " \
+               f"rounding explains, and {unreplayed}"
 
 
 def save_call(folder: Path, name: str, args, kwargs, output) -> None:
@@ -121,7 +147,7 @@ def replay_error(folder: Path) -> float:
     try:
         operator = _operator(str(name))
     except (AttributeError, ValueError, RuntimeError):
-        raise ValueError(f"{folder / CALL_FILE}: name {name!r} is no operator this torch replays (expected an aten "
+        raise NotReplayable(f"{folder / CALL_FILE}: name {name!r} is no operator this torch replays (expected an aten "
                          f"call such as Aten.gelu.default.1.forward, or a MindSpore Mint or MintFunctional "
                          f"call)") from None
     reference = operator(*_in_float64(args), **{k: _in_float64(v) for k, v in kwargs.items()})
@@ -132,9 +158,13 @@ def replay_error(folder: Path) -> float:
     return gap / scale if scale > 0 else (0.0 if gap == 0 else math.inf)
 
 
-def side_error(folder_a: Path, name_a: str, folder_b: Path, name_b: str) -> SideError | None:
-    """Each side's error, where both sides saved the call; None otherwise."""
-    saved = saved_call_folder(folder_a, name_a), saved_call_folder(folder_b, name_b)
-    if None in saved:
-        return None
-    return SideError(replay_error(saved[0]), replay_error(saved[1]))
+def side_error(folder_a: Path, name_a: str, folder_b: Path, name_b: str, tolerance: float = 0.0) -> SideError | None:
+    """Each side's error where it saved a call torch replays (see :class:`SideError`); None where neither did."""
+    errors = []
+    for folder, name in ((folder_a, name_a), (folder_b, name_b)):
+        saved = saved_call_folder(folder, name)
+        try:
+            errors.append(replay_error(saved) if saved is not None else None)
+        except NotReplayable:
+            errors.append(None)
+    return None if errors == [None, None] else SideError(*errors, tolerance=tolerance)

@@ -105,10 +105,8 @@ def _which_side(found: Localization, step: int) -> tuple["SideError | None", str
         from msprobe_mlflow.torch_kernels.operator_replay import side_error
     except ModuleNotFoundError as e:  # a MindSpore-only install reading traces
         return None, f"which side is wrong needs torch to replay the call ({e})"
-    try:
-        side = side_error(Path(found.folders[0]), found.pair.a.name, Path(found.folders[1]), found.pair.b.name)
-    except ValueError as e:  # a call torch cannot replay (a MindSpore Functional or Tensor call), a damaged file
-        return None, f"which side is wrong: not known, the saved call cannot be replayed ({e})"
+    side = side_error(Path(found.folders[0]), found.pair.a.name, Path(found.folders[1]), found.pair.b.name,
+                      found.judgement.tolerance)
     return side, "" if side is not None else hint
 
 
@@ -208,7 +206,8 @@ def log_locate_run(client: MlflowClient, result: LocateResult, runs: list[Run | 
         values = {"input_difference": found.judgement.input_difference,
                   "output_difference": found.judgement.output_difference, "tolerance": found.judgement.tolerance}
     if result.side is not None:
-        values.update(error_a=result.side.error_a, error_b=result.side.error_b)
+        values.update({f"error_{side}": error for side, error in (("a", result.side.error_a),
+                                                                  ("b", result.side.error_b)) if error is not None})
         tags[locate_tag("side")] = result.side.wrong or "neither"
     now = now_ms()
     metrics = [Metric(locate_metric(name), value, now, result.step) for name, value in values.items()

@@ -1,0 +1,318 @@
+"""Localization across frameworks (issue 49, item 5's MindSpore-against-PyTorch row): does ``locate`` name a wrong
+kernel between a MindSpore training and its PyTorch twin, with its module and its side, and stay quiet when the two
+differ only in the frameworks' rounding? With no mapping file.
+
+Families, each the same model in both frameworks (PyTorch's initial weights copied into MindSpore; the same batches,
+a function of (seed, step); SGD at 0.05; MindSpore in PyNative on the CPU, torch on one thread; the real monitors
+with ``trace_steps``):
+
+- ``mlp-ln``: LayerNorm(16), Linear 16 -> 32, Tanh, LayerNorm(32), Linear 32 -> 10 (MindSpore's ``nn.LayerNorm``,
+  ``nn.Dense`` in an ``nn.SequentialCell``). In sample: the cross-framework alignment's last changes (a ``Dense``
+  as one call beside ``addmm``, first outputs only, inputs by elements) were written looking at a twin of this shape.
+- ``cnn-bn``: Conv2d 3 -> 8 (3x3, padding 1), BatchNorm2d, ReLU, Flatten, Linear 512 -> 10. **Held out**: declared
+  here, in the commit that adds this benchmark, before it was ever measured; nothing was tuned on it.
+
+Per family and seed: a benign pair (MindSpore against PyTorch, no fault) traced at each of ``BENIGN_STEPS``; at
+``FAULT_STEP``, a wrong kernel in one PyTorch forward call at a time (every call that has a MindSpore twin in the
+benign pair's alignment), its output scaled by 1 + d for d in 1e-3, 1e-2, 1e-1, as a faulty device kernel is (both
+runs call the same operators; one result is off). Both sides save their twin calls (``trace_save``), so the side is
+judged too. Counted: *exact* (the named pair's PyTorch call is the faulty one), *module* (the named call's PyTorch
+module is the faulty call's), *side* (B, the PyTorch run, named as the side off float64), *quiet* (a benign pair
+names no operator), the module entries aligned (``module_share``). A fault whose output difference at its own call is
+not above the benign pair's there is a row of its own, not counted.
+
+    .venv/bin/python benchmarks/locate_across_frameworks.py [--seeds 3] [--out benchmarks/results]
+    .venv/bin/python benchmarks/locate_across_frameworks.py --quick --out DIR   # one seed, one step: the harness
+
+Needs MindSpore beside torch (the dev virtualenv, numpy < 2), so it is not part of ``benchmarks/run-locate``, whose
+environment holds msprobe 1.0.3 with numpy 2. MindSpore writes compiler reports into the current folder: the script
+runs in a temporary one.
+"""
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("GLOG_v", "3")  # MindSpore's C++ warnings
+
+import argparse
+import contextlib
+import datetime
+import json
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+import mindspore as ms  # noqa: E402
+from mindspore import Tensor, mint, nn as msnn  # noqa: E402
+
+import msprobe_mlflow  # noqa: E402
+from msprobe_mlflow import GradProbeConfig  # noqa: E402
+from msprobe_mlflow.localization import NAMED, OPERATOR  # noqa: E402
+from msprobe_mlflow.localization.align import module_path  # noqa: E402
+from msprobe_mlflow.mindspore import GradientMonitor as MindSporeMonitor  # noqa: E402
+from msprobe_mlflow.pytorch import GradientMonitor as TorchMonitor  # noqa: E402
+
+RESULTS = ROOT / "benchmarks" / "results"
+FAULT_STEP, BENIGN_STEPS, ERRORS = 2, (1, 2, 4, 6, 9), (1e-3, 1e-2, 1e-1)
+HELD_OUT = ("cnn-bn",)
+
+
+# ---------------------------------------------------------------- the twins
+
+def torch_model(family: str, seed: int) -> torch.nn.Module:
+    torch.manual_seed(seed)
+    if family == "mlp-ln":
+        return torch.nn.Sequential(torch.nn.LayerNorm(16), torch.nn.Linear(16, 32), torch.nn.Tanh(),
+                                   torch.nn.LayerNorm(32), torch.nn.Linear(32, 10))
+    return torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.BatchNorm2d(8), torch.nn.ReLU(),
+                               torch.nn.Flatten(), torch.nn.Linear(512, 10))
+
+
+def mindspore_model(family: str, seed: int) -> msnn.Cell:
+    if family == "mlp-ln":
+        net = msnn.SequentialCell([msnn.LayerNorm((16,), epsilon=1e-5), msnn.Dense(16, 32), msnn.Tanh(),
+                                   msnn.LayerNorm((32,), epsilon=1e-5), msnn.Dense(32, 10)])
+    else:
+        net = msnn.SequentialCell([msnn.Conv2d(3, 8, 3, pad_mode="pad", padding=1, has_bias=True),
+                                   msnn.BatchNorm2d(8, eps=1e-5), msnn.ReLU(), msnn.Flatten(), msnn.Dense(512, 10)])
+    weights = [p.detach().numpy() for p in torch_model(family, seed).parameters()]
+    for parameter, values in zip(net.trainable_params(), weights, strict=True):
+        parameter.set_data(Tensor(values.copy()))
+    net.set_train(True)
+    return net
+
+
+def batch(family: str, seed: int, step: int) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng([seed, step])
+    shape = (16, 16) if family == "mlp-ln" else (8, 3, 8, 8)
+    x = rng.standard_normal(shape).astype(np.float32)
+    return x, rng.standard_normal((shape[0], 10)).astype(np.float32)
+
+
+def train_mindspore(family: str, seed: int, dump: Path, step: int, save=()) -> Path:
+    net = mindspore_model(family, seed)
+    optimizer = msnn.SGD(net.trainable_params(), learning_rate=0.05)
+    monitor = MindSporeMonitor(GradProbeConfig(dump_path=str(dump)), log_to_mlflow=False, silent=True,
+                               trace_steps=[step], trace_save=list(save))
+    monitor.monitor(optimizer, network=net)
+    grad = ms.value_and_grad(lambda x, y: mint.mean(mint.square(net(x) - y)), None, net.trainable_params())
+    for s in range(step + 1):
+        _, grads = grad(*(Tensor(v) for v in batch(family, seed, s)))
+        optimizer(grads)
+    monitor.stop()
+    if monitor.errors:
+        raise RuntimeError(f"MindSpore monitor: {monitor.errors}")
+    return dump
+
+
+class WrongKernel(TorchDispatchMode):
+    """The ``number``-th forward call of aten ``operator`` returns its first output times 1 + ``error`` while
+    ``armed``."""
+
+    def __init__(self, operator: str, number: int, error: float):
+        super().__init__()
+        self.operator, self.number, self.error = operator, number, error
+        self.armed, self.calls, self.injected = False, 0, 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        output = func(*args, **(kwargs or {}))
+        if self.armed and str(func) == self.operator and torch._C._current_autograd_node() is None:
+            if self.calls == self.number:
+                (output[0] if isinstance(output, tuple) else output).mul_(1 + self.error)
+                self.injected += 1
+            self.calls += 1
+        return output
+
+
+def train_torch(family: str, seed: int, dump: Path, step: int, save=(), fault: WrongKernel | None = None) -> Path:
+    model = torch_model(family, seed)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+    monitor = TorchMonitor(GradProbeConfig(dump_path=str(dump)), log_to_mlflow=False, silent=True,
+                           trace_steps=[step], trace_save=list(save))
+    monitor.monitor(model, optimizer)
+    with fault if fault is not None else contextlib.nullcontext():
+        for s in range(step + 1):
+            if fault is not None:
+                fault.armed = s == step
+            x, y = (torch.from_numpy(v) for v in batch(family, seed, s))
+            optimizer.zero_grad()
+            ((model(x) - y) ** 2).mean().backward()
+            optimizer.step()
+    monitor.stop()
+    if monitor.errors:
+        raise RuntimeError(f"PyTorch monitor: {monitor.errors}")
+    return dump
+
+
+# ---------------------------------------------------------------- the cases
+
+@dataclass
+class Outcome:
+    family: str
+    seed: int
+    step: int
+    fault: str | None  # the faulty PyTorch call, None for a benign pair
+    error: float
+    kind: str
+    named: str  # the named pair as "MindSpore call | PyTorch call"
+    exact: bool
+    module: bool
+    side: str | None  # "A", "B" or None (neither, or not replayed)
+    below_noise: bool
+    module_share: float | None
+
+
+def locate(a: Path, b: Path, step: int):
+    return msprobe_mlflow.locate(a, b, step=step, log_run=False)
+
+
+def benign_cases(family: str, seed: int, work: Path, steps) -> tuple[list[Outcome], dict]:
+    outcomes, at_fault_step = [], {}
+    for step in steps:
+        folder = work / f"{family}-{seed}-benign-{step}"
+        result = locate(train_mindspore(family, seed, folder / "ms", step), train_torch(family, seed, folder / "pt", step),
+                        step)
+        found = result.localization
+        outcomes.append(Outcome(family, seed, step, None, 0.0, found.kind, _named(found), False, False, None, False,
+                                found.module_share))
+        if step == FAULT_STEP:
+            at_fault_step = {pair.b.name: (pair, judgement) for pair, judgement in found.rows if not pair.one_sided}
+    return outcomes, at_fault_step
+
+
+def fault_cases(family: str, seed: int, work: Path, twins: dict, errors) -> list[Outcome]:
+    pairs = {name: pair for name, (pair, _) in twins.items()}
+    saved_ms = train_mindspore(family, seed, work / f"{family}-{seed}-ms-saved", FAULT_STEP,
+                               save=sorted({pair.a.name for pair in pairs.values()}))
+    outcomes = []
+    for truth, pair in pairs.items():
+        operator, number = truth.rsplit(".", 2)[0], int(truth.rsplit(".", 2)[1])
+        aten = "aten." + operator.removeprefix("Aten.")
+        for error in errors:
+            fault = WrongKernel(aten, number, error)
+            folder = work / f"{family}-{seed}-{truth}-{error:g}"
+            result = locate(saved_ms, train_torch(family, seed, folder, FAULT_STEP, save=[truth], fault=fault),
+                            FAULT_STEP)
+            if fault.injected != 1:
+                raise RuntimeError(f"{family} seed {seed}: the fault in {truth} ran {fault.injected} times")
+            found = result.localization
+            row = next((j for p, j in found.rows if p.b is not None and p.b.name == truth), None)
+            benign = twins[truth][1]
+            below = row is None or benign is None or row.output_difference <= benign.output_difference
+            named_b = found.pair.b if found.pair is not None else None
+            outcomes.append(Outcome(
+                family, seed, FAULT_STEP, truth, error, found.kind, _named(found),
+                exact=found.kind == OPERATOR and named_b is not None and named_b.name == truth,
+                module=named_b is not None and module_path(named_b.parent) == module_path(pair.b.parent),
+                side=result.side.wrong if result.side is not None else None, below_noise=below,
+                module_share=found.module_share))
+    return outcomes
+
+
+def _named(found) -> str:
+    if found.pair is None:
+        return ""
+    return " | ".join(call.name if call is not None else "-" for call in (found.pair.a, found.pair.b))
+
+
+# ---------------------------------------------------------------- the report
+
+def summarise(outcomes: list[Outcome]) -> dict:
+    def share(rows, test) -> dict:
+        return {"hits": sum(map(test, rows)), "of": len(rows)}
+
+    summary = {}
+    for group, families in (("in sample", ("mlp-ln",)), ("held out", HELD_OUT)):
+        rows = [o for o in outcomes if o.family in families]
+        faults = [o for o in rows if o.fault is not None and not o.below_noise]
+        benign = [o for o in rows if o.fault is None]
+        named = [o for o in faults if o.exact]
+        shares = [o.module_share for o in benign if o.module_share is not None]
+        summary[group] = {"exact": share(faults, lambda o: o.exact), "module": share(faults, lambda o: o.module),
+                          "side": share(named, lambda o: o.side == "B"),
+                          "benign_quiet": share(benign, lambda o: o.kind not in NAMED),
+                          "below_noise": sum(o.below_noise for o in rows if o.fault is not None),
+                          "module_share_min": min(shares, default=None)}
+    return summary
+
+
+def markdown(result: dict) -> str:
+    def cell(entry: dict) -> str:
+        return f"{entry['hits']}/{entry['of']} ({entry['hits'] / entry['of']:.0%})" if entry["of"] else "n/a"
+
+    groups = result["summary"]
+    lines = ["## Localization across frameworks: MindSpore against its PyTorch twin", "",
+             f"{result['machine']}; {result['took_s']:.0f} s; load average {result['load_before']} -> "
+             f"{result['load_after']}. Reproduce: `{result['command']}`. Design: "
+             f"`benchmarks/locate_across_frameworks.py`'s docstring.", "",
+             "| metric | target | in sample (mlp-ln) | held out (cnn-bn) |", "|---|---|---|---|"]
+    for key, label, target in (("exact", "exact operator (PyTorch call) named", "90%"),
+                               ("module", "its module named", "98%"),
+                               ("side", "side named right (B), of those named exactly", "90%"),
+                               ("benign_quiet", "benign pairs naming no operator", "29 of 30")):
+        lines.append(f"| {label} | {target} | {cell(groups['in sample'][key])} | {cell(groups['held out'][key])} |")
+    lines.append(f"| module entries aligned, lowest over benign pairs | 95% | "
+                 f"{groups['in sample']['module_share_min']:.0%} | {groups['held out']['module_share_min']:.0%} |")
+    lines.append(f"| faults below the pair's rounding at their call (not counted) | | "
+                 f"{groups['in sample']['below_noise']} | {groups['held out']['below_noise']} |")
+    misses = [o for o in result["outcomes"] if o["fault"] and not o["below_noise"] and not (o["exact"] and o["module"])]
+    loud = [o for o in result["outcomes"] if not o["fault"] and o["kind"] in NAMED]
+    if misses or loud:
+        lines += ["", "| family | seed | step | fault | d | found | named (MindSpore / PyTorch) |", "|---|---|---|---|---|---|---|"]
+        lines += [f"| {o['family']} | {o['seed']} | {o['step']} | {o['fault'] or 'benign'} | {o['error']:g} | "
+                  f"{o['kind']} | {o['named']} |" for o in misses + loud]
+    return "\n".join(lines) + "\n"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--seeds", type=int, default=3, help="seeds per family (default 3)")
+    parser.add_argument("--out", type=Path, default=RESULTS, help="folder of locate_across_frameworks.{md,json}")
+    parser.add_argument("--quick", action="store_true", help="one seed, the fault step only, d = 1e-2: the harness")
+    args = parser.parse_args()
+    if args.quick and args.out.resolve() == RESULTS.resolve():
+        parser.error("--quick needs --out: a dry run never writes into benchmarks/results/")
+    torch.set_num_threads(1)
+    ms.set_context(mode=ms.PYNATIVE_MODE)
+    seeds = range(1 if args.quick else args.seeds)
+    steps, errors = ((FAULT_STEP,), (1e-2,)) if args.quick else (BENIGN_STEPS, ERRORS)
+    start, load_before = time.perf_counter(), os.getloadavg()
+    outcomes: list[Outcome] = []
+    with tempfile.TemporaryDirectory(prefix="locate-across-") as scratch:
+        os.chdir(scratch)  # MindSpore's compiler reports
+        for family in ("mlp-ln", "cnn-bn"):
+            for seed in seeds:
+                print(f"{family} seed {seed}", file=sys.stderr, flush=True)
+                benign, twins = benign_cases(family, seed, Path(scratch), steps)
+                outcomes += benign + fault_cases(family, seed, Path(scratch), twins, errors)
+        os.chdir(ROOT)
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout
+    result = {"machine": f"{os.cpu_count()} CPUs, Python {platform.python_version()}, torch {torch.__version__} "
+                         f"(1 thread), MindSpore {ms.__version__}, msprobe-mlflow at {commit.strip()}, "
+                         f"{datetime.date.today()}",
+              "command": " ".join(["benchmarks/locate_across_frameworks.py", *sys.argv[1:]]),
+              "took_s": time.perf_counter() - start, "load_before": [round(v, 1) for v in load_before],
+              "load_after": [round(v, 1) for v in os.getloadavg()],
+              "summary": summarise(outcomes), "outcomes": [o.__dict__ for o in outcomes]}
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "locate_across_frameworks.json").write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
+    report = markdown(result)
+    (args.out / "locate_across_frameworks.md").write_text(report, encoding="utf-8")
+    print(report)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
