@@ -194,6 +194,19 @@ def test_cross_framework_benchmark_quick_pairs_every_parameter_and_writes_only_i
     assert (tmp_path / "work" / "quick" / "cross_framework.md").read_text().startswith("# Cross-framework benchmark")
 
 
+@NEEDS_MINDSPORE
+def test_locate_across_frameworks_quick_judges_both_families_and_writes_only_where_told(tmp_path):
+    run("locate_across_frameworks.py", "--quick", "--out", tmp_path / "out", cwd=tmp_path, timeout=600)
+    result = json.loads((tmp_path / "out" / "locate_across_frameworks.json").read_text())
+    assert {o["family"] for o in result["outcomes"]} == {"mlp-ln", "cnn-bn"}
+    for group in ("in sample", "held out"):
+        summary = result["summary"][group]
+        assert summary["exact"]["of"] > 0 and summary["benign_quiet"]["of"] == 1 and summary["module_share_min"] > 0
+    faults = [o for o in result["outcomes"] if o["fault"]]
+    assert all(o["fault"].startswith("Aten.") and o["error"] == 1e-2 for o in faults)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]  # MindSpore's compiler reports went elsewhere
+
+
 def test_live_benchmark_quick_measures_the_live_verdicts(tmp_path):
     run("live_benchmark.py", "--quick", "--rounds", 1, "--out", tmp_path / "out", cwd=tmp_path)
     result = json.loads((tmp_path / "out" / "live.json").read_text())
