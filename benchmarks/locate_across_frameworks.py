@@ -118,16 +118,22 @@ def train_mindspore(family: str, seed: int, dump: Path, step: int, save=()) -> P
 
 class WrongKernel(TorchDispatchMode):
     """The ``number``-th forward call of aten ``operator`` returns its first output times 1 + ``error`` while
-    ``armed``."""
+    ``armed``. Entered before the trace starts, so below the tracer's mode (the trace records the wrong result); the
+    tracer's own statistics are not counted (benchmark only: ``traces`` is the monitor's, read while it traces)."""
 
     def __init__(self, operator: str, number: int, error: float):
         super().__init__()
         self.operator, self.number, self.error = operator, number, error
-        self.armed, self.calls, self.injected = False, 0, 0
+        self.armed, self.calls, self.injected, self.traces = False, 0, 0, None
+
+    def _measuring(self) -> bool:
+        tracer = self.traces._tracer if self.traces is not None else None
+        return tracer is not None and tracer._measuring
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         output = func(*args, **(kwargs or {}))
-        if self.armed and str(func) == self.operator and torch._C._current_autograd_node() is None:
+        if self.armed and str(func) == self.operator and torch._C._current_autograd_node() is None and \
+                not self._measuring():
             if self.calls == self.number:
                 (output[0] if isinstance(output, tuple) else output).mul_(1 + self.error)
                 self.injected += 1
@@ -141,6 +147,8 @@ def train_torch(family: str, seed: int, dump: Path, step: int, save=(), fault: W
     monitor = TorchMonitor(GradProbeConfig(dump_path=str(dump)), log_to_mlflow=False, silent=True,
                            trace_steps=[step], trace_save=list(save))
     monitor.monitor(model, optimizer)
+    if fault is not None:
+        fault.traces = monitor._traces
     with fault if fault is not None else contextlib.nullcontext():
         for s in range(step + 1):
             if fault is not None:
