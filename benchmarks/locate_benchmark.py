@@ -65,7 +65,9 @@ square of the output, averaged, as loss) against the same step traced at L0, L1 
 before ``zero_grad`` to after ``backward``, the optimizer step untraced; the writing, ``build()`` and
 ``write_trace``, which the monitor does on a thread of its own, reported beside), medians over rounds, at torch's
 default threads and at one; beside it msprobe 1.0.3's ``PrecisionDebugger`` (task statistics, summary_mode
-statistics; one per process, so each level in a subprocess) on the same step, where msprobe is installed.
+statistics; one per process, so each level in a subprocess) on the same step, where msprobe is installed. And what
+``trace_steps`` costs the steps it does not trace: our monitor at L1 with ``trace_steps`` set to a step never
+reached, against the same monitor without, in alternating turns (``untraced_with_trace_steps``).
 
 Phases (``--work`` holds the traces; default ``/tmp/locate-benchmark``):
 
@@ -1064,6 +1066,30 @@ class Workload:
         return step, time.perf_counter() - start - step
 
 
+def untraced_with_trace_steps(workload: Workload, rounds: int, folder: Path, iterations: int = 5) -> dict:
+    """Our monitor at L1 with ``trace_steps`` set (a step never reached: every step untraced) against the same
+    monitor without, in turns of ``iterations`` steps, alternating which goes first: per round the ratio of the two
+    turns' median steps. What the trace option costs the steps it does not trace."""
+    from msprobe_mlflow import GradProbeConfig
+    from msprobe_mlflow.pytorch import GradientMonitor
+
+    def turn(trace_steps, index: int) -> float:
+        monitor = GradientMonitor(GradProbeConfig(dump_path=str(folder / f"turn{index}"), level="L1"),
+                                  log_to_mlflow=False, silent=True, trace_steps=trace_steps)
+        monitor.monitor(workload.model, workload.optimizer)
+        workload.untraced()  # the first probed step (its buffers), left out
+        seconds = statistics.median(workload.untraced() for _ in range(iterations))
+        monitor.stop()
+        return seconds
+
+    ratios = []
+    for round_ in range(rounds):
+        order = [((), "off"), ([10 ** 9], "on")][::1 if round_ % 2 else -1]
+        times = {label: turn(steps, 2 * round_ + i) for i, (steps, label) in enumerate(order)}
+        ratios.append(times["on"] / times["off"])
+    return {"ratio": statistics.median(ratios), "range": [min(ratios), max(ratios)]}
+
+
 def cost(work: Work, plan: Plan) -> dict:
     layers, width, batch = plan.cost_model
     load_before, start = os.getloadavg(), time.perf_counter()
@@ -1095,6 +1121,8 @@ def cost(work: Work, plan: Plan) -> dict:
                                       "ratio": statistics.median(steps) / untraced,
                                       "with_writing_ratio": statistics.median(totals) / untraced}
             row["msprobe"] = {level: msprobe_cost(level, threads, plan) for level in ("L1", "mix")}
+            row["untraced_with_trace_steps"] = untraced_with_trace_steps(workload, plan.cost_rounds,
+                                                                         scratch / "monitored")
             rows.append(row)
             shutil.rmtree(scratch, ignore_errors=True)
             scratch.mkdir(parents=True, exist_ok=True)
@@ -1278,6 +1306,12 @@ def markdown(result: dict) -> str:
                          f"{mix:.2f}x", "n/a", "n/a", met(mix, TARGETS["mix_cost"], above=False)])
             rows.append([f"... msprobe 1.0.3's statistics dump of that step at mix (published: "
                          f"{MSPROBE_PUBLISHED['mix']:g}x)", "", "", msprobe_cell(row["msprobe"]["mix"]), "", ""])
+            if "untraced_with_trace_steps" in row:  # measured since the cost phase has it
+                other = row["untraced_with_trace_steps"]
+                rows.append(["... an untraced step of a monitor with trace_steps set, against the same monitor "
+                             "without (L1)", "nothing measurable",
+                             f"{other['ratio']:.3f}x (rounds {other['range'][0]:.2f}-{other['range'][1]:.2f})",
+                             "n/a", "n/a", ""])
     injected = [r for r in faults if r["status"] != "not injected"]
     elsewhere = [r for r in injected if r.get("elsewhere")]
     no_effect = sum(bool(r.get("no_effect")) for r in injected)

@@ -35,6 +35,8 @@ def test_quick_benchmark_names_injected_faults_and_reports_every_rule(tmp_path):
     rows = result["cost"]["rows"]
     assert {level for row in rows for level in row["ours"]} == {"L0", "L1", "mix"}
     assert all(row["untraced_ms"] > 0 and row["ours"]["mix"]["ratio"] > 0 for row in rows)
+    assert all(row["untraced_with_trace_steps"]["ratio"] > 0 for row in rows)
+    assert "| ... an untraced step of a monitor with trace_steps set" in markdown
     if importlib.util.find_spec("msprobe") is None:
         assert all(row["msprobe"][level] == {"error": "msprobe not installed"} for row in rows
                    for level in ("L1", "mix"))
