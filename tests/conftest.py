@@ -7,6 +7,8 @@ import uuid
 import mlflow
 import pytest
 
+from mlflow_stores import sqlite_uri
+
 if importlib.util.find_spec("mindspore") is not None:
     import mindspore
 
@@ -89,7 +91,7 @@ def mlflow_environment_restored():
 def sqlite_store(tmp_path_factory):
     """A SQLite MLflow store for a test module, made the current one: ``(uri, folder)``."""
     folder = tmp_path_factory.mktemp("mlflow_store")
-    uri = f"sqlite:///{folder / 'mlflow.db'}"
+    uri = sqlite_uri(folder)
     previous, exported = mlflow.get_tracking_uri(), os.environ.get("MLFLOW_TRACKING_URI")
     mlflow.set_tracking_uri(uri)
     yield uri, folder
@@ -98,6 +100,13 @@ def sqlite_store(tmp_path_factory):
         os.environ.pop("MLFLOW_TRACKING_URI", None)
     else:
         os.environ["MLFLOW_TRACKING_URI"] = exported
+
+
+@pytest.fixture
+def tmp_sqlite_uri(tmp_path):
+    """The URI of a SQLite MLflow store of this test's own, ``tmp_path/mlflow.db`` (made when first opened), for the
+    processes and clients a test points at it; unlike ``sqlite_store``, not made the current one."""
+    return sqlite_uri(tmp_path)
 
 
 @pytest.fixture

@@ -6,23 +6,10 @@ from __future__ import annotations
 
 import mindspore as ms
 import mlflow
-from mindspore import Tensor, nn
+from mindspore import nn
 
 import msprobe_mlflow.mindspore
-from mindspore_training import BATCH, STEPS, X, Y, dense
-
-
-def train(net: nn.Cell, optimizer: nn.Optimizer) -> None:
-    loss_fn = nn.MSELoss()
-
-    def loss_of(x, y):
-        return loss_fn(net(x), y)
-
-    gradients_of = ms.value_and_grad(loss_of, None, optimizer.parameters)
-    for step in range(STEPS):
-        batch = slice(step * BATCH, (step + 1) * BATCH)
-        _, grads = gradients_of(Tensor(X[batch]), Tensor(Y[batch]))
-        optimizer(grads)
+from mindspore_training import custom_loop, dense, numpy_batches, squared_error_of
 
 
 def sgd(net: nn.Cell) -> nn.Optimizer:
@@ -34,11 +21,11 @@ msprobe_mlflow.mindspore.autolog("config.json")
 with mlflow.start_run() as run:
     print("RUN_ID", run.info.run_id, flush=True)
     net = dense()
-    train(net, sgd(net))
+    custom_loop(squared_error_of(net), sgd(net), numpy_batches())
 with mlflow.start_run() as run:
     print("RUN_ID", run.info.run_id, flush=True)
     net = dense()
     optimizer = sgd(net)
     from msprobe_mlflow.mindspore import GradientMonitor
     monitor = GradientMonitor("config.json").monitor(optimizer)
-    train(net, optimizer)
+    custom_loop(squared_error_of(net), optimizer, numpy_batches())

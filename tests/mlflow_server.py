@@ -12,6 +12,8 @@ import time
 import urllib.request
 from pathlib import Path
 
+from mlflow_stores import sqlite_uri
+
 
 def basic_auth_env(folder: Path, database_uri: str, admin_username: str, admin_password: str) -> dict[str, str]:
     """The environment of ``mlflow server --app-name basic-auth``: an auth config (``MLFLOW_AUTH_CONFIG_PATH``) whose
@@ -48,7 +50,7 @@ class MlflowServer:
         self.folder = Path(folder)
         self.folder.mkdir(parents=True, exist_ok=True)
         self.port = free_port()
-        self.backend_uri = backend_uri or f"sqlite:///{self.folder / 'server.db'}"
+        self.backend_uri = backend_uri or sqlite_uri(self.folder, "server.db")
         self.artifacts_destination = artifacts_destination or str(self.folder / "artifacts")
         self.extra_args = list(extra_args)
         self.env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false", **(env or {})}

@@ -18,23 +18,22 @@ import torch
 import msprobe_mlflow
 from msprobe_mlflow import GradProbeConfig
 from msprobe_mlflow.pytorch import GradientMonitor
+from tiny_models import gaussian, mlp, total, train
 
 FAIL_AT = 2
 
 
-def train(model, optimizer, steps: int, fail_at: int | None = None) -> None:
-    generator = torch.Generator().manual_seed(0)
-    for step in range(steps):
+def train_steps(model, optimizer, steps: int, fail_at: int | None = None) -> None:
+    """``steps`` training steps; the step ``fail_at``, if any, raises before it starts."""
+    def fail(step, *_):
         if step == fail_at:
             raise RuntimeError(f"training fails at step {step} on purpose")
-        optimizer.zero_grad()
-        model(torch.randn(16, 8, generator=generator)).sum().backward()
-        optimizer.step()
+
+    train(model, steps, optimizer=optimizer, data=gaussian(16, 8), loss=total, seed=0, before_step=fail)
 
 
 def main(mode: str, dump: str) -> None:
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 4))
+    model = mlp(8, 16, 4)
     config = GradProbeConfig(dump_path=dump, level="L1")
     if mode == "autolog-every-rank":
         import torch.distributed as dist
@@ -44,7 +43,7 @@ def main(mode: str, dump: str) -> None:
         optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
         msprobe_mlflow.autolog(config)
         with mlflow.start_run() as run:  # the README's snippet, copied onto every rank
-            train(model, optimizer, 2)
+            train_steps(model, optimizer, 2)
             if dist.get_rank() == 0:
                 print("RUN_ID", run.info.run_id, flush=True)
         dist.destroy_process_group()
@@ -54,21 +53,21 @@ def main(mode: str, dump: str) -> None:
         with mlflow.start_run() as run:
             print("RUN_ID", run.info.run_id, flush=True)
             with GradientMonitor(config).monitor(model, optimizer):
-                train(model, optimizer, 4, FAIL_AT)
+                train_steps(model, optimizer, 4, FAIL_AT)
         return
     run = mlflow.start_run()
     print("RUN_ID", run.info.run_id, flush=True)
     monitor = GradientMonitor(config).monitor(model, optimizer)
     if mode == "raise-uncaught":
-        train(model, optimizer, 4, FAIL_AT)
+        train_steps(model, optimizer, 4, FAIL_AT)
     elif mode == "wait-to-be-killed":
-        train(model, optimizer, 3)
+        train_steps(model, optimizer, 3)
         monitor.flush()
         print("TRAINED", flush=True)
         sys.stdin.read()  # the test never writes: this process ends by its SIGKILL
     elif mode == "raise-with-finally":
         try:
-            train(model, optimizer, 4, FAIL_AT)
+            train_steps(model, optimizer, 4, FAIL_AT)
         finally:
             monitor.stop()
     else:

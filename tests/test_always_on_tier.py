@@ -26,28 +26,16 @@ from msprobe_mlflow.pytorch import GradientMonitor
 from msprobe_mlflow.sinks.baseline import BaselineOptions, verdict_line
 from msprobe_mlflow.tracking.upload import upload_dump
 from msprobe_mlflow.torch_kernels.statistics import _device_statistics, launch_step_statistics
+from tiny_models import fixed, gaussian, mlp, sgd, sine, total, train
 
 STEPS = 8
 NAMES = ["0.weight", "0.bias", "2.weight", "2.bias"]
 
 
-def small_model() -> torch.nn.Module:
-    torch.manual_seed(0)
-    return torch.nn.Sequential(torch.nn.Linear(6, 16), torch.nn.Tanh(), torch.nn.Linear(16, 3))
-
-
-def train(dump: Path, steps: int = STEPS, level: str = "L1", **options) -> GradientMonitor:
+def monitored_training(dump: Path, steps: int = STEPS, level: str = "L1", **options) -> GradientMonitor:
     """Trains the small model on a fixed data stream with the monitor on; returns the stopped monitor."""
-    model = small_model()
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
-    monitor = GradientMonitor(GradProbeConfig(dump_path=str(dump), level=level), log_to_mlflow=False,
-                              **options).monitor(model, optimizer)
-    data = torch.Generator().manual_seed(1)
-    for _ in range(steps):
-        x = torch.randn(16, 6, generator=data)
-        optimizer.zero_grad()
-        torch.nn.functional.mse_loss(model(x), torch.sin(x[:, :3])).backward()
-        optimizer.step()
+    monitor = GradientMonitor(GradProbeConfig(dump_path=str(dump), level=level), log_to_mlflow=False, **options)
+    train(mlp(6, 16, 3), steps, optimizer=sgd(0.05), monitor=monitor, data=gaussian(16, 6, target=sine(3)))
     monitor.stop()
     return monitor
 
@@ -151,8 +139,8 @@ def test_the_device_path_without_directions_computes_no_sign_bits_and_the_same_s
 
 # --- the monitor and its dump --------------------------------------------------------------------------------------
 def test_every_nth_step_has_directions_and_every_step_its_statistics_as_a_full_run(tmp_path):
-    full = train(tmp_path / "full", level="L2")
-    tier = train(tmp_path / "tier", level="L2", directions_every_n_steps=3)
+    full = monitored_training(tmp_path / "full", level="L2")
+    tier = monitored_training(tmp_path / "tier", level="L2", directions_every_n_steps=3)
     assert full.errors == [] and tier.errors == []
     assert summary_steps(rank_dir(tmp_path / "tier", 0)) == list(range(STEPS))
     assert direction_steps(tmp_path / "tier") == [0, 3, 6]
@@ -169,16 +157,12 @@ def test_every_nth_step_has_directions_and_every_step_its_statistics_as_a_full_r
 def steady_training(dump: Path, factors: dict[int, float], steps: int, **options) -> GradientMonitor:
     """The same gradients at every step (learning rate 0, one batch), multiplied by ``factors[step]`` at some
     steps; ``monitor.flush()`` after each step, so the writer thread has judged it before the next one starts."""
-    model = small_model()
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.0)
     monitor = GradientMonitor(GradProbeConfig(dump_path=str(dump)), log_to_mlflow=False, silent=True, **options)
-    monitor.monitor(model, optimizer)
     x = torch.randn(16, 6, generator=torch.Generator().manual_seed(1))
-    for step in range(steps):
-        optimizer.zero_grad()
-        (torch.nn.functional.mse_loss(model(x), torch.sin(x[:, :3])) * factors.get(step, 1.0)).backward()
-        optimizer.step()
-        monitor.flush()
+    train(mlp(6, 16, 3), steps, optimizer=sgd(0.0), monitor=monitor,
+          data=lambda step, _: (x, factors.get(step, 1.0)),  # the target: the step's factor
+          loss=lambda output, factor: torch.nn.functional.mse_loss(output, torch.sin(x[:, :3])) * factor,
+          after_step=lambda step: monitor.flush())
     monitor.stop()
     return monitor
 
@@ -211,12 +195,7 @@ def test_autolog_takes_the_tier_options_and_refuses_bad_ones_at_once(tmp_experim
     msprobe_mlflow.autolog(dump_path=str(tmp_path / "dumps"), directions_every_n_steps=4)
     try:
         with mlflow.start_run() as run:
-            model = small_model()
-            optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
-            for _ in range(6):
-                optimizer.zero_grad()
-                model(torch.ones(2, 6)).sum().backward()
-                optimizer.step()
+            train(mlp(6, 16, 3), 6, optimizer=sgd(0.05), data=fixed(torch.ones(2, 6)), loss=total)
     finally:
         msprobe_mlflow.autolog(disable=True)
     assert direction_steps(tmp_path / "dumps" / run.info.run_id) == [0, 4]
@@ -232,15 +211,9 @@ def artifact_tree(client: MlflowClient, run_id: str) -> tuple[list[str], list[st
 
 
 def test_the_mlflow_sink_and_upload_send_every_csv_and_only_the_directions_recorded(tmp_experiment, tmp_path):
-    model = small_model()
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
     with mlflow.start_run() as run:
-        monitor = GradientMonitor(GradProbeConfig(dump_path=str(tmp_path / "dump")),
-                                  directions_every_n_steps=3).monitor(model, optimizer)
-        for _ in range(5):
-            optimizer.zero_grad()
-            model(torch.ones(2, 6)).sum().backward()
-            optimizer.step()
+        monitor = GradientMonitor(GradProbeConfig(dump_path=str(tmp_path / "dump")), directions_every_n_steps=3)
+        train(mlp(6, 16, 3), 5, optimizer=sgd(0.05), monitor=monitor, data=fixed(torch.ones(2, 6)), loss=total)
         monitor.stop()
     assert monitor.errors == []
     client = MlflowClient()
@@ -254,8 +227,8 @@ def test_the_mlflow_sink_and_upload_send_every_csv_and_only_the_directions_recor
 
 # --- the comparator and the live verdict ---------------------------------------------------------------------------
 def test_compare_takes_the_steps_with_directions_in_both_and_names_the_others(tmp_path):
-    train(tmp_path / "full")
-    train(tmp_path / "tier", directions_every_n_steps=3)
+    monitored_training(tmp_path / "full")
+    monitored_training(tmp_path / "tier", directions_every_n_steps=3)
     comparison = compare_dumps(tmp_path / "full", tmp_path / "tier", tmp_path / "out", plots=False)
     (rank,) = comparison.ranks
     assert rank.steps == [0, 3, 6] and rank.summary == [1.0, 1.0, 1.0]
@@ -266,7 +239,7 @@ def test_compare_takes_the_steps_with_directions_in_both_and_names_the_others(tm
 
 
 def test_compare_refuses_a_dump_none_of_whose_steps_has_directions_saying_why(tmp_path):
-    train(tmp_path / "full", steps=3)
+    monitored_training(tmp_path / "full", steps=3)
     steady_training(tmp_path / "none", {}, 3, directions_every_n_steps=0, directions_on_anomaly=True)
     assert summary_steps(rank_dir(tmp_path / "none", 0)) == [0, 1, 2] and direction_steps(tmp_path / "none") == []
     with pytest.raises(CompareInputError, match="always-on tier dump none of whose steps recorded them"):
@@ -274,8 +247,8 @@ def test_compare_refuses_a_dump_none_of_whose_steps_has_directions_saying_why(tm
 
 
 def test_the_live_verdict_compares_the_steps_with_directions_and_lists_the_others(tmp_path):
-    train(tmp_path / "baseline")
-    monitor = train(tmp_path / "tier", baseline=str(tmp_path / "baseline"), directions_every_n_steps=3)
+    monitored_training(tmp_path / "baseline")
+    monitor = monitored_training(tmp_path / "tier", baseline=str(tmp_path / "baseline"), directions_every_n_steps=3)
     assert monitor.errors == []
     verdict = json.loads((findings_dir(tmp_path / "tier", 0) / "verdict.json").read_text())
     assert verdict["compared_steps"] == [0, 3, 6]
@@ -286,8 +259,8 @@ def test_the_live_verdict_compares_the_steps_with_directions_and_lists_the_other
 
 
 def test_a_full_run_against_a_tier_baseline_reports_the_steps_the_baseline_has_no_directions_for(tmp_path):
-    train(tmp_path / "baseline", directions_every_n_steps=4)
-    monitor = train(tmp_path / "full", baseline=str(tmp_path / "baseline"), silent=True)
+    monitored_training(tmp_path / "baseline", directions_every_n_steps=4)
+    monitor = monitored_training(tmp_path / "full", baseline=str(tmp_path / "baseline"), silent=True)
     verdict = json.loads((findings_dir(tmp_path / "full", 0) / "verdict.json").read_text())
     assert monitor.errors == []
     assert verdict["compared_steps"] == [0, 4]

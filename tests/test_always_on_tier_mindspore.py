@@ -6,8 +6,9 @@ import numpy as np
 import pytest
 
 ms = pytest.importorskip("mindspore", reason="MindSpore is not installed (the torch-only stage)")
-from mindspore import Tensor, nn, ops  # noqa: E402
+from mindspore import Tensor, nn  # noqa: E402
 
+from mindspore_training import MLP, custom_loop, nan_in_the_first_bias_at, sine_batches, squared_error_of  # noqa: E402
 from msprobe_mlflow import GradProbeConfig  # noqa: E402
 from msprobe_mlflow.directions import read_step_directions  # noqa: E402
 from msprobe_mlflow.dump import indexed_children, rank_dir, summary_csv_path, summary_steps  # noqa: E402
@@ -25,17 +26,8 @@ def in_tmp_path_and_mode_restored(tmp_path, monkeypatch):
     ms.set_context(mode=previous)
 
 
-class MLP(nn.Cell):
-    def __init__(self):
-        super().__init__()
-        self.fc1 = nn.Dense(4, 16)
-        self.fc2 = nn.Dense(16, 2)
-
-    def construct(self, x):
-        return self.fc2(ops.tanh(self.fc1(x)))
-
-
-def train(dump, steps: int, mode: str = "pynative", nan_at: int | None = None, **options) -> GradientMonitor:
+def monitored_training(dump, steps: int, mode: str = "pynative", nan_at: int | None = None,
+                       **options) -> GradientMonitor:
     """PyNative: ``optimizer(grads)`` from Python (``nan_at``: that step's gradients get a NaN), then a flush and a
     collection, so that a trigger is found and armed before the next step starts; graph: a ``TrainOneStepCell``
     and ``collect()`` after each step."""
@@ -45,24 +37,18 @@ def train(dump, steps: int, mode: str = "pynative", nan_at: int | None = None, *
     optimizer = nn.SGD(net.trainable_params(), learning_rate=0.1)
     monitor = GradientMonitor(GradProbeConfig(dump_path=str(dump), level="L1"), log_to_mlflow=False, silent=True,
                               **options).monitor(optimizer)
-    loss_fn = nn.MSELoss()
-    train_one_step = nn.TrainOneStepCell(nn.WithLossCell(net, loss_fn), optimizer)
-    grad_fn = ms.value_and_grad(lambda x, y: loss_fn(net(x), y), None, optimizer.parameters)
-    data = np.random.default_rng(1)
-    for step in range(steps):
-        x = data.standard_normal((8, 4)).astype(np.float32)
-        if mode == "graph":
-            train_one_step(Tensor(x), Tensor(np.sin(x[:, :2])))
+    if mode == "graph":
+        train_one_step = nn.TrainOneStepCell(nn.WithLossCell(net, nn.MSELoss()), optimizer)
+        for x, y in sine_batches(steps):
+            train_one_step(Tensor(x), Tensor(y))
             monitor.collect()
-            continue
-        _, grads = grad_fn(Tensor(x), Tensor(np.sin(x[:, :2])))
-        if step == nan_at:
-            bias = grads[1].asnumpy().copy()
-            bias[0] = np.nan
-            grads = (grads[0], Tensor(bias), *grads[2:])
-        optimizer(grads)
-        monitor.flush()  # the writer thread has judged the step (and fired the trigger, if any)...
-        monitor.collect()  # ...and the probe is armed before the next step
+    else:
+        def judged_and_armed(step):
+            monitor.flush()  # the writer thread has judged the step (and fired the trigger, if any)...
+            monitor.collect()  # ...and the probe is armed before the next step
+
+        custom_loop(squared_error_of(net), optimizer, sine_batches(steps),
+                    change_gradients=nan_in_the_first_bias_at(nan_at), after_step=judged_and_armed)
     monitor.stop()
     return monitor
 
@@ -73,8 +59,8 @@ def direction_steps(dump) -> list[int]:
 
 @pytest.mark.parametrize("mode", list(MODES))
 def test_every_nth_step_has_directions_and_every_step_the_statistics_of_a_full_run(tmp_path, mode):
-    full = train(tmp_path / "full", 7, mode)
-    tier = train(tmp_path / "tier", 7, mode, directions_every_n_steps=3)
+    full = monitored_training(tmp_path / "full", 7, mode)
+    tier = monitored_training(tmp_path / "tier", 7, mode, directions_every_n_steps=3)
     assert full.errors == [] and tier.errors == []
     assert summary_steps(rank_dir(tmp_path / "tier", 0)) == list(range(7))
     assert direction_steps(tmp_path / "tier") == [0, 3, 6]
@@ -91,8 +77,8 @@ def test_every_nth_step_has_directions_and_every_step_the_statistics_of_a_full_r
 
 def test_a_nan_gradient_arms_directions_for_the_next_steps_once(tmp_path):
     # the NaN step's statistics reach the writer after step 2, which arms the probe for steps 3 and 4
-    monitor = train(tmp_path, 9, nan_at=2, directions_every_n_steps=0, directions_on_anomaly=True,
-                    directions_steps_after_anomaly=2)
+    monitor = monitored_training(tmp_path, 9, nan_at=2, directions_every_n_steps=0, directions_on_anomaly=True,
+                                 directions_steps_after_anomaly=2)
     assert monitor.errors == []
     assert summary_steps(rank_dir(tmp_path, 0)) == list(range(9))
     assert direction_steps(tmp_path) == [3, 4]

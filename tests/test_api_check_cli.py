@@ -44,10 +44,9 @@ def test_erfinv_of_the_example_really_is_inaccurate_in_mindspore_on_this_cpu():
     assert np.abs(mint.erfinv(mindspore.Tensor(x)).asnumpy() - truth).max() > 0.001
 
 
-def test_statistics_example_end_to_end_with_mlflow(tmp_path):
+def test_statistics_example_end_to_end_with_mlflow(tmp_path, tmp_sqlite_uri):
     dump = EXAMPLE / "statistics" / "api_info.json"
-    uri = f"sqlite:///{tmp_path}/mlflow.db"
-    done = api_check(dump, "--output", tmp_path / "out", "--tracking-uri", uri, "--experiment", "example",
+    done = api_check(dump, "--output", tmp_path / "out", "--tracking-uri", tmp_sqlite_uri, "--experiment", "example",
                      cwd=tmp_path)  # the new experiment's artifacts go to ./mlruns
     assert done.returncode == 3, done.stderr  # one API fails
     names = api_names(dump)
@@ -65,7 +64,7 @@ def test_statistics_example_end_to_end_with_mlflow(tmp_path):
     # reduced losses: a 0-d output and a 0-d backward input, recorded through the hook as msprobe does
     assert statuses["MintFunctional.nll_loss.0"] == statuses["MintFunctional.smooth_l1_loss.0"] == ["pass", "pass"]
     run_id = done.stdout.split("MLflow run: ")[1].split()[0]
-    client = MlflowClient(uri)
+    client = MlflowClient(tmp_sqlite_uri)
     experiment_id = client.get_experiment_by_name("example").experiment_id
     failures = client.search_runs([experiment_id], filter_string="tags.status = 'error'")
     nested = client.search_runs([experiment_id], filter_string=f"tags.mlflow.parentRunId = '{run_id}'")
@@ -111,12 +110,12 @@ def test_unreadable_dump_exits_2_with_the_reason_and_writes_nothing(tmp_path):
     assert not (tmp_path / "out").exists()
 
 
-def test_a_parent_run_mlflow_does_not_know_exits_2_before_anything_is_made(tmp_path):
+def test_a_parent_run_mlflow_does_not_know_exits_2_before_anything_is_made(tmp_path, tmp_sqlite_uri):
     """The parent run is looked up before the output folder is made: a wrong --run-id leaves no empty folder and
     no message about CSVs that were never written."""
     missing = "0" * 32
     code, out, err = run_in_process(EXAMPLE / "tensor" / "api_info.json", "--output", tmp_path / "out",
-                                    "--tracking-uri", f"sqlite:///{tmp_path}/mlflow.db", "--run-id", missing)
+                                    "--tracking-uri", tmp_sqlite_uri, "--run-id", missing)
     assert code == 2
     assert f"msprobe-mlflow api-check: error: Run with id={missing} not found" in err
     assert "CSV" not in err and out == ""
@@ -152,13 +151,14 @@ def environment_without(module, folder):
 
 
 @pytest.mark.parametrize("module", ["torch", "mindspore"])
-def test_without_torch_or_mindspore_the_check_exits_2_naming_the_extra_and_records_nothing(tmp_path, module):
+def test_without_torch_or_mindspore_the_check_exits_2_naming_the_extra_and_records_nothing(tmp_path, tmp_sqlite_uri,
+                                                                                          module):
     """It marked every API error (17 nested [error] runs, pass_rate 0, exit 3): the environment read as accuracy."""
     env = environment_without(module, tmp_path / "python_path")
     assert subprocess.run([sys.executable, "-c", f"import {module}"], env=env, capture_output=True).returncode == 1
     done = subprocess.run([sys.executable, "-m", "msprobe_mlflow", "api-check", str(EXAMPLE / "statistics" /
                                                                                     "api_info.json"),
-                           "--output", str(tmp_path / "out"), "--tracking-uri", f"sqlite:///{tmp_path}/mlflow.db"],
+                           "--output", str(tmp_path / "out"), "--tracking-uri", tmp_sqlite_uri],
                           cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 2, done.stdout
     [line] = done.stderr.splitlines()

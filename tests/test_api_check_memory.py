@@ -47,13 +47,12 @@ def test_a_tensor_task_file_counts_no_more_elements_than_it_holds(tmp_path):
     assert memory_needed(call) == 2 * (10 // 4) * (8 + 2 * 4)
 
 
-def test_a_call_too_big_for_this_machine_is_out_of_memory_and_never_an_error(tmp_path):
+def test_a_call_too_big_for_this_machine_is_out_of_memory_and_never_an_error(tmp_path, tmp_sqlite_uri):
     path = write_dump(tmp_path, {
         "Mint.abs.0.forward": {"input_args": [stat(HUGE)], "input_kwargs": {}, "output": [stat(HUGE, low=0.0)]},
         "Mint.abs.1.forward": {"input_args": [stat([2, 3])], "input_kwargs": {}}})
-    uri = f"sqlite:///{tmp_path}/mlflow.db"
     result = CliRunner().invoke(main, ["api-check", str(path), "--output", str(tmp_path / "out"),
-                                       "--tracking-uri", uri, "--experiment", "memory"])
+                                       "--tracking-uri", tmp_sqlite_uri, "--experiment", "memory"])
     needed_gib = 2 * 2**50 * (8 + 2 * 4) / 2**30  # input and output, Float32
     message = f"not checked: needs {needed_gib:.1f} GiB of memory (estimated from the recorded shapes and dtypes)"
     assert result.exit_code == 0, result.output
@@ -61,7 +60,7 @@ def test_a_call_too_big_for_this_machine_is_out_of_memory_and_never_an_error(tmp
     assert f"  Mint.abs.0  {message}, " in result.stdout
     results = read_csv(next((tmp_path / "out").glob("accuracy_checking_result_*.csv")))
     assert results[1][:3] == ["Mint.abs.0", "out_of_memory", ""] and results[1][3].startswith(message)
-    client = MlflowClient(uri)
+    client = MlflowClient(tmp_sqlite_uri)
     run = client.get_run(result.stdout.split("MLflow run: ")[1].split()[0])
     assert run.data.metrics["apis_error"] == 0 and run.data.metrics["apis_out_of_memory"] == 1
     assert run.data.metrics["pass_rate"] == 1.0 and run.data.tags["error_apis"] == ""

@@ -15,6 +15,8 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
+from mlflow_stores import sqlite_uri
+
 pytest.importorskip("mindspore", reason="MindSpore is not installed (the torch-only stage)")
 
 TESTS = Path(__file__).resolve().parent
@@ -52,7 +54,7 @@ if "torch" in sys.modules:
 def probed_frameworks(tmp_path: Path, before: str, after: str) -> dict[str, list[int]]:
     """Runs the script with ``before`` and ``after`` around ``autolog()``; returns, per framework it trained, the
     steps at which that training's run got ``grad/rank0/total_norm``."""
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    uri = sqlite_uri(tmp_path)
     script = tmp_path / "train.py"
     script.write_text(SCRIPT.format(tests=str(TESTS), repo=str(TESTS.parent), uri=uri, before=before, after=after,
                                     dump=str(tmp_path / "dump")))

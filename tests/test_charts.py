@@ -14,6 +14,7 @@ from mlflow.tracking import MlflowClient
 
 from msprobe_mlflow import GradProbeConfig
 from msprobe_mlflow.pytorch import GradientMonitor
+from tiny_models import mlp, train
 
 BOUNDS = [-0.05, 0, 0.05]
 STEPS = 3
@@ -29,23 +30,21 @@ def read_title(title: str):
     return lambda g: (g > low if low is not None else True) & (g <= high if high is not None else True)
 
 
-def train(monitor: GradientMonitor, *, clip: float | None = None, before_clipping: bool = False):
-    """A few SGD steps of a small model; returns the gradients of each step as recorded (float64 numpy)."""
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 3))
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-    monitor.monitor(model, optimizer)
-    generator, recorded = torch.Generator().manual_seed(1), []
-    for _ in range(STEPS):
-        optimizer.zero_grad()
-        x = torch.randn(32, 8, generator=generator)
-        torch.nn.functional.mse_loss(model(x), 3 * torch.randn(32, 3, generator=generator)).backward()
+def recorded_training(monitor: GradientMonitor, *, clip: float | None = None, before_clipping: bool = False):
+    """A few SGD steps of a small model under ``monitor`` (stopped after them); returns the gradients of each step
+    as recorded (float64 numpy)."""
+    recorded = []
+
+    def record(step, model):
         if before_clipping:
             monitor.record_gradients()
         recorded.append(np.concatenate([p.grad.double().numpy().ravel() for p in model.parameters()]))
         if clip is not None:
             torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
-        optimizer.step()
+
+    train(mlp(8, 16, 3), STEPS, monitor=monitor, after_backward=record,
+          data=lambda step, generator: (torch.randn(32, 8, generator=generator),
+                                        3 * torch.randn(32, 3, generator=generator)))
     monitor.stop()
     return recorded
 
@@ -58,7 +57,8 @@ def histories(run_id: str) -> dict[str, list[float]]:
 
 def test_bucket_chart_titles_say_in_words_what_their_values_count(tmp_experiment, tmp_path):
     with mlflow.start_run() as run:
-        grads = train(GradientMonitor(GradProbeConfig(dump_path=str(tmp_path / "dump"), level="L2", bounds=BOUNDS)))
+        grads = recorded_training(GradientMonitor(GradProbeConfig(dump_path=str(tmp_path / "dump"), level="L2",
+                                                                  bounds=BOUNDS)))
     charts = histories(run.info.run_id)
     sections = {}
     for key in charts:
@@ -78,8 +78,8 @@ def test_bucket_chart_titles_say_in_words_what_their_values_count(tmp_experiment
 def test_a_loop_that_records_before_clipping_says_its_total_norm_is_the_norm_before_clipping(tmp_experiment,
                                                                                               tmp_path):
     with mlflow.start_run() as run:
-        grads = train(GradientMonitor(GradProbeConfig(dump_path=str(tmp_path / "dump"), level="L1")), clip=0.01,
-                      before_clipping=True)
+        grads = recorded_training(GradientMonitor(GradProbeConfig(dump_path=str(tmp_path / "dump"), level="L1")),
+                                  clip=0.01, before_clipping=True)
     norms = histories(run.info.run_id)["grad/rank0/total_norm"]
     np.testing.assert_allclose(norms, [np.linalg.norm(g) for g in grads], rtol=1e-6)
     assert min(norms) > 10 * 0.01 and not math.isclose(norms[0], norms[-1])  # not the clip value: the real norm

@@ -55,10 +55,10 @@ def free_port() -> int:
         return probe.getsockname()[1]
 
 
-def test_upload_to_a_run_that_does_not_exist_exits_2_with_one_line_naming_the_run(tmp_path):
+def test_upload_to_a_run_that_does_not_exist_exits_2_with_one_line_naming_the_run(tmp_path, tmp_sqlite_uri):
     (tmp_path / "dump" / "rank0").mkdir(parents=True)  # a dump with nothing to send: the run is looked up first
     missing = "0123456789abcdef0123456789abcdef"
-    env = {**os.environ, "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path}/mlflow.db"}
+    env = {**os.environ, "MLFLOW_TRACKING_URI": tmp_sqlite_uri}
     MlflowClient(env["MLFLOW_TRACKING_URI"]).search_experiments()  # the store exists (tests/test_cli_stores.py: none)
     done = subprocess.run([sys.executable, "-m", "msprobe_mlflow", "upload", str(tmp_path / "dump"), "--run-id",
                            missing], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
@@ -142,9 +142,9 @@ def test_comparing_two_dumps_without_mlflow_never_asks_the_tracking_server(tmp_p
     ("compare", "file", "A = 'given' is a file, not a folder; expected a grad_probe dump folder"),
 ])
 def test_a_dump_path_that_is_not_a_dump_says_what_is_there_and_what_is_expected(command, make, expected, tmp_path,
-                                                                                monkeypatch):
+                                                                                tmp_sqlite_uri, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path}/mlflow.db")
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", tmp_sqlite_uri)
     if make == "file":
         (tmp_path / "given").write_text("{}")
     elif make == "folder":
@@ -164,16 +164,15 @@ def test_a_usage_error_is_one_line_and_exits_2():
 
 @pytest.mark.parametrize("command, arguments", [("upload", ["{tmp_path}"]), ("compare", ["run_a", "run_b"]),
                                                 ("api-check", [str(API_INFO)])])
-def test_tracking_uri_is_taken_from_MLFLOW_TRACKING_URI(command, arguments, tmp_path, monkeypatch):
-    uri = f"sqlite:///{tmp_path}/mlflow.db"
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+def test_tracking_uri_is_taken_from_MLFLOW_TRACKING_URI(command, arguments, tmp_path, tmp_sqlite_uri, monkeypatch):
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", tmp_sqlite_uri)
     arguments = [argument.format(tmp_path=tmp_path) for argument in arguments]
     with main.get_command(None, command).make_context(command, arguments) as context:
-        assert context.params["tracking_uri"] == uri
+        assert context.params["tracking_uri"] == tmp_sqlite_uri
 
 
-def test_the_tracking_uri_option_wins_over_the_environment(tmp_path, monkeypatch):
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", "sqlite:///elsewhere.db")
+def test_the_tracking_uri_option_wins_over_the_environment(tmp_sqlite_uri, monkeypatch):
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", tmp_sqlite_uri)
     with main.get_command(None, "compare").make_context("compare", ["a", "b", "--tracking-uri", "http://x"]) as ctx:
         assert ctx.params["tracking_uri"] == "http://x"
 

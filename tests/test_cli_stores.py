@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from mlflow_stores import sqlite_uri
 from msprobe_mlflow.tracking.run_dump import read_statistics
 from msprobe_mlflow.tracking.server import NoTrackingStore
 from test_cli import cli
@@ -121,7 +122,7 @@ def test_comparing_two_dumps_into_a_comparison_run_still_creates_the_default_sto
 
 
 def test_read_statistics_of_a_run_in_a_store_that_does_not_exist_is_refused_creating_nothing(tmp_path):
-    uri = f"sqlite:///{tmp_path / 'absent.db'}"
+    uri = sqlite_uri(tmp_path, "absent.db")
     with pytest.raises(NoTrackingStore) as refused:
         read_statistics(RUN_A, tracking_uri=uri)
     assert str(refused.value) == no_store_message(f"source = {RUN_A!r}", tmp_path / "absent.db", uri)

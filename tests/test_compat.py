@@ -87,19 +87,18 @@ def test_current_experiment_id_gone_is_an_error_naming_mlflow(tmp_experiment, mo
         compat.current_experiment_id()
 
 
-def test_lightnings_trainer_and_mlflow_loggers_uri(tmp_path, monkeypatch):
+def test_lightnings_trainer_and_mlflow_loggers_uri(tmp_sqlite_uri, monkeypatch):
     lightning = pytest.importorskip("lightning")
     from lightning.pytorch.loggers import MLFlowLogger
 
-    uri = f"sqlite:///{tmp_path / 'lightning.db'}"
-    logger = MLFlowLogger(tracking_uri=uri)
+    logger = MLFlowLogger(tracking_uri=tmp_sqlite_uri)
     trainer = lightning.Trainer(logger=logger, accelerator="cpu", devices=1, enable_progress_bar=False,
                                 enable_checkpointing=False, enable_model_summary=False)
     model = lightning.LightningModule()
     model.trainer = trainer
     assert compat.lightning_trainer(model) is trainer
     assert compat.lightning_trainer(torch.nn.Linear(1, 1)) is None
-    assert compat.mlflow_logger_tracking_uri(logger) == uri
+    assert compat.mlflow_logger_tracking_uri(logger) == tmp_sqlite_uri
     monkeypatch.delattr(logger, "_tracking_uri")  # a newer Lightning: the caller falls back to the active URI
     assert compat.mlflow_logger_tracking_uri(logger) is None
 

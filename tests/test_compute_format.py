@@ -15,36 +15,33 @@ from msprobe_mlflow.directions import _layout_fields, read_packed, step_compute_
 from msprobe_mlflow.dump import step_dir
 from msprobe_mlflow.formats import coarsest
 from msprobe_mlflow.pytorch import GradientMonitor
+from tiny_models import gaussian, mlp, train
 
 
-def train(dump: Path, dtype=torch.float32, autocast: bool = False, through=None, steps: int = 2) -> list:
-    """Trains a small model ``steps`` steps under the monitor; ``through(model)`` is what the forward calls."""
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2)).to(dtype)
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-    monitor = GradientMonitor(GradProbeConfig(dump_path=str(dump), level="L1"), log_to_mlflow=False)
-    monitor.monitor(model, optimizer)
-    forward = (through or (lambda m: m))(model)
-    for _ in range(steps):
+def recorded_formats(dump: Path, dtype=torch.float32, autocast: bool = False, through=None, steps: int = 2) -> list:
+    """Trains a small model ``steps`` steps under the monitor; ``through(model)`` is what the forward calls.
+    Returns the format recorded at each step."""
+    def forward(model, x):
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
-            out = forward(torch.randn(4, 8, dtype=dtype))
-        loss = out.float().square().mean()
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
+            return (through or (lambda m: m))(model)(x)
+
+    monitor = GradientMonitor(GradProbeConfig(dump_path=str(dump), level="L1"), log_to_mlflow=False)
+    train(mlp(8, 8, 2, activation=torch.nn.ReLU).to(dtype), steps, monitor=monitor, forward=forward,
+          data=gaussian(4, 8, dtype=dtype), seed=None, loss=lambda out, _: out.float().square().mean())
     monitor.stop()
     return [step_compute_format(step_dir(dump, 0, step)) for step in range(steps)]
 
 
 def test_the_monitor_records_the_format_torch_computes_in(tmp_path):
-    assert train(tmp_path / "float32") == ["float32", "float32"]
-    assert train(tmp_path / "float64", torch.float64) == ["float64", "float64"]
-    assert train(tmp_path / "autocast", autocast=True) == ["bfloat16", "bfloat16"]
-    assert train(tmp_path / "bf16", torch.bfloat16) == ["bfloat16", "bfloat16"]
+    assert recorded_formats(tmp_path / "float32") == ["float32", "float32"]
+    assert recorded_formats(tmp_path / "float64", torch.float64) == ["float64", "float64"]
+    assert recorded_formats(tmp_path / "autocast", autocast=True) == ["bfloat16", "bfloat16"]
+    assert recorded_formats(tmp_path / "bf16", torch.bfloat16) == ["bfloat16", "bfloat16"]
     try:
         torch.set_float32_matmul_precision("high")  # float32 matmuls may use TF32
-        assert train(tmp_path / "high") == ["tf32", "tf32"]
-        assert train(tmp_path / "high_float64", torch.float64) == ["float64", "float64"]  # no TF32 for float64
+        assert recorded_formats(tmp_path / "high") == ["tf32", "tf32"]
+        high_float64 = recorded_formats(tmp_path / "high_float64", torch.float64)
+        assert high_float64 == ["float64", "float64"]  # no TF32 for float64
     finally:
         torch.set_float32_matmul_precision("highest")
 
@@ -54,7 +51,7 @@ def test_the_format_is_not_known_where_no_forward_of_the_monitored_model_ran(tmp
     def layer_by_layer(model):
         return lambda x: model[2](model[1](model[0](x)))
 
-    assert train(tmp_path / "past", through=layer_by_layer) == [None, None]
+    assert recorded_formats(tmp_path / "past", through=layer_by_layer) == [None, None]
 
 
 def test_the_archive_holds_the_format_as_np_savez_writes_it_and_refuses_another(tmp_path):

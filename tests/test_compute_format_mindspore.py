@@ -4,24 +4,23 @@ GRAPH_MODE), the device's precision mode; none where the step's gradients show a
 see; and a MindSpore run against its PyTorch twin judged at the float32 both recorded."""
 from __future__ import annotations
 
-from collections import OrderedDict
-
 import numpy as np
 import pytest
 
 ms = pytest.importorskip("mindspore", reason="MindSpore is not installed (the torch-only stage)")
 pytest.importorskip("torch")
-from mindspore import Tensor, amp, nn  # noqa: E402
+from mindspore import amp, nn  # noqa: E402
 from mindspore.train import Model  # noqa: E402
 
-from mindspore_training import BATCH, STEPS, X, Y, batches, dense  # noqa: E402
+from mindspore_training import STEPS, batches, custom_loop, dense, numpy_batches  # noqa: E402
 from msprobe_mlflow import GradProbeConfig, compare_dumps  # noqa: E402
 from msprobe_mlflow.directions import step_compute_format  # noqa: E402
 from msprobe_mlflow.dump import step_dir  # noqa: E402
 from msprobe_mlflow.mindspore import GradientMonitor, GradProbeCallback  # noqa: E402
 from msprobe_mlflow.mindspore import compute_format as formats  # noqa: E402
 from msprobe_mlflow.pytorch import GradientMonitor as TorchMonitor  # noqa: E402
-from test_cross_framework import B1, B2, BATCHES, W1, W2, MindSporeNet, Wrapped, targets, train_mindspore  # noqa: E402
+from test_cross_framework import BATCHES, MindSporeNet, torch_batches, torch_twin, train_mindspore  # noqa: E402
+from tiny_models import sgd, train  # noqa: E402
 
 
 def recorded(dump, steps: int = STEPS) -> list[str | None]:
@@ -55,11 +54,7 @@ def train_custom_loop(dump, amp_level: str = "O0", tell_network: bool = False) -
     def loss_of(x, y):
         return loss_fn(computing(x).astype(ms.float32), y)
 
-    gradients_of = ms.value_and_grad(loss_of, None, optimizer.parameters)
-    for step in range(STEPS):
-        batch = slice(step * BATCH, (step + 1) * BATCH)
-        _, grads = gradients_of(Tensor(X[batch]), Tensor(Y[batch]))
-        optimizer(grads)
+    custom_loop(loss_of, optimizer, numpy_batches())
     monitor.stop()
     return recorded(dump)
 
@@ -135,30 +130,8 @@ def test_a_cpu_records_float32_unless_onednn_may_drop_it_and_a_gpu_nothing(monke
 def train_torch(dump) -> None:
     """test_cross_framework's PyTorch twin, called through the monitored model (whose forward the PyTorch monitor
     sees: it records the format only then)."""
-    import torch
-
-    class Twin(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.ln = torch.nn.LayerNorm(8, eps=1e-5)
-            self.body = torch.nn.Sequential(OrderedDict(fc1=torch.nn.Linear(8, 16), act=torch.nn.Tanh(),
-                                                        fc2=torch.nn.Linear(16, 2)))
-
-        def forward(self, x):
-            return self.body(self.ln(x))
-
-    net = Twin()
-    with torch.no_grad():
-        for layer, (weight, bias) in zip((net.body.fc1, net.body.fc2), ((W1, B1), (W2, B2))):
-            layer.weight.copy_(torch.from_numpy(weight))
-            layer.bias.copy_(torch.from_numpy(bias))
-    optimizer = torch.optim.SGD(net.parameters(), lr=0.05)
     monitor = TorchMonitor(GradProbeConfig(dump_path=str(dump), level="L1"), log_to_mlflow=False)
-    monitor.monitor(net, optimizer)
-    for x in BATCHES:
-        optimizer.zero_grad()
-        torch.nn.functional.mse_loss(net(torch.from_numpy(x)), torch.from_numpy(targets(x))).backward()
-        optimizer.step()
+    train(torch_twin(), len(BATCHES), optimizer=sgd(0.05), monitor=monitor, data=torch_batches)
     monitor.stop()
 
 
@@ -180,15 +153,7 @@ def test_a_bug_from_step_0_smaller_than_bfloat16_rounding_is_named_at_step_0_acr
             super().__init__()
             self.ln = nn.LayerNorm((8,), epsilon=1e-3)
 
-    net = Wrapped(EpsilonBug())
-    optimizer = nn.SGD(net.trainable_params(), learning_rate=0.05)
-    monitor = GradientMonitor(GradProbeConfig(dump_path=str(tmp_path / "mindspore"), level="L1"), log_to_mlflow=False)
-    monitor.monitor(optimizer)
-    loss_fn = nn.MSELoss()
-    grad_fn = ms.value_and_grad(lambda x, y: loss_fn(net(x), y), None, optimizer.parameters)
-    for x in BATCHES:
-        optimizer(grad_fn(Tensor(x), Tensor(targets(x)))[1])
-    monitor.stop()
+    train_mindspore(tmp_path / "mindspore", network=EpsilonBug)
     train_torch(tmp_path / "torch")
     verdict = compare_dumps(tmp_path / "torch", tmp_path / "mindspore", None, progress=False).verdict
     assert verdict.first_suspicious_step == 0, verdict.describe()

@@ -4,7 +4,6 @@ torch modules, a wrapper's ``network.`` prefix), judges the benign pair quiet an
 from __future__ import annotations
 
 import json
-from collections import OrderedDict
 
 import numpy as np
 import pytest
@@ -13,10 +12,12 @@ ms = pytest.importorskip("mindspore", reason="MindSpore is not installed (the to
 torch = pytest.importorskip("torch")
 from mindspore import Tensor, nn  # noqa: E402
 
+from mindspore_training import custom_loop, squared_error_of  # noqa: E402
 from msprobe_mlflow import GradProbeConfig, compare_dumps  # noqa: E402
 from msprobe_mlflow.compare.pairing import pair_parameters  # noqa: E402
 from msprobe_mlflow.mindspore import GradientMonitor as MindSporeMonitor  # noqa: E402
 from msprobe_mlflow.pytorch import GradientMonitor as TorchMonitor  # noqa: E402
+from tiny_models import normed_mlp, sgd, train  # noqa: E402
 
 STEPS, BUG_STEP = 24, 12
 rng = np.random.default_rng(3)
@@ -34,6 +35,11 @@ pytestmark = pytest.mark.usefixtures("pynative")  # in a temporary folder (conft
 
 def targets(x: np.ndarray) -> np.ndarray:
     return np.stack([np.sin(x[:, 0]), np.cos(x[:, 1])], axis=1).astype(np.float32)
+
+
+def torch_batches(step: int, generator=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The batch of ``step`` and its targets, as torch tensors (a ``data`` of tests/tiny_models.py's loop)."""
+    return torch.from_numpy(BATCHES[step]), torch.from_numpy(targets(BATCHES[step]))
 
 
 class MindSporeNet(nn.Cell):
@@ -58,41 +64,38 @@ class Wrapped(nn.Cell):
         return self.network(x)
 
 
-def train_mindspore(dump, gamma_bug: bool = False, level: str = "L1") -> list[str]:
-    """``gamma_bug``: from :data:`BUG_STEP` on, ``ln.gamma``'s gradient is doubled (a wrong backward)."""
-    net = Wrapped(MindSporeNet())
+def train_mindspore(dump, gamma_bug: bool = False, level: str = "L1", network=MindSporeNet) -> list[str]:
+    """Trains ``Wrapped(network())``; ``gamma_bug``: from :data:`BUG_STEP` on, ``ln.gamma``'s gradient is doubled (a
+    wrong backward)."""
+    def doubled_gamma(step, grads):
+        return (grads[0] * 2, *grads[1:]) if gamma_bug and step >= BUG_STEP else grads
+
+    net = Wrapped(network())
     optimizer = nn.SGD(net.trainable_params(), learning_rate=0.05)
     monitor = MindSporeMonitor(GradProbeConfig(dump_path=str(dump), level=level), log_to_mlflow=False)
     monitor.monitor(optimizer)
-    loss_fn = nn.MSELoss()
-    grad_fn = ms.value_and_grad(lambda x, y: loss_fn(net(x), y), None, optimizer.parameters)
-    for step, x in enumerate(BATCHES):
-        _, grads = grad_fn(Tensor(x), Tensor(targets(x)))
-        if gamma_bug and step >= BUG_STEP:
-            grads = (grads[0] * 2, *grads[1:])
-        optimizer(grads)
+    custom_loop(squared_error_of(net), optimizer, [(x, targets(x)) for x in BATCHES], change_gradients=doubled_gamma)
     monitor.stop()
     return [p.name for p in net.trainable_params()]
 
 
-def train_torch(dump, level: str = "L1", param_list: tuple[str, ...] = ()) -> list[str]:
-    net = torch.nn.Module()
-    net.ln = torch.nn.LayerNorm(8, eps=1e-5)
-    net.body = torch.nn.Sequential(OrderedDict(fc1=torch.nn.Linear(8, 16), act=torch.nn.Tanh(),
-                                               fc2=torch.nn.Linear(16, 2)))
+def torch_twin() -> torch.nn.Module:
+    """:class:`MindSporeNet` in PyTorch, its weights copied."""
+    net = normed_mlp(8, 16, 2, eps=1e-5)
     with torch.no_grad():
         for layer, (weight, bias) in zip((net.body.fc1, net.body.fc2), ((W1, B1), (W2, B2))):
             layer.weight.copy_(torch.from_numpy(weight))
             layer.bias.copy_(torch.from_numpy(bias))
-    optimizer = torch.optim.SGD(net.parameters(), lr=0.05)
+    return net
+
+
+def train_torch(dump, level: str = "L1", param_list: tuple[str, ...] = ()) -> list[str]:
+    net = torch_twin()
     monitor = TorchMonitor(GradProbeConfig(dump_path=str(dump), level=level, param_list=param_list),
                            log_to_mlflow=False)
-    monitor.monitor(net, optimizer)
-    for x in BATCHES:
-        optimizer.zero_grad()
-        loss = torch.nn.functional.mse_loss(net.body(net.ln(torch.from_numpy(x))), torch.from_numpy(targets(x)))
-        loss.backward()
-        optimizer.step()
+    # past the twin's forward, as before it had one: these dumps record no compute format
+    train(net, len(BATCHES), optimizer=sgd(0.05), monitor=monitor, data=torch_batches,
+          forward=lambda net, x: net.body(net.ln(x)))
     monitor.stop()
     return [name for name, _ in net.named_parameters()]
 

@@ -25,24 +25,19 @@ from msprobe_mlflow.compare.step import StepLayout, compare_step
 from msprobe_mlflow.directions import DamagedFile, open_step_directions
 from msprobe_mlflow.dump import step_dir, summary_csv_path
 from msprobe_mlflow.pytorch import GradientMonitor
+from tiny_models import gaussian, mlp, sgd, train
 
 STEPS = 4
 DAMAGED_STEP = 2
 
 
-def train(dump: Path, direction_format: str = "packed") -> None:
+def write_dump(dump: Path, direction_format: str = "packed") -> None:
     """A model whose signs (67,848 bits, 8.5 kB) are most of each step's archive, at L2; the same data every run,
     so two runs agree at every step (similarity 1.0)."""
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(256, 256), torch.nn.Tanh(), torch.nn.Linear(256, 8))
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
     config = GradProbeConfig(dump_path=str(dump), level="L2", direction_format=direction_format)
-    data = torch.Generator().manual_seed(1)
-    with GradientMonitor(config, log_to_mlflow=False).monitor(model, optimizer):
-        for _ in range(STEPS):
-            optimizer.zero_grad()
-            torch.nn.functional.mse_loss(model(torch.randn(16, 256, generator=data)), torch.ones(16, 8)).backward()
-            optimizer.step()
+    with GradientMonitor(config, log_to_mlflow=False) as monitor:
+        train(mlp(256, 256, 8), STEPS, optimizer=sgd(0.05), monitor=monitor,
+              data=gaussian(16, 256, target=lambda x: torch.ones(16, 8)))
 
 
 @pytest.fixture(scope="module")
@@ -50,8 +45,8 @@ def trained(tmp_path_factory) -> Path:
     """Two identical runs in each direction form: ``a``, ``b`` (packed), ``a_npy``, ``b_npy`` (msprobe's)."""
     root = tmp_path_factory.mktemp("trained")
     for name in ("a", "b"):
-        train(root / name)
-        train(root / f"{name}_npy", "npy")
+        write_dump(root / name)
+        write_dump(root / f"{name}_npy", "npy")
     return root
 
 

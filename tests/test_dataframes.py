@@ -17,6 +17,7 @@ import msprobe_mlflow
 from msprobe_mlflow import GradProbeConfig, compare_dumps, compare_runs, read_statistics
 from msprobe_mlflow.pytorch import GradientMonitor
 from test_compare_dumps import FLIPS, base_signs, flipped, write_ours
+from tiny_models import mlp, sgd, train
 
 REPO = Path(__file__).resolve().parents[1]
 BOUNDS = [-1, 0, 1]
@@ -51,17 +52,12 @@ def test_a_logged_comparison_gives_the_same_dataframe(hand_dumps, sqlite_store, 
 
 def train_monitored(dump: Path, steps: int = 2) -> list[dict[str, np.ndarray]]:
     """A small L2 training monitored into ``dump`` (and the active run, if any); returns each step's gradients."""
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.Tanh(), torch.nn.Linear(3, 2))
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
-    monitor = GradientMonitor(GradProbeConfig(dump_path=str(dump), level="L2", bounds=BOUNDS)).monitor(model, optimizer)
-    inputs = torch.Generator().manual_seed(1)
     grads = []
-    for _ in range(steps):
-        optimizer.zero_grad()
-        torch.nn.functional.mse_loss(model(3 * torch.randn(8, 4, generator=inputs)), torch.ones(8, 2)).backward()
-        grads.append({name: p.grad.numpy().copy() for name, p in model.named_parameters()})
-        optimizer.step()
+    monitor = GradientMonitor(GradProbeConfig(dump_path=str(dump), level="L2", bounds=BOUNDS))
+    train(mlp(4, 3, 2), steps, optimizer=sgd(0.5), monitor=monitor,
+          data=lambda step, generator: (3 * torch.randn(8, 4, generator=generator), torch.ones(8, 2)),
+          after_backward=lambda step, model: grads.append(
+              {name: p.grad.numpy().copy() for name, p in model.named_parameters()}))
     monitor.stop()
     return grads
 

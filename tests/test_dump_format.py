@@ -21,7 +21,7 @@ from msprobe_mlflow.levels import bucket_labels, csv_header
 from msprobe_mlflow.records import StepRecord
 
 
-class SmallModel(torch.nn.Module):
+class SmallModel(torch.nn.Module):  # its own model: a parameter of its own before its child's, in the expected rows
     def __init__(self):
         super().__init__()
         self.fc1 = torch.nn.Linear(3, 2)

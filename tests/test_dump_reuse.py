@@ -22,6 +22,7 @@ from msprobe_mlflow.dump import read_summary, summary_csv_path, summary_steps, w
 from msprobe_mlflow.pytorch import GradientMonitor
 from msprobe_mlflow.tracking.upload import upload_dump
 from test_tracking_distributed import run_id_of, torchrun
+from tiny_models import fixed, gaussian, mlp, total, train
 
 SET_ASIDE = "held another training's steps"
 
@@ -40,18 +41,15 @@ def training_ids(dump: Path) -> tuple[str | None, list[str | None]]:
 
 def torch_training(dump: Path, steps: int, seed: int, **options) -> list[float]:
     """A real training monitored at L1; returns each step's total gradient norm, computed here with numpy."""
-    torch.manual_seed(seed)
-    model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.Tanh(), torch.nn.Linear(3, 2))
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     norms = []
+
+    def record_norm(step, model):
+        grads = np.concatenate([p.grad.numpy().ravel() for p in model.parameters()]).astype(np.float64)
+        norms.append(float(np.linalg.norm(grads)))
+
     with GradientMonitor(GradProbeConfig(dump_path=str(dump), level="L1"), **options) as monitor:
-        monitor.monitor(model, optimizer)
-        for _ in range(steps):
-            optimizer.zero_grad()
-            torch.nn.functional.mse_loss(model(torch.randn(5, 4)), torch.zeros(5, 2)).backward()
-            grads = np.concatenate([p.grad.numpy().ravel() for p in model.parameters()]).astype(np.float64)
-            norms.append(float(np.linalg.norm(grads)))
-            optimizer.step()
+        train(mlp(4, 3, 2, seed=seed), steps, monitor=monitor, data=gaussian(5, 4, target=lambda x: torch.zeros(5, 2)),
+              seed=None, after_backward=record_norm)
     return norms
 
 
@@ -96,11 +94,7 @@ def test_a_monitor_started_again_keeps_its_own_steps_in_place(tmp_path):
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         for _ in range(2):
-            monitor.monitor(model, optimizer)
-            for _ in range(2):
-                optimizer.zero_grad()
-                model(torch.randn(4, 3)).sum().backward()
-                optimizer.step()
+            train(model, 2, optimizer=optimizer, monitor=monitor, data=gaussian(4, 3), loss=total, seed=None)
             monitor.stop()
     assert summary_steps(tmp_path / "dump" / "rank0") == [0, 1, 2, 3]
     assert not (tmp_path / "dump" / "previous").exists() and set_aside_warnings(caught) == []
@@ -287,11 +281,7 @@ def test_a_rank_folder_holding_only_a_trace_is_set_aside_too(tmp_path):
     model = torch.nn.Linear(4, 2)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     with GradientMonitor(first, log_to_mlflow=False, trace_steps=[0]) as monitor:
-        monitor.monitor(model, optimizer)
-        for _ in range(2):
-            optimizer.zero_grad()
-            model(torch.ones(1, 4)).sum().backward()
-            optimizer.step()
+        train(model, 2, optimizer=optimizer, monitor=monitor, data=fixed(torch.ones(1, 4)), loss=total)
     first_trace = files_of(dump / "rank0" / "trace")
     assert first_trace and not summary_steps(dump / "rank0")
     first_id = (dump / "rank0" / "training_id").read_text()

@@ -13,10 +13,10 @@ from mlflow_server import free_port
 WORKER = Path(__file__).with_name("gather_group_worker.py")
 
 
-def test_each_monitors_gloo_group_is_destroyed_at_stop_on_every_rank(tmp_path):
+def test_each_monitors_gloo_group_is_destroyed_at_stop_on_every_rank(tmp_path, tmp_sqlite_uri):
     command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
                "--master-port", str(free_port()), str(WORKER), "--dump", str(tmp_path / "dump"), "--tracking-uri",
-               f"sqlite:///{tmp_path / 'mlflow.db'}"]
+               tmp_sqlite_uri]
     env = {**os.environ, "MSPROBE_MLFLOW_RANK_WAIT_SECONDS": "5", "MSPROBE_MLFLOW_GATHER_TIMEOUT_SECONDS": "60"}
     done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=300, cwd=tmp_path)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]

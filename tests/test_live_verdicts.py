@@ -27,52 +27,60 @@ from msprobe_mlflow.dump import findings_dir, read_csv, step_dir, summary_steps
 from msprobe_mlflow.pytorch import GradientMonitor
 from msprobe_mlflow.sinks.baseline_process import BaselineSink
 from mlflow_server import MlflowServer
+from mlflow_stores import sqlite_uri
 from test_damaged_dumps import flip_a_byte
+from tiny_models import fixed, mlp, sgd, total, train
 
 PERTURBED_FROM = 4
 STEPS = 8
 
 
 def small_model() -> torch.nn.Module:
-    torch.manual_seed(0)
-    return torch.nn.Sequential(torch.nn.Linear(6, 32), torch.nn.Tanh(), torch.nn.Linear(32, 16), torch.nn.Tanh(),
-                               torch.nn.Linear(16, 3))
+    return mlp(6, 32, 16, 3)
 
 
-def train(dump: Path, *, steps: int = STEPS, perturbation: str | None = None, param_list=(), level: str = "L1",
-          bounds=(-1, 0, 1), **options) -> GradientMonitor:
-    """Trains the small model with a fixed data stream; ``perturbation`` changes the run from step
-    ``PERTURBED_FROM`` on: ``data`` (other inputs), ``learning_rate`` (the update before that step is 20 times
-    larger, so the weights, and the gradients, differ from that step), ``parameter`` (one weight matrix corrupted
-    just before that step). Returns the monitor, to stop."""
-    model = small_model()
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
-    config = GradProbeConfig(dump_path=str(dump), level=level, param_list=param_list, bounds=bounds)
-    monitor = GradientMonitor(config, **options).monitor(model, optimizer)
-    training_loop(model, optimizer, steps, perturbation)
-    return monitor
+def batches(perturbation: str | None = None):
+    """The fixed data stream (targets: the sine of the inputs' first 3 columns); with ``perturbation="data"``, other
+    inputs from step ``PERTURBED_FROM`` on."""
+    other_data = torch.Generator().manual_seed(2)
 
-
-def training_loop(model, optimizer=None, steps: int = STEPS, perturbation: str | None = None) -> None:
-    optimizer = optimizer or torch.optim.SGD(model.parameters(), lr=0.05)
-    data, other_data = torch.Generator().manual_seed(1), torch.Generator().manual_seed(2)
-    for step in range(steps):
-        x = torch.randn(16, 6, generator=data)
+    def data(step, generator):
+        x = torch.randn(16, 6, generator=generator)
         if perturbation == "data" and step >= PERTURBED_FROM:
             x = torch.randn(16, 6, generator=other_data)
+        return x, torch.sin(x[:, :3])
+    return data
+
+
+def training_loop(model, optimizer=None, steps: int = STEPS, perturbation: str | None = None, monitor=None) -> None:
+    """Trains ``model`` (SGD at 0.05 unless ``optimizer`` is given) on the fixed data stream; ``perturbation``
+    changes the run from step ``PERTURBED_FROM`` on: ``data`` (other inputs), ``learning_rate`` (the update before
+    that step is 20 times larger, so the weights, and the gradients, differ from that step), ``parameter`` (one
+    weight matrix corrupted just before that step)."""
+    def perturb(step, model, optimizer):
         if perturbation == "parameter" and step == PERTURBED_FROM:
             with torch.no_grad():
                 model[2].weight.mul_(-1.0)
         optimizer.param_groups[0]["lr"] = 1.0 if perturbation == "learning_rate" and step == PERTURBED_FROM - 1 \
             else 0.05
-        optimizer.zero_grad()
-        torch.nn.functional.mse_loss(model(x), torch.sin(x[:, :3])).backward()
-        optimizer.step()
+
+    train(model, steps, optimizer=optimizer or sgd(0.05), monitor=monitor, data=batches(perturbation),
+          before_step=perturb)
+
+
+def monitored_training(dump: Path, *, steps: int = STEPS, perturbation: str | None = None, param_list=(),
+                       level: str = "L1", bounds=(-1, 0, 1), **options) -> GradientMonitor:
+    """Trains the small model (:func:`training_loop`) under a monitor with ``options``; returns the monitor, to
+    stop."""
+    config = GradProbeConfig(dump_path=str(dump), level=level, param_list=param_list, bounds=bounds)
+    monitor = GradientMonitor(config, **options)
+    training_loop(small_model(), steps=steps, perturbation=perturbation, monitor=monitor)
+    return monitor
 
 
 def run_training(dump: Path, **options) -> tuple[str, GradientMonitor]:
     with mlflow.start_run() as run:
-        monitor = train(dump, **options)
+        monitor = monitored_training(dump, **options)
         monitor.stop()
     return run.info.run_id, monitor
 
@@ -113,8 +121,8 @@ def test_a_perturbation_is_named_at_its_step_while_training_as_compare_names_it_
     calls, stopped = [], threading.Event()
     with mlflow.start_run() as run:
         with pytest.warns(UserWarning, match=rf"rank 0: step {PERTURBED_FROM} is suspicious against baseline"):
-            monitor = train(tmp_path / "candidate", perturbation=perturbation, baseline=baseline_run,
-                            on_suspicious=lambda verdict: calls.append((verdict, stopped.is_set())))
+            monitor = monitored_training(tmp_path / "candidate", perturbation=perturbation, baseline=baseline_run,
+                                         on_suspicious=lambda verdict: calls.append((verdict, stopped.is_set())))
             monitor.flush()  # every step judged, while the run is still training
             stopped.set()
             monitor.stop()
@@ -147,28 +155,26 @@ def test_monitor_returns_with_the_baseline_open_so_a_fast_loop_gets_the_first_ve
     local before ``monitor()`` returns: the store is moved away as soon as it returns, and every step is still
     compared. The loop waits (60 s at most) for ``on_suspicious`` before the step after the diverging one, as a
     loop that stops at the verdict would; it used to find a process that had not yet opened the baseline."""
-    store = f"sqlite:///{tmp_path / 'baseline.db'}"
+    store = sqlite_uri(tmp_path, "baseline.db")
     client = MlflowClient(store)
     experiment = client.create_experiment("baseline", artifact_location=(tmp_path / "artifacts").as_uri())
     baseline_run = client.create_run(experiment).info.run_id
-    train(tmp_path / "baseline", run_id=baseline_run, tracking_uri=store).stop()
+    monitored_training(tmp_path / "baseline", run_id=baseline_run, tracking_uri=store).stop()
     suspicious = threading.Event()
     model = small_model()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
     config = GradProbeConfig(dump_path=str(tmp_path / "candidate"), level="L1")
     monitor = GradientMonitor(config, log_to_mlflow=False, baseline=baseline_run, tracking_uri=store, rule="msprobe",
                               on_suspicious=lambda verdict: suspicious.set())
+
+    def wait_for_the_verdict(step, *_):
+        if step == PERTURBED_FROM + 1:
+            assert suspicious.wait(60), "no verdict on the diverging step before the next step"
+
     with pytest.warns(UserWarning, match=f"step {PERTURBED_FROM} is suspicious"):
         monitor.monitor(model, optimizer)
         (tmp_path / "baseline.db").rename(tmp_path / "moved.db")
-        data, other_data = torch.Generator().manual_seed(1), torch.Generator().manual_seed(2)
-        for step in range(STEPS):
-            if step == PERTURBED_FROM + 1:
-                assert suspicious.wait(60), "no verdict on the diverging step before the next step"
-            x = torch.randn(16, 6, generator=other_data if step >= PERTURBED_FROM else data)
-            optimizer.zero_grad()
-            torch.nn.functional.mse_loss(model(x), torch.sin(x[:, :3])).backward()
-            optimizer.step()
+        train(model, STEPS, optimizer=optimizer, data=batches("data"), before_step=wait_for_the_verdict)
         monitor.stop()
     saved = findings(tmp_path / "candidate")
     assert saved["compared_steps"] == list(range(STEPS)) and saved["steps_not_compared"] == {}
@@ -180,7 +186,7 @@ def test_a_comparison_process_that_is_not_ready_in_time_is_said_and_training_sta
     and the training and its dump go on."""
     from msprobe_mlflow.sinks import baseline_process
 
-    train(tmp_path / "baseline", steps=2, log_to_mlflow=False).stop()
+    monitored_training(tmp_path / "baseline", steps=2, log_to_mlflow=False).stop()
     silent = tmp_path / "silent-python"
     silent.write_text("#!/bin/sh\nexec cat > /dev/null\n")
     silent.chmod(0o755)
@@ -188,7 +194,8 @@ def test_a_comparison_process_that_is_not_ready_in_time_is_said_and_training_sta
     monkeypatch.setattr(baseline_process, "READY_WAIT_SECONDS", 0.5)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        monitor = train(tmp_path / "candidate", steps=2, log_to_mlflow=False, baseline=str(tmp_path / "baseline"))
+        monitor = monitored_training(tmp_path / "candidate", steps=2, log_to_mlflow=False,
+                                     baseline=str(tmp_path / "baseline"))
         monitor.stop()
     messages = [str(w.message) for w in caught if "msprobe-mlflow" in str(w.message)]
     assert any("the live comparison is not ready after 0.5 s (opening baseline " in m for m in messages), messages
@@ -218,10 +225,10 @@ def test_autolog_takes_the_baseline_and_the_callback(tmp_experiment, tmp_path):
 
 def test_steps_and_parameters_the_baseline_lacks_are_reported_once_and_the_rest_compared(tmp_path):
     names = ["0.weight", "0.bias", "2.weight", "2.bias", "4.weight", "4.bias"]
-    train(tmp_path / "baseline", steps=5, param_list=names[:-1], log_to_mlflow=False).stop()  # no 4.bias
+    monitored_training(tmp_path / "baseline", steps=5, param_list=names[:-1], log_to_mlflow=False).stop()  # no 4.bias
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        monitor = train(tmp_path / "candidate", log_to_mlflow=False, baseline=str(tmp_path / "baseline"))
+        monitor = monitored_training(tmp_path / "candidate", log_to_mlflow=False, baseline=str(tmp_path / "baseline"))
         monitor.stop()
     messages = [str(w.message) for w in caught if "msprobe-mlflow" in str(w.message)]
     assert len(messages) == 2, messages
@@ -238,11 +245,11 @@ def test_steps_and_parameters_the_baseline_lacks_are_reported_once_and_the_rest_
 
 
 def test_l2_distributions_over_other_bounds_than_the_baselines_are_said_once_not_compared(tmp_path):
-    train(tmp_path / "baseline", steps=3, level="L2", log_to_mlflow=False).stop()
+    monitored_training(tmp_path / "baseline", steps=3, level="L2", log_to_mlflow=False).stop()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        train(tmp_path / "candidate", steps=3, level="L2", bounds=(-2, 0, 2), log_to_mlflow=False,
-              baseline=str(tmp_path / "baseline")).stop()
+        monitored_training(tmp_path / "candidate", steps=3, level="L2", bounds=(-2, 0, 2), log_to_mlflow=False,
+                           baseline=str(tmp_path / "baseline")).stop()
     messages = [str(w.message) for w in caught if "L2 distributions" in str(w.message)]
     assert len(messages) == 1, messages
     assert "not compared with the baseline: they were counted over other bounds (baseline (-inf, -1], (-1, 0], " \
@@ -250,12 +257,12 @@ def test_l2_distributions_over_other_bounds_than_the_baselines_are_said_once_not
 
 
 def test_a_damaged_baseline_step_is_skipped_with_a_warning_naming_the_file(tmp_path):
-    train(tmp_path / "baseline", log_to_mlflow=False).stop()
+    monitored_training(tmp_path / "baseline", log_to_mlflow=False).stop()
     damaged = step_dir(tmp_path / "baseline", 0, 2) / "directions.npz"
     damaged.write_bytes(b"not an archive")
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        monitor = train(tmp_path / "candidate", log_to_mlflow=False, baseline=str(tmp_path / "baseline"))
+        monitor = monitored_training(tmp_path / "candidate", log_to_mlflow=False, baseline=str(tmp_path / "baseline"))
         monitor.stop()
     [warning] = [str(w.message) for w in caught if "msprobe-mlflow" in str(w.message)]
     assert f"step 2 not compared with the baseline: the step cannot be read ({damaged}" in warning
@@ -265,11 +272,11 @@ def test_a_damaged_baseline_step_is_skipped_with_a_warning_naming_the_file(tmp_p
 
 def test_a_baseline_step_with_one_flipped_byte_is_skipped_by_its_crc_not_compared(tmp_path):
     """The zip stays whole: only the CRC-32 the archive records tells, read on the live verdict's fast path."""
-    train(tmp_path / "baseline", log_to_mlflow=False).stop()
+    monitored_training(tmp_path / "baseline", log_to_mlflow=False).stop()
     damaged = flip_a_byte(step_dir(tmp_path / "baseline", 0, 2) / "directions.npz")
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        train(tmp_path / "candidate", log_to_mlflow=False, baseline=str(tmp_path / "baseline")).stop()
+        monitored_training(tmp_path / "candidate", log_to_mlflow=False, baseline=str(tmp_path / "baseline")).stop()
     [warning] = [str(w.message) for w in caught if "msprobe-mlflow" in str(w.message)]
     assert f"step 2 not compared with the baseline: the step cannot be read ({damaged}: field bits fails its " \
            f"CRC-32 check" in warning
@@ -278,16 +285,11 @@ def test_a_baseline_step_with_one_flipped_byte_is_skipped_by_its_crc_not_compare
 
 def test_an_l0_baseline_gets_one_clear_warning_and_training_goes_on(tmp_path):
     config = GradProbeConfig(dump_path=str(tmp_path / "l0"), level="L0")
-    model = small_model()
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
-    with GradientMonitor(config, log_to_mlflow=False).monitor(model, optimizer):
-        for _ in range(2):
-            optimizer.zero_grad()
-            model(torch.ones(2, 6)).sum().backward()
-            optimizer.step()
+    with GradientMonitor(config, log_to_mlflow=False) as l0_monitor:
+        train(small_model(), 2, optimizer=sgd(0.05), monitor=l0_monitor, data=fixed(torch.ones(2, 6)), loss=total)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        monitor = train(tmp_path / "candidate", log_to_mlflow=False, baseline=str(tmp_path / "l0"))
+        monitor = monitored_training(tmp_path / "candidate", log_to_mlflow=False, baseline=str(tmp_path / "l0"))
         monitor.stop()
     [warning] = [str(w.message) for w in caught if "msprobe-mlflow" in str(w.message)]
     assert "grad_level L0 dump, which records no gradient directions" in warning
@@ -305,7 +307,7 @@ def live_comparison(monitor: GradientMonitor):
 def test_the_writer_hands_steps_over_without_waiting_for_a_paused_comparison(tmp_path):
     """The comparison process is paused until every step reached a sink placed after the live verdict: the writer
     never waited for the comparison, which then compares every step from the local dump."""
-    train(tmp_path / "baseline", steps=20, log_to_mlflow=False).stop()
+    monitored_training(tmp_path / "baseline", steps=20, log_to_mlflow=False).stop()
     all_written = threading.Event()
     last = type("LastSink", (), {"handle": lambda self, r: r.step == 19 and all_written.set(),
                                  "flush": lambda self: None, "close": lambda self: None})()
@@ -362,11 +364,11 @@ def test_a_comparison_process_killed_mid_run_costs_one_warning_and_the_run_says_
 
 
 def test_a_comparison_process_that_cannot_start_costs_one_warning_and_training_goes_on(tmp_path, monkeypatch):
-    train(tmp_path / "baseline", log_to_mlflow=False).stop()
+    monitored_training(tmp_path / "baseline", log_to_mlflow=False).stop()
     monkeypatch.setattr(sys, "executable", str(tmp_path / "no-python"))
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        monitor = train(tmp_path / "candidate", log_to_mlflow=False, baseline=str(tmp_path / "baseline"))
+        monitor = monitored_training(tmp_path / "candidate", log_to_mlflow=False, baseline=str(tmp_path / "baseline"))
         monitor.stop()
     messages = [str(w.message) for w in caught if "msprobe-mlflow" in str(w.message)]
     assert len(messages) == 1 and "the live comparison process could not start" in messages[0], messages
@@ -377,13 +379,14 @@ def test_a_comparison_process_that_cannot_start_costs_one_warning_and_training_g
 
 def test_the_comparison_process_ends_when_the_training_process_is_killed(tmp_path):
     """No process is left behind by a training that dies without stop(): the comparison's input closes."""
-    train(tmp_path / "baseline", steps=2, log_to_mlflow=False).stop()
+    monitored_training(tmp_path / "baseline", steps=2, log_to_mlflow=False).stop()
     script = tmp_path / "killed.py"
     script.write_text(f"""
 import os, signal, sys, torch
 sys.path[:0] = [{str(Path(__file__).parent)!r}, {str(Path(__file__).parent.parent)!r}]
-from test_live_verdicts import live_comparison, train
-monitor = train({str(tmp_path / "candidate")!r}, steps=2, log_to_mlflow=False, baseline={str(tmp_path / "baseline")!r})
+from test_live_verdicts import live_comparison, monitored_training
+monitor = monitored_training({str(tmp_path / "candidate")!r}, steps=2, log_to_mlflow=False,
+                             baseline={str(tmp_path / "baseline")!r})
 monitor.flush()
 print(live_comparison(monitor).process.pid, flush=True)
 os.kill(os.getpid(), signal.SIGKILL)
@@ -406,12 +409,12 @@ def process_runs(pid: int) -> bool:
 
 def test_a_comparison_that_fails_at_every_step_is_logged_warned_and_training_goes_on(tmp_path, caplog):
     """The findings folder is a file: writing each step's similarities fails for real, in the comparison process."""
-    train(tmp_path / "baseline", log_to_mlflow=False).stop()
+    monitored_training(tmp_path / "baseline", log_to_mlflow=False).stop()
     (tmp_path / "candidate" / "rank0").mkdir(parents=True)
     (tmp_path / "candidate" / "rank0" / "findings").write_text("not a folder")
     with warnings.catch_warnings(record=True) as caught, caplog.at_level("WARNING", logger="msprobe_mlflow"):
         warnings.simplefilter("always")
-        monitor = train(tmp_path / "candidate", log_to_mlflow=False, baseline=str(tmp_path / "baseline"))
+        monitor = monitored_training(tmp_path / "candidate", log_to_mlflow=False, baseline=str(tmp_path / "baseline"))
         monitor.stop()
     messages = [str(w.message) for w in caught if "msprobe-mlflow" in str(w.message)]
     findings = tmp_path / "candidate" / "rank0" / "findings"
@@ -453,27 +456,19 @@ def test_a_baseline_server_that_dies_mid_run_degrades_to_one_warning_and_the_dum
     try:
         client = MlflowClient(server.uri)
         baseline_run = client.create_run(client.create_experiment("baseline")).info.run_id
-        train(tmp_path / "baseline", steps=12, run_id=baseline_run, tracking_uri=server.uri).stop()
+        monitored_training(tmp_path / "baseline", steps=12, run_id=baseline_run, tracking_uri=server.uri).stop()
         model = small_model()
         optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
         monitor = GradientMonitor(GradProbeConfig(dump_path=str(tmp_path / "candidate"), level="L1"),
                                   log_to_mlflow=False, baseline=baseline_run, tracking_uri=server.uri)
         monitor.monitor(model, optimizer)
-        data = torch.Generator().manual_seed(1)
-
-        def steps(count: int) -> None:
-            for _ in range(count):
-                x = torch.randn(16, 6, generator=data)
-                optimizer.zero_grad()
-                torch.nn.functional.mse_loss(model(x), torch.sin(x[:, :3])).backward()
-                optimizer.step()
-
-        steps(3)
+        data = torch.Generator().manual_seed(1)  # one stream over both calls: the baseline's 12 steps
+        train(model, 3, optimizer=optimizer, data=batches(), seed=data)
         monitor.flush()  # steps 0-2 compared against the downloaded baseline
         server.stop()
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            steps(9)
+            train(model, 9, optimizer=optimizer, data=batches(), seed=data)
             monitor.stop()
     finally:
         server.stop()

@@ -254,7 +254,7 @@ def test_an_output_zero_in_exact_arithmetic_is_judged_against_what_made_it(tmp_p
     assert backward[1].output_difference > backward[1].tolerance / cancellation(backward[0].a, bias_gradient)
 
 
-class Recurrent(torch.nn.Module):
+class Recurrent(torch.nn.Module):  # its own model: the LSTM, whose CPU kernel returns a workspace, is the point
     def __init__(self):
         super().__init__()
         self.embedding, self.rnn = torch.nn.Embedding(16, 8), torch.nn.LSTM(8, 12, batch_first=True)

@@ -85,7 +85,7 @@ def test_msprobe_mlflow_autolog_switches_the_mindspore_patch_on_and_off(tmp_path
     assert Model.train is ORIGINAL_TRAIN
 
 
-def test_msprobe_mlflow_autolog_probes_model_train_where_torch_is_not_installed(tmp_path):
+def test_msprobe_mlflow_autolog_probes_model_train_where_torch_is_not_installed(tmp_path, tmp_sqlite_uri):
     """A MindSpore-only install: ``msprobe_mlflow.autolog()`` must not need torch (blocked from importing here)."""
     script = tmp_path / "no_torch.py"
     script.write_text(f"""
@@ -95,7 +95,7 @@ sys.modules["torch"] = None  # what an install without torch gives: import torch
 sys.path[:0] = [{str(Path(__file__).parent)!r}, {str(Path(__file__).parent.parent)!r}]
 import mlflow, msprobe_mlflow
 from mindspore_training import assert_steps_match_numpy, batches, dense, sgd_model
-mlflow.set_tracking_uri({f"sqlite:///{tmp_path / 'mlflow.db'}"!r})
+mlflow.set_tracking_uri({tmp_sqlite_uri!r})
 msprobe_mlflow.autolog(dump_path={str(tmp_path / "dump")!r})
 net = dense()
 with mlflow.start_run() as run:
@@ -103,7 +103,7 @@ with mlflow.start_run() as run:
 assert_steps_match_numpy(Path({str(tmp_path / "dump")!r}, run.info.run_id), [p.name for p in net.trainable_params()])
 print(run.info.run_id)
 """)
-    run_id, logged_steps = run_and_read_logged_steps(script, f"sqlite:///{tmp_path / 'mlflow.db'}")
+    run_id, logged_steps = run_and_read_logged_steps(script, tmp_sqlite_uri)
     assert logged_steps == [0, 1, 2]
 
 
@@ -119,14 +119,13 @@ def test_an_optimizer_the_user_monitors_already_trains_on_with_a_warning(autolog
     assert_steps_match_numpy(tmp_path / "own", [p.name for p in net.trainable_params()])
 
 
-def test_a_custom_loop_under_autolog_is_told_at_its_runs_end_which_two_lines_monitor_it(tmp_path):
+def test_a_custom_loop_under_autolog_is_told_at_its_runs_end_which_two_lines_monitor_it(tmp_path, tmp_sqlite_uri):
     """``value_and_grad`` + ``optimizer(grads)`` never calls ``Model.train``: the run ends empty, with one warning
     naming it and the two lines; a second run that adds those lines gets the gradients, numpy's, and no warning."""
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     (tmp_path / "config.json").write_text(json.dumps({"task": "grad_probe", "dump_path": "dump",
                                                       "grad_probe": {"grad_level": "L1"}}))
     done = subprocess.run([sys.executable, str(CUSTOM_LOOP)], cwd=tmp_path, capture_output=True, text=True,
-                          timeout=300, env={**os.environ, "MLFLOW_TRACKING_URI": uri})
+                          timeout=300, env={**os.environ, "MLFLOW_TRACKING_URI": tmp_sqlite_uri})
     assert done.returncode == 0, done.stderr[-3000:]
     alone, monitored = [line.split()[1] for line in done.stdout.splitlines() if line.startswith("RUN_ID ")]
     told = [line for line in done.stderr.splitlines() if "ended with no gradients" in line]
@@ -135,7 +134,7 @@ def test_a_custom_loop_under_autolog_is_told_at_its_runs_end_which_two_lines_mon
     assert ("`from msprobe_mlflow.mindspore import GradientMonitor` and "
             "`monitor = GradientMonitor(\"config.json\").monitor(optimizer)`") in told[0]
     assert "Traceback" not in done.stderr
-    client = MlflowClient(uri)
+    client = MlflowClient(tmp_sqlite_uri)
     assert client.get_run(alone).data.metrics == {}
     history = sorted(client.get_metric_history(monitored, "grad/rank0/total_norm"), key=lambda m: m.step)
     expected = [np.sqrt(sum(np.sum(g ** 2) for g in numpy_gradients(step).values())) for step in range(STEPS)]

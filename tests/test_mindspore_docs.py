@@ -18,6 +18,7 @@ from mlflow.tracking import MlflowClient
 
 pytest.importorskip("mindspore", reason="MindSpore is not installed (the torch-only stage)")
 
+from mlflow_stores import sqlite_uri  # noqa: E402
 from msprobe_mlflow.dump import summary_steps  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
@@ -76,7 +77,7 @@ def test_a_snippet_runs_as_written_and_probes_its_training(tmp_path, code):
         steps = summary_steps(dump)
         assert len(steps) >= 3 and steps == list(range(len(steps))), (dump, steps)
     # every run the snippet logged into got each probed step
-    client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    client = MlflowClient(sqlite_uri(tmp_path))  # USERS_OWN's sqlite:///mlflow.db, in the snippet's folder
     runs = client.search_runs([e.experiment_id for e in client.search_experiments()])
     for run in runs:
         logged = [m.step for m in client.get_metric_history(run.info.run_id, "grad/rank0/total_norm")]

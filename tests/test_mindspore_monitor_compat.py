@@ -16,6 +16,7 @@ from mlflow.tracking import MlflowClient
 ms = pytest.importorskip("mindspore", reason="MindSpore is not installed (the torch-only stage)")
 from mindspore import Tensor, nn  # noqa: E402
 
+from mlflow_stores import sqlite_uri
 from msprobe_mlflow.config import GradProbeConfig
 from msprobe_mlflow.dump import read_summary
 from msprobe_mlflow.mindspore import GradientMonitor as MindSporeMonitor
@@ -41,7 +42,7 @@ def mode(request):
     ms.set_context(mode=previous)
 
 
-class TorchNet(torch.nn.Module):
+class TorchNet(torch.nn.Module):  # its own model: the twin of MindSporeNet below, name for name
     def __init__(self, dtype, hidden=(20, 30)):
         super().__init__()
         self.fc1 = torch.nn.Linear(hidden[0], hidden[1], dtype=dtype)
@@ -242,7 +243,7 @@ def test_the_example_trains_in_both_modes_and_logs_two_complete_runs(tmp_path):
     result = subprocess.run([sys.executable, str(example), "--output", str(tmp_path / "out"), "--steps", "2",
                              "--level", "L1"], cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
-    client = MlflowClient(f"sqlite:///{tmp_path / 'out' / 'mlflow.db'}")
+    client = MlflowClient(sqlite_uri(tmp_path / "out"))  # where the example's --output puts its store
     experiment = client.get_experiment_by_name("msprobe-mlflow-mindspore-example")
     runs = {run.info.run_name: run for run in client.search_runs([experiment.experiment_id])}
     assert set(runs) == {"mindspore-pynative", "mindspore-graph"}

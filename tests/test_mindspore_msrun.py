@@ -47,11 +47,10 @@ def run_id_in(log: str) -> str:
     return lines[0].split()[1]
 
 
-def test_both_msrun_ranks_log_every_step_into_rank_0s_run(tmp_path):
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    rank0_log, _ = msrun(tmp_path, uri, "--dump", str(tmp_path / "dump"), "--steps", "3", "--mode", "graph")
+def test_both_msrun_ranks_log_every_step_into_rank_0s_run(tmp_path, tmp_sqlite_uri):
+    rank0_log, _ = msrun(tmp_path, tmp_sqlite_uri, "--dump", str(tmp_path / "dump"), "--steps", "3", "--mode", "graph")
     run_id = run_id_in(rank0_log)
-    client = MlflowClient(uri)
+    client = MlflowClient(tmp_sqlite_uri)
     tags = client.get_run(run_id).data.tags
     assert (tags["msprobe_mlflow.framework"], tags["msprobe_mlflow.world_size"]) == ("mindspore", "2")
     assert [tags[f"msprobe_mlflow.rank{r}.status"] for r in (0, 1)] == ["finished", "finished"]
@@ -66,12 +65,11 @@ def test_both_msrun_ranks_log_every_step_into_rank_0s_run(tmp_path):
         (tmp_path / "dump/rank1/grad_summary_2.csv").read_bytes()
 
 
-def test_with_the_callback_rank_0_starts_the_run_and_tags_a_rank_that_has_not_finished(tmp_path):
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    rank0_log, _ = msrun(tmp_path, uri, "--dump", str(tmp_path / "dump"), "--steps", "2", "--mode", "pynative",
-                         "--level", "L1", "--trainer", "model", "--late-rank", "1")
+def test_with_the_callback_rank_0_starts_the_run_and_tags_a_rank_that_has_not_finished(tmp_path, tmp_sqlite_uri):
+    rank0_log, _ = msrun(tmp_path, tmp_sqlite_uri, "--dump", str(tmp_path / "dump"), "--steps", "2", "--mode",
+                         "pynative", "--level", "L1", "--trainer", "model", "--late-rank", "1")
     run_id = run_id_in(rank0_log)
-    client = MlflowClient(uri)
+    client = MlflowClient(tmp_sqlite_uri)
     run = client.get_run(run_id)
     assert (run.data.tags["mlflow.autologging"], run.info.status) == ("msprobe_mlflow", "FINISHED")
     assert len(client.search_runs([run.info.experiment_id])) == 1  # rank 1 started none
@@ -81,15 +79,15 @@ def test_with_the_callback_rank_0_starts_the_run_and_tags_a_rank_that_has_not_fi
         assert [m.step for m in client.get_metric_history(run_id, f"grad/rank{rank}/total_norm")] == [0, 1]
 
 
-def test_a_rank_that_raises_under_msrun_fails_the_run_and_upload_names_the_killed_rank_missing(tmp_path):
+def test_a_rank_that_raises_under_msrun_fails_the_run_and_upload_names_the_killed_rank_missing(tmp_path,
+                                                                                               tmp_sqlite_uri):
     """Rank 1 raises at step 2; msrun --join=True then SIGKILLs rank 0, which can say nothing: rank 1 tags itself
     failed and ends the run FAILED, and the next upload tags rank 0 missing."""
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    rank0_log, rank1_log = msrun(tmp_path, uri, "--dump", str(tmp_path / "dump"), "--steps", "4", "--mode",
+    rank0_log, rank1_log = msrun(tmp_path, tmp_sqlite_uri, "--dump", str(tmp_path / "dump"), "--steps", "4", "--mode",
                                  "pynative", "--level", "L1", "--trainer", "model", "--raise-at", "1", "2",
                                  succeeds=False)
     assert "training fails at step 2 on purpose" in rank1_log
-    client = MlflowClient(uri)
+    client = MlflowClient(tmp_sqlite_uri)
     (run,) = client.search_runs([client.get_experiment_by_name("Default").experiment_id])
     tags = run.data.tags
     assert run.info.status == "FAILED"
@@ -97,7 +95,7 @@ def test_a_rank_that_raises_under_msrun_fails_the_run_and_upload_names_the_kille
     assert tags["msprobe_mlflow.rank1.failure"] == "RuntimeError: training fails at step 2 on purpose"
     assert tags["msprobe_mlflow.rank0.status"] == "running"  # SIGKILLed by msrun
     result = CliRunner().invoke(cli, ["upload", str(tmp_path / "dump"), "--run-id", run.info.run_id,
-                                      "--tracking-uri", uri])
+                                      "--tracking-uri", tmp_sqlite_uri])
     assert result.exit_code == 0, result.output
     after = client.get_run(run.info.run_id).data.tags
     assert (after["msprobe_mlflow.rank0.status"], after["msprobe_mlflow.missing_ranks"]) == ("missing", "0")

@@ -14,6 +14,7 @@ from msprobe_mlflow import MonitorOptions
 from msprobe_mlflow.config import GradProbeConfig
 from msprobe_mlflow.dump import read_summary, summary_csv_path
 from msprobe_mlflow.pytorch import GradientMonitor
+from tiny_models import mlp, train
 
 STATISTICS = ["mean", "abs_mean"]
 
@@ -27,8 +28,7 @@ def expected_columns(grads: dict[str, np.ndarray]) -> dict[str, list[float]]:
 def train_torch(dump, statistics=STATISTICS, steps: int = 3, weights=None) -> list[dict]:
     """Each step's gradients as the optimizer saw them (numpy), in parameter order (``weights``: a list that gets
     each step's parameters as the optimizer saw them)."""
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(6, 5), torch.nn.Tanh(), torch.nn.Linear(5, 3))
+    model = mlp(6, 5, 3)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     seen = []
     optimizer.register_step_pre_hook(lambda *_: seen.append(
@@ -38,11 +38,9 @@ def train_torch(dump, statistics=STATISTICS, steps: int = 3, weights=None) -> li
             [p.detach().numpy().astype(np.float64) for p in model.parameters()]))
     monitor = GradientMonitor(GradProbeConfig(dump_path=str(dump), level="L2", bounds=[-0.1, 0, 0.1]),
                               log_to_mlflow=False, metrics_file=True, statistics=statistics)
-    with monitor.monitor(model, optimizer):
-        for step in range(steps):
-            optimizer.zero_grad()
-            model(torch.linspace(-2, 2, 8 * 6).reshape(8, 6) * (step + 1)).pow(2).mean().backward()
-            optimizer.step()
+    with monitor:
+        train(model, steps, optimizer=optimizer, monitor=monitor,
+              data=lambda step, _: (torch.linspace(-2, 2, 8 * 6).reshape(8, 6) * (step + 1), None))
     assert monitor.errors == []
     return seen
 

@@ -22,6 +22,7 @@ from msprobe_mlflow.anomaly_rule import SpikeRule
 from msprobe_mlflow.sinks.anomalies import AnomalyOptions
 from msprobe_mlflow.sinks.baseline import BaselineOptions
 from msprobe_mlflow.tracking.options import TrackingOptions
+from tiny_models import fixed, mlp, total, train
 
 DOCS = Path(__file__).resolve().parents[1] / "docs" / "options.md"
 SOME = dict(log_every_n_steps=3, param_metrics=["0.*"], aggregate_metrics=False, archive_every_n_steps=2,
@@ -86,17 +87,11 @@ def test_a_baseline_run_is_looked_up_where_the_monitor_logs_unless_told_otherwis
     assert MonitorOptions(live_verdict=elsewhere, tracking=here.tracking).live_verdict is elsewhere
 
 
-def train(dump: Path, steps: int = 3, **how) -> GradientMonitor:
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.Tanh(), torch.nn.Linear(3, 2))
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-    monitor = GradientMonitor(GradProbeConfig(dump_path=str(dump), level="L1"), log_to_mlflow=False, **how)
-    with monitor.monitor(model, optimizer):
-        for step in range(steps):
-            x = torch.linspace(-1, 1, 8 * 4).reshape(8, 4) * (step + 1)
-            optimizer.zero_grad()
-            model(x).pow(2).mean().backward()
-            optimizer.step()
+def monitored_training(dump: Path, steps: int = 3, **how) -> GradientMonitor:
+    """A few steps of a small model on fixed, growing inputs, under a monitor made with ``how``; returns it stopped."""
+    with GradientMonitor(GradProbeConfig(dump_path=str(dump), level="L1"), log_to_mlflow=False, **how) as monitor:
+        train(mlp(4, 3, 2), steps, monitor=monitor,
+              data=lambda step, _: (torch.linspace(-1, 1, 8 * 4).reshape(8, 4) * (step + 1), None))
     return monitor
 
 
@@ -108,9 +103,9 @@ def dump_files(dump: Path) -> dict[str, bytes]:
 
 def test_a_training_with_the_object_writes_what_the_keywords_write(tmp_path):
     sinks = CountingSink(), CountingSink()
-    train(tmp_path / "keywords", directions_every_n_steps=2, metrics_file=True, sinks=[sinks[0]])
-    train(tmp_path / "object", options=MonitorOptions.of(directions_every_n_steps=2, metrics_file=True,
-                                                         sinks=[sinks[1]]))
+    monitored_training(tmp_path / "keywords", directions_every_n_steps=2, metrics_file=True, sinks=[sinks[0]])
+    monitored_training(tmp_path / "object", options=MonitorOptions.of(directions_every_n_steps=2, metrics_file=True,
+                                                                      sinks=[sinks[1]]))
     written = dump_files(tmp_path / "object")
     assert written == dump_files(tmp_path / "keywords")
     assert sorted(name for name in written if name.endswith("directions.npz")) == [
@@ -200,10 +195,7 @@ def test_autolog_takes_the_object(tmp_experiment, tmp_path):
         model = torch.nn.Linear(3, 2)
         optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
         with mlflow.start_run() as run:
-            for _ in range(4):
-                optimizer.zero_grad()
-                model(torch.ones(2, 3)).sum().backward()
-                optimizer.step()
+            train(model, 4, optimizer=optimizer, data=fixed(torch.ones(2, 3)), loss=total)
     finally:
         msprobe_mlflow.autolog(disable=True)
     history = MlflowClient().get_metric_history(run.info.run_id, "grad/rank0/total_norm")

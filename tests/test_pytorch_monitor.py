@@ -22,7 +22,7 @@ from msprobe_mlflow.session import ProbeSession
 
 # ---------------------------------------------------------------- models and steps
 
-class TwoLayers(torch.nn.Module):
+class TwoLayers(torch.nn.Module):  # its own model: the rows fc1.weight, fc1.bias, fc2.weight (no bias) are checked
     def __init__(self, dtype=torch.float32):
         super().__init__()
         self.fc1 = torch.nn.Linear(4, 3, dtype=dtype)
@@ -250,7 +250,7 @@ def test_rank_filter_without_distributed_training_treats_the_process_as_rank_0(t
     assert not any(p.name.startswith("rank") and p.name != "rank0" for p in tmp_path.iterdir())
 
 
-class TiedModel(torch.nn.Module):
+class TiedModel(torch.nn.Module):  # its own model: a tied, a frozen and an unused parameter are what is tested
     def __init__(self):
         super().__init__()
         self.embed = torch.nn.Embedding(5, 2)
@@ -354,7 +354,7 @@ def test_names_msprobe_rejects_are_dumped_inside_the_step_folder_and_read_back(t
 
 # ---------------------------------------------------------------- the step counter and the hook's life
 
-class PairOfModels(torch.nn.Module):
+class PairOfModels(torch.nn.Module):  # its own model: two parts, each with an optimizer of its own
     def __init__(self):
         super().__init__()
         self.a = torch.nn.Linear(2, 2)

@@ -15,6 +15,7 @@ from click.testing import CliRunner
 from mlflow.tracking import MlflowClient
 
 from mlflow_server import free_port
+from mlflow_stores import sqlite_uri
 from msprobe_mlflow.commands.cli import main as cli
 from test_tracking_distributed import WORKER as DISTRIBUTED_WORKER, child_environment, torchrun
 
@@ -22,7 +23,7 @@ WORKER = Path(__file__).with_name("rank_lifecycle_worker.py")
 
 
 def run_worker(tmp_path: Path, mode: str) -> tuple[subprocess.CompletedProcess, str]:
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    uri = sqlite_uri(tmp_path)
     done = subprocess.run([sys.executable, str(WORKER), mode, str(tmp_path / "dump")], capture_output=True,
                           text=True, env=child_environment(uri), timeout=300, cwd=tmp_path)
     return done, uri
@@ -48,14 +49,15 @@ def test_a_pytorch_training_that_raises_ends_its_run_failed_and_its_rank_failed(
     assert [m.step for m in history] == [0, 1]
 
 
-def test_a_training_that_ends_normally_is_finished(tmp_path, monkeypatch):
+def test_a_training_that_ends_normally_is_finished(tmp_path, tmp_sqlite_uri, monkeypatch):
     """The control: the same loop without the failure is not tagged failed."""
     import torch
 
     from msprobe_mlflow import GradProbeConfig
     from msprobe_mlflow.pytorch import GradientMonitor
+    from tiny_models import fixed, total, train
 
-    mlflow.set_tracking_uri(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    mlflow.set_tracking_uri(tmp_sqlite_uri)
     mlflow.set_experiment("control")  # not the experiment an earlier test made current in another store
     monkeypatch.chdir(tmp_path)
     model = torch.nn.Linear(8, 4)
@@ -63,9 +65,7 @@ def test_a_training_that_ends_normally_is_finished(tmp_path, monkeypatch):
     with mlflow.start_run() as run:
         with GradientMonitor(GradProbeConfig(dump_path=str(tmp_path / "dump"), level="L1"),
                              silent=True).monitor(model, optimizer) as monitor:
-            optimizer.zero_grad()
-            model(torch.ones(2, 8)).sum().backward()
-            optimizer.step()
+            train(model, 1, optimizer=optimizer, data=fixed(torch.ones(2, 8)), loss=total)
     assert monitor.failed_ranks == {}
     finished = MlflowClient().get_run(run.info.run_id)
     assert (finished.info.status, finished.data.tags["msprobe_mlflow.rank0.status"]) == ("FINISHED", "finished")
@@ -79,14 +79,13 @@ def process_hooks():
 def train_two_steps(model, optimizer) -> None:
     import torch
 
-    for _ in range(2):
-        optimizer.zero_grad()
-        model(torch.ones(2, 8)).sum().backward()
-        optimizer.step()
+    from tiny_models import fixed, total, train
+
+    train(model, 2, optimizer=optimizer, data=fixed(torch.ones(2, 8)), loss=total)
 
 
 def test_the_hooks_that_mark_a_run_failed_are_given_back_at_stop_and_installed_again_by_the_next_monitor(
-        tmp_path, monkeypatch, capsys):
+        tmp_path, tmp_sqlite_uri, monkeypatch, capsys):
     """``sys.excepthook`` and the SIGTERM handler are the monitor's while it runs: ``stop()`` puts back the very
     ones found before ``monitor()``, and the next monitor installs them again, where an uncaught exception still
     marks its run failed."""
@@ -95,7 +94,7 @@ def test_the_hooks_that_mark_a_run_failed_are_given_back_at_stop_and_installed_a
     from msprobe_mlflow import GradProbeConfig
     from msprobe_mlflow.pytorch import GradientMonitor
 
-    mlflow.set_tracking_uri(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    mlflow.set_tracking_uri(tmp_sqlite_uri)
     mlflow.set_experiment("hooks")
     monkeypatch.chdir(tmp_path)
     model = torch.nn.Linear(8, 4)
@@ -162,14 +161,14 @@ def test_an_excepthook_the_user_sets_while_a_monitor_runs_is_left_in_place_at_st
     assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
 
 
-def test_mindspore_model_train_that_raises_tags_rank_0_failed(tmp_path, monkeypatch):
+def test_mindspore_model_train_that_raises_tags_rank_0_failed(tmp_path, tmp_sqlite_uri, monkeypatch):
     pytest.importorskip("mindspore", reason="MindSpore is not installed (the torch-only stage)")
     from mindspore_training import batches, dense, sgd_model
     from msprobe_mlflow import GradProbeConfig
     from msprobe_mlflow.mindspore import GradProbeCallback
     from test_mindspore_callback import FailAtStep
 
-    mlflow.set_tracking_uri(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    mlflow.set_tracking_uri(tmp_sqlite_uri)
     mlflow.set_experiment("Default")  # not the experiment an earlier test made current in another store
     monkeypatch.chdir(tmp_path)
     callback = GradProbeCallback(GradProbeConfig(dump_path=str(tmp_path / "dump")), silent=True)
@@ -182,13 +181,13 @@ def test_mindspore_model_train_that_raises_tags_rank_0_failed(tmp_path, monkeypa
     assert callback.monitor.failed_ranks == {0: "failed"}
 
 
-def test_torchrun_rank_1_raising_ends_the_run_failed_with_both_ranks_saying_how_they_ended(tmp_path):
+def test_torchrun_rank_1_raising_ends_the_run_failed_with_both_ranks_saying_how_they_ended(tmp_path, tmp_sqlite_uri):
     """Rank 1 raises at step 2; rank 0's all-reduce then fails (failed) or torchrun stops it with SIGTERM
     (killed), whichever comes first: either way it says so, and the run does not end FINISHED."""
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    done = torchrun(uri, "--dump", str(tmp_path / "dump"), "--steps", "4", "--level", "L1", "--raise-at", "1", "2")
+    done = torchrun(tmp_sqlite_uri, "--dump", str(tmp_path / "dump"), "--steps", "4", "--level", "L1",
+                    "--raise-at", "1", "2")
     assert done.returncode != 0 and "training fails at step 2 on purpose" in done.stdout + done.stderr
-    run = MlflowClient(uri).get_run(run_id_in(done.stdout))
+    run = MlflowClient(tmp_sqlite_uri).get_run(run_id_in(done.stdout))
     tags = run.data.tags
     assert run.info.status == "FAILED"
     assert tags["msprobe_mlflow.rank1.status"] == "failed"
@@ -201,7 +200,7 @@ def crashed_job_run(tmp_path: Path) -> tuple[str, str]:
     """A run as msrun leaves it when rank 1 raised and rank 0 was SIGKILLed: rank 1 tagged itself failed and ended
     the run FAILED; rank 0 never said anything. Made by two real processes launched apart (rank 1 raises before its
     step 2, rank 0 is killed by the test once rank 1 is gone)."""
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    uri = sqlite_uri(tmp_path)
     port = str(free_port())
     processes = []
     for rank in (0, 1):
@@ -237,11 +236,12 @@ def test_upload_closes_a_run_whose_job_lost_its_ranks(tmp_path, monkeypatch):
     assert again.exit_code == 0 and "missing" not in again.output  # nothing left to close
 
 
-def test_upload_ends_a_single_process_run_once_its_process_was_sigkilled_and_not_before(tmp_path, monkeypatch):
+def test_upload_ends_a_single_process_run_once_its_process_was_sigkilled_and_not_before(tmp_path, tmp_sqlite_uri,
+                                                                                         monkeypatch):
     """A training SIGKILLed (the out-of-memory killer, ``kill -9``) says nothing: its run stays RUNNING, rank 0
     ``running``. ``upload`` ends it FAILED with rank 0 ``missing``, its steps all there; run while the same training
     lives, it leaves the run alone."""
-    uri, dump = f"sqlite:///{tmp_path / 'mlflow.db'}", tmp_path / "dump"
+    uri, dump = tmp_sqlite_uri, tmp_path / "dump"
     training = subprocess.Popen([sys.executable, str(WORKER), "wait-to-be-killed", str(dump)], cwd=tmp_path,
                                 env=child_environment(uri), text=True, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
     try:
@@ -270,14 +270,13 @@ def test_upload_ends_a_single_process_run_once_its_process_was_sigkilled_and_not
     assert again.exit_code == 0 and "missing" not in again.output  # nothing left to close
 
 
-def test_under_autolog_every_rank_starting_a_run_leaves_one_run_with_both_ranks(tmp_path):
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    client = MlflowClient(uri)
+def test_under_autolog_every_rank_starting_a_run_leaves_one_run_with_both_ranks(tmp_path, tmp_sqlite_uri):
+    client = MlflowClient(tmp_sqlite_uri)
     client.search_experiments()  # the store's tables exist before two ranks open it at once
     done = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
          "--master-port", str(free_port()), str(WORKER), "autolog-every-rank", str(tmp_path / "dump")],
-        capture_output=True, text=True, env=child_environment(uri), timeout=300, cwd=tmp_path)
+        capture_output=True, text=True, env=child_environment(tmp_sqlite_uri), timeout=300, cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
     run_id = run_id_in(done.stdout)
     assert "under torch.distributed every rank logs into rank 0's run" in done.stderr  # told at once

@@ -18,9 +18,8 @@ pytest.importorskip("mindspore", reason="MindSpore is not installed (the torch-o
 WORKER = Path(__file__).with_name("scale_worker_mindspore.py")
 
 
-def test_rank_0_sends_the_summary_metrics_of_a_mindspore_rank_that_cannot_reach_the_server(tmp_path):
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    client = MlflowClient(uri)
+def test_rank_0_sends_the_summary_metrics_of_a_mindspore_rank_that_cannot_reach_the_server(tmp_path, tmp_sqlite_uri):
+    client = MlflowClient(tmp_sqlite_uri)
     run_id = client.create_run(client.create_experiment("aggregated")).info.run_id
     dump, logs = tmp_path / "dump", tmp_path / "logs"
     bin_dir = str(Path(sys.executable).parent)
@@ -30,7 +29,7 @@ def test_rank_0_sends_the_summary_metrics_of_a_mindspore_rank_that_cannot_reach_
            "MSPROBE_MLFLOW_RANK_WAIT_SECONDS": "1", "MSPROBE_MLFLOW_START_CHECK_SECONDS": "1",
            "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0", "MLFLOW_HTTP_REQUEST_TIMEOUT": "2"}
     command = [msrun, "--worker_num=2", "--local_worker_num=2", f"--master_port={free_port()}",
-               f"--log_dir={logs}", "--join=True", str(WORKER), "--dump", str(dump), "--tracking-uri", uri]
+               f"--log_dir={logs}", "--join=True", str(WORKER), "--dump", str(dump), "--tracking-uri", tmp_sqlite_uri]
     done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=300, cwd=tmp_path)
     output = "".join(path.read_text(errors="replace") for path in sorted(logs.glob("worker_*.log")))
     assert done.returncode == 0, (done.stdout + done.stderr)[-2000:] + output[-3000:]

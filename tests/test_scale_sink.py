@@ -9,7 +9,6 @@ import mlflow
 import numpy as np
 import pandas
 import pytest
-import torch
 from mlflow.tracking import MlflowClient
 
 from msprobe_mlflow.config import GradProbeConfig
@@ -27,6 +26,7 @@ from msprobe_mlflow.tracking.aggregate import END_OF_RUN, RANK_STATUSES, RankZer
 from msprobe_mlflow.tracking.options import TrackingOptions
 from msprobe_mlflow.tracking.run_dump import RunBaseline, read_statistics
 from msprobe_mlflow.tracking.upload import packed_directions_file, upload_dump
+from tiny_models import gaussian, mlp, train
 
 
 def test_step_ranges_name_an_archive_and_read_back():
@@ -78,23 +78,12 @@ def test_an_archive_member_its_name_does_not_announce_is_refused_before_anything
     assert not (tmp_path / "out").exists()
 
 
-def train(monitor: GradientMonitor, steps: int) -> None:
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(6, 4), torch.nn.Tanh(), torch.nn.Linear(4, 2))
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-    monitor.monitor(model, optimizer)
-    for _ in range(steps):
-        optimizer.zero_grad()
-        model(torch.randn(8, 6)).square().mean().backward()
-        optimizer.step()
-    monitor.stop()
-
-
 def test_archived_steps_read_back_through_the_run_like_the_local_dump(tmp_experiment, tmp_path):
     dump = tmp_path / "dump"
     with mlflow.start_run() as run:
         monitor = GradientMonitor(GradProbeConfig(dump_path=str(dump), level="L1"), archive_every_n_steps=2)
-        train(monitor, 3)
+        train(mlp(6, 4, 2), 3, monitor=monitor, data=gaussian(8, 6), seed=None)
+        monitor.stop()
     assert monitor.errors == []
     client = MlflowClient()
     names = sorted(info.path for info in client.list_artifacts(run.info.run_id, "grad_probe/rank0"))

@@ -24,11 +24,12 @@ def expected_summary(dump: Path, rank: int, step: int) -> dict[str, float]:
             "min": min(table.numbers("min"))}
 
 
-def torchrun(tmp_path: Path, *worker_args: str) -> tuple[subprocess.CompletedProcess, str]:
-    """Runs the worker on 2 ranks; returns the finished job and the run ID rank 0 printed."""
+def torchrun(tmp_path: Path, tracking_uri: str, *worker_args: str) -> tuple[subprocess.CompletedProcess, str]:
+    """Runs the worker on 2 ranks, its dump in ``tmp_path``; returns the finished job and the run ID rank 0
+    printed."""
     command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
                "--master-port", str(free_port()), str(WORKER), "--dump", str(tmp_path / "dump"), "--tracking-uri",
-               f"sqlite:///{tmp_path / 'mlflow.db'}", *worker_args]
+               tracking_uri, *worker_args]
     env = {**os.environ, "MSPROBE_MLFLOW_RANK_WAIT_SECONDS": "1", "MSPROBE_MLFLOW_START_CHECK_SECONDS": "1",
            "MSPROBE_MLFLOW_GATHER_TIMEOUT_SECONDS": "5", "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0",
            "MLFLOW_HTTP_REQUEST_TIMEOUT": "2"}
@@ -37,11 +38,11 @@ def torchrun(tmp_path: Path, *worker_args: str) -> tuple[subprocess.CompletedPro
     return done, next(line.split()[1] for line in done.stdout.splitlines() if line.startswith("RUN_ID "))
 
 
-def test_rank_0_sends_the_summary_metrics_of_a_rank_that_cannot_reach_the_server(tmp_path):
-    done, run_id = torchrun(tmp_path)
-    dump, uri = tmp_path / "dump", f"sqlite:///{tmp_path / 'mlflow.db'}"
+def test_rank_0_sends_the_summary_metrics_of_a_rank_that_cannot_reach_the_server(tmp_path, tmp_sqlite_uri):
+    done, run_id = torchrun(tmp_path, tmp_sqlite_uri)
+    dump = tmp_path / "dump"
     assert done.stdout.count("ERRORS 0") == 2, done.stdout
-    client = MlflowClient(uri)
+    client = MlflowClient(tmp_sqlite_uri)
     for rank in (0, 1):
         for name, value in expected_summary(dump, rank, 2).items():
             history = client.get_metric_history(run_id, f"grad/rank{rank}/{name}")
@@ -57,21 +58,21 @@ def test_rank_0_sends_the_summary_metrics_of_a_rank_that_cannot_reach_the_server
     assert "rank 1" in done.stderr and "msprobe-mlflow upload" in done.stderr
 
 
-def test_a_rank_that_never_reaches_the_end_of_run_exchange_is_tagged_missing(tmp_path):
-    done, run_id = torchrun(tmp_path, "--rank1-leaves")
+def test_a_rank_that_never_reaches_the_end_of_run_exchange_is_tagged_missing(tmp_path, tmp_sqlite_uri):
+    done, run_id = torchrun(tmp_path, tmp_sqlite_uri, "--rank1-leaves")
     assert "ERRORS 0" in done.stdout, done.stdout
     assert "end-of-run exchange of the ranks' statuses failed" in done.stderr
-    tags = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}").get_run(run_id).data.tags
+    tags = MlflowClient(tmp_sqlite_uri).get_run(run_id).data.tags
     assert tags["msprobe_mlflow.rank0.status"] == "finished"
     assert tags["msprobe_mlflow.rank1.status"] == "missing"  # running from the start; rank 0 found it never ended
     assert tags["msprobe_mlflow.missing_ranks"] == "1"
 
 
-def test_an_all_gather_that_times_out_is_counted_and_rank_0_sends_its_own_metrics_again(tmp_path):
+def test_an_all_gather_that_times_out_is_counted_and_rank_0_sends_its_own_metrics_again(tmp_path, tmp_sqlite_uri):
     # Rank 1 probes steps 0 and 2, rank 0 every step: rank 0's gather at step 1 pairs with rank 1's at step 2
     # (each vector says its step), rank 0's gather at step 2 finds no partner and times out after 5 s.
-    done, run_id = torchrun(tmp_path, "--rank1-steps", "0", "2")
-    dump, client = tmp_path / "dump", MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    done, run_id = torchrun(tmp_path, tmp_sqlite_uri, "--rank1-steps", "0", "2")
+    dump, client = tmp_path / "dump", MlflowClient(tmp_sqlite_uri)
     assert "ERRORS 1" in done.stdout and "ERRORS 0" in done.stdout, done.stdout
     assert "aggregation of summary metrics failed at step 2" in done.stderr
     for rank, steps in ((0, [0, 1, 2]), (1, [0, 2])):

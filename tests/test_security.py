@@ -19,6 +19,7 @@ import torch
 from mlflow.entities import Run, RunData, RunInfo
 from mlflow.tracking import MlflowClient
 
+from mlflow_stores import sqlite_uri
 from msprobe_mlflow import GradProbeConfig
 from msprobe_mlflow.api_check.parser import read_api_info
 from msprobe_mlflow.compare.engine import compare_dumps
@@ -28,6 +29,7 @@ from msprobe_mlflow.pytorch import GradientMonitor
 from msprobe_mlflow.records import StepRecord
 from msprobe_mlflow.tracking.run_dump import RunDumpError, RunDumpListing, fetch_run_dump
 from msprobe_mlflow.tracking.upload import upload_dump
+from tiny_models import gaussian, train
 
 SECRET = b"secret-token-7f3a"  # content that must never reach MLflow
 
@@ -39,7 +41,7 @@ def store(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def tracking_uri(store):
-    return f"sqlite:///{store / 'mlflow.db'}"
+    return sqlite_uri(store)
 
 
 @pytest.fixture(scope="module")
@@ -130,15 +132,9 @@ def test_dotted_and_traversing_names_from_any_monitor_are_written_inside_the_ste
 # --- files of a dump folder: links and pickles ----------------------------------------------------------------
 def train_dump(folder: Path, steps: int = 2) -> Path:
     torch.manual_seed(0)
-    model = torch.nn.Linear(3, 2)
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-    monitor = GradientMonitor(GradProbeConfig(dump_path=str(folder), level="L1"),
-                              log_to_mlflow=False).monitor(model, optimizer)
-    for _ in range(steps):
-        optimizer.zero_grad()
-        model(torch.randn(4, 3)).square().sum().backward()
-        optimizer.step()
-    monitor.stop()
+    with GradientMonitor(GradProbeConfig(dump_path=str(folder), level="L1"), log_to_mlflow=False) as monitor:
+        train(torch.nn.Linear(3, 2), steps, monitor=monitor, data=gaussian(4, 3), seed=None,
+              loss=lambda output, _: output.square().sum())
     return folder
 
 

@@ -59,12 +59,11 @@ def artifact_files(client: MlflowClient, run_id: str, path: str) -> list[str]:
     return found
 
 
-def test_two_ranks_log_into_one_run_with_every_metric_and_file(tmp_path):
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    done = torchrun(uri, "--dump", str(tmp_path / "dump"), "--steps", "4")
+def test_two_ranks_log_into_one_run_with_every_metric_and_file(tmp_path, tmp_sqlite_uri):
+    done = torchrun(tmp_sqlite_uri, "--dump", str(tmp_path / "dump"), "--steps", "4")
     assert done.returncode == 0, done.stderr[-3000:]
     run_id = run_id_of(done)
-    client = MlflowClient(uri)
+    client = MlflowClient(tmp_sqlite_uri)
     run = client.get_run(run_id)
     assert run.data.tags["msprobe_mlflow.world_size"] == "2"
     assert [run.data.tags[f"msprobe_mlflow.rank{r}.status"] for r in (0, 1)] == ["finished", "finished"]
@@ -84,25 +83,25 @@ def test_two_ranks_log_into_one_run_with_every_metric_and_file(tmp_path):
         (tmp_path / "dump/rank1/grad_summary_3.csv").read_bytes()
 
 
-def test_a_rank_that_dies_is_named_in_the_run_and_the_other_rank_is_complete(tmp_path):
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    rank0, rank1 = launch_ranks_separately(uri, "--dump", str(tmp_path / "dump"), "--steps", "4", "--die-at", "2")
+def test_a_rank_that_dies_is_named_in_the_run_and_the_other_rank_is_complete(tmp_path, tmp_sqlite_uri):
+    rank0, rank1 = launch_ranks_separately(tmp_sqlite_uri, "--dump", str(tmp_path / "dump"), "--steps", "4",
+                                           "--die-at", "2")
     assert (rank0.returncode, rank1.returncode) == (0, 17), rank0.stderr[-3000:]
     run_id = run_id_of(rank0)
-    run = MlflowClient(uri).get_run(run_id)
+    run = MlflowClient(tmp_sqlite_uri).get_run(run_id)
     assert run.data.tags["msprobe_mlflow.missing_ranks"] == "1"
     assert run.data.tags["msprobe_mlflow.rank1.status"] == "missing"  # it never said how it ended
     assert "msprobe_mlflow.failed_ranks" not in run.data.tags  # nothing says it failed: it may only be late
     assert "ranks [1] did not finish" in rank0.stderr
-    assert [m.step for m in MlflowClient(uri).get_metric_history(run_id, "grad/rank0/total_norm")] == [0, 1, 2, 3]
+    history = MlflowClient(tmp_sqlite_uri).get_metric_history(run_id, "grad/rank0/total_norm")
+    assert [m.step for m in history] == [0, 1, 2, 3]
 
 
-def test_the_configs_rank_filter_decides_which_ranks_log_into_the_run(tmp_path):
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    done = torchrun(uri, "--dump", str(tmp_path / "dump"), "--steps", "2", "--level", "L1", "--ranks", "1")
+def test_the_configs_rank_filter_decides_which_ranks_log_into_the_run(tmp_path, tmp_sqlite_uri):
+    done = torchrun(tmp_sqlite_uri, "--dump", str(tmp_path / "dump"), "--steps", "2", "--level", "L1", "--ranks", "1")
     assert done.returncode == 0, done.stderr[-3000:]
     run_id = run_id_of(done)
-    client = MlflowClient(uri)
+    client = MlflowClient(tmp_sqlite_uri)
     run = client.get_run(run_id)
     assert {key.split("/")[1] for key in run.data.metrics} == {"rank1"}
     assert [m.step for m in client.get_metric_history(run_id, "grad/rank1/total_norm")] == [0, 1]
@@ -122,11 +121,11 @@ def first_nonfinite_step(rank_folder: Path) -> int:
     raise AssertionError(f"no non-finite gradient in {rank_folder}")
 
 
-def test_the_runs_first_finding_is_the_earliest_of_all_ranks_whichever_rank_tagged_last(tmp_path):
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    done = torchrun(uri, "--dump", str(tmp_path / "dump"), "--steps", "4", "--level", "L1", "--nan-at", "1", "1")
+def test_the_runs_first_finding_is_the_earliest_of_all_ranks_whichever_rank_tagged_last(tmp_path, tmp_sqlite_uri):
+    done = torchrun(tmp_sqlite_uri, "--dump", str(tmp_path / "dump"), "--steps", "4", "--level", "L1",
+                    "--nan-at", "1", "1")
     assert done.returncode == 0, done.stderr[-3000:]
-    tags = MlflowClient(uri).get_run(run_id_of(done)).data.tags
+    tags = MlflowClient(tmp_sqlite_uri).get_run(run_id_of(done)).data.tags
     first = {rank: first_nonfinite_step(tmp_path / "dump" / f"rank{rank}") for rank in (0, 1)}
     assert first[1] == 1 and first[0] > 1  # rank 0 sees NaN only once rank 1's NaN weights reach the all-reduce
     for rank in (0, 1):

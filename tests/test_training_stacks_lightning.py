@@ -100,13 +100,12 @@ def assert_one_run_with_every_step(tracking_uri: str, experiment: str, run_id: s
     assert sum(path.endswith(".csv") for path in files) == 3
 
 
-def test_lightning_callback_records_the_accumulated_clipped_gradients_into_the_loggers_run(tmp_path):
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+def test_lightning_callback_records_the_accumulated_clipped_gradients_into_the_loggers_run(tmp_path, tmp_sqlite_uri):
     config = GradProbeConfig(dump_path=str(tmp_path / "dump"), level="L1")
-    logger, applied = fit(uri, "lightning-callback", [GradientProbeCallback(config)])
+    logger, applied = fit(tmp_sqlite_uri, "lightning-callback", [GradientProbeCallback(config)])
     assert_applied_gradients_recorded(tmp_path / "dump", applied)
-    assert_one_run_with_every_step(uri, "lightning-callback", logger.run_id)
-    client = MlflowClient(uri)
+    assert_one_run_with_every_step(tmp_sqlite_uri, "lightning-callback", logger.run_id)
+    client = MlflowClient(tmp_sqlite_uri)
     tags = client.get_run(logger.run_id).data.tags
     assert tags["msprobe_mlflow.gradients_recorded"] == \
         f"after clipping (gradient_clip_val={CLIP}); total_norm_before_clipping is the norm before clipping"
@@ -127,46 +126,44 @@ class ClippedWithoutClipGradNorm(Regression):
         torch.nn.utils.clip_grads_with_norm_(parameters, gradient_clip_val, norm)
 
 
-def test_a_norm_before_clipping_that_was_never_logged_is_not_announced_and_is_warned_about(tmp_path):
+def test_a_norm_before_clipping_that_was_never_logged_is_not_announced_and_is_warned_about(tmp_path, tmp_sqlite_uri):
     """Before, the run's tag announced total_norm_before_clipping from the start, logged or not."""
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     config = GradProbeConfig(dump_path=str(tmp_path / "dump"), level="L1")
     with pytest.warns(UserWarning, match=r"total_norm_before_clipping was not logged \(nor announced in the run's "
                                          r"tag\): no torch\.nn\.utils\.clip_grad_norm_ call returned a norm for the "
                                          r"model's parameters"):
-        logger, applied = fit(uri, "lightning-own-clipping", [GradientProbeCallback(config)],
+        logger, applied = fit(tmp_sqlite_uri, "lightning-own-clipping", [GradientProbeCallback(config)],
                               ClippedWithoutClipGradNorm())
     assert_applied_gradients_recorded(tmp_path / "dump", applied)  # clipped, by the module's own code
-    run = MlflowClient(uri).get_run(logger.run_id)
+    run = MlflowClient(tmp_sqlite_uri).get_run(logger.run_id)
     assert run.data.tags["msprobe_mlflow.gradients_recorded"] == f"after clipping (gradient_clip_val={CLIP})"
     assert "grad/rank0/total_norm_before_clipping" not in run.data.metrics
 
 
-def test_clipping_by_value_is_tagged_as_such_with_no_norm_before_clipping(tmp_path):
+def test_clipping_by_value_is_tagged_as_such_with_no_norm_before_clipping(tmp_path, tmp_sqlite_uri):
     """``gradient_clip_algorithm="value"``: no norm is computed, so none is announced (before, the tag said it was
     logged); the recorded gradients are the clipped ones, each element within the clip value."""
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     config = GradProbeConfig(dump_path=str(tmp_path / "dump"), level="L1")
-    logger, applied = fit(uri, "lightning-by-value", [GradientProbeCallback(config)], gradient_clip_algorithm="value")
+    logger, applied = fit(tmp_sqlite_uri, "lightning-by-value", [GradientProbeCallback(config)],
+                          gradient_clip_algorithm="value")
     for step in range(BATCHES // 2):
         table = read_summary(tmp_path / "dump/rank0" / f"grad_summary_{step}.csv")
         np.testing.assert_allclose(table.numbers("norm"), applied.norms(step), rtol=2e-5)
         assert max(np.abs(table.numbers("max")).max(), np.abs(table.numbers("min")).max()) <= CLIP * (1 + 1e-6)
-    run = MlflowClient(uri).get_run(logger.run_id)
+    run = MlflowClient(tmp_sqlite_uri).get_run(logger.run_id)
     assert run.data.tags["msprobe_mlflow.gradients_recorded"] == f"after clipping (gradient_clip_val={CLIP}, by value)"
     assert "grad/rank0/total_norm_before_clipping" not in run.data.metrics
 
 
-def test_autolog_finds_the_loggers_run(tmp_path):
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+def test_autolog_finds_the_loggers_run(tmp_path, tmp_sqlite_uri):
     msprobe_mlflow.autolog(dump_path=str(tmp_path / "dump"))
     try:
-        logger, applied = fit(uri, "lightning-autolog", [])
+        logger, applied = fit(tmp_sqlite_uri, "lightning-autolog", [])
         assert mlflow.active_run() is None
     finally:
         msprobe_mlflow.autolog(disable=True)  # stops (flushes) the monitors autolog started
     assert_applied_gradients_recorded(tmp_path / "dump" / logger.run_id, applied)
-    assert_one_run_with_every_step(uri, "lightning-autolog", logger.run_id)
+    assert_one_run_with_every_step(tmp_sqlite_uri, "lightning-autolog", logger.run_id)
 
 
 @pytest.mark.parametrize("config, options, refused", [
@@ -175,11 +172,10 @@ def test_autolog_finds_the_loggers_run(tmp_path):
     (None, {"log_every_n_steps": 0}, r"log_every_n_steps = 0 is not accepted; expected an integer >= 1"),
 ])
 def test_a_bad_config_or_option_is_refused_when_the_callback_is_made_leaving_no_run(config, options, refused,
-                                                                                     tmp_path):
+                                                                                     tmp_sqlite_uri):
     """Made inside the user's fit(...) call: before the fix the error came at on_train_start, after the
     MLFlowLogger had created its run, which was left behind."""
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     with pytest.raises(ValueError, match=refused):
-        fit(uri, "lightning-bad-config", [GradientProbeCallback(config, **options)])
-    experiment = MlflowClient(uri).get_experiment_by_name("lightning-bad-config")
-    assert experiment is None or MlflowClient(uri).search_runs([experiment.experiment_id]) == []
+        fit(tmp_sqlite_uri, "lightning-bad-config", [GradientProbeCallback(config, **options)])
+    experiment = MlflowClient(tmp_sqlite_uri).get_experiment_by_name("lightning-bad-config")
+    assert experiment is None or MlflowClient(tmp_sqlite_uri).search_runs([experiment.experiment_id]) == []

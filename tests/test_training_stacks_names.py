@@ -9,9 +9,10 @@ from msprobe_mlflow.compare.engine import compare_dumps
 from msprobe_mlflow.dump import read_summary
 from msprobe_mlflow.parameter_names import eager_named_parameters
 from msprobe_mlflow.pytorch import GradientMonitor
+from tiny_models import gaussian, mlp, train
 
 
-class Holder(torch.nn.Module):
+class Holder(torch.nn.Module):  # its own model: the attribute it holds the layers under is what the tests vary
     """Not a wrapper, though its attribute names are those wrappers use: old dumps had such names."""
 
     def __init__(self, inner: torch.nn.Module, attribute: str):
@@ -23,34 +24,22 @@ class Holder(torch.nn.Module):
         return getattr(self, self.attribute)(x)
 
 
-def layers() -> torch.nn.Module:
-    torch.manual_seed(0)
-    return torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.Tanh(), torch.nn.Linear(3, 2))
-
-
 def test_wrapper_components_are_dropped_and_a_users_module_attribute_is_kept():
-    inner = layers()
+    inner = mlp(4, 3, 2)
     compiled = torch.compile(torch.nn.DataParallel(Holder(inner, "module")), backend="eager")
     names = [name for name, _ in eager_named_parameters(compiled)]
     assert [name for name, _ in compiled.named_parameters()][0] == "_orig_mod.module.module.0.weight"
     assert names == ["module.0.weight", "module.0.bias", "module.2.weight", "module.2.bias"]
 
 
-def train(model: torch.nn.Module, dump) -> None:
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-    monitor = GradientMonitor(GradProbeConfig(dump_path=str(dump), level="L1"), log_to_mlflow=False)
-    monitor.monitor(model, optimizer)
-    generator = torch.Generator().manual_seed(5)
-    for _ in range(2):
-        optimizer.zero_grad()
-        model(torch.randn(6, 4, generator=generator)).square().mean().backward()
-        optimizer.step()
-    monitor.stop()
+def dump_two_steps(model: torch.nn.Module, dump) -> None:
+    with GradientMonitor(GradProbeConfig(dump_path=str(dump), level="L1"), log_to_mlflow=False) as monitor:
+        train(model, 2, monitor=monitor, data=gaussian(6, 4), seed=5)
 
 
 def test_compare_matches_old_prefixed_names_and_says_so(tmp_path):
-    train(Holder(layers(), "_orig_mod"), tmp_path / "old_compiled")
-    train(layers(), tmp_path / "eager")
+    dump_two_steps(Holder(mlp(4, 3, 2), "_orig_mod"), tmp_path / "old_compiled")
+    dump_two_steps(mlp(4, 3, 2), tmp_path / "eager")
     assert read_summary(tmp_path / "old_compiled/rank0/grad_summary_0.csv").column("param_name")[0] == \
         "_orig_mod.0.weight"
     comparison = compare_dumps(tmp_path / "old_compiled", tmp_path / "eager", tmp_path / "out", plots=False,

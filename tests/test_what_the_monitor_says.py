@@ -22,8 +22,9 @@ from msprobe_mlflow.dump import findings_dir, read_csv
 from msprobe_mlflow.notices import MsprobeMlflowWarning, Notices
 from msprobe_mlflow.pytorch import GradientMonitor
 from msprobe_mlflow.session import failure_reason
-from test_live_verdicts import PERTURBED_FROM, STEPS, train
+from test_live_verdicts import PERTURBED_FROM, STEPS, monitored_training
 from test_tracking_distributed import torchrun
+from tiny_models import total, train
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -42,14 +43,10 @@ def folder_size_in_kb(folder: Path) -> str:
 def train_three_steps(dump: Path, nan_at: int | None = None, **options) -> GradientMonitor:
     """A linear layer trained 3 steps; ``nan_at``: that step's input is NaN."""
     torch.manual_seed(0)
-    model = torch.nn.Linear(4, 2)
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-    with GradientMonitor(GradProbeConfig(dump_path=str(dump), level="L1"), **options).monitor(model, optimizer) as m:
-        for step in range(3):
-            optimizer.zero_grad()
-            model(torch.full((2, 4), float("nan") if step == nan_at else 1.0)).sum().backward()
-            optimizer.step()
-    return m
+    with GradientMonitor(GradProbeConfig(dump_path=str(dump), level="L1"), **options) as monitor:
+        train(torch.nn.Linear(4, 2), 3, monitor=monitor, loss=total,
+              data=lambda step, _: (torch.full((2, 4), float("nan") if step == nan_at else 1.0), None))
+    return monitor
 
 
 # --- the start and end lines ----------------------------------------------------------------------------------------
@@ -86,26 +83,25 @@ def test_the_end_line_counts_the_anomaly_flags_from_their_first_step(tmp_path, c
 
 
 def test_the_end_line_gives_the_live_verdict(tmp_path, capsys):
-    train(tmp_path / "baseline").stop()
-    train(tmp_path / "same", baseline=str(tmp_path / "baseline")).stop()
+    monitored_training(tmp_path / "baseline").stop()
+    monitored_training(tmp_path / "same", baseline=str(tmp_path / "baseline")).stop()
     assert said(capsys.readouterr().err)[-1].endswith(f"; live verdict: consistent, {STEPS} steps compared")
     with pytest.warns(UserWarning, match="is suspicious against baseline"):
-        train(tmp_path / "other", baseline=str(tmp_path / "baseline"), perturbation="data").stop()
+        monitored_training(tmp_path / "other", baseline=str(tmp_path / "baseline"), perturbation="data").stop()
     lines = said(capsys.readouterr().err)
     assert lines[0].endswith(f"; live verdict against baseline {tmp_path / 'baseline'}")
     verdict = findings_dir(tmp_path / "other", 0) / "verdict.json"
     assert lines[-1].endswith(f"; live verdict: suspicious from step {PERTURBED_FROM} ({verdict})")
 
 
-def test_under_torchrun_the_start_is_said_once_and_each_rank_says_its_end(tmp_path):
-    done = torchrun(f"sqlite:///{tmp_path / 'mlflow.db'}", "--dump", str(tmp_path / "dump"), "--steps", "3",
-                    "--level", "L1")
+def test_under_torchrun_the_start_is_said_once_and_each_rank_says_its_end(tmp_path, tmp_sqlite_uri):
+    done = torchrun(tmp_sqlite_uri, "--dump", str(tmp_path / "dump"), "--steps", "3", "--level", "L1")
     assert done.returncode == 0, done.stderr[-3000:]
     run_id = done.stdout.split("RUN_ID ")[1].split()[0]
     lines = said(done.stderr)
     assert [line for line in lines if "probing gradients" in line] == [
         f"msprobe-mlflow: probing gradients at level L1 (2 ranks) into MLflow run {run_id} at "
-        f"sqlite:///{tmp_path / 'mlflow.db'}; dump: {tmp_path / 'dump'}; no live verdict"]
+        f"{tmp_sqlite_uri}; dump: {tmp_path / 'dump'}; no live verdict"]
     ends = sorted(line for line in lines if "done:" in line)
     assert [line.split(" in ")[0].rsplit(",", 1)[0] for line in ends] == [
         "msprobe-mlflow: rank 0: done: 3 steps", "msprobe-mlflow: rank 1: done: 3 steps"]
