@@ -3,6 +3,8 @@ holds exactly what the thread would have sent, failures keep their text and erro
 loses nothing. Real SQLite store, real child process."""
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 from mlflow.exceptions import MlflowException
@@ -53,8 +55,14 @@ def assert_run_holds_the_dump(run_id: str, dump, steps: range) -> None:
         assert open(sent, "rb").read() == summary_csv_path(dump, 0, step).read_bytes()
 
 
+@pytest.fixture
+def a_cpu_to_spare(monkeypatch):
+    """Whatever this machine's load: the test is about what happens once the requests move."""
+    monkeypatch.setattr(sink_settings, "PROCESS_MIN_SPARE_CPUS", float("-inf"))
+
+
 def test_a_round_of_several_steps_moves_the_requests_to_a_process_and_the_run_holds_every_step(
-        tmp_experiment, tmp_path, monkeypatch):
+        tmp_experiment, tmp_path, monkeypatch, a_cpu_to_spare):
     monkeypatch.setattr(sink_settings, "SEND_INTERVAL_SECONDS", 600.0)  # each round is the steps before a flush()
     dump = tmp_path / "dump"
     sink, run_id = open_sink(tmp_experiment, dump)
@@ -69,7 +77,21 @@ def test_a_round_of_several_steps_moves_the_requests_to_a_process_and_the_run_ho
     assert MlflowClient().get_run(run_id).data.tags["msprobe_mlflow.rank0.status"] == "finished"
 
 
-def test_a_request_process_that_dies_loses_nothing_and_says_so_once(tmp_experiment, tmp_path, monkeypatch):
+def test_without_an_idle_cpu_the_requests_stay_on_the_thread(tmp_experiment, tmp_path, monkeypatch):
+    """A process of its own would compete with training for a CPU: it starts only where one is idle."""
+    monkeypatch.setattr(sink_settings, "SEND_INTERVAL_SECONDS", 600.0)
+    monkeypatch.setattr(sink_settings, "PROCESS_MIN_SPARE_CPUS", float(len(os.sched_getaffinity(0)) + 1))
+    dump = tmp_path / "dump"
+    sink, run_id = open_sink(tmp_experiment, dump)
+    hand_in(sink, dump, range(10))
+    assert sink.requests.process is None
+    sink.close()
+    assert not sink.requests.used_process
+    assert_run_holds_the_dump(run_id, dump, range(10))
+
+
+def test_a_request_process_that_dies_loses_nothing_and_says_so_once(tmp_experiment, tmp_path, monkeypatch,
+                                                                    a_cpu_to_spare):
     monkeypatch.setattr(sink_settings, "SEND_INTERVAL_SECONDS", 600.0)
     monkeypatch.setattr(sink_settings, "PROCESS_MIN_ROUND_STEPS", 1)
     dump = tmp_path / "dump"
@@ -104,3 +126,18 @@ def test_a_request_failing_in_the_process_raises_what_it_raises_in_the_thread(sq
         remote.close()
     assert in_process.value.error_code == in_thread.value.error_code != "INTERNAL_ERROR"
     assert str(in_process.value) == str(in_thread.value)
+
+
+def test_the_last_round_at_stop_is_sent_from_the_thread_without_starting_a_process(tmp_experiment, tmp_path,
+                                                                                  monkeypatch):
+    """A short training's steps all wait for stop(): starting the process then would only delay the end."""
+    monkeypatch.setattr(sink_settings, "SEND_INTERVAL_SECONDS", 600.0)
+    dump = tmp_path / "dump"
+    sink, run_id = open_sink(tmp_experiment, dump)
+    hand_in(sink, dump, range(1))  # a round of one step; the next waits 600 s, or for stop()
+    for step in range(1, 10):
+        write_step(dump, record(step))
+        sink.handle(record(step))
+    sink.close()  # one round of 9 steps
+    assert not sink.requests.used_process
+    assert_run_holds_the_dump(run_id, dump, range(10))

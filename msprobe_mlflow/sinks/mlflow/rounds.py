@@ -1,7 +1,7 @@
 """What one round of the live MLflow sink sends: the steps' metrics and the findings' metrics and tags in one
 batch, then the steps' files, one by one or, with ``archive_every_n_steps`` K > 1, as one archive per K steps.
-A round of ``PROCESS_MIN_ROUND_STEPS`` steps or more (steps come fast) moves the requests to a process of their own
-(:mod:`msprobe_mlflow.tracking.request_process`)."""
+The requests go through :class:`~msprobe_mlflow.tracking.request_process.RoundRequests`, which the send loop may
+move to a process of their own."""
 from __future__ import annotations
 
 from msprobe_mlflow.sinks.mlflow import settings
@@ -20,8 +20,6 @@ class Rounds:
     def send(self, steps: list[QueuedStep], annotations: list[Annotation] = (),
              retry: list[MetricPoint] = ()) -> None:
         """One round: the steps' metrics (and ``retry``, other ranks' values of failed rounds), then their files."""
-        if len(steps) >= settings.PROCESS_MIN_ROUND_STEPS:
-            self.requests.move_to_process()
         metrics = [*retry, *(m for item in steps for m in (*item.metrics, *item.gathered))]
         metrics += [m for a in annotations for m in metric_points(a.metrics, a.step + self.options.mlflow_step_offset)]
         tags = {key: value for a in annotations for key, value in a.tags.items()}  # the latest value of a key wins
