@@ -30,7 +30,7 @@ class SendLoop:
         self._queue: queue.Queue = queue.Queue(maxsize=max_pending)
         self._thread = threading.Thread(target=self._work, name=f"msprobe-mlflow-sink-rank{rank}", daemon=True)
         self._first = None
-        self._cpu_mark = (time.monotonic(), time.process_time())  # for _spare_cpus (this thread's CPU is 0 here)
+        self._cpu_mark = (time.monotonic(), 0.0, _busy_seconds())  # for _spare_cpus
 
     def start(self, first) -> None:
         """Starts the thread, whose first request is ``first()``; nothing more is sent if it is refused."""
@@ -92,15 +92,14 @@ class SendLoop:
                 return
 
     def _spare_cpus(self) -> float:
-        """The CPUs this process may run on that it left idle since the last round: its CPU time over that time,
-        less this thread's (the requests' own, which the move takes away)."""
-        now, cpu = time.monotonic(), time.process_time() - time.thread_time()
-        (then, cpu_then), self._cpu_mark = self._cpu_mark, (now, cpu)
-        try:
-            available = len(os.sched_getaffinity(0))
-        except AttributeError:  # not Linux
-            available = os.cpu_count() or 1
-        return available - (cpu - cpu_then) / (now - then) if now > then else 0.0
+        """The CPUs this process may run on that stayed idle since the last round (``/proc/stat``: whoever kept
+        them busy; elsewhere, what this process left idle of them), plus this thread's share: the requests' own
+        CPU, which the move takes away."""
+        now, own, busy = time.monotonic(), time.thread_time(), _busy_seconds()
+        (then, own_then, busy_then), self._cpu_mark = self._cpu_mark, (now, own, busy)
+        if now <= then:
+            return 0.0
+        return len(_cpus()) - (busy - busy_then - (own - own_then)) / (now - then)
 
     def _round(self, steps: list[QueuedStep], annotations: list[Annotation]) -> None:
         if not (steps or annotations):
@@ -117,3 +116,26 @@ class SendLoop:
             self.unsent.steps.update(numbers)
             self.unsent.keep_gathered(retry + [m for item in steps for m in item.gathered])
             self.unsent.annotations += annotations
+
+
+def _cpus() -> set[int]:
+    try:
+        return os.sched_getaffinity(0)
+    except AttributeError:  # not Linux
+        return set(range(os.cpu_count() or 1))
+
+
+def _busy_seconds() -> float:
+    """CPU seconds this process's CPUs spent busy since boot, by anyone (``/proc/stat``); where that cannot be
+    read, this process's own CPU time."""
+    cpus, busy = {f"cpu{n}" for n in _cpus()}, 0.0
+    try:
+        with open("/proc/stat", encoding="ascii") as stat:
+            for line in stat:
+                name, *fields = line.split()
+                if name in cpus:
+                    user, nice, system, _idle, _iowait, irq, softirq, steal = map(int, fields[:8])
+                    busy += user + nice + system + irq + softirq + steal
+    except (OSError, ValueError):
+        return time.process_time()
+    return busy / os.sysconf("SC_CLK_TCK")
