@@ -16,7 +16,7 @@ from msprobe_mlflow.mindspore.operator_trace import HostTensor, MindSporeOperato
 from msprobe_mlflow.monitoring.traced_steps import TracedSteps
 from msprobe_mlflow.notices import Notices
 from msprobe_mlflow.trace.options import TracePlan
-from msprobe_mlflow.trace.saved_calls import saved_call_path, write_saved_call
+from msprobe_mlflow.trace.saved_calls import saved_call_path, say_unsaved, write_saved_call
 
 _bounded_classes: dict[type, type] = {}
 
@@ -33,10 +33,7 @@ def mindspore_traced_steps(plan: TracePlan, network: nn.Cell | None, dump_path: 
                          f"their dtype and shape are traced")
         for name, (args, kwargs, output) in tracer.saved.items():
             write_saved_mindspore_call(folder, name, args, kwargs, output)
-        missing = sorted(tracer.save - set(tracer.saved))
-        if missing:
-            notices.warn(f"step {step} made no call named {', '.join(missing)}: nothing saved for it (names as "
-                         f"locate prints them, e.g. MintFunctional.gelu.0.forward)")
+        say_unsaved(notices, step, tracer.save, tracer.saved)
 
     return TracedSteps(plan, make_tracer, "mindspore", dump_path, rank, notices, on_written, after_write)
 

@@ -12,6 +12,7 @@ from msprobe_mlflow.notices import Notices
 from msprobe_mlflow.torch_kernels.operator_replay import save_call
 from msprobe_mlflow.torch_kernels.operator_trace import OperatorTracer
 from msprobe_mlflow.trace.options import TracePlan
+from msprobe_mlflow.trace.saved_calls import say_unsaved
 
 
 def pytorch_traced_steps(plan: TracePlan, model: torch.nn.Module, dump_path: str, rank: int, notices: Notices,
@@ -22,9 +23,6 @@ def pytorch_traced_steps(plan: TracePlan, model: torch.nn.Module, dump_path: str
     def write_saved_calls(tracer: OperatorTracer, folder: Path, step: int) -> None:
         for name, (args, kwargs, output) in tracer.saved.items():
             save_call(folder, name, args, kwargs, output)
-        missing = sorted(tracer.save - set(tracer.saved))
-        if missing:
-            notices.warn(f"step {step} made no call named {', '.join(missing)}: nothing saved for it (names as "
-                         f"locate prints them, in this training's trace)")
+        say_unsaved(notices, step, tracer.save, tracer.saved)
 
     return TracedSteps(plan, make_tracer, "pytorch", dump_path, rank, notices, on_written, write_saved_calls)

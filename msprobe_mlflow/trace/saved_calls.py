@@ -11,6 +11,7 @@ from typing import Callable
 
 import numpy as np
 
+from msprobe_mlflow.notices import Notices
 from msprobe_mlflow.safe_paths import param_file_stem
 
 SAVED_FOLDER, CALL_FILE = "saved", "call.json"
@@ -50,3 +51,11 @@ def write_saved_call(trace_folder: Path, name: str, args, kwargs: dict, output, 
             "output": encode(list(output) if isinstance(output, (list, tuple)) else [output])}
     (target / CALL_FILE).write_text(json.dumps(call, indent=1), encoding="utf-8")
     return call
+
+
+def say_unsaved(notices: Notices, step: int, wanted: frozenset[str], saved) -> None:
+    """One warning naming the calls ``trace_save`` asked for that the traced step did not make."""
+    missing = sorted(wanted - set(saved))
+    if missing:
+        notices.warn(f"step {step} made no call named {', '.join(missing)}: nothing saved for it (names as locate "
+                     f"prints them, in this training's trace)")

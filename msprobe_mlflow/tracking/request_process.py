@@ -7,8 +7,9 @@ at every torch call that hands the lock back. With fast steps of many small tens
 (``benchmarks/monitor_benchmark.py``, MLflow on against off, 256 x Linear(64, 64)); in a process of its own it holds
 nothing of the training's, and the sink's thread waits for each answer without the lock.
 
-When: the sink asks for it (``Rounds``: a round carrying several steps, so steps come faster than the rounds); slower
-trainings and short ones never start it, as starting it imports MLflow (a second of CPU).
+When: the sink's send loop asks for it (``sinks/mlflow/sender.py``: a round of several steps while training runs,
+where a CPU is idle); slower trainings, short ones and busy CPUs never start it, as starting it imports MLflow (a
+second of CPU) and it then competes with training for a CPU.
 
 How: as the local dump's process (:mod:`msprobe_mlflow.dump_process`): the request's name and arguments pickled on its
 input, the answer on its output (None, or the failure's text and MLflow error code, so that refused credentials are
