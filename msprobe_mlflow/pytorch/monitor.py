@@ -286,6 +286,7 @@ class GradientMonitor(SessionMonitor):
         return self._probe_failures + (self._traces.errors if self._traces else []) + super().errors
 
     def flush(self) -> None:
+        """Waits until every probed step is on disk and delivered by every sink (a held first step included)."""
         self._submit_held(None)
         super().flush()
 

@@ -1,11 +1,12 @@
 """The live MLflow sink's thread: a bounded queue, at most one round of requests a second (everything queued
 meanwhile goes in one round), ``flush()`` and ``close()`` end the wait early; a round that fails, or that ``stop()``
 has no time left for, leaves its steps and findings unsent. A round of ``PROCESS_MIN_ROUND_STEPS`` steps or more
-while training runs (steps come fast), when this process left ``PROCESS_MIN_SPARE_CPUS`` of its CPUs idle since the
-last round, moves the requests to a process of their own (:mod:`msprobe_mlflow.tracking.request_process`): it takes
-the requests' Python off the interpreter lock training needs, but competes with training for a CPU, so it pays only
-where one is idle (measured: a step of 512 small tensors with torch on 1 of 2 CPUs 1.32x -> 1.01x, on both 1.09x ->
-1.18x). Not at ``stop()``, where starting it would only delay the end."""
+while training runs (steps come fast), when the CPUs this process may run on stayed ``PROCESS_MIN_SPARE_CPUS`` idle
+since the last round (``/proc/stat``), moves the requests to a process of their own
+(:mod:`msprobe_mlflow.tracking.request_process`): it takes the requests' Python off the interpreter lock training
+needs, but competes with training for a CPU, so it pays only where one is idle (measured, MLflow on/off on a step of
+512 small tensors: torch on 1 of 2 CPUs 1.32x in the thread, 1.01x-1.03x moved; on both 1.09x in the thread, 1.18x
+moved). Not at ``stop()``, where starting it would only delay the end."""
 from __future__ import annotations
 
 import os
