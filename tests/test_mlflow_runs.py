@@ -2,6 +2,8 @@
 runs that always end."""
 from __future__ import annotations
 
+import os
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -105,3 +107,20 @@ def test_upload_into_a_new_run_that_fails_midway_leaves_it_failed(store, tmp_pat
     [run] = client.search_runs([experiment_id])
     assert run.info.status == "FAILED"
     assert run.info.run_name == "upload dump"
+
+
+@pytest.mark.skipif(not Path("/dev/shm").is_dir() or os.stat("/dev/shm").st_dev == os.stat(tempfile.gettempdir()).st_dev,
+                    reason="needs a dump on another file system than the temporary folder")
+def test_upload_sends_a_dump_on_another_file_system_byte_for_byte_at_its_paths(store, tmp_path):
+    """The steps' files are staged for their two requests as links; across file systems, as copies."""
+    client, experiment_id = store
+    with tempfile.TemporaryDirectory(dir="/dev/shm") as elsewhere:
+        dump = two_step_dump(Path(elsewhere) / "dump")
+        report = upload_dump(dump, experiment=client.get_experiment(experiment_id).name,
+                             tracking_uri=client.tracking_uri)
+        artifacts = Path(client.download_artifacts(report.run_id, "grad_probe", str(tmp_path / "down")))
+        sent = {p.relative_to(artifacts).as_posix(): p.read_bytes() for p in artifacts.rglob("*") if p.is_file()}
+        local = {p.relative_to(dump).as_posix(): p.read_bytes() for p in (dump / "rank0").rglob("*")
+                 if p.is_file() and (p.name.startswith("grad_summary_") or p.parent.name.startswith("step"))}
+    assert {k: v for k, v in sent.items() if k.startswith("rank0/")} == local
+    assert report.files_uploaded == len(local) + 1  # and grad_probe/config.json

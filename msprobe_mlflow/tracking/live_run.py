@@ -18,7 +18,7 @@ from msprobe_mlflow.config import GradProbeConfig
 from msprobe_mlflow.dump import relative_rank_dir, write_steps_archive
 from msprobe_mlflow.session import RankPolicy
 from msprobe_mlflow.tracking.runs import log_batched, now_ms, param, tag
-from msprobe_mlflow.tracking.upload import end_run_failed, packed_directions_file, upload_dump, upload_step_files
+from msprobe_mlflow.tracking.upload import end_run_failed, packed_directions_file, upload_dump, upload_steps_files
 from msprobe_mlflow.vocabulary import (ARTIFACT_ROOT, CONFIG_FILE_NAME, DUMP_PATH_TAG, FRAMEWORK_TAG, LEVEL_TAG,
                                        RUNNING, VERSION_TAG, WORLD_SIZE_TAG, rank_status_tag, rank_tag)
 
@@ -100,8 +100,8 @@ class LiveRun:
     def tags(self) -> dict[str, str]:
         return self.client.get_run(self.run_id).data.tags
 
-    def send_step_files(self, dump_path: str, rank: int, step: int) -> None:
-        upload_step_files(self.client, self.run_id, dump_path, rank, step)
+    def send_step_files(self, dump_path: str, rank: int, steps: list[int]) -> None:
+        upload_steps_files(self.client, self.run_id, dump_path, rank, steps)
 
     def send_archive(self, dump_path: str, rank: int, steps: list[int]) -> None:
         """``steps``' files as one ``steps_{ranges}.zip`` under ``grad_probe/rank{R}/``."""

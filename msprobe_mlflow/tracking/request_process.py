@@ -49,8 +49,8 @@ class RoundRequests:
     def log(self, metrics=(), tags=None) -> None:
         self._make("log", metrics, tags)
 
-    def send_step_files(self, dump_path: str, rank: int, step: int) -> None:
-        self._make("send_step_files", dump_path, rank, step)
+    def send_step_files(self, dump_path: str, rank: int, steps: list[int]) -> None:
+        self._make("send_step_files", dump_path, rank, steps)
 
     def send_archive(self, dump_path: str, rank: int, steps: list[int]) -> None:
         self._make("send_archive", dump_path, rank, steps)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,6 +35,8 @@ from msprobe_mlflow.vocabulary import (ARTIFACT_ROOT, CONFIG_FILE_NAME, DUMP_PAT
                                        MLFLOW_STEP_OFFSET_TAG, RANK_FAILURES, RUNNING, SOURCE_NAME_TAG,
                                        TAG_RANGES_LIMIT, TRAINING_ID_TAG, VERSION_TAG, grad_key, rank_failure_tag,
                                        rank_status_tag, rank_statuses, unsent_steps_tag)
+
+STEPS_PER_REQUEST = 50  # steps whose files go in one pair of requests (upload's progress, stop()'s drain: per pair)
 
 
 @dataclass
@@ -120,18 +123,38 @@ def packed_directions_file(folder: Path, scratch: Path) -> Path:
     return converted
 
 
-def upload_step_files(client: MlflowClient, run_id: str, dump_path: str | os.PathLike, rank: int, step: int) -> int:
-    """Sends one step's directions (packed) then its CSV; returns the number of files sent."""
-    sent = 0
-    folder = step_dir(dump_path, rank, step)
+def upload_steps_files(client: MlflowClient, run_id: str, dump_path: str | os.PathLike, rank: int,
+                       steps: list[int]) -> int:
+    """Sends the steps' directions (packed), then their CSVs, in two requests however many steps: a request per file
+    cost the live sink's thread three times the CPU (1.7 against 0.6 ms a step of 512 small tensors, SQLite store),
+    which fast steps wait for. Every direction file goes before any CSV, so a CSV artifact still means its step is
+    complete. Returns the number of files sent."""
     destination = f"{ARTIFACT_ROOT}/{relative_rank_dir(rank)}"
-    if folder.is_dir():
-        with tempfile.TemporaryDirectory() as scratch:
-            client.log_artifact(run_id, str(packed_directions_file(folder, Path(scratch))),
-                                f"{ARTIFACT_ROOT}/{relative_step_dir(rank, step)}")
-        sent += 1
-    client.log_artifact(run_id, str(summary_csv_path(dump_path, rank, step)), destination)
-    return sent + 1
+    with tempfile.TemporaryDirectory() as scratch:
+        directions, summaries = Path(scratch, "directions"), Path(scratch, "summaries")
+        summaries.mkdir()
+        for step in steps:
+            folder = step_dir(dump_path, rank, step)
+            if folder.is_dir():
+                packed = packed_directions_file(folder, Path(scratch))
+                _stage(packed, directions / folder.name / packed.name)
+            csv = summary_csv_path(dump_path, rank, step)
+            _stage(csv, summaries / csv.name)
+        if directions.is_dir():
+            client.log_artifacts(run_id, str(directions), destination)
+        client.log_artifacts(run_id, str(summaries), destination)
+        return sum(1 for path in Path(directions).rglob("*") if path.is_file()) + len(steps)
+
+
+def _stage(source: Path, target: Path) -> None:
+    """``source`` at ``target``, linked (copied where it lies on another file system)."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        os.link(source, target)
+    except OSError as e:
+        if not source.is_file():
+            raise FileNotFoundError(f"{source}: no such file in the dump") from e
+        shutil.copyfile(source, target)
 
 
 def _steps_with_csv_artifact(client: MlflowClient, run_id: str, rank: int) -> set[int]:
@@ -224,9 +247,10 @@ def _upload_steps(client: MlflowClient, run_id: str, dump_path: Path, wanted_ste
         report.metrics_logged += len(metrics)
         missing = [s for s in wanted if s not in uploaded]
         line = ProgressLine(f"rank{rank} upload", len(missing), enabled=progress and bool(missing))
-        for step in missing:
-            report.files_uploaded += upload_step_files(client, run_id, dump_path, rank, step)
-            line.advance(item=f"step {step}")
+        for first in range(0, len(missing), STEPS_PER_REQUEST):
+            chunk = missing[first:first + STEPS_PER_REQUEST]
+            report.files_uploaded += upload_steps_files(client, run_id, dump_path, rank, chunk)
+            line.advance(len(chunk), item=f"step {chunk[-1]}")
         line.close()
         report.steps_completed[rank] = missing
         if tags.get(rank_status_tag(rank)) == INCOMPLETE:  # the live sink left it so: it is whole now

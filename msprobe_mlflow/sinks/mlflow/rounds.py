@@ -1,5 +1,6 @@
 """What one round of the live MLflow sink sends: the steps' metrics and the findings' metrics and tags in one
-batch, then the steps' files, one by one or, with ``archive_every_n_steps`` K > 1, as one archive per K steps.
+batch, then the steps' files, in two requests (directions, then CSVs) or, with ``archive_every_n_steps`` K > 1, as
+one archive per K steps.
 The requests go through :class:`~msprobe_mlflow.tracking.request_process.RoundRequests`, which the send loop may
 move to a process of their own."""
 from __future__ import annotations
@@ -9,6 +10,7 @@ from msprobe_mlflow.sinks.mlflow.items import Annotation, Drain, QueuedStep
 from msprobe_mlflow.sinks.mlflow.unsent import Unsent
 from msprobe_mlflow.tracking.live_run import MetricPoint, metric_points
 from msprobe_mlflow.tracking.request_process import RoundRequests
+from msprobe_mlflow.tracking.upload import STEPS_PER_REQUEST
 
 
 class Rounds:
@@ -30,11 +32,12 @@ class Rounds:
             while len(self.unarchived) >= every:
                 self.send_archive(every)
         else:
-            for item in steps:
+            numbers = [item.step for item in steps]
+            for first in range(0, len(numbers), STEPS_PER_REQUEST):
                 if self.drain.over():
                     raise TimeoutError(f"stop() drained for MSPROBE_MLFLOW_DRAIN_SECONDS = "
                                        f"{settings.DRAIN_SECONDS:g} s")
-                self.requests.send_step_files(self.dump_path, self.rank, item.step)
+                self.requests.send_step_files(self.dump_path, self.rank, numbers[first:first + STEPS_PER_REQUEST])
         for path in dict.fromkeys(path for a in annotations for path in a.files):
             self.requests.send_dump_file(self.dump_path, path)
 
