@@ -13,7 +13,9 @@ learning rate 0.05 and weight decay 1e-4 on the Linear layers only (MindSpore's 
 ``gamma``/``beta`` out; the PyTorch twin's parameter groups do the same). MindSpore 2.x runs in PyNative mode on
 the CPU with the forward and backward compiled by ``mindspore.jit`` (compiled again where a bug changes the model),
 and its ``nn.Momentum`` receives the gradients from ``value_and_grad`` in the custom loop; PyTorch runs on one
-thread. Both train under the real monitors (``GradProbeConfig(level="L1")``, local dump only).
+thread. Both train under the real monitors with the divergence benchmark's settings (L2, bounds ``[-1, 0, 1]``, the
+weights' norms ``statistics=["param_norm"]``, local dump only), so that its lines and this family's are measured
+alike (until stop 55: L1, without the weights' norms; that evaluation is in the history of ``results/``).
 
 - Baseline (side A of every pair): PyTorch float32, 300 steps, per seed (3 seeds).
 - Benign pairs, 300 steps: MindSpore float32 against the baseline, and MindSpore float32 against PyTorch float64.
@@ -68,6 +70,7 @@ from mindspore import Tensor, nn, ops
 from msprobe_mlflow import GradProbeConfig
 from msprobe_mlflow.compare.engine import compare_dumps
 from msprobe_mlflow.dump import summary_csv_path
+from msprobe_mlflow.statistics_table import PARAMETER_NORM
 from msprobe_mlflow.mindspore import GradientMonitor as MindSporeMonitor
 from msprobe_mlflow.pytorch import GradientMonitor as TorchMonitor
 
@@ -236,7 +239,7 @@ class DenseInFloat16(nn.Dense):
 
 
 def monitor_config(dump: Path) -> GradProbeConfig:
-    return GradProbeConfig(dump_path=str(dump), level="L1")
+    return GradProbeConfig(dump_path=str(dump), level="L2", bounds=(-1, 0, 1))
 
 
 def digest_of(arrays) -> str:
@@ -258,8 +261,8 @@ def train_torch(spec: RunSpec, dump: Path) -> dict:
     optimizer = torch.optim.SGD([{"params": [params[n] for n in DECAYED], "weight_decay": WEIGHT_DECAY},
                                  {"params": [p for n, p in params.items() if n not in DECAYED], "weight_decay": 0.0}],
                                 lr=LEARNING_RATE, momentum=MOMENTUM)
-    monitor = TorchMonitor(monitor_config(dump), log_to_mlflow=False, anomaly_flags=False,
-                           silent=True).monitor(model, optimizer)
+    monitor = TorchMonitor(monitor_config(dump), log_to_mlflow=False, anomaly_flags=False, silent=True,
+                           statistics=[PARAMETER_NORM]).monitor(model, optimizer)
     start, digests = time.perf_counter(), []
     for step in range(spec.steps):
         inputs, labels = batch(spec.seed, step)
@@ -361,7 +364,8 @@ class MindSporeTraining:
 
 def train_mindspore(spec: RunSpec, dump: Path) -> dict:
     training = MindSporeTraining(spec)
-    monitor = MindSporeMonitor(monitor_config(dump), log_to_mlflow=False, anomaly_flags=False, silent=True)
+    monitor = MindSporeMonitor(monitor_config(dump), log_to_mlflow=False, anomaly_flags=False, silent=True,
+                               statistics=[PARAMETER_NORM])
     monitor.monitor(training.optimizer)
     start = time.perf_counter()
     digests = [training.step(step) for step in range(spec.steps)]
@@ -713,7 +717,7 @@ def markdown(result: dict) -> str:
         lines += ["## Cases whose exact gradients differ before the recorded ones", ""]
         lines += table(["scenario", "seed", "variant", "recorded", "exact"],
                        [[r["scenario"], r["seed"], r["variant"], r["truth"], r["exact_truth"]] for r in differs])
-    lines += ["Reproduce: `benchmarks/run-cross-framework` (the dev venv; the dumps stay in `/tmp/cross_framework`, "
+    lines += ["Reproduce: `benchmarks/run-cross-framework` (the dev venv; the dumps stay in `/tmp/cross_framework-l2`, "
               "so a second run only evaluates); `benchmarks/run-cross-framework evaluate` judges the cached dumps "
               "again.", ""]
     return "\n".join(lines)
@@ -723,7 +727,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
     parser.add_argument("phase", nargs="?", default="all", choices=("generate", "evaluate", "all"))
-    parser.add_argument("--work", type=Path, default=Path("/tmp/cross_framework"), help="where the dumps are cached")
+    parser.add_argument("--work", type=Path, default=Path("/tmp/cross_framework-l2"), help="where the dumps are cached")
     parser.add_argument("--quick", action="store_true", help="1 seed, short runs: a dry run; results go into --work, "
                         "not benchmarks/results")
     parser.add_argument("--jobs", type=int, default=os.cpu_count(), help="evaluate's comparison processes")
