@@ -109,12 +109,16 @@ def test_upload_into_a_new_run_that_fails_midway_leaves_it_failed(store, tmp_pat
     assert run.info.run_name == "upload dump"
 
 
-@pytest.mark.skipif(not Path("/dev/shm").is_dir() or os.stat("/dev/shm").st_dev == os.stat(tempfile.gettempdir()).st_dev,
+ANOTHER_FILE_SYSTEM = Path("/dev/shm")  # a memory file system, where Linux has one
+
+
+@pytest.mark.skipif(not ANOTHER_FILE_SYSTEM.is_dir()
+                    or os.stat(ANOTHER_FILE_SYSTEM).st_dev == os.stat(tempfile.gettempdir()).st_dev,
                     reason="needs a dump on another file system than the temporary folder")
 def test_upload_sends_a_dump_on_another_file_system_byte_for_byte_at_its_paths(store, tmp_path):
     """The steps' files are staged for their two requests as links; across file systems, as copies."""
     client, experiment_id = store
-    with tempfile.TemporaryDirectory(dir="/dev/shm") as elsewhere:
+    with tempfile.TemporaryDirectory(dir=ANOTHER_FILE_SYSTEM) as elsewhere:
         dump = two_step_dump(Path(elsewhere) / "dump")
         report = upload_dump(dump, experiment=client.get_experiment(experiment_id).name,
                              tracking_uri=client.tracking_uri)

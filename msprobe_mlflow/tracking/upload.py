@@ -3,8 +3,8 @@ The live findings (``rank{R}/findings/``) go up too, file by file, those the run
 
 Idempotent: it asks the run which steps already have their metrics (the ``total_norm`` history) and their CSV
 artifact, and sends only the rest, so running it twice adds nothing. Directions always travel as one packed
-archive per rank and step (an msprobe boolean ``.npy`` folder is packed on the way); within a step the archive
-is uploaded before the CSV, so a CSV artifact means the step is complete.
+archive per rank and step (an msprobe boolean ``.npy`` folder is packed on the way); the steps' archives are
+uploaded before their CSVs, so a CSV artifact means the step is complete.
 """
 from __future__ import annotations
 
