@@ -47,7 +47,6 @@ import os
 os.environ.setdefault("GLOG_v", "3")  # MindSpore's C++ warnings, at every compile
 
 import argparse
-import csv
 import dataclasses
 import datetime
 import hashlib
@@ -69,14 +68,13 @@ from mindspore import Tensor, nn, ops
 
 from msprobe_mlflow import GradProbeConfig
 from msprobe_mlflow.compare.engine import compare_dumps
-from msprobe_mlflow.dump import summary_csv_path
 from msprobe_mlflow.statistics_table import PARAMETER_NORM
 from msprobe_mlflow.mindspore import GradientMonitor as MindSporeMonitor
 from msprobe_mlflow.pytorch import GradientMonitor as TorchMonitor
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from divergence_benchmark import (Truth, flip_exponent_bit, fraction, generator, load, outcome,  # noqa: E402
-                                  package_provenance, progress, steps_off, table)
+from divergence_benchmark import (Truth, flip_exponent_bit, fraction, generator, largest_change, load,  # noqa: E402
+                                  outcome, package_provenance, progress, recorded_statistics, steps_off, table)
 
 RESULTS = Path(__file__).resolve().parent / "results"
 RECIPE = 2  # bump when a training below changes: dumps cached under another recipe are trained again (2: L2, weights'
@@ -459,26 +457,13 @@ def generate(work: Work, plan: Plan) -> dict:
 # ---- evaluation
 
 
-def recorded_statistics(dump: Path, step: int) -> dict[str, tuple[float, ...]]:
-    """PyTorch name -> the (max, min, norm) of its gradient the monitor recorded at ``step``."""
-    with summary_csv_path(dump, 0, step).open(newline="", encoding="utf-8-sig") as file:
-        return {TORCH_NAME.get(row["param_name"], row["param_name"]):
-                tuple(float(row[statistic]) for statistic in ("max", "min", "norm")) for row in csv.DictReader(file)}
-
-
-def largest_change(a: dict, b: dict) -> float:
-    """The largest difference between two runs' recorded statistics at one step, over the parameters and the
-    statistics (max, min, norm), in units of the parameter's gradient norm in ``a`` (0-norm gradients left out)."""
-    return max(max(abs(y - x) for x, y in zip(a[name], b[name])) / a[name][2] for name in a if a[name][2] > 0)
-
-
 def effect_and_pair_difference(work: Work, row: dict) -> tuple[float, float]:
     """At the truth's step: the bug's effect (the bug run against the clean MindSpore run) and the pair's own
     difference (the clean MindSpore run against the PyTorch baseline), each as :func:`largest_change`. Issue 47's
     decision 1: a bug whose effect is below the pair's own difference does not count against the exact-step line."""
-    clean = recorded_statistics(work.dump(row["clean"]), row["truth"])
-    return (largest_change(clean, recorded_statistics(work.dump(row["b"]), row["truth"])),
-            largest_change(recorded_statistics(work.dump(row["a"]), row["truth"]), clean))
+    clean = recorded_statistics(work.dump(row["clean"]), row["truth"], TORCH_NAME)
+    return (largest_change(clean, recorded_statistics(work.dump(row["b"]), row["truth"], TORCH_NAME)),
+            largest_change(recorded_statistics(work.dump(row["a"]), row["truth"], TORCH_NAME), clean))
 
 
 def verdict_of(dump_a: Path, dump_b: Path, rule: str) -> dict:

@@ -922,6 +922,20 @@ class Truth:
         return next((s for s in range(bug.steps) if a[s] != b[s]), None)
 
 
+def recorded_statistics(dump: Path, step: int, rename: dict[str, str] | None = None) -> dict[str, tuple]:
+    """Parameter name (``rename``d where it says) -> the (max, min, norm) of its gradient recorded at ``step``."""
+    rename = rename or {}
+    with summary_csv_path(dump, 0, step).open(newline="", encoding="utf-8-sig") as file:
+        return {rename.get(row["param_name"], row["param_name"]):
+                tuple(float(row[statistic]) for statistic in ("max", "min", "norm")) for row in csv.DictReader(file)}
+
+
+def largest_change(a: dict, b: dict) -> float:
+    """The largest difference between two runs' recorded statistics at one step, over the parameters and the
+    statistics (max, min, norm), in units of the parameter's gradient norm in ``a`` (0-norm gradients left out)."""
+    return max(max(abs(y - x) for x, y in zip(a[name], b[name])) / a[name][2] for name in a if a[name][2] > 0)
+
+
 def outcome(truth: int, predicted: int | None) -> str:
     if predicted is None:
         return "missed"
@@ -975,6 +989,11 @@ def evaluate(work: Work, plan: Plan, rules: list[str], jobs: int) -> dict:
                    feeding=scenario.feeding(HARMFUL_FAMILIES[case["family"]]), spec=case["bug"],
                    truth=truth.first_difference(case["bug"], case["clean"]),
                    exact_truth=truth.exact_first_difference(case["bug"], case["clean"]), verdicts={})
+        if row["truth"] is not None:  # issue 47's decision 1: the bug's effect against the pair's own difference
+            clean = recorded_statistics(work.dump(case["clean"]), row["truth"])
+            row["effect"] = largest_change(clean, recorded_statistics(work.dump(case["bug"]), row["truth"]))
+            baseline = work.dump(baseline_spec(case["family"], case["seed"], plan))
+            row["pair_difference"] = largest_change(recorded_statistics(baseline, row["truth"]), clean)
         harmful.append(row)
     progress(f"evaluate: truth of {len(harmful)} harmful cases, "
              f"{sum(r['truth'] is None for r in harmful)} invalid ({time.perf_counter() - start:.0f} s)")
@@ -1074,6 +1093,8 @@ def summarize(result: dict, rule: str, families) -> dict:
         "exact_by_category": {c: rate([r for r in harmful if r["category"] == c], rule)
                               for c in dict.fromkeys(s.category for s in SCENARIOS)},
         "exact_magnitude_bugs": rate([r for r in harmful if r["magnitude"]], rule),
+        "exact_effect_beyond_pair": rate([r for r in harmful if r["effect"] > r["pair_difference"]], rule),
+        "exact_effect_within_pair": rate([r for r in harmful if r["effect"] <= r["pair_difference"]], rule),
         "early": len(off["early"]), "steps_early": off["early"], "late": len(off["late"]), "steps_late": off["late"],
         "missed": sum(v["outcome"] == "missed" for _, v in judged),
         "culprit_in_top3": rate([r for r in harmful if r["culprits"] is not None], rule, "culprit_in_top3", True),
@@ -1127,6 +1148,10 @@ def summary_rows(summary: dict, rules: list[str], live_result: dict | None) -> l
     rows += [[f"... {v}"] + [fraction(summary[r]["exact_by_variant"][v]) for r in rules] for v in VARIANTS]
     rows += [["... magnitude-only bugs (signs intact at their step)"]
              + [fraction(summary[r]["exact_magnitude_bugs"]) for r in rules],
+             ["... whose effect exceeds the pair's own difference at their step (issue 47's decision 1)"]
+             + [fraction(summary[r]["exact_effect_beyond_pair"]) for r in rules],
+             ["... whose effect is within it (not counted against the exact-step line)"]
+             + [fraction(summary[r]["exact_effect_within_pair"]) for r in rules],
              ["early (steps early)"] + [steps_off(summary[r]["steps_early"]) for r in rules],
              ["late (steps late)"] + [steps_off(summary[r]["steps_late"]) for r in rules],
              ["missed (never suspicious)"] + [summary[r]["missed"] for r in rules],

@@ -176,6 +176,10 @@ def test_divergence_benchmark_quick_names_the_steps_and_writes_only_into_its_wor
     noise = result["summary"]["noise"]
     assert noise["exact"][1] > 0 and noise["exact"][0] >= noise["exact"][1] // 2, noise
     assert noise["live_equal_to_compare"][0] >= 1, noise
+    # issue 47's decision 1: every valid case is on one side of its pair's own difference
+    assert noise["exact_effect_beyond_pair"][1] + noise["exact_effect_within_pair"][1] == noise["exact"][1], noise
+    assert all(case["effect"] >= 0 and case["pair_difference"] >= 0
+               for case in result["harmful"] if case["truth"] is not None)
     assert all(case["verdicts"].keys() == set(result["rules"]) for case in result["harmful"])
     assert (tmp_path / "work" / "quick" / "divergence.md").read_text().startswith("# Divergence benchmark")
 
