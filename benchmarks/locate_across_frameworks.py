@@ -19,7 +19,10 @@ runs call the same operators; one result is off). Both sides save their twin cal
 judged too. Counted: *exact* (the named pair's PyTorch call is the faulty one), *module* (the named call's PyTorch
 module is the faulty call's), *side* (B, the PyTorch run, named as the side off float64), *quiet* (a benign pair
 names no operator), the module entries aligned (``module_share``). A fault whose output difference at its own call is
-not above the benign pair's there is a row of its own, not counted.
+not above the benign pair's there is a row of its own, not counted. The same, a wrong kernel in one MindSpore call at
+a time (``MindSporeWrongKernel``: a primitive of a cell, a ``mint`` function, a ``Tensor`` method), side A: added at
+stop 55 and measured then for the first time, on both families, with no change to ``locate`` (MindSpore's primitives
+are not replayed, so its side is found by elimination).
 
     .venv/bin/python benchmarks/locate_across_frameworks.py [--seeds 3] [--out benchmarks/results]
     .venv/bin/python benchmarks/locate_across_frameworks.py --quick --out DIR   # one seed, one step: the harness
@@ -61,11 +64,13 @@ from msprobe_mlflow import GradProbeConfig  # noqa: E402
 from msprobe_mlflow.localization import NAMED, OPERATOR  # noqa: E402
 from msprobe_mlflow.localization.align import module_path  # noqa: E402
 from msprobe_mlflow.mindspore import GradientMonitor as MindSporeMonitor  # noqa: E402
+from msprobe_mlflow.mindspore.operator_trace import MindSporeOperatorTracer  # noqa: E402
 from msprobe_mlflow.pytorch import GradientMonitor as TorchMonitor  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
 FAULT_STEP, BENIGN_STEPS, ERRORS = 2, (1, 2, 4, 6, 9), (1e-3, 1e-2, 1e-1)
 HELD_OUT = ("cnn-bn",)
+TRACED_CALL = MindSporeOperatorTracer._traced_call.__code__  # where the trace makes a traced call
 
 
 # ---------------------------------------------------------------- the twins
@@ -100,17 +105,26 @@ def batch(family: str, seed: int, step: int) -> tuple[np.ndarray, np.ndarray]:
     return x, rng.standard_normal((shape[0], 10)).astype(np.float32)
 
 
-def train_mindspore(family: str, seed: int, dump: Path, step: int, save=()) -> Path:
+def train_mindspore(family: str, seed: int, dump: Path, step: int, save=(),
+                    fault: "MindSporeWrongKernel | None" = None) -> Path:
     net = mindspore_model(family, seed)
     optimizer = msnn.SGD(net.trainable_params(), learning_rate=0.05)
+    if fault is not None:
+        fault.install(net)  # under the trace: it wraps what it finds, the fault included
     monitor = MindSporeMonitor(GradProbeConfig(dump_path=str(dump)), log_to_mlflow=False, silent=True,
                                trace_steps=[step], trace_save=list(save))
     monitor.monitor(optimizer, network=net)
     grad = ms.value_and_grad(lambda x, y: mint.mean(mint.square(net(x) - y)), None, net.trainable_params())
-    for s in range(step + 1):
-        _, grads = grad(*(Tensor(v) for v in batch(family, seed, s)))
-        optimizer(grads)
-    monitor.stop()
+    try:
+        for s in range(step + 1):
+            if fault is not None:
+                fault.armed = s == step
+            _, grads = grad(*(Tensor(v) for v in batch(family, seed, s)))
+            optimizer(grads)
+        monitor.stop()
+    finally:
+        if fault is not None:
+            fault.uninstall()
     if monitor.errors:
         raise RuntimeError(f"MindSpore monitor: {monitor.errors}")
     return dump
@@ -139,6 +153,63 @@ class WrongKernel(TorchDispatchMode):
                 self.injected += 1
             self.calls += 1
         return output
+
+
+class MindSporeWrongKernel:
+    """The ``number``-th forward call of the traced MindSpore ``operator`` (``Primitive.<attribute>`` of the network's
+    cells, ``Mint.<function>``, ``Tensor.<method>``) returns its first output times 1 + ``error`` while ``armed``.
+    Installed before the trace starts, so the trace wraps the faulty call and records its wrong result, as a faulty
+    device kernel gives it (its gradient is scaled too: MindSpore's autograd sees the multiplication)."""
+
+    def __init__(self, operator: str, number: int, error: float):
+        self.kind, self.name = operator.split(".", 1)
+        self.number, self.error = number, error
+        self.armed, self.calls, self.injected = False, 0, 0
+        self._undo: list = []
+
+    def _output(self, output, caller):
+        """``output``, wrong where due; counted only for the model's calls, which the trace makes (its statistics'
+        own ``mint.mean``... come through its wrappers from elsewhere)."""
+        if self.armed and caller.f_code is TRACED_CALL:
+            if self.calls == self.number:  # the first output, as WrongKernel's
+                output = (output[0] * (1 + self.error), *output[1:]) if isinstance(output, tuple) else \
+                    output * (1 + self.error)
+                self.injected += 1
+            self.calls += 1
+        return output
+
+    def install(self, net: msnn.Cell) -> None:
+        fault = self
+        if self.kind == "Primitive":
+            for _, cell in net.cells_and_names():
+                primitive = (cell.__dict__.get("_primitives") or {}).get(self.name)
+                if primitive is None or any(p is primitive for p, _ in self._undo):
+                    continue
+                original = type(primitive)
+
+                def __call__(instance, *args, _original=original, **kwargs):
+                    return fault._output(_original.__call__(instance, *args, **kwargs), sys._getframe(1))
+                primitive.__class__ = type(original.__name__, (original,), {
+                    "__call__": __call__, "__module__": original.__module__, "__qualname__": original.__qualname__})
+                self._undo.append((primitive, original))
+            return
+        owner = {"Mint": mint, "Tensor": Tensor}[self.kind]
+        original = getattr(owner, self.name)
+
+        def faulty(*args, **kwargs):
+            return fault._output(original(*args, **kwargs), sys._getframe(1))
+        self._undo.append((owner, owner.__dict__.get(self.name)))
+        setattr(owner, self.name, faulty)
+
+    def uninstall(self) -> None:
+        for target, before in reversed(self._undo):
+            if self.kind == "Primitive":
+                target.__class__ = before
+            elif before is None:
+                delattr(target, self.name)
+            else:
+                setattr(target, self.name, before)
+        self._undo = []
 
 
 def train_torch(family: str, seed: int, dump: Path, step: int, save=(), fault: WrongKernel | None = None) -> Path:
@@ -179,6 +250,7 @@ class Outcome:
     side: str | None  # "A", "B" or None (neither, or not replayed)
     below_noise: bool
     module_share: float | None
+    faulty_side: str | None = None  # "B": the fault is in a PyTorch call, "A": in a MindSpore call; None: benign
 
 
 def locate(a: Path, b: Path, step: int):
@@ -224,7 +296,35 @@ def fault_cases(family: str, seed: int, work: Path, twins: dict, errors) -> list
                 exact=found.kind == OPERATOR and named_b is not None and named_b.name == truth,
                 module=named_b is not None and module_path(named_b.parent) == module_path(pair.b.parent),
                 side=result.side.wrong if result.side is not None else None, below_noise=below,
-                module_share=found.module_share))
+                module_share=found.module_share, faulty_side="B"))
+    return outcomes
+
+
+def mindspore_fault_cases(family: str, seed: int, work: Path, twins: dict, errors) -> list[Outcome]:
+    """As :func:`fault_cases`, the wrong kernel in one MindSpore call at a time (side A), against PyTorch's run."""
+    by_mindspore = {pair.a.name: (pair, judgement) for pair, judgement in twins.values()}
+    saved_pt = train_torch(family, seed, work / f"{family}-{seed}-pt-saved", FAULT_STEP,
+                           save=sorted(pair.b.name for pair, _ in by_mindspore.values()))
+    outcomes = []
+    for truth, (pair, benign) in by_mindspore.items():
+        operator, number = truth.rsplit(".", 2)[0], int(truth.rsplit(".", 2)[1])
+        for error in errors:
+            fault = MindSporeWrongKernel(operator, number, error)
+            folder = work / f"{family}-{seed}-ms-{truth}-{error:g}"
+            result = locate(train_mindspore(family, seed, folder, FAULT_STEP, save=[truth], fault=fault), saved_pt,
+                            FAULT_STEP)
+            if fault.injected != 1:
+                raise RuntimeError(f"{family} seed {seed}: the fault in {truth} ran {fault.injected} times")
+            found = result.localization
+            row = next((j for p, j in found.rows if p.a is not None and p.a.name == truth), None)
+            below = row is None or benign is None or row.output_difference <= benign.output_difference
+            named_a = found.pair.a if found.pair is not None else None
+            outcomes.append(Outcome(
+                family, seed, FAULT_STEP, truth, error, found.kind, _named(found),
+                exact=found.kind == OPERATOR and named_a is not None and named_a.name == truth,
+                module=named_a is not None and module_path(named_a.parent) == module_path(pair.a.parent),
+                side=result.side.wrong if result.side is not None else None, below_noise=below,
+                module_share=found.module_share, faulty_side="A"))
     return outcomes
 
 
@@ -243,15 +343,18 @@ def summarise(outcomes: list[Outcome]) -> dict:
     summary = {}
     for group, families in (("in sample", ("mlp-ln",)), ("held out", HELD_OUT)):
         rows = [o for o in outcomes if o.family in families]
-        faults = [o for o in rows if o.fault is not None and not o.below_noise]
         benign = [o for o in rows if o.fault is None]
-        named = [o for o in faults if o.exact]
         shares = [o.module_share for o in benign if o.module_share is not None]
-        summary[group] = {"exact": share(faults, lambda o: o.exact), "module": share(faults, lambda o: o.module),
-                          "side": share(named, lambda o: o.side == "B"),
-                          "benign_quiet": share(benign, lambda o: o.kind not in NAMED),
-                          "below_noise": sum(o.below_noise for o in rows if o.fault is not None),
+        summary[group] = {"benign_quiet": share(benign, lambda o: o.kind not in NAMED),
                           "module_share_min": min(shares, default=None)}
+        for side, prefix in (("B", ""), ("A", "mindspore_")):  # PyTorch's faults keep their keys of stop 54
+            faults = [o for o in rows if o.faulty_side == side]
+            counted = [o for o in faults if not o.below_noise]
+            summary[group].update({
+                f"{prefix}exact": share(counted, lambda o: o.exact),
+                f"{prefix}module": share(counted, lambda o: o.module),
+                f"{prefix}side": share([o for o in counted if o.exact], lambda o, side=side: o.side == side),
+                f"{prefix}below_noise": sum(o.below_noise for o in faults)})
     return summary
 
 
@@ -265,21 +368,28 @@ def markdown(result: dict) -> str:
              f"{result['load_after']}. Reproduce: `{result['command']}`. Design: "
              f"`benchmarks/locate_across_frameworks.py`'s docstring.", "",
              "| metric | target | in sample (mlp-ln) | held out (cnn-bn) |", "|---|---|---|---|"]
-    for key, label, target in (("exact", "exact operator (PyTorch call) named", "90%"),
-                               ("module", "its module named", "98%"),
-                               ("side", "side named right (B), of those named exactly", "90%"),
+    for key, label, target in (("exact", "wrong PyTorch kernel: exact operator named", "90%"),
+                               ("module", "... its module named", "98%"),
+                               ("side", "... side named right (B), of those named exactly", "90%"),
+                               ("below_noise", "... below the pair's rounding at their call (not counted)", ""),
+                               ("mindspore_exact", "wrong MindSpore kernel: exact operator named", "90%"),
+                               ("mindspore_module", "... its module named", "98%"),
+                               ("mindspore_side", "... side named right (A), of those named exactly", "90%"),
+                               ("mindspore_below_noise", "... below the pair's rounding at their call (not counted)",
+                                ""),
                                ("benign_quiet", "benign pairs naming no operator", "29 of 30")):
-        lines.append(f"| {label} | {target} | {cell(groups['in sample'][key])} | {cell(groups['held out'][key])} |")
+        values = [groups[group].get(key) for group in ("in sample", "held out")]
+        lines.append(f"| {label} | {target} | " + " | ".join(
+            "n/a" if v is None else str(v) if isinstance(v, int) else cell(v) for v in values) + " |")
     lines.append(f"| module entries aligned, lowest over benign pairs | 95% | "
                  f"{groups['in sample']['module_share_min']:.0%} | {groups['held out']['module_share_min']:.0%} |")
-    lines.append(f"| faults below the pair's rounding at their call (not counted) | | "
-                 f"{groups['in sample']['below_noise']} | {groups['held out']['below_noise']} |")
     misses = [o for o in result["outcomes"] if o["fault"] and not o["below_noise"] and not (o["exact"] and o["module"])]
     loud = [o for o in result["outcomes"] if not o["fault"] and o["kind"] in NAMED]
     if misses or loud:
-        lines += ["", "| family | seed | step | fault | d | found | named (MindSpore / PyTorch) |", "|---|---|---|---|---|---|---|"]
+        lines += ["", "| family | seed | step | fault | d | found | named (MindSpore / PyTorch) | side named |",
+                  "|---|---|---|---|---|---|---|---|"]
         lines += [f"| {o['family']} | {o['seed']} | {o['step']} | {o['fault'] or 'benign'} | {o['error']:g} | "
-                  f"{o['kind']} | {o['named']} |" for o in misses + loud]
+                  f"{o['kind']} | {o['named']} | {o['side'] or '-'} |" for o in misses + loud]
     return "\n".join(lines) + "\n"
 
 
@@ -305,6 +415,7 @@ def main() -> int:
                 print(f"{family} seed {seed}", file=sys.stderr, flush=True)
                 benign, twins = benign_cases(family, seed, Path(scratch), steps)
                 outcomes += benign + fault_cases(family, seed, Path(scratch), twins, errors)
+                outcomes += mindspore_fault_cases(family, seed, Path(scratch), twins, errors)
         os.chdir(ROOT)
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout
     result = {"machine": f"{os.cpu_count()} CPUs, Python {platform.python_version()}, torch {torch.__version__} "
