@@ -286,17 +286,7 @@ def fault_cases(family: str, seed: int, work: Path, twins: dict, errors) -> list
                             FAULT_STEP)
             if fault.injected != 1:
                 raise RuntimeError(f"{family} seed {seed}: the fault in {truth} ran {fault.injected} times")
-            found = result.localization
-            row = next((j for p, j in found.rows if p.b is not None and p.b.name == truth), None)
-            benign = twins[truth][1]
-            below = row is None or benign is None or row.output_difference <= benign.output_difference
-            named_b = found.pair.b if found.pair is not None else None
-            outcomes.append(Outcome(
-                family, seed, FAULT_STEP, truth, error, found.kind, _named(found),
-                exact=found.kind == OPERATOR and named_b is not None and named_b.name == truth,
-                module=named_b is not None and module_path(named_b.parent) == module_path(pair.b.parent),
-                side=result.side.wrong if result.side is not None else None, below_noise=below,
-                module_share=found.module_share, faulty_side="B"))
+            outcomes.append(_fault_outcome(family, seed, truth, error, result, pair, twins[truth][1], "B"))
     return outcomes
 
 
@@ -315,17 +305,24 @@ def mindspore_fault_cases(family: str, seed: int, work: Path, twins: dict, error
                             FAULT_STEP)
             if fault.injected != 1:
                 raise RuntimeError(f"{family} seed {seed}: the fault in {truth} ran {fault.injected} times")
-            found = result.localization
-            row = next((j for p, j in found.rows if p.a is not None and p.a.name == truth), None)
-            below = row is None or benign is None or row.output_difference <= benign.output_difference
-            named_a = found.pair.a if found.pair is not None else None
-            outcomes.append(Outcome(
-                family, seed, FAULT_STEP, truth, error, found.kind, _named(found),
-                exact=found.kind == OPERATOR and named_a is not None and named_a.name == truth,
-                module=named_a is not None and module_path(named_a.parent) == module_path(pair.a.parent),
-                side=result.side.wrong if result.side is not None else None, below_noise=below,
-                module_share=found.module_share, faulty_side="A"))
+            outcomes.append(_fault_outcome(family, seed, truth, error, result, pair, benign, "A"))
     return outcomes
+
+
+def _fault_outcome(family: str, seed: int, truth: str, error: float, result, pair, benign, side: str) -> Outcome:
+    """What ``locate`` found for a fault in ``pair``'s call on ``side`` (A: MindSpore's, B: PyTorch's) named
+    ``truth``; ``benign``: the benign pair's judgement of that call (its rounding there)."""
+    def call(twins):
+        return twins.a if side == "A" else twins.b
+    found = result.localization
+    row = next((j for p, j in found.rows if call(p) is not None and call(p).name == truth), None)
+    named = call(found.pair) if found.pair is not None else None
+    return Outcome(family, seed, FAULT_STEP, truth, error, found.kind, _named(found),
+                   exact=found.kind == OPERATOR and named is not None and named.name == truth,
+                   module=named is not None and module_path(named.parent) == module_path(call(pair).parent),
+                   side=result.side.wrong if result.side is not None else None,
+                   below_noise=row is None or benign is None or row.output_difference <= benign.output_difference,
+                   module_share=found.module_share, faulty_side=side)
 
 
 def _named(found) -> str:
