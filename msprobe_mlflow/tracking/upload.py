@@ -23,8 +23,8 @@ from msprobe_mlflow import __version__
 from msprobe_mlflow.directions import PACKED_FILE_NAME, open_step_directions, read_step_directions, write_packed
 from msprobe_mlflow.dump import (RANK_PREFIX, TRAINING_LOCK_FILE_NAME, TrainingLock, dump_folder, dump_trainings,
                                  findings_dir, indexed_children, parse_archive_name, parse_summary_name, rank_dir,
-                                 read_dump_config, read_summary, relative_rank_dir, relative_step_dir, step_dir,
-                                 step_ranges, summary_csv_path, summary_steps)
+                                 read_dump_config, read_summary, relative_rank_dir, step_dir, step_ranges,
+                                 summary_csv_path, summary_steps)
 from msprobe_mlflow.levels import level_of_header
 from msprobe_mlflow.tracking.experiments import experiment_id_for
 from msprobe_mlflow.tracking.runs import created_run, log_batched, now_ms, tag
