@@ -55,7 +55,7 @@ def test_statistics_example_end_to_end_with_mlflow(tmp_path, tmp_sqlite_uri):
     table = done.stdout.strip().splitlines()
     assert table[0].split() == ["API", "forward", "backward", "message"]
     assert table[1].split()[:3] == ["Mint.erfinv.0", "error", "error"]
-    assert f"api-check: 100%|" in done.stderr and f"| {len(names)}/{len(names)} [" in done.stderr  # the progress bar
+    assert "api-check: 100%|" in done.stderr and f"| {len(names)}/{len(names)} [" in done.stderr  # the progress bar
     results = read_csv(next((tmp_path / "out").glob("accuracy_checking_result_*.csv")))
     assert [row[0] for row in results[1:]] == names
     statuses = {row[0]: row[1:3] for row in results[1:]}

@@ -4,6 +4,7 @@ that the checker replays it too (real MindSpore, PyNative, CPU; values checked a
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -33,7 +34,7 @@ class Net(nn.Cell):
         return mint.tanh(mint.nn.functional.linear(x, self.weight, self.bias))
 
 
-def saved_linear(folder) -> "Path":
+def saved_linear(folder) -> Path:
     net = Net()
     step = ms.value_and_grad(lambda x: mint.mean(mint.square(net(x))), None, net.trainable_params())
     tracer = MindSporeOperatorTracer(net, level="L1", save=(LINEAR,))
