@@ -438,11 +438,114 @@ class HighRate(MLPDecay):
         model.act = torch.nn.ReLU()
 
 
+class LlamaBlock(torch.nn.Module):
+    def __init__(self, width: int, heads: int):
+        super().__init__()
+        self.heads, self.causal = heads, True
+        self.norm1, self.norm2 = torch.nn.RMSNorm(width, eps=1e-5), torch.nn.RMSNorm(width, eps=1e-5)
+        self.q, self.k, self.v, self.o = (torch.nn.Linear(width, width, bias=False) for _ in range(4))
+        self.gate, self.up = (torch.nn.Linear(width, 2 * width, bias=False) for _ in range(2))
+        self.down = torch.nn.Linear(2 * width, width, bias=False)
+
+    def forward(self, x):
+        b, t, w = x.shape
+        y = self.norm1(x)
+        q, k, v = (p(y).view(b, t, self.heads, w // self.heads).transpose(1, 2) for p in (self.q, self.k, self.v))
+        attended = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=self.causal)
+        x = x + self.o(attended.transpose(1, 2).reshape(b, t, w))
+        y = self.norm2(x)
+        return x + self.down(torch.nn.functional.silu(self.gate(y)) * self.up(y))
+
+
+class LlamaNet(torch.nn.Module):
+    """A two-block Llama-style decoder: RMSNorm, causal attention without biases or positions, a SwiGLU MLP."""
+
+    def __init__(self, vocab: int, width: int = 64, heads: int = 4):
+        super().__init__()
+        self.embedding = torch.nn.Embedding(vocab, width)
+        self.blocks = torch.nn.ModuleList(LlamaBlock(width, heads) for _ in range(2))
+        self.norm = torch.nn.RMSNorm(width, eps=1e-5)
+        self.dropout = torch.nn.Dropout(0.0)
+        self.head = torch.nn.Linear(width, vocab, bias=False)
+
+    def forward(self, tokens):
+        x = self.embedding(tokens)
+        for block in self.blocks:
+            x = block(x)
+        return self.head(self.dropout(self.norm(x)))
+
+
+class Llama(GPT2):
+    """Held out (declared at stop 55, before it was measured and before the rule changes again): :class:`LlamaNet`
+    on GPT-2's token sequences, AdamW."""
+    name = "llama"
+    bf16_layer, zeroed, corrupted, flipped = "blocks.1.up", "blocks.1.gate.weight", "blocks.0.down.weight", \
+        "blocks.0.o.weight"
+    feeding = {"bf16_layer": ["blocks.1.norm2.weight"], "corrupted": ["blocks.0.up.weight", "blocks.0.gate.weight"]}
+
+    def build(self) -> torch.nn.Module:
+        return LlamaNet(self.vocab)
+
+    def loss(self, model, inputs, targets, reduction: str) -> torch.Tensor:
+        logits = model(inputs)[:, :-1]
+        return torch.nn.functional.cross_entropy(at_least_float32(logits).reshape(-1, self.vocab),
+                                                 targets.reshape(-1), reduction=reduction)
+
+    @staticmethod
+    def change_code(model) -> None:
+        """Model-code bug: the causal mask dropped (every position sees the future)."""
+        for block in model.blocks:
+            block.causal = False
+
+
+class SignalNet(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv1, self.gn1 = torch.nn.Conv1d(4, 16, 5, padding=2), torch.nn.GroupNorm(4, 16)
+        self.conv2, self.gn2 = torch.nn.Conv1d(16, 32, 5, padding=2), torch.nn.GroupNorm(8, 32)
+        self.act, self.pool = torch.nn.SiLU(), torch.nn.AdaptiveAvgPool1d(4)
+        self.norm, self.dropout, self.head = torch.nn.LayerNorm(128), torch.nn.Dropout(0.0), torch.nn.Linear(128, 10)
+
+    def forward(self, x):
+        x = self.act(self.gn1(self.conv1(x)))
+        x = self.pool(self.act(self.gn2(self.conv2(x)))).flatten(1)
+        return self.head(self.dropout(self.norm(x)))
+
+
+class Signals(Conv):
+    """Held out (declared at stop 55, before it was measured and before the rule changes again): 1-D convolutions
+    with GroupNorm (statistics per sample, not per batch) and SiLU over noisy copies of 10 fixed 4 x 32 signals,
+    Adam."""
+    name = "cnn1d-gn"
+    feeding = {"bf16_layer": ["norm.weight", "norm.bias"],
+               "corrupted": ["gn1.weight", "gn1.bias", "conv1.weight", "conv1.bias"]}
+
+    @staticmethod
+    def build() -> torch.nn.Module:
+        return SignalNet()
+
+    @staticmethod
+    def optimizer(model) -> torch.optim.Optimizer:
+        return torch.optim.Adam(model.parameters(), lr=2e-3)
+
+    def batch(self, seed: int, step: int, stream: str = "train") -> tuple[torch.Tensor, torch.Tensor]:
+        prototypes = torch.randn(self.classes, 4, 32, generator=generator(seed, "signals"))
+        g = generator(seed, step, stream)
+        labels = torch.randint(self.classes, (self.batch_size,), generator=g)
+        return prototypes[labels] + 0.7 * torch.randn(self.batch_size, 4, 32, generator=g), labels
+
+    @staticmethod
+    def change_code(model) -> None:
+        """Model-code bug: SiLU replaced by ReLU."""
+        model.act = torch.nn.ReLU()
+
+
 FAMILIES = {family.name: family for family in (GPT2(), Conv())}  # benign pairs and every harmful scenario
 ELSEWHERE = {family.name: family for family in (GPT2Unstable(), MLPDecay())}  # benign pairs only, out of sample
 # Held out (issue 47): declared before the rule changed again, measured before and after, never tuned on: benign pairs
-# and every harmful scenario, reported apart from FAMILIES.
-HELD_OUT = {family.name: family for family in (ResNet(), Recurrent(), VisionMoE(), HighRate())}
+# and every harmful scenario, reported apart from FAMILIES. llama and cnn1d-gn were added at stop 55, before the rule
+# is changed for resnet-bn's false alarms, so that such a change is judged on families it was not made on.
+HELD_OUT = {family.name: family for family in (ResNet(), Recurrent(), VisionMoE(), HighRate(), Llama(), Signals())}
 HARMFUL_FAMILIES = {**FAMILIES, **HELD_OUT}
 BENIGN_FAMILIES = {**FAMILIES, **ELSEWHERE, **HELD_OUT}
 
@@ -482,7 +585,7 @@ SCENARIOS = (
     Scenario("weight decay x10", "optimizer", "weight decay x10 from the bug's step"),
     Scenario("model code changed", "model code", "GPT-2: the causal mask dropped; conv: ReLU -> GELU"),
     Scenario("dropout on", "model code", "dropout switched on (p = 0.1 everywhere)"),
-    Scenario("norm epsilon", "numerics", "LayerNorm / BatchNorm epsilon 1e-5 -> 1e-3"),
+    Scenario("norm epsilon", "numerics", "LayerNorm / BatchNorm / RMSNorm / GroupNorm epsilon 1e-5 -> 1e-3"),
     Scenario("one layer in bf16", "numerics", "one layer's matmul in bf16 (GPT-2: h.1.mlp.c_fc; conv: head)",
              culprit="bf16_layer"),
     Scenario("gradients x2", "gradient plumbing", "every gradient x2, as by a wrong world size", magnitude=True),
@@ -519,14 +622,14 @@ class RunSpec:
 
 
 def in_bf16(module: torch.nn.Module) -> None:
-    """The layer's matmul on bf16 copies of its input, weight and bias (an explicit cast: autocast would leave a
-    float64 model alone), its output cast back."""
+    """The layer's matmul on bf16 copies of its input, weight and bias, if any (an explicit cast: autocast would leave
+    a float64 model alone), its output cast back."""
     weight_of = (lambda w: w) if isinstance(module, torch.nn.Linear) else (lambda w: w.t())  # GPT-2's Conv1D: x W
 
     def forward_in_bf16(x):
         bf16 = torch.bfloat16
-        return torch.nn.functional.linear(x.to(bf16), weight_of(module.weight).to(bf16),
-                                          module.bias.to(bf16)).to(x.dtype)
+        bias = None if module.bias is None else module.bias.to(bf16)
+        return torch.nn.functional.linear(x.to(bf16), weight_of(module.weight).to(bf16), bias).to(x.dtype)
     module.forward = forward_in_bf16
 
 
@@ -584,7 +687,8 @@ class Training:
                     module.attn_dropout.p = 0.1
         elif name == "norm epsilon":
             for module in model.modules():
-                if isinstance(module, (torch.nn.LayerNorm, torch.nn.BatchNorm2d)):
+                if isinstance(module, (torch.nn.LayerNorm, torch.nn.BatchNorm2d, torch.nn.RMSNorm,
+                                       torch.nn.GroupNorm)):
                     module.eps = 1e-3
         elif name == "one layer in bf16":
             in_bf16(model.get_submodule(self.family.bf16_layer))
@@ -1216,8 +1320,8 @@ def markdown(result: dict) -> str:
              "step is that step; *early* includes alarms raised by the noise alone.", "",
              f"## Summary: in sample ({', '.join(FAMILIES)}; out of sample benign pairs: {', '.join(ELSEWHERE)})", ""]
     lines += table(["metric"] + [f"rule `{r}`" for r in rules], summary_rows(summary, rules, live_result))
-    lines += [f"## Summary: held out ({', '.join(HELD_OUT)}; declared before the rule's grades and its bit-for-bit "
-              f"test changed, never tuned on)", ""]
+    lines += [f"## Summary: held out ({', '.join(HELD_OUT)}; never tuned on: the first four declared before the "
+              f"rule's grades and its bit-for-bit test changed, llama and cnn1d-gn at stop 55)", ""]
     lines += table(["metric"] + [f"rule `{r}`" for r in rules],
                    summary_rows(result["summary_held_out"], rules, None))
     lines += ["## Exact step by category (in sample)", ""]
