@@ -133,17 +133,19 @@ def upload_steps_files(client: MlflowClient, run_id: str, dump_path: str | os.Pa
     with tempfile.TemporaryDirectory() as scratch:
         directions, summaries = Path(scratch, "directions"), Path(scratch, "summaries")
         summaries.mkdir()
+        archives = 0
         for step in steps:
             folder = step_dir(dump_path, rank, step)
             if folder.is_dir():
                 packed = packed_directions_file(folder, Path(scratch))
                 _stage(packed, directions / folder.name / packed.name)
+                archives += 1
             csv = summary_csv_path(dump_path, rank, step)
             _stage(csv, summaries / csv.name)
-        if directions.is_dir():
+        if archives:
             client.log_artifacts(run_id, str(directions), destination)
         client.log_artifacts(run_id, str(summaries), destination)
-        return sum(1 for path in Path(directions).rglob("*") if path.is_file()) + len(steps)
+    return archives + len(steps)
 
 
 def _stage(source: Path, target: Path) -> None:
