@@ -174,6 +174,7 @@ class ConvNet(torch.nn.Module):
 class Conv:
     name = "conv"
     batch_size, classes = 32, 10
+    example_shape, prototypes = (1, 8, 8), "prototypes"  # an image; the key of the seed's prototypes
     bf16_layer, zeroed, corrupted, flipped = "head", "conv2.weight", "conv2.weight", "head.weight"
     feeding = {"bf16_layer": ["norm.weight", "norm.bias"],
                "corrupted": ["bn1.weight", "bn1.bias", "conv1.weight", "conv1.bias"]}
@@ -187,11 +188,11 @@ class Conv:
         return torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9, weight_decay=1e-4)
 
     def batch(self, seed: int, step: int, stream: str = "train") -> tuple[torch.Tensor, torch.Tensor]:
-        """Noisy copies of 10 fixed 8 x 8 prototypes (fixed per seed); the target is the prototype's class."""
-        prototypes = torch.randn(self.classes, 1, 8, 8, generator=generator(seed, "prototypes"))
+        """Noisy copies of 10 fixed prototypes (fixed per seed); the target is the prototype's class."""
+        prototypes = torch.randn(self.classes, *self.example_shape, generator=generator(seed, self.prototypes))
         g = generator(seed, step, stream)
         labels = torch.randint(self.classes, (self.batch_size,), generator=g)
-        return prototypes[labels] + 0.7 * torch.randn(self.batch_size, 1, 8, 8, generator=g), labels
+        return prototypes[labels] + 0.7 * torch.randn(self.batch_size, *self.example_shape, generator=g), labels
 
     @staticmethod
     def loss(model, inputs, targets, reduction: str) -> torch.Tensor:
@@ -517,6 +518,7 @@ class Signals(Conv):
     with GroupNorm (statistics per sample, not per batch) and SiLU over noisy copies of 10 fixed 4 x 32 signals,
     Adam."""
     name = "cnn1d-gn"
+    example_shape, prototypes = (4, 32), "signals"
     feeding = {"bf16_layer": ["norm.weight", "norm.bias"],
                "corrupted": ["gn1.weight", "gn1.bias", "conv1.weight", "conv1.bias"]}
 
@@ -527,12 +529,6 @@ class Signals(Conv):
     @staticmethod
     def optimizer(model) -> torch.optim.Optimizer:
         return torch.optim.Adam(model.parameters(), lr=2e-3)
-
-    def batch(self, seed: int, step: int, stream: str = "train") -> tuple[torch.Tensor, torch.Tensor]:
-        prototypes = torch.randn(self.classes, 4, 32, generator=generator(seed, "signals"))
-        g = generator(seed, step, stream)
-        labels = torch.randint(self.classes, (self.batch_size,), generator=g)
-        return prototypes[labels] + 0.7 * torch.randn(self.batch_size, 4, 32, generator=g), labels
 
     @staticmethod
     def change_code(model) -> None:
