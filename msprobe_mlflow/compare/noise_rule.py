@@ -228,8 +228,8 @@ class NoiseAwareJudge:
         pushes = []  # (history, places, values): what this step adds to the past once remembered
         magnitudes, moved_alike = self._magnitude_series(step, places, side_a, side_b, series, pushes)
         tolerance = first_steps_tolerance(precision, numels)  # per parameter: what rounding cannot do early
-        breaks, scores, centers, below_floor = self._series_breaks(step, places, series, numels, tolerance,
-                                                                   moved_alike)
+        breaks, scores, centers, below_floor, bounds = self._series_breaks(step, places, series, numels, tolerance,
+                                                                           moved_alike)
         recognised = self._recognise_noise(comparison, places, series, breaks, tiny & was_tiny)
         if both:
             pushes.append((self._tiny, places, tiny.astype(np.float64)))
@@ -252,8 +252,9 @@ class NoiseAwareJudge:
             for i, trip in self._precision_trips(step, names, places, coarse, noise, (side_a, side_b),
                                                  comparison.compute_formats).items():
                 best[names[i]] = trip
-        certain = _beyond_first_steps_tolerance(step, series, breaks, centers, magnitudes)
-        beyond_rounding = _beyond_rounding(certain, best.values(), self._agreed_bit_for_bit)
+        certain = _norm_beyond(step, series, breaks, centers, dict.fromkeys(bounds, FIRST_STEPS_TOLERANCE))
+        beyond_rounding = _beyond_rounding(_norm_beyond(step, series, breaks, centers, bounds), best.values(),
+                                           self._agreed_bit_for_bit)
         coarser = _coarser_format_within(precision, names, series.get("norm"), numels, best.values(), summary_trip,
                                          self._histories["norm"].counts(places) < MIN_HISTORY)
         differs = not both or _statistics_differ(side_a, side_b) or any(np.any(found) for found in differing.values())
@@ -313,18 +314,19 @@ class NoiseAwareJudge:
 
     def _series_breaks(self, step: int, places, series: dict, numels, tolerance, moved_alike):
         """Per series: where it breaks, by how many deviations, its usual value, and (magnitudes) where it is beyond
-        its noise but below :data:`MAGNITUDE_FLOOR`. The weights meet the first steps' tolerance at step 0 only (in
-        between, no rounding bound holds for them), and never break where both runs moved them alike."""
-        breaks, scores, centers, below_floor = {}, {}, {}, {}
+        its noise but below :data:`MAGNITUDE_FLOOR` and what rounding cannot move it by (:func:`rounding_bound`).
+        The weights meet the first steps' tolerance at step 0 only (in between, no rounding bound holds for them),
+        and never break where both runs moved them alike."""
+        breaks, scores, centers, below_floor, bounds = {}, {}, {}, {}, {}
         for name, values in series.items():
             if name in COUNT_SERIES:
                 breaks[name], scores[name], centers[name] = self._count_breaks(name, places, values, numels)
             else:
-                breaks[name], scores[name], centers[name], below_floor[name] = self._magnitude_breaks(
+                breaks[name], scores[name], centers[name], below_floor[name], bounds[name] = self._magnitude_breaks(
                     name, places, values, numels, tolerance if name == "norm" or step == 0 else np.inf)
         if WEIGHT in series:
             breaks[WEIGHT] &= ~moved_alike
-        return breaks, scores, centers, below_floor
+        return breaks, scores, centers, below_floor, bounds
 
     def _leave_out_noise(self, breaks: dict, below_floor: dict, series: dict, noise, tiny):
         """Takes what is noise out of ``breaks`` (in place), and puts every difference in where the runs agreed bit
@@ -487,7 +489,7 @@ class NoiseAwareJudge:
             seen = np.nan_to_num(np.nanmax(np.abs(history.values[:, places] - center), axis=0))
         breaks, score, below_floor = magnitude_break(values, center, spread, count, seen, _model_spread(history),
                                                      tolerance)
-        return breaks & ~np.isnan(values), score, center, below_floor & ~np.isnan(values)
+        return breaks & ~np.isnan(values), score, center, below_floor & ~np.isnan(values), rounding_bound(seen)
 
     def _norm_jump(self, series: str, step: int, places, values, summary: float) -> Trip | None:
         """The whole model's norm differences jumped (``series``: the gradients' ``norm`` or the parameters' own,
@@ -658,15 +660,16 @@ def _coarser_format_within(precision: str | None, names, norms, numels, trips, s
                  and np.all(early[tripped])), None)
 
 
-def _beyond_rounding(certain: bool, trips, agreed_bit_for_bit: bool) -> str:
-    """What of a step's breaks no rounding can do, in words (empty: none): a norm beyond
-    :data:`FIRST_STEPS_TOLERANCE` (26 units of bfloat16, the coarsest format training uses), a parameter whose
-    signs disagree on more than half its elements (random rounding flips half at most), a weight that jumped in one
-    run only, a gradient whose format changed in one run, or any difference between runs that agreed bit for bit."""
+def _beyond_rounding(norm: bool, trips, agreed_bit_for_bit: bool) -> str:
+    """What of a step's breaks no rounding can do, in words (empty: none): a norm beyond its :func:`rounding_bound`
+    (``norm``), a parameter whose signs disagree on more than half its elements (random rounding flips half at
+    most), a weight that jumped in one run only, a gradient whose format changed in one run, or any difference
+    between runs that agreed bit for bit."""
     trips = list(trips)
     found = []
-    if certain:
-        found.append(f"a norm moved by more than {FIRST_STEPS_TOLERANCE:.0%} of its scale")
+    if norm:
+        found.append(f"a norm moved by more than {FIRST_STEPS_TOLERANCE:.0%} of its scale and "
+                     f"{DEVIATIONS:.0f}x its largest move of the last {WINDOW} steps")
     anti = [t.name for t in trips if t.reason == "direction" and t.similarity is not None and t.similarity < 0.5]
     if anti:
         found.append(f"{anti[0]}'s signs are anti-aligned (over half disagree)")
@@ -681,10 +684,19 @@ def _beyond_rounding(certain: bool, trips, agreed_bit_for_bit: bool) -> str:
     return "; ".join(found)
 
 
-def _beyond_first_steps_tolerance(step: int, series: dict, breaks: dict, centers: dict, magnitudes: dict) -> bool:
-    """A norm (at step 0 a weight too) broke by more than :data:`FIRST_STEPS_TOLERANCE`: what rounding cannot do."""
-    return any(bool(np.any(breaks[name] & (np.abs(series[name] - centers[name]) > FIRST_STEPS_TOLERANCE)))
-               for name in magnitudes if name == "norm" or step == 0)
+def rounding_bound(seen) -> np.ndarray:
+    """What rounding cannot move a scaled norm difference by, per parameter whose window's largest deviation was
+    ``seen``: :data:`FIRST_STEPS_TOLERANCE` (26 units of bfloat16) while the runs agree to rounding, and once the
+    pair has parted (amplified rounding moves a norm by any amount) :data:`DEVIATIONS` times the parameter's own
+    largest, as ratios of norms: a scaled difference d is a ratio 1 / (1 - d), and ten times a ratio's logarithm
+    is 1 - (1 - d)**10, below 1, so that a norm many times the other still breaks."""
+    return np.maximum(FIRST_STEPS_TOLERANCE, 1 - (1 - np.minimum(seen, 1.0)) ** DEVIATIONS)
+
+
+def _norm_beyond(step: int, series: dict, breaks: dict, centers: dict, bounds: dict) -> bool:
+    """A norm (at step 0 a weight too) broke by more than its bound (per series: a number, or per parameter)."""
+    return any(bool(np.any(breaks[name] & (np.abs(series[name] - centers[name]) > bounds[name])))
+               for name in bounds if name == "norm" or step == 0)
 
 
 def _ranked(trips, names, tiny) -> list[Trip]:
