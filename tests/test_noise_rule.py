@@ -18,7 +18,8 @@ import torch
 
 from msprobe_mlflow import GradProbeConfig, compare_dumps
 from msprobe_mlflow.compare.step import SideStatistics, StepComparison
-from msprobe_mlflow.compare.noise_rule import NoiseAwareJudge, first_steps_tolerance, significant_bits
+from msprobe_mlflow.compare.noise_rule import (TRANSIENT_MEANS, NoiseAwareJudge, first_steps_tolerance,
+                                                significant_bits)
 from msprobe_mlflow.directions import step_compute_format
 from msprobe_mlflow.dump import findings_dir, read_summary, step_dir, summary_csv_path
 from msprobe_mlflow.pytorch import GradientMonitor
@@ -767,6 +768,25 @@ def test_a_norm_move_is_a_break_only_beyond_ten_times_what_the_pair_showed_latel
     if grade == "break":
         assert judge.verdict.evidence == "a norm moved by more than 10% of its scale and 10x its largest move of " \
                                          "the last 20 steps"
+
+
+@pytest.mark.parametrize("steps, both, grade", [((30,), True, "departure"), (range(30, 40), True, "break"),
+                                                 ((30,), False, "break"), ((39,), True, "break")])
+def test_a_move_of_the_whole_model_gone_at_the_next_step_is_a_departure(steps, both, grade):
+    """By hand (GPT-2 with clipping, bfloat16 against float32, step 265: 19 parameters' norms 10-30% apart and the
+    model's signs 3% apart for one step, back at the next, did this): B's norms are 1.5x A's at ``steps``, with 10%
+    of the signs flipped in ``both`` parameters or in w's norm alone. Named at its step in every case; a *break*
+    where it persists, where it stayed in one parameter (an element corrupted once), or where no step after it
+    says (the last one); a departure where the whole model moved for one step only."""
+    judge = NoiseAwareJudge(0)
+    for step in range(40):
+        moved = step in steps
+        agreeing = [9_000, 9_000] if moved and both else [9_990, 9_990]
+        judge.judge_step(_step(step, agreeing, [10_000, 10_000], [1, 1], [1.5 if moved else 1.0,
+                                                                          1.5 if moved and both else 1.0]))
+    verdict = judge.report()
+    assert (verdict.first_suspicious_step, verdict.grade) == (steps[0], grade), verdict
+    assert (verdict.evidence == TRANSIENT_MEANS) == (grade == "departure")
 
 
 def test_the_cli_fails_on_a_break_by_default_and_on_a_departure_when_asked(runs):

@@ -80,6 +80,10 @@ FINER_THAN_16_BIT = ("float64", "float32", "tf32")  # recorded formats whose res
 COUNT_SERIES = ("direction", "distribution")  # fractions of elements
 HIDDEN_FORMAT = "float16"  # the coarsest a device's own modes are offered as (TF32/HF32: 11 bits, float16: 11 bits)
 SIGNS, WHOLE = "signs", "whole gradient"  # what of a parameter is noise
+NORM_BEYOND = f"a norm moved by more than {FIRST_STEPS_TOLERANCE:.0%} of its scale and {DEVIATIONS:.0f}x its " \
+    f"largest move of the last {WINDOW} steps"  # a break's evidence: see rounding_bound
+TRANSIENT_MEANS = "the whole model moved at this step only, gone at the next: what one batch's amplified rounding " \
+    "does (a near tie), or a batch corrupted once"
 
 
 def scaled_difference(a: np.ndarray, b: np.ndarray, usual: np.ndarray) -> np.ndarray:
@@ -166,7 +170,10 @@ class NoiseAwareJudge:
 
     def report(self) -> RankVerdict:
         """The verdict, or (nothing suspicious) what was found: the same after the verdict, as judging stops. A
-        break at the last step judged, with no step after it to say whether it persists, is no verdict."""
+        break at the last step judged, with no step after it to say whether it persists, is no verdict, but for a
+        norm beyond :data:`FIRST_STEPS_TOLERANCE`, graded on its own."""
+        if self.verdict is None and self._held is not None and self._held.certain:
+            return self._verdict_of(self._held, None)
         first_steps = None if self.recorded_precision else self.first_steps  # known after all: no note
         return self.verdict or RankVerdict(self.rank, sign_noise=list(self.sign_noise.values()),
                                            summary_band=dict(self.summary_band), first_steps=first_steps,
@@ -178,35 +185,41 @@ class NoiseAwareJudge:
         does not (one parameter's sum that cancels, once); the verdict names the held step. A step whose only
         breaks are faint (norms beyond their noise, below :data:`MAGNITUDE_FLOOR`) is held too, and persists only
         where the next step's norm differences jump across the model (a change there reached every gradient; a sum
-        that cancelled stays in its parameter). A norm that moved beyond :data:`FIRST_STEPS_TOLERANCE`, which
-        rounding cannot do, makes its step suspicious at once."""
+        that cancelled stays in its parameter). A norm that moved beyond :data:`FIRST_STEPS_TOLERANCE` makes its
+        step suspicious whatever follows; the next step grades it (:meth:`_verdict_of`)."""
         if self.verdict is not None:
             return None
         found = self._evaluate(comparison)
         held, self._held = self._held, None
-        confirmed = held is not None and (found.spread if held.faint else found.suspicious)
-        first = held if confirmed else found if found.certain else None
-        if first is not None:
-            noise = [*self.sign_noise.values(), *first.noise.values()]
-            trips = first.trips
-            if first.faint:  # under the floor: the person reading it needs what confirmed it
-                spread = f"; under the {MAGNITUDE_FLOOR:.0%} floor, it spread: step {found.step}'s " \
-                    f"{found.summary_trip.detail}"
-                trips = [replace(trip, detail=trip.detail + spread) if trip.reason == "norm" else trip
-                         for trip in trips]
-            evidence = first.beyond_rounding or (found.beyond_rounding if first is held else "")
-            self.verdict = RankVerdict(self.rank, first.step, first.summary_trip, trips, noise,
-                                       dict(self.summary_band), self.first_steps, self.recorded_precision,
-                                       BREAK if evidence else DEPARTURE, evidence or DEPARTURE_MEANS,
-                                       first.coarser_format)
+        if held is not None and (held.certain or (found.spread if held.faint else found.suspicious)):
+            self.verdict = self._verdict_of(held, found)
             return self.verdict
         if held is not None:
             held.remember(self)
-        if found.suspicious or found.faint:
+        if found.suspicious or found.faint or found.certain:
             self._held = found
         else:
             found.remember(self)
         return None
+
+    def _verdict_of(self, first: "_Finding", after: "_Finding | None") -> RankVerdict:
+        """The verdict naming ``first``, graded with the step ``after`` it (None: none judged): a *break* where
+        either shows what rounding cannot do, but for a norm beyond its bound at ``first`` that moved the whole
+        model (its summary broke) and is gone at the next step, what one batch's amplified rounding does (a near
+        tie, as in a benign GPT-2 under bfloat16 at step 265) as much as a batch corrupted once: a departure."""
+        noise = [*self.sign_noise.values(), *first.noise.values()]
+        trips = first.trips
+        if first.faint:  # under the floor: the person reading it needs what confirmed it
+            spread = f"; under the {MAGNITUDE_FLOOR:.0%} floor, it spread: step {after.step}'s " \
+                f"{after.summary_trip.detail}"
+            trips = [replace(trip, detail=trip.detail + spread) if trip.reason == "norm" else trip for trip in trips]
+        transient = after is not None and not after.suspicious and first.summary_trip is not None
+        evidence = tuple(found for found in first.beyond_rounding if not (transient and found == NORM_BEYOND)) \
+            or (after.beyond_rounding if after is not None and not transient else ())
+        return RankVerdict(self.rank, first.step, first.summary_trip, trips, noise, dict(self.summary_band),
+                           self.first_steps, self.recorded_precision, BREAK if evidence else DEPARTURE,
+                           "; ".join(evidence) or (TRANSIENT_MEANS if transient else DEPARTURE_MEANS),
+                           first.coarser_format)
 
     @property
     def _agreed_bit_for_bit(self) -> bool:
@@ -565,7 +578,7 @@ class _Finding:
     differs: bool  # the runs differ in a recorded bit at this step, or their statistics were not both recorded
     noise: dict  # slot -> SignNoise: parameters recognised as noise at this step
     faint: bool = False  # its only breaks are norms beyond their noise but below MAGNITUDE_FLOOR
-    beyond_rounding: str = ""  # what of it no rounding can do (a *break*); empty: beyond the learnt noise only
+    beyond_rounding: tuple[str, ...] = ()  # what of it no rounding can do (a *break*); none: beyond the noise only
     coarser_format: str | None = None  # the finest coarser format whose rounding reaches every break (first steps)
 
     @property
@@ -660,7 +673,7 @@ def _coarser_format_within(precision: str | None, names, norms, numels, trips, s
                  and np.all(early[tripped])), None)
 
 
-def _beyond_rounding(norm: bool, trips, agreed_bit_for_bit: bool) -> str:
+def _beyond_rounding(norm: bool, trips, agreed_bit_for_bit: bool) -> tuple[str, ...]:
     """What of a step's breaks no rounding can do, in words (empty: none): a norm beyond its :func:`rounding_bound`
     (``norm``), a parameter whose signs disagree on more than half its elements (random rounding flips half at
     most), a weight that jumped in one run only, a gradient whose format changed in one run, or any difference
@@ -668,8 +681,7 @@ def _beyond_rounding(norm: bool, trips, agreed_bit_for_bit: bool) -> str:
     trips = list(trips)
     found = []
     if norm:
-        found.append(f"a norm moved by more than {FIRST_STEPS_TOLERANCE:.0%} of its scale and "
-                     f"{DEVIATIONS:.0f}x its largest move of the last {WINDOW} steps")
+        found.append(NORM_BEYOND)
     anti = [t.name for t in trips if t.reason == "direction" and t.similarity is not None and t.similarity < 0.5]
     if anti:
         found.append(f"{anti[0]}'s signs are anti-aligned (over half disagree)")
@@ -681,7 +693,7 @@ def _beyond_rounding(norm: bool, trips, agreed_bit_for_bit: bool) -> str:
         found.append(f"{formats[0]}'s gradient changed format in one run")
     if agreed_bit_for_bit:
         found.append("the runs agreed bit for bit until this step")
-    return "; ".join(found)
+    return tuple(found)
 
 
 def rounding_bound(seen) -> np.ndarray:
