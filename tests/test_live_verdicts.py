@@ -149,6 +149,25 @@ def test_a_perturbation_is_named_at_its_step_while_training_as_compare_names_it_
     assert f"grad_probe/rank0/findings/similarities_{STEPS - 1}.csv" in artifacts
 
 
+def test_a_break_at_the_last_step_is_told_when_training_ends_as_compare_names_it(tmp_experiment, tmp_path):
+    """A weight corrupted before the last step moves norms by more than rounding can: no step after it confirms or
+    grades it, so the verdict comes when training ends, the same as ``compare``'s afterwards."""
+    baseline_run, _ = run_training(tmp_path / "baseline")
+    calls = []
+    with mlflow.start_run() as run:
+        with pytest.warns(UserWarning, match=rf"rank 0: step {PERTURBED_FROM} is suspicious against baseline"):
+            monitor = monitored_training(tmp_path / "candidate", steps=PERTURBED_FROM + 1, perturbation="parameter",
+                                         baseline=baseline_run, on_suspicious=calls.append)
+            monitor.flush()
+            assert calls == []  # every step judged; the last one held for a step that never comes
+            monitor.stop()
+    [live] = calls
+    afterwards = compare_runs(baseline_run, run.info.run_id)
+    assert live.first_suspicious_step == PERTURBED_FROM and live == afterwards.verdict.ranks[0]
+    assert MlflowClient().get_run(run.info.run_id).data.tags["msprobe_mlflow.live_verdict"] == "suspicious"
+    assert findings(tmp_path / "candidate")["verdict"] == afterwards.verdict.to_dict()
+
+
 def test_monitor_returns_with_the_baseline_open_so_a_fast_loop_gets_the_first_verdict_before_its_next_step(
         tmp_path):
     """The comparison process opens the baseline run (importing MLflow, reading the store) and makes its first step

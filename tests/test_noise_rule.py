@@ -784,6 +784,8 @@ def test_a_move_of_the_whole_model_gone_at_the_next_step_is_a_departure(steps, b
         agreeing = [9_000, 9_000] if moved and both else [9_990, 9_990]
         judge.judge_step(_step(step, agreeing, [10_000, 10_000], [1, 1], [1.5 if moved else 1.0,
                                                                           1.5 if moved and both else 1.0]))
+    assert (judge.report().first_suspicious_step is None) == (steps[0] == 39)  # the last step: once judging ends
+    assert (judge.finish() is None) == (steps[0] != 39)
     verdict = judge.report()
     assert (verdict.first_suspicious_step, verdict.grade) == (steps[0], grade), verdict
     assert (verdict.evidence == TRANSIENT_MEANS) == (grade == "departure")

@@ -242,6 +242,7 @@ def _compare_rank(dump_a: Path, dump_b: Path, rank: int, settings: RuleSettings,
             judge.judge_step(compared)
         line.advance()
     line.close()
+    judge.finish()
     return tally.comparison(rank, steps_a, steps_b), judge.report()
 
 

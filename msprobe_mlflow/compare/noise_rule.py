@@ -34,8 +34,9 @@ difference breaks.
 
 A break is *suspicious* where it persists at the next step, judged against the same past (a bug's does, a rounding
 spike's does not); the verdict names the step of the break, and a break at the last step is none. A norm beyond
-:data:`FIRST_STEPS_TOLERANCE` needs no confirmation. A *faint* break (a norm beyond its noise, below the floor) is
-suspicious only where the next step's norm differences jump across the model by sqrt(:data:`NORM_JUMP`).
+:data:`FIRST_STEPS_TOLERANCE` needs no confirmation (the next step grades it: :meth:`NoiseAwareJudge._verdict_of`).
+A *faint* break (a norm beyond its noise, below the floor) is suspicious only where the next step's norm differences
+jump across the model by sqrt(:data:`NORM_JUMP`).
 
 *Noise* ("sign is noise": never a trip, never a culprit): ``whole gradient``, a parameter whose largest element is
 below :data:`ROUNDING_LEVEL` times the model's largest on both sides and whose series break; ``signs``, in the
@@ -171,13 +172,19 @@ class NoiseAwareJudge:
     def report(self) -> RankVerdict:
         """The verdict, or (nothing suspicious) what was found: the same after the verdict, as judging stops. A
         break at the last step judged, with no step after it to say whether it persists, is no verdict, but for a
-        norm beyond :data:`FIRST_STEPS_TOLERANCE`, graded on its own."""
-        if self.verdict is None and self._held is not None and self._held.certain:
-            return self._verdict_of(self._held, None)
+        norm beyond :data:`FIRST_STEPS_TOLERANCE` (:meth:`finish`)."""
         first_steps = None if self.recorded_precision else self.first_steps  # known after all: no note
         return self.verdict or RankVerdict(self.rank, sign_noise=list(self.sign_noise.values()),
                                            summary_band=dict(self.summary_band), first_steps=first_steps,
                                            recorded_precision=self.recorded_precision)
+
+    def finish(self) -> RankVerdict | None:
+        """Judging ends: a held step that needs no confirmation (a norm beyond :data:`FIRST_STEPS_TOLERANCE`)
+        becomes the verdict, graded on its own, and is returned (None: no new verdict)."""
+        if self.verdict is None and self._held is not None and self._held.certain:
+            self.verdict = self._verdict_of(self._held, None)
+            return self.verdict
+        return None
 
     def judge_step(self, comparison) -> RankVerdict | None:
         """Judges a step. A step that breaks is held until the next one: the first suspicious step is one whose

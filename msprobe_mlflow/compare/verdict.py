@@ -258,6 +258,9 @@ class MsprobeJudge:
     def report(self) -> RankVerdict:
         return self.verdict or RankVerdict(self.rank)
 
+    def finish(self) -> None:
+        """Judging ends: msprobe's rule holds no step back."""
+
     def judge_step(self, comparison) -> RankVerdict | None:
         summary, values = judged_values(comparison)
         return self.judge_values(comparison.step, summary, comparison.compared, values)

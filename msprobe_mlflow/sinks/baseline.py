@@ -372,6 +372,9 @@ class LiveComparison:
     def close(self) -> None:
         """Writes the final ``verdict.json`` and, when nothing tripped, the run's verdict tag and description."""
         self._prefetcher.stop()
+        verdict = self.judge.finish()
+        if verdict is not None:
+            self._tell(verdict)
         if self.failures:
             self.notices.warn(f"rank {self.rank}: the live comparison failed {len(self.failures)} time(s); "
                               f"first: {self.failures[0]}")
