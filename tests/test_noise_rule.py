@@ -17,9 +17,10 @@ import pytest
 import torch
 
 from msprobe_mlflow import GradProbeConfig, compare_dumps
-from msprobe_mlflow.compare.step import SideStatistics, StepComparison
 from msprobe_mlflow.compare.noise_rule import (TRANSIENT_MEANS, NoiseAwareJudge, first_steps_tolerance,
                                                 significant_bits)
+from msprobe_mlflow.compare.step import SideStatistics, StepComparison
+from msprobe_mlflow.compare.verdict import Verdict, rule_settings
 from msprobe_mlflow.directions import step_compute_format
 from msprobe_mlflow.dump import findings_dir, read_summary, step_dir, summary_csv_path
 from msprobe_mlflow.pytorch import GradientMonitor
@@ -789,6 +790,29 @@ def test_a_move_of_the_whole_model_gone_at_the_next_step_is_a_departure(steps, b
     verdict = judge.report()
     assert (verdict.first_suspicious_step, verdict.grade) == (steps[0], grade), verdict
     assert (verdict.evidence == TRANSIENT_MEANS) == (grade == "departure")
+
+
+def test_a_quiet_verdict_says_the_least_norm_move_it_could_have_seen_and_that_move_is_named():
+    """Issue 47's decision 1, by hand: w's and v's norm differences alternate +-0.4% of their scale. The quiet
+    verdict says how far a norm had to move to be seen at the last step; a move of w 20% short of that, from step
+    30 on, stays quiet, and one 20% beyond it is named at step 30."""
+    def judge(move: float = 0.0) -> NoiseAwareJudge:
+        judge = NoiseAwareJudge(0)
+        for step in range(40):
+            wander = 0.004 * (-1) ** step
+            w = move if step >= 30 else wander
+            judge.judge_step(_step(step, [9_990, 9_990], [10_000, 10_000], [1, 1], [1 + w, 1 + wander]))
+        judge.finish()
+        return judge
+
+    quiet = judge().report()
+    seen = quiet.sensitivity
+    assert not quiet.suspicious and seen.step == 39 and seen.median > 0.01  # beyond the 1% floor: the pair's noise
+    assert f"at step 39, a gradient norm moving by less than {seen.median * 100:.2g}% of its scale" in \
+        Verdict(rule_settings(), [quiet]).describe()
+    assert Verdict(rule_settings(), [quiet]).to_dict()["ranks"][0]["sensitivity"]["median"] == seen.median
+    assert not judge(0.8 * seen.median).report().suspicious
+    assert judge(1.2 * seen.median).report().first_suspicious_step == 30
 
 
 def test_the_cli_fails_on_a_break_by_default_and_on_a_departure_when_asked(runs):

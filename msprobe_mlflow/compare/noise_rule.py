@@ -60,7 +60,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from msprobe_mlflow.compare.verdict import (BREAK, DEPARTURE, DEPARTURE_MEANS, PRECISION, FirstSteps, RankVerdict,
-                                            SignNoise, Trip, judged_values, slots_of)
+                                            Sensitivity, SignNoise, Trip, judged_values, slots_of)
 from msprobe_mlflow.formats import UNIT_ROUNDOFF, coarsest
 
 DEVIATIONS = 10.0  # robust deviations beyond the noise that make a break
@@ -157,6 +157,7 @@ class NoiseAwareJudge:
         self.verdict: RankVerdict | None = None
         self.sign_noise: dict[str, SignNoise] = {}
         self.summary_band: dict[int, float] = {}
+        self.sensitivity: Sensitivity | None = None  # the last judged step's: what a change had to exceed
         self._slots: dict[str, int] = {}
         self._noise = np.zeros(0, dtype=object)  # by slot: "" (not noise), SIGNS or WHOLE
         self._histories = {name: _History() for name in ("direction", "norm", "distribution", WEIGHT)}
@@ -176,7 +177,7 @@ class NoiseAwareJudge:
         first_steps = None if self.recorded_precision else self.first_steps  # known after all: no note
         return self.verdict or RankVerdict(self.rank, sign_noise=list(self.sign_noise.values()),
                                            summary_band=dict(self.summary_band), first_steps=first_steps,
-                                           recorded_precision=self.recorded_precision)
+                                           recorded_precision=self.recorded_precision, sensitivity=self.sensitivity)
 
     def finish(self) -> RankVerdict | None:
         """Judging ends: a held step that needs no confirmation (a norm beyond :data:`FIRST_STEPS_TOLERANCE`)
@@ -248,8 +249,8 @@ class NoiseAwareJudge:
         pushes = []  # (history, places, values): what this step adds to the past once remembered
         magnitudes, moved_alike = self._magnitude_series(step, places, side_a, side_b, series, pushes)
         tolerance = first_steps_tolerance(precision, numels)  # per parameter: what rounding cannot do early
-        breaks, scores, centers, below_floor, bounds = self._series_breaks(step, places, series, numels, tolerance,
-                                                                           moved_alike)
+        breaks, scores, centers, below_floor, bounds, needed = self._series_breaks(step, places, series, numels,
+                                                                                   tolerance, moved_alike)
         recognised = self._recognise_noise(comparison, places, series, breaks, tiny & was_tiny)
         if both:
             pushes.append((self._tiny, places, tiny.astype(np.float64)))
@@ -258,6 +259,8 @@ class NoiseAwareJudge:
             noise[i] = found.kind
         if both and precision is None:
             self._note_first_steps(step, names, places, series["norm"], numels, tiny)
+        if "norm" in needed:
+            self._note_sensitivity(step, names, needed["norm"], (noise == "") & ~np.isnan(series["norm"]))
         faint, differing = self._leave_out_noise(breaks, below_floor, series, noise, tiny)
         summary_trip, summary = self._summary_trip(comparison, series["direction"], noise != "")
         summary_trip = self._model_wide_jump(step, places, magnitudes, summary, summary_trip, pushes)
@@ -291,6 +294,14 @@ class NoiseAwareJudge:
         if len(self._slots) > len(self._noise):
             self._noise = np.concatenate([self._noise, np.full(len(self._slots) - len(self._noise), "", dtype=object)])
         return places
+
+    def _note_sensitivity(self, step: int, names, needed, judged) -> None:
+        """What this step could not have seen (issue 47's decision 1): the least norm move that breaks, over the
+        parameters judged on their norms (not noise)."""
+        if np.any(judged):
+            finest = int(np.flatnonzero(judged)[np.argmin(needed[judged])])
+            self.sensitivity = Sensitivity(step, float(np.median(needed[judged])), float(needed[finest]),
+                                           names[finest])
 
     def _at_rounding_level_so_far(self, places) -> np.ndarray:
         """Per parameter: its gradient was at rounding level at every step judged so far (or none was), so that a
@@ -334,19 +345,20 @@ class NoiseAwareJudge:
 
     def _series_breaks(self, step: int, places, series: dict, numels, tolerance, moved_alike):
         """Per series: where it breaks, by how many deviations, its usual value, and (magnitudes) where it is beyond
-        its noise but below :data:`MAGNITUDE_FLOOR` and what rounding cannot move it by (:func:`rounding_bound`).
-        The weights meet the first steps' tolerance at step 0 only (in between, no rounding bound holds for them),
-        and never break where both runs moved them alike."""
-        breaks, scores, centers, below_floor, bounds = {}, {}, {}, {}, {}
+        its noise but below :data:`MAGNITUDE_FLOOR`, what rounding cannot move it by (:func:`rounding_bound`) and
+        the least move that breaks. The weights meet the first steps' tolerance at step 0 only (in between, no
+        rounding bound holds for them), and never break where both runs moved them alike."""
+        breaks, scores, centers, below_floor, bounds, needed = {}, {}, {}, {}, {}, {}
         for name, values in series.items():
             if name in COUNT_SERIES:
                 breaks[name], scores[name], centers[name] = self._count_breaks(name, places, values, numels)
             else:
-                breaks[name], scores[name], centers[name], below_floor[name], bounds[name] = self._magnitude_breaks(
-                    name, places, values, numels, tolerance if name == "norm" or step == 0 else np.inf)
+                breaks[name], scores[name], centers[name], below_floor[name], bounds[name], needed[name] = \
+                    self._magnitude_breaks(name, places, values, numels,
+                                           tolerance if name == "norm" or step == 0 else np.inf)
         if WEIGHT in series:
             breaks[WEIGHT] &= ~moved_alike
-        return breaks, scores, centers, below_floor, bounds
+        return breaks, scores, centers, below_floor, bounds, needed
 
     def _leave_out_noise(self, breaks: dict, below_floor: dict, series: dict, noise, tiny):
         """Takes what is noise out of ``breaks`` (in place), and puts every difference in where the runs agreed bit
@@ -507,9 +519,10 @@ class NoiseAwareJudge:
         with np.errstate(all="ignore"), warnings.catch_warnings():
             warnings.simplefilter("ignore", RuntimeWarning)
             seen = np.nan_to_num(np.nanmax(np.abs(history.values[:, places] - center), axis=0))
-        breaks, score, below_floor = magnitude_break(values, center, spread, count, seen, _model_spread(history),
-                                                     tolerance)
-        return breaks & ~np.isnan(values), score, center, below_floor & ~np.isnan(values), rounding_bound(seen)
+        breaks, score, below_floor, needed = magnitude_break(values, center, spread, count, seen,
+                                                             _model_spread(history), tolerance)
+        return (breaks & ~np.isnan(values), score, center, below_floor & ~np.isnan(values), rounding_bound(seen),
+                needed)
 
     def _norm_jump(self, series: str, step: int, places, values, summary: float) -> Trip | None:
         """The whole model's norm differences jumped (``series``: the gradients' ``norm`` or the parameters' own,
@@ -641,7 +654,8 @@ def magnitude_break(values, center, spread, count, seen, model_spread: float, to
     :data:`DEVIATIONS` times the larger of the series' own robust spread and the model's (rounding is of one size
     across a model; never below :data:`STATISTIC_FLOOR`), beyond twice the largest deviation of the window and
     beyond :data:`MAGNITUDE_FLOOR`; before, beyond ``tolerance`` (:func:`first_steps_tolerance`), which rounding
-    cannot reach. Third: where it is beyond the noise but not the floor (a *faint* break, judged by its spread)."""
+    cannot reach. Third: where it is beyond the noise but not the floor (a *faint* break, judged by its spread).
+    Fourth: the least move from ``center`` that breaks, per parameter."""
     learnt = count >= MIN_HISTORY
     noise = np.maximum(np.where(learnt, spread, 0.0), max(model_spread, STATISTIC_FLOOR))
     with np.errstate(invalid="ignore"):
@@ -649,7 +663,8 @@ def magnitude_break(values, center, spread, count, seen, model_spread: float, to
         score = np.nan_to_num(np.where(learnt, excess / noise, DEVIATIONS * excess / tolerance), posinf=1e9)
         beyond_noise = learnt & (score > DEVIATIONS) & (excess > 2 * seen)
         breaks = np.where(learnt, beyond_noise & (excess > MAGNITUDE_FLOOR), excess > tolerance)
-    return breaks, score, beyond_noise & ~breaks
+    needed = np.where(learnt, np.maximum(np.maximum(DEVIATIONS * noise, 2 * seen), MAGNITUDE_FLOOR), tolerance)
+    return breaks, score, beyond_noise & ~breaks, needed
 
 
 def _model_spread(history: _History) -> float:

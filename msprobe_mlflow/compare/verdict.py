@@ -82,6 +82,27 @@ class SignNoise:
 
 
 @dataclass(frozen=True)
+class Sensitivity:
+    """What the noise rule could not have seen (issue 47's decision 1), at ``step``, the last it judged: a
+    gradient's norm moving by less than ``median`` of its scale from its usual difference with the other run is
+    within the pair's noise for half of the parameters judged on their norms; ``finest`` for ``finest_name``, the
+    most sensitive. A single parameter's change breaks only beyond 1% (smaller ones count where the whole model's
+    differences jump at once)."""
+
+    step: int
+    median: float
+    finest: float
+    finest_name: str
+
+    def note(self) -> str:
+        median, finest = f"{self.median * 100:.2g}%", f"{self.finest * 100:.2g}%"
+        which = f"for the finest, {self.finest_name}, too" if finest == median else \
+            f"half of the parameters; {finest} for {self.finest_name}, the finest"
+        return (f"what it could not see: at step {self.step}, a gradient norm moving by less than {median} of its "
+                f"scale is within this pair's noise ({which})")
+
+
+@dataclass(frozen=True)
 class FirstSteps:
     """Where the pair's precision was neither given nor recorded: the largest difference of the first steps' norms
     (``difference`` of its scale, ``name`` at ``step``) when it is beyond what float32 rounding does there
@@ -135,6 +156,7 @@ class RankVerdict:
     grade: str | None = None  # noise rule: BREAK or DEPARTURE at the first suspicious step (msprobe's rule: None)
     evidence: str = ""  # the grade's reason, in words
     coarser_format: str | None = None  # a first-steps break within this coarser format's rounding (see silencer)
+    sensitivity: Sensitivity | None = None  # noise rule, no suspicious step: what it could not have seen
 
     def silencer(self) -> str | None:
         """What would make the verdict quiet where it would be right to: a first-steps break that lies within a
@@ -410,7 +432,8 @@ class Verdict:
                        "first_steps": asdict(r.first_steps) if r.first_steps else None,
                        **({"recorded_precision": r.recorded_precision} if r.recorded_precision else {}),
                        **({"grade": r.grade, "evidence": r.evidence} if r.grade else {}),
-                       **({"silencer": r.silencer()} if r.coarser_format else {})}
+                       **({"silencer": r.silencer()} if r.coarser_format else {}),
+                       **({"sensitivity": asdict(r.sensitivity)} if r.sensitivity else {})}
                       for r in self.ranks],
         }
 
@@ -443,6 +466,8 @@ class Verdict:
                              + (f" and {more} more" if more > 0 else ""))
             if rank.first_steps:
                 lines.append(f"    {rank.first_steps.note()}")
+            if rank.sensitivity:
+                lines.append(f"    {rank.sensitivity.note()}")
         return "\n".join(lines)
 
 
