@@ -517,7 +517,11 @@ def test_the_comparison_runs_second_line_gives_the_first_steps_beyond_float32_ro
         f"{note.finest}'s; run B has {note.sixteen_bit_parameters} gradient(s) in a 16-bit format "
         f"(`{note.sixteen_bit_example}`): if by a cast, not autocast, use `--precision float32`")
     quiet = compare_runs(unknown_baseline, runs["float64"], plots=False)
-    assert "**First steps**" not in MlflowClient().get_run(quiet.run_id).data.tags["mlflow.note.content"]
+    description = MlflowClient().get_run(quiet.run_id).data.tags["mlflow.note.content"]
+    assert "**First steps**" not in description
+    seen = quiet.verdict.ranks[0].sensitivity  # what it could not see, in the first line too
+    assert f"; norm moves under {seen.median * 100:.2g}% of a gradient's scale were within the pair's noise at step " \
+           f"{seen.step}" in description.splitlines()[0]
 
 
 def test_the_live_verdict_says_the_same_of_the_first_steps_in_its_file_and_its_runs_description(

@@ -157,7 +157,8 @@ class NoiseAwareJudge:
         self.verdict: RankVerdict | None = None
         self.sign_noise: dict[str, SignNoise] = {}
         self.summary_band: dict[int, float] = {}
-        self.sensitivity: Sensitivity | None = None  # the last judged step's: what a change had to exceed
+        self.sensitivity: Sensitivity | None = None  # the last judged step's: what a change had to exceed (runs
+        # that agreed bit for bit at every step have none: any difference breaks)
         self._slots: dict[str, int] = {}
         self._noise = np.zeros(0, dtype=object)  # by slot: "" (not noise), SIGNS or WHOLE
         self._histories = {name: _History() for name in ("direction", "norm", "distribution", WEIGHT)}
@@ -177,7 +178,8 @@ class NoiseAwareJudge:
         first_steps = None if self.recorded_precision else self.first_steps  # known after all: no note
         return self.verdict or RankVerdict(self.rank, sign_noise=list(self.sign_noise.values()),
                                            summary_band=dict(self.summary_band), first_steps=first_steps,
-                                           recorded_precision=self.recorded_precision, sensitivity=self.sensitivity)
+                                           recorded_precision=self.recorded_precision,
+                                           sensitivity=None if self._equal_so_far else self.sensitivity)
 
     def finish(self) -> RankVerdict | None:
         """Judging ends: a held step that needs no confirmation (a norm beyond :data:`FIRST_STEPS_TOLERANCE`)

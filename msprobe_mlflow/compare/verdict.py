@@ -87,7 +87,7 @@ class Sensitivity:
     gradient's norm moving by less than ``median`` of its scale from its usual difference with the other run is
     within the pair's noise for half of the parameters judged on their norms; ``finest`` for ``finest_name``, the
     most sensitive. A single parameter's change breaks only beyond 1% (smaller ones count where the whole model's
-    differences jump at once)."""
+    differences jump at once). None where the runs agreed bit for bit at every step: any difference breaks."""
 
     step: int
     median: float

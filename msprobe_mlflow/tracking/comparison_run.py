@@ -222,9 +222,13 @@ def _headline(verdict: Verdict) -> str:
         ranks_word = "ranks" if len(verdict.ranks) > 1 else "rank"
         noise = sorted({n.name for rank in verdict.ranks for n in rank.sign_noise})
         noise_text = f"; sign is noise in {len(noise)} parameter(s): {', '.join(noise[:3])}" if noise else ""
+        blind = max((rank.sensitivity for rank in verdict.ranks if rank.sensitivity), default=None,
+                    key=lambda seen: seen.median)  # the rank that could see least
+        blind_text = f"; norm moves under {blind.median * 100:.2g}% of a gradient's scale were within the pair's " \
+            f"noise at step {blind.step}" if blind else ""
         verdict_word = f"**Consistent where compared** ({verdict.partial})" if verdict.partial else "**Consistent**"
         return (f"{verdict_word}: no suspicious step on {len(verdict.ranks)} {ranks_word} "
-                f"({verdict.settings.describe()}){noise_text}")
+                f"({verdict.settings.describe()}){blind_text}{noise_text}")
     step = verdict.first_suspicious_step
     ranks = [rank for rank in verdict.ranks if rank.first_suspicious_step == step]
     where = ", ".join(str(rank.rank) for rank in ranks)
