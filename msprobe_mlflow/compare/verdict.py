@@ -95,11 +95,17 @@ class Sensitivity:
     finest_name: str
 
     def note(self) -> str:
+        """The line under the rank."""
         median, finest = f"{self.median * 100:.2g}%", f"{self.finest * 100:.2g}%"
         which = f"for the finest, {self.finest_name}, too" if finest == median else \
             f"half of the parameters; {finest} for {self.finest_name}, the finest"
         return (f"what it could not see: at step {self.step}, a gradient norm moving by less than {median} of its "
                 f"scale is within this pair's noise ({which})")
+
+    def headline(self) -> str:
+        """The same, short, for a consistent comparison's first line."""
+        return f"norm moves under {self.median * 100:.2g}% of a gradient's scale were within the pair's noise at " \
+            f"step {self.step}"
 
 
 @dataclass(frozen=True)

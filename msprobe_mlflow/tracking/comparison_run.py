@@ -224,8 +224,7 @@ def _headline(verdict: Verdict) -> str:
         noise_text = f"; sign is noise in {len(noise)} parameter(s): {', '.join(noise[:3])}" if noise else ""
         blind = max((rank.sensitivity for rank in verdict.ranks if rank.sensitivity), default=None,
                     key=lambda seen: seen.median)  # the rank that could see least
-        blind_text = f"; norm moves under {blind.median * 100:.2g}% of a gradient's scale were within the pair's " \
-            f"noise at step {blind.step}" if blind else ""
+        blind_text = f"; {blind.headline()}" if blind else ""
         verdict_word = f"**Consistent where compared** ({verdict.partial})" if verdict.partial else "**Consistent**"
         return (f"{verdict_word}: no suspicious step on {len(verdict.ranks)} {ranks_word} "
                 f"({verdict.settings.describe()}){blind_text}{noise_text}")
