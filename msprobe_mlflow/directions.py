@@ -170,11 +170,11 @@ def checked_npy_header(path: Path) -> tuple[tuple[int, ...], np.dtype]:
     return shape, dtype
 
 
-class _FieldError(ValueError):
+class FieldError(ValueError):
     """A field of a packed archive that is missing, malformed or larger than the archive's shapes allow."""
 
 
-def _read_field(archive: zipfile.ZipFile, field: str, max_bytes: int, limit: str) -> np.ndarray:
+def read_field(archive: zipfile.ZipFile, field: str, max_bytes: int, limit: str) -> np.ndarray:
     """Field ``field`` of an ``.npz``, stored or compressed, read no further than its header's shape needs.
 
     Refused before its data is read (or inflated) when that shape needs more than ``max_bytes`` (``limit`` says
@@ -187,23 +187,23 @@ def _read_field(archive: zipfile.ZipFile, field: str, max_bytes: int, limit: str
             raise ValueError(f"field {field} holds Python objects (dtype {dtype}), which are never loaded "
                              f"(allow_pickle=False)")
         if len(shape) > 1:
-            raise _FieldError(f"field {field} has shape {list(shape)}, expected one dimension at most")
+            raise FieldError(f"field {field} has shape {list(shape)}, expected one dimension at most")
         size = math.prod(shape) * dtype.itemsize
         if size > max_bytes:
-            raise _FieldError(f"field {field} claims {size} bytes, {limit}")
+            raise FieldError(f"field {field} claims {size} bytes, {limit}")
         data = f.read(size)
         if len(data) != size:
-            raise _FieldError(f"field {field} holds {len(data)} bytes, its shape {list(shape)} needs {size}")
+            raise FieldError(f"field {field} holds {len(data)} bytes, its shape {list(shape)} needs {size}")
         if f.read(1):
-            raise _FieldError(f"field {field} holds more bytes than its shape {list(shape)} needs")
+            raise FieldError(f"field {field} holds more bytes than its shape {list(shape)} needs")
     return np.frombuffer(data, dtype=dtype).reshape(shape)
 
 
 def _check_bits(dtype: np.dtype, shape: tuple[int, ...], needed: int) -> None:
     if dtype != np.uint8 or len(shape) != 1:
-        raise _FieldError(f"field bits is {dtype} with shape {list(shape)}, expected 1-D uint8")
+        raise FieldError(f"field bits is {dtype} with shape {list(shape)}, expected 1-D uint8")
     if shape[0] != needed:
-        raise _FieldError(f"field bits holds {shape[0]} bytes, the shapes need {needed}")
+        raise FieldError(f"field bits holds {shape[0]} bytes, the shapes need {needed}")
 
 
 def _member_data_offset(f, info: zipfile.ZipInfo) -> int:
@@ -211,7 +211,7 @@ def _member_data_offset(f, info: zipfile.ZipInfo) -> int:
     f.seek(info.header_offset)
     local_header = f.read(30)
     if len(local_header) != 30 or local_header[:4] != b"PK\x03\x04":
-        raise _FieldError(f"field {info.filename.removesuffix('.npy')} has a damaged zip header")
+        raise FieldError(f"field {info.filename.removesuffix('.npy')} has a damaged zip header")
     name_length, extra_length = struct.unpack("<HH", local_header[26:30])
     return info.header_offset + 30 + name_length + extra_length
 
@@ -220,7 +220,7 @@ def _check_crc(info: zipfile.ZipInfo, crc: int) -> None:
     """Refuses a member whose bytes do not give the CRC-32 the archive records for it (its central directory's,
     the one ``zipfile`` checks)."""
     if crc != info.CRC:
-        raise _FieldError(f"field {info.filename.removesuffix('.npy')} fails its CRC-32 check (the archive records "
+        raise FieldError(f"field {info.filename.removesuffix('.npy')} fails its CRC-32 check (the archive records "
                           f"{info.CRC:08x}, its bytes give {crc:08x}): the file was damaged after it was written")
 
 
@@ -230,7 +230,7 @@ def _bits(archive: zipfile.ZipFile, path: Path, needed: int) -> np.ndarray:
     the bytes mapped: a step's 8.4 MB in 0.16 ms with zlib-ng)."""
     info = archive.getinfo("bits.npy")
     if info.compress_type != zipfile.ZIP_STORED:
-        bits = _read_field(archive, "bits", needed, f"the shapes need {needed}")
+        bits = read_field(archive, "bits", needed, f"the shapes need {needed}")
         _check_bits(bits.dtype, bits.shape, needed)
         return bits
     with open(path, "rb") as f:
@@ -242,7 +242,7 @@ def _bits(archive: zipfile.ZipFile, path: Path, needed: int) -> np.ndarray:
         header = f.read(offset - header_at)
     _check_bits(dtype, shape, needed)
     if info.file_size != len(header) + needed:
-        raise _FieldError(f"field bits is recorded as {info.file_size} bytes, its header and shapes make "
+        raise FieldError(f"field bits is recorded as {info.file_size} bytes, its header and shapes make "
                           f"{len(header) + needed}")
     bits = np.memmap(path, dtype=np.uint8, mode="r", offset=offset, shape=shape) if needed else np.empty(0, np.uint8)
     _check_crc(info, crc32(bits, crc32(header)))
@@ -259,17 +259,17 @@ def _read_packed_fields(archive: zipfile.ZipFile, path: Path) -> tuple[list[str]
     present = set(archive.namelist())
     for key in ("format_version", "names", "ndims", "dims", "bits"):
         if f"{key}.npy" not in present:
-            raise _FieldError(f"field {key} is missing from the direction archive")
-    version = _read_field(archive, "format_version", 8, "a version number needs 8")
+            raise FieldError(f"field {key} is missing from the direction archive")
+    version = read_field(archive, "format_version", 8, "a version number needs 8")
     if version.shape != () or version.dtype.kind not in "iu" or int(version) != PACKED_FORMAT_VERSION:
-        raise _FieldError(f"field format_version = {version.tolist()}, expected {PACKED_FORMAT_VERSION}")
-    names, ndims, dims = (_read_field(archive, key, MAX_METADATA_BYTES, _METADATA_LIMIT)
+        raise FieldError(f"field format_version = {version.tolist()}, expected {PACKED_FORMAT_VERSION}")
+    names, ndims, dims = (read_field(archive, key, MAX_METADATA_BYTES, _METADATA_LIMIT)
                           for key in ("names", "ndims", "dims"))
     if names.dtype.kind != "U" or ndims.dtype.kind not in "iu" or dims.dtype.kind not in "iu":
-        raise _FieldError(f"fields names/ndims/dims are {names.dtype}/{ndims.dtype}/{dims.dtype}, expected text "
+        raise FieldError(f"fields names/ndims/dims are {names.dtype}/{ndims.dtype}/{dims.dtype}, expected text "
                           f"and integers")
     if len(ndims) != len(names) or sum(ndims.tolist()) != len(dims) or (dims < 0).any() or (ndims < 0).any():
-        raise _FieldError(f"fields names/ndims/dims disagree ({len(names)} names, {len(ndims)} ndims, "
+        raise FieldError(f"fields names/ndims/dims disagree ({len(names)} names, {len(ndims)} ndims, "
                           f"{len(dims)} dims)")
     shapes = [tuple(dims[piece].tolist()) for piece in consecutive_slices(ndims.tolist())]
     pieces = packed_slices(math.prod(shape) for shape in shapes)
@@ -283,7 +283,7 @@ def open_packed(path: Path) -> dict[str, StoredDirection]:
     try:
         with zipfile.ZipFile(path) as archive:
             names, shapes, bits = _read_packed_fields(archive, path)
-    except _FieldError as e:
+    except FieldError as e:
         raise DamagedFile(path, str(e)) from None
     except Exception as e:  # zip or npy header damage, truncation, a CRC that zipfile checks, pickled objects
         raise DamagedFile(path, f"not a readable direction archive ({e})") from e
@@ -376,7 +376,7 @@ def _central_crc_at(f, archive: zipfile.ZipFile, member: str) -> int:
             return at + 16
         f.seek(at + 28)
         at += 46 + sum(struct.unpack("<HHH", f.read(6)))
-    raise _FieldError(f"field {member.removesuffix('.npy')} is missing from the direction archive")
+    raise FieldError(f"field {member.removesuffix('.npy')} is missing from the direction archive")
 
 
 class LaidOutReader:
@@ -423,8 +423,8 @@ def step_compute_format(step_dir: str | os.PathLike) -> str | None:
         with zipfile.ZipFile(refuse_symlink(path)) as archive:
             if f"{COMPUTE_FORMAT}.npy" not in archive.namelist():
                 return None
-            value = _read_field(archive, COMPUTE_FORMAT, 64, "more than a format's name needs")
-    except _FieldError as e:
+            value = read_field(archive, COMPUTE_FORMAT, 64, "more than a format's name needs")
+    except FieldError as e:
         raise DamagedFile(path, str(e)) from None
     except Exception as e:  # zip or npy header damage, truncation, a CRC that zipfile checks, pickled objects
         raise DamagedFile(path, f"not a readable direction archive ({e})") from e

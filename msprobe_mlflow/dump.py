@@ -4,6 +4,7 @@
 {dump_path}/rank{R}/grad_summary_{S}.csv       every level (UTF-8 with BOM, CRLF)
 {dump_path}/rank{R}/step{S}/directions.npz     L1/L2, packed form (ours)
 {dump_path}/rank{R}/step{S}/{param}.npy        L1/L2, msprobe's boolean form
+{dump_path}/rank{R}/exponents_{S}.npz          L2, ours: the elements at each binary exponent (exponents.py)
 {dump_path}/rank{R}/findings/                  ours: what the live sinks found (live verdict, anomaly flags)
 {dump_path}/rank{R}/training_id                 ours: the ID of the training that writes this rank folder
 {dump_path}/rank{R}/training.lock               ours: there while a training writes this rank folder, locked by it
@@ -16,7 +17,8 @@ A dump holds one training's steps: a monitor sets aside what another training le
 a writer that records no training ID: :func:`check_one_training`).
 
 In a run, ``grad_probe/rank{R}/steps_{ranges}.zip`` (``archive_every_n_steps``; ``steps_0-9_12.zip`` holds steps 0
-to 9 and 12) stands for those steps' ``grad_summary_{S}.csv`` and ``step{S}/directions.npz``, under these names:
+to 9 and 12) stands for those steps' ``grad_summary_{S}.csv``, ``step{S}/directions.npz`` and
+``exponents_{S}.npz``, under these names:
 one request per archive instead of two per step. Readers of a run expand it into this layout.
 
 A run's ``grad_probe/`` artifacts mirror this tree, so the names and their parsers below serve both: the
@@ -46,6 +48,7 @@ except ImportError:  # Windows: no lock file, so no training is ever taken for a
 
 from msprobe_mlflow.config import GradProbeConfig
 from msprobe_mlflow.directions import PACKED_FILE_NAME, write_npy, write_packed
+from msprobe_mlflow.exponents import exponents_file_name, write_exponents
 from msprobe_mlflow.levels import LEVELS, MD5_COLUMN
 from msprobe_mlflow.records import StepRecord
 from msprobe_mlflow.safe_paths import atomic_write_bytes, confined_path, refuse_symlink
@@ -145,6 +148,10 @@ def summary_csv_path(dump_path: str | os.PathLike, rank: int, step: int) -> Path
     return Path(dump_path) / relative_summary_path(rank, step)
 
 
+def exponents_path(dump_path: str | os.PathLike, rank: int, step: int) -> Path:
+    return rank_dir(dump_path, rank) / exponents_file_name(step)
+
+
 def step_dir(dump_path: str | os.PathLike, rank: int, step: int) -> Path:
     return Path(dump_path) / relative_step_dir(rank, step)
 
@@ -219,11 +226,16 @@ def read_csv(path: str | os.PathLike) -> list[list[str]]:
 
 
 def write_step(dump_path: str | os.PathLike, record: StepRecord, direction_format: str = "packed") -> list[Path]:
-    """Writes one step's summary CSV (and directions at L1/L2); returns the files written, CSV first.
+    """Writes one step's summary CSV (and directions at L1/L2, exponent counts at L2); returns the files written,
+    CSV first.
 
-    Directions are written before the CSV, so a CSV on disk means its step is complete.
+    Directions and exponents are written before the CSV, so a CSV on disk means its step is complete.
     """
     written = []
+    if record.exponent_counts is not None:
+        path = exponents_path(dump_path, record.rank, record.step)
+        write_exponents(path, record.names, record.exponent_counts)
+        written.append(path)
     if record.directions is not None:
         folder = step_dir(dump_path, record.rank, record.step)
         if direction_format == "packed":
@@ -240,8 +252,9 @@ def write_step(dump_path: str | os.PathLike, record: StepRecord, direction_forma
 
 def write_steps_archive(dump_path: str | os.PathLike, rank: int, steps: list[int], folder: Path,
                         packed_directions) -> Path:
-    """Writes ``folder/steps_{ranges}.zip`` holding each step's CSV and packed directions under their dump names
-    (``grad_summary_{S}.csv``, ``step{S}/directions.npz``). ``packed_directions(step_folder, scratch)`` gives the
+    """Writes ``folder/steps_{ranges}.zip`` holding each step's CSV, packed directions and exponent counts under
+    their dump names (``grad_summary_{S}.csv``, ``step{S}/directions.npz``, ``exponents_{S}.npz``; the last two
+    where the step has them). ``packed_directions(step_folder, scratch)`` gives the
     step's packed file (an msprobe ``.npy`` folder is packed on the way). The CSVs are deflated; the directions are
     stored as they are: sign bits do not compress (deflate kept 100.0% of them at 26 ms per MB of CPU)."""
     path = folder / relative_archive_path(rank, steps).rsplit("/", 1)[-1]
@@ -251,6 +264,9 @@ def write_steps_archive(dump_path: str | os.PathLike, rank: int, steps: list[int
             if directions.is_dir():
                 archive.write(packed_directions(directions, folder), f"{STEP_PREFIX}{step}/{PACKED_FILE_NAME}",
                               zipfile.ZIP_STORED)
+            exponents = exponents_path(dump_path, rank, step)
+            if exponents.exists():  # compressed already
+                archive.write(refuse_symlink(exponents), exponents.name, zipfile.ZIP_STORED)
             archive.write(refuse_symlink(summary_csv_path(dump_path, rank, step)),
                           f"{SUMMARY_PREFIX}{step}{SUMMARY_SUFFIX}")
     return path
@@ -258,20 +274,22 @@ def write_steps_archive(dump_path: str | os.PathLike, rank: int, steps: list[int
 
 def extract_steps_archive(path: Path, rank_folder: Path) -> list[int]:
     """Expands an archive of :func:`write_steps_archive` into ``rank_folder``; returns its steps. Only the names
-    its file name announces are accepted (``grad_summary_{S}.csv``, ``step{S}/directions.npz``), each at most
+    its file name announces are accepted (``grad_summary_{S}.csv``, ``step{S}/directions.npz``,
+    ``exponents_{S}.npz``), each at most
     ``MAX_ARCHIVE_MEMBER_BYTES``; anything else is refused with the member named, before a file is written."""
     steps = parse_archive_name(path.name)
     if steps is None:
         raise ValueError(f"{path}: not a steps archive name (expected steps_<ranges>.zip, e.g. steps_0-9_12.zip)")
     allowed = {f"{SUMMARY_PREFIX}{s}{SUMMARY_SUFFIX}" for s in steps} | {
-        f"{STEP_PREFIX}{s}/{PACKED_FILE_NAME}" for s in steps}
+        f"{STEP_PREFIX}{s}/{PACKED_FILE_NAME}" for s in steps} | {exponents_file_name(s) for s in steps}
     try:
         with zipfile.ZipFile(refuse_symlink(path)) as archive:
             members = archive.infolist()
             for member in members:
                 if member.filename not in allowed:
                     raise ValueError(f"{path}: member {member.filename!r} is not one of the step files its name "
-                                     f"announces (grad_summary_<S>.csv, step<S>/{PACKED_FILE_NAME})")
+                                     f"announces (grad_summary_<S>.csv, step<S>/{PACKED_FILE_NAME}, "
+                                     f"{exponents_file_name('<S>')})")
                 if member.file_size > MAX_ARCHIVE_MEMBER_BYTES:
                     raise ValueError(f"{path}: member {member.filename!r} is {member.file_size} bytes uncompressed; "
                                      f"at most {MAX_ARCHIVE_MEMBER_BYTES} are accepted")

@@ -10,6 +10,8 @@ order:
 - ``cumulative_counts`` (levels with buckets: L2): the number of elements ``x <= b`` for each float32 bound ``b``,
   then the number ``x == 0`` (``-0.0`` included). Buckets are differences of those counts, so NaN and +inf land in
   the last bucket.
+- ``exponent_counts`` (levels with exponents: L2): the elements at each binary exponent, then zeros, then
+  non-finite ones (:func:`msprobe_mlflow.statistics_table.exponent_counts`);
 - ``extra`` (only with opt-in statistics, ``extra`` names from
   :data:`msprobe_mlflow.statistics_table.EXTRA`): each one's reduced value, in the order of the names;
 - ``checksum`` (only with ``checksum=True``, at L0): the device checksum of the float32 values (see
@@ -31,10 +33,11 @@ from typing import Iterable
 import numpy as np
 
 from msprobe_mlflow.levels import LEVELS, Level
-from msprobe_mlflow.statistics_table import extra_statistics, packed_length
+from msprobe_mlflow.statistics_table import EXPONENT_BINS, extra_statistics, packed_length
 
 EXTREMES = "extremes"
 CUMULATIVE_COUNTS = "cumulative_counts"
+EXPONENT_COUNTS = "exponent_counts"
 EXTRA = "extra"
 CHECKSUM = "checksum"
 CHECKSUMS = ("md5", "mix64")  # what L0's MD5 column holds: msprobe's MD5 (on the host), or the device checksum
@@ -94,6 +97,8 @@ class StatisticsLayout:
         sections = [Section(EXTREMES, 3)]
         if self.level.has_buckets:
             sections.append(Section(CUMULATIVE_COUNTS, len(self.bounds) + 1))
+        if self.level.has_exponents:
+            sections.append(Section(EXPONENT_COUNTS, EXPONENT_BINS))
         if self.extra:
             sections.append(Section(EXTRA, len(self.extra)))
         if self.checksum:

@@ -31,12 +31,15 @@ class Level:
 
     ``has_md5``: the MD5 of the gradient's float32 bytes. ``has_directions``: the sign of every element
     (``step{S}/`` files). ``has_buckets``: the fraction of elements in each bucket of ``bounds`` and equal to 0.
+    ``has_exponents`` (ours, not in msprobe's CSV): the elements at each binary exponent
+    (:func:`msprobe_mlflow.statistics_table.exponent_counts`), kept beside the directions.
     """
 
     name: str
     has_md5: bool = False
     has_directions: bool = False
     has_buckets: bool = False
+    has_exponents: bool = False
 
     @property
     def own_columns(self) -> list[str]:
@@ -48,7 +51,7 @@ class Level:
 LEVELS: dict[str, Level] = {level.name: level for level in (
     Level("L0", has_md5=True),
     Level("L1", has_directions=True),
-    Level("L2", has_directions=True, has_buckets=True),
+    Level("L2", has_directions=True, has_buckets=True, has_exponents=True),
 )}
 
 

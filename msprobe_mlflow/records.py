@@ -11,8 +11,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from msprobe_mlflow.layout import (CHECKSUM, CHECKSUM_PREFIX, CUMULATIVE_COUNTS, EXTRA, EXTREMES, StatisticsLayout,
-                                   consecutive_slices, packed_slices)
+from msprobe_mlflow.layout import (CHECKSUM, CHECKSUM_PREFIX, CUMULATIVE_COUNTS, EXPONENT_COUNTS, EXTRA, EXTREMES,
+                                   StatisticsLayout, consecutive_slices, packed_slices)
 from msprobe_mlflow.levels import LEVELS, csv_header
 from msprobe_mlflow.statistics_table import PARAMETER_NORM, extra_statistics, md5_hex
 
@@ -29,6 +29,8 @@ class StepRecord:
     ``directions`` holds ``grad > 0`` bit-packed (``np.packbits`` order) per parameter, each padded to a byte,
     concatenated in model order (L1 and L2 only). ``skipped_directions``: the level records directions but this
     step has none (a statistics-only step of the always-on tier, ``msprobe_mlflow.monitoring.directions_schedule``).
+    ``exponent_counts[i]``: the elements of parameter ``i`` at each binary exponent (L2; int64 rows of
+    :data:`~msprobe_mlflow.statistics_table.EXPONENT_BINS`, not in the CSV).
     ``extra``: each opt-in statistic's float32 column (:mod:`msprobe_mlflow.statistics_table`), by name.
     ``summary_csv``: the step's ``grad_summary`` bytes, kept by ``dump.summary_csv_bytes`` so that the sinks that
     read them back (metrics) do not format them again on the writer thread. ``compute_format``: the coarsest format
@@ -50,6 +52,7 @@ class StepRecord:
     directions: np.ndarray | None = None
     skipped_directions: bool = False
     extra: dict[str, np.ndarray] | None = None
+    exponent_counts: np.ndarray | None = None
     summary_csv: bytes | None = field(default=None, repr=False, compare=False)  # set once written: sinks reuse it
     compute_format: str | None = None
     anomaly_flags: list | Exception | None = field(default=None, repr=False, compare=False)  # set where judged
@@ -125,6 +128,8 @@ def record_from_statistics(*, rank: int, step: int, level: str, bounds, names: l
         numels = np.array(layout.numels, dtype=np.int64)[:, None]
         record.bucket_counts = np.diff(cumulative[:, :-1], axis=1, prepend=0, append=numels)
         record.zero_counts = cumulative[:, -1]
+    if layout.level.has_exponents:
+        record.exponent_counts = sections[EXPONENT_COUNTS].astype(np.int64)
     if layout.extra:
         record.extra = {statistic.name: np.array([statistic.finish(float(reduced), numel) for reduced, numel
                                                   in zip(sections[EXTRA][:, column], layout.numels)], np.float32)

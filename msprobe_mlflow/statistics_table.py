@@ -10,6 +10,7 @@ and the helpers all backends share (bit weights, padding to a byte, float32 boun
 | zero_count   | cumulative_counts   | x == 0      | sum       | ``=0`` share          | ``share of .../exactly 0``  |
 | signs        | signs buffer        | x > 0       | packbits  | ``step{S}/`` files    |                             |
 | md5          | float32 values      | float32 x   | MD5       | ``MD5``               |                             |
+| exponents    | exponent_counts     | exponent(x) | count     | ``step{S}/`` archive  | format losses (L2)          |
 
 Elements are compared in float32 (bf16/fp16 widened exactly) or float64; max and min are NaN for an empty gradient
 or one holding NaN, and +0.0 is above -0.0; MindSpore's backend keeps MindSpore's own answer, the first zero of
@@ -29,6 +30,11 @@ here and its expectations in ``tests/test_statistic_table.py``.
 parameter itself as the optimizer is about to update it, in the column after the gradient's. A weight that changes
 without a gradient that moved it (a corrupted weight, a wrong checkpoint shard) is invisible in the gradients at the
 step it happens (the layer feeding it changes most) and shows there, in one column.
+
+Exponent counts (L2) are how many elements sit at each binary exponent ``floor(log2|x|)``: where the gradients lie
+against the range of each number format (:mod:`msprobe_mlflow.formats`). One bin per exponent from
+:data:`EXPONENT_LOW` to :data:`EXPONENT_HIGH` (clamped there: below float32's least subnormal, at or above its
+overflow: every format loses those alike), then zeros (``-0.0`` too) and non-finite elements (inf and NaN).
 """
 from __future__ import annotations
 
@@ -41,6 +47,9 @@ import numpy as np
 
 BIT_WEIGHTS = (128, 64, 32, 16, 8, 4, 2, 1)  # np.packbits order: the first element in the high bit
 REDUCTIONS = ("sum", "max", "min")
+EXPONENT_LOW, EXPONENT_HIGH = -150, 128  # 2**-149 is float32's least subnormal, 2**128 its overflow
+EXPONENT_BINS = EXPONENT_HIGH - EXPONENT_LOW + 3  # one per exponent, then zero, then non-finite
+ZERO_BIN, NON_FINITE_BIN = EXPONENT_BINS - 2, EXPONENT_BINS - 1
 
 
 def byte_padding(numel: int) -> int:
@@ -154,11 +163,24 @@ def _rounded_to(value: np.float32, dtype: str) -> np.float32:
     return value
 
 
+def exponent_counts(compared: np.ndarray) -> np.ndarray:
+    """The numpy reference of the exponent counts (see the module docstring) of the compared values: int64, one
+    row of :data:`EXPONENT_BINS`. ``np.frexp`` gives ``|x| = m * 2**e`` with ``0.5 <= m < 1``, so
+    ``floor(log2|x|) = e - 1``, subnormals included."""
+    finite = compared[np.isfinite(compared) & (compared != 0)]
+    exponents = np.clip(np.frexp(np.abs(finite))[1].astype(np.int64) - 1, EXPONENT_LOW, EXPONENT_HIGH)
+    counts = np.bincount(exponents - EXPONENT_LOW, minlength=EXPONENT_BINS)
+    counts[ZERO_BIN] = np.sum(compared == 0)
+    counts[NON_FINITE_BIN] = np.sum(~np.isfinite(compared))
+    return counts
+
+
 def reference(values: np.ndarray, bounds, extra=(), dtype: str | None = None) -> dict:
     """What every backend must record for one gradient of ``dtype`` (``bfloat16``, ``float16``, ``float32``,
     ``float64``; default: that of ``values``) whose values, exactly, are ``values``: ``max, min, norm`` (float32,
     the norm rounded to a bf16/fp16 dtype), ``bucket_counts`` (right-closed, NaN and +inf in the last),
-    ``zero_count``, ``signs`` (packed), ``md5`` (of the float32 bytes) and each of the ``extra`` statistics."""
+    ``zero_count``, ``exponent_counts``, ``signs`` (packed), ``md5`` (of the float32 bytes) and each of the
+    ``extra`` statistics."""
     values = np.asarray(values).reshape(-1)
     compared = values.astype(np.float64 if (dtype or values.dtype.name) == "float64" else np.float32)
     bounds32 = np.array(float32_bounds(bounds), compared.dtype)
@@ -170,6 +192,7 @@ def reference(values: np.ndarray, bounds, extra=(), dtype: str | None = None) ->
         "norm": _rounded_to(norm, dtype or values.dtype.name),
         "bucket_counts": np.diff(cumulative, prepend=0, append=values.size).tolist(),
         "zero_count": int(np.sum(compared == 0)),
+        "exponent_counts": exponent_counts(compared),
         "signs": np.packbits(compared > 0),
         "md5": md5_hex(compared),
     }

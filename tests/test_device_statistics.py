@@ -9,6 +9,7 @@ import torch
 
 from msprobe_mlflow.layout import StatisticsLayout
 from msprobe_mlflow.levels import LEVELS
+from msprobe_mlflow.statistics_table import EXPONENT_LOW, ZERO_BIN, exponent_counts
 from msprobe_mlflow.torch_kernels.statistics import ROW, StatisticsCache, _device_statistics, _host_statistics
 
 
@@ -47,7 +48,12 @@ def test_host_path_counts_match_numpy_by_hand():
                                             [np.float32(b) for b in (-1, 0, 1)])
     # max, min are NaN (NaN propagates); counts of x <= -1, <= 0, <= 1 and == 0 exclude the NaN.
     assert np.isnan(statistics[0]) and np.isnan(statistics[1])
-    assert statistics[3:].tolist() == [2, 5, 7, 2]
+    assert statistics[3:7].tolist() == [2, 5, 7, 2]
+    # exponents: -2.0 and 3.0 at 1; -1.0 and 1.0 at 0; -0.5 at -1; 0.25 at -2; then 2 zeros and the NaN.
+    exponents = statistics[7:]
+    assert {EXPONENT_LOW + b: int(exponents[b]) for b in np.flatnonzero(exponents[:ZERO_BIN])} == \
+        {1: 2, 0: 2, -1: 1, -2: 1}
+    assert exponents[ZERO_BIN:].tolist() == [2, 1]
     assert signs.tolist() == [np.packbits([0, 0, 0, 0, 0, 1, 1, 1, 0])[0], 0]
 
 
@@ -81,7 +87,7 @@ def test_gradients_across_kernel_blocks_and_batched_small_ones_give_numpy_number
     grads = awkward_gradients()[1:] + [torch.randn(n, generator=generator) for n in sizes] + [torch.randn(3, 17)]
     bounds = [np.float32(b) for b in (-1, 0, 1)]
     found, signs, _ = _host_statistics(grads, LEVELS[level], bounds)
-    rows, counts, packed = [], [], []
+    rows, counts, packed, exponents = [], [], [], []
     for grad in grads:
         values = grad.float().numpy().ravel() if grad.dtype != torch.float64 else grad.numpy().ravel()
         with np.errstate(invalid="ignore"):
@@ -89,7 +95,9 @@ def test_gradients_across_kernel_blocks_and_batched_small_ones_give_numpy_number
         rows.append([np.float32(high), np.float32(low), np.float32(torch.linalg.vector_norm(grad).float())])
         counts += [np.count_nonzero(values <= b) for b in bounds] + [np.count_nonzero(values == 0)]
         packed.append(np.packbits(values > 0))
-    expected = np.concatenate([np.array(rows, np.float64).reshape(-1), counts if level == "L2" else []])
+        exponents.append(exponent_counts(values))
+    expected = np.concatenate([np.array(rows, np.float64).reshape(-1), *([counts, np.concatenate(exponents)]
+                                                                         if level == "L2" else [])])
     np.testing.assert_array_equal(found, expected)
     np.testing.assert_array_equal(signs, np.concatenate(packed))
 

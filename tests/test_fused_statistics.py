@@ -18,7 +18,7 @@ def arrays_of(sizes, dtype, seed=0):
 def computed(arrays, bounds=BOUNDS):
     offsets = np.cumsum([0] + [(a.size + 7) // 8 for a in arrays])
     signs = np.full(offsets[-1], 0xAA, np.uint8)  # every byte must be written
-    maxima, minima, counts, norms = fused.statistics(arrays, bounds, with_counts=True, with_signs=True,
+    maxima, minima, counts, norms, _ = fused.statistics(arrays, bounds, with_counts=True, with_signs=True,
                                                      sign_offsets=list(offsets[:-1]), signs=signs, with_norms=True)
     return maxima, minima, counts, norms, [signs[offsets[i]:offsets[i + 1]] for i in range(len(arrays))]
 

@@ -23,8 +23,10 @@ from mindspore import Parameter, Tensor, mint, nn, ops  # noqa: E402
 from gradient_expectations import EXPECTED_L1, EXPECTED_L2
 from msprobe_mlflow.config import GradProbeConfig
 from msprobe_mlflow.directions import read_step_directions
-from msprobe_mlflow.dump import read_summary, step_dir, summary_csv_path, summary_steps
+from msprobe_mlflow.dump import exponents_path, read_summary, step_dir, summary_csv_path, summary_steps
+from msprobe_mlflow.exponents import read_exponents
 from msprobe_mlflow.mindspore import GradientMonitor, PrecisionDebugger
+from msprobe_mlflow.statistics_table import exponent_counts
 
 REPO = Path(__file__).resolve().parents[1]
 MODES = {"pynative": ms.PYNATIVE_MODE, "graph": ms.GRAPH_MODE}
@@ -209,6 +211,9 @@ def test_training_rows_and_directions_equal_numpy_on_the_captured_gradients(rest
             shape, bits = directions[name]
             assert shape == grad.shape
             np.testing.assert_array_equal(np.unpackbits(bits, count=grad.size).astype(bool), (grad > 0).ravel())
+        names, exponents = read_exponents(exponents_path(tmp_path, 0, step))
+        assert names == list(grads)
+        np.testing.assert_array_equal(exponents, [exponent_counts(grad) for grad in grads.values()])
 
 
 @pytest.mark.parametrize("mode_name, style", [("pynative", "direct"), ("graph", "jit")])

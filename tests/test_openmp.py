@@ -79,7 +79,7 @@ def test_the_statistics_are_the_same_on_either_kind_of_thread(torch_threads, thr
             if not parallel:
                 patch.setattr(fused, "worker_threads", lambda: 1)
             out = fused.statistics(arrays, [-1, 0, 1], with_counts=True, with_signs=True, sign_offsets=offsets,
-                                   signs=signs, with_norms=True)
+                                   signs=signs, with_norms=True, with_exponents=True)
         results.append([*out, signs])
     for one_core, spread in zip(*results):
         assert one_core.tobytes() == spread.tobytes()

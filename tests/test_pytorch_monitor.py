@@ -16,8 +16,10 @@ import torch
 from gradient_expectations import INF, NAN, ROUND_TO, assert_row, expected_row, read_rows
 from msprobe_mlflow.config import GradProbeConfig
 from msprobe_mlflow.directions import read_step_directions
+from msprobe_mlflow.exponents import read_exponents
 from msprobe_mlflow.pytorch import GradientMonitor, PrecisionDebugger
 from msprobe_mlflow.session import ProbeSession
+from msprobe_mlflow.statistics_table import exponent_counts
 
 
 # ---------------------------------------------------------------- models and steps
@@ -89,6 +91,12 @@ def test_rows_and_directions_match_numpy_at_each_level_over_two_steps(tmp_path, 
         assert list(rows) == ["fc1.weight", "fc1.bias", "fc2.weight"]
         for name, values in grads.items():
             assert_row(rows[name], header, expected_row(values, level))
+        exponents = tmp_path / "rank0" / f"exponents_{step}.npz"
+        assert exponents.exists() == (level == "L2")
+        if level == "L2":
+            names, counts = read_exponents(exponents)
+            assert names == list(grads)
+            np.testing.assert_array_equal(counts, [exponent_counts(values) for values in grads.values()])
         step_dir = tmp_path / "rank0" / f"step{step}"
         if level == "L0":
             assert not step_dir.exists()

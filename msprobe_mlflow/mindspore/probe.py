@@ -63,6 +63,7 @@ class GradientProbe(nn.Cell):
         self.has_md5 = self.layout.level.has_md5
         self.has_directions = self.layout.level.has_directions
         self.has_buckets = self.layout.level.has_buckets
+        self.has_exponents = self.layout.level.has_exponents
         self.bounds32 = float32_bounds(bounds)
         self.rank_wanted = bool(rank_wanted)
         self.has_parameters = self.layout.count > 0
@@ -110,7 +111,7 @@ class GradientProbe(nn.Cell):
     def _write(self, gradients, step):
         if self.has_parameters:
             ops.assign(self.statistics, gradient_statistics(gradients, self.selected, self.has_buckets,
-                                                            self.bounds32, self.extra))
+                                                            self.bounds32, self.extra, self.has_exponents))
             if self.with_parameter_norms:
                 ops.assign(self.parameter_norms, parameter_norms(self.weights, self.selected))
             if self.has_values:
@@ -141,7 +142,7 @@ class GradientProbe(nn.Cell):
         samples = tuple(ms.Tensor(np.linspace(-2.0, 2.0, 9), dtype) for dtype in dict.fromkeys(dtypes))
         if samples:
             _statistics_graph(ms.mutable(samples), (True,) * len(samples), self.has_buckets, self.bounds32,
-                              self.extra)
+                              self.extra, self.has_exponents)
             if self.with_parameter_norms:
                 _parameter_norms_graph(ms.mutable(samples), (True,) * len(samples))
 
@@ -190,8 +191,8 @@ def probe_settings(selected, shapes, *, level: str, bounds, steps, rank_wanted: 
 
 
 @ms.jit
-def _statistics_graph(grads, selected, has_buckets, bounds32, extra=()):
-    return (gradient_statistics(grads, selected, has_buckets, bounds32, extra), pack_signs(grads, selected),
+def _statistics_graph(grads, selected, has_buckets, bounds32, extra=(), has_exponents=False):
+    return (gradient_statistics(grads, selected, has_buckets, bounds32, extra, has_exponents), pack_signs(grads, selected),
             float32_values(grads, selected))
 
 

@@ -21,7 +21,8 @@ import mindspore as ms
 from mindspore import mint, ops
 
 from msprobe_mlflow.layout import EXTREMES, StatisticsLayout
-from msprobe_mlflow.statistics_table import BIT_WEIGHTS, EXTRA as EXTRA_STATISTICS, Statistic, byte_padding
+from msprobe_mlflow.statistics_table import (BIT_WEIGHTS, EXPONENT_BINS, EXPONENT_HIGH, EXPONENT_LOW, EXTRA as
+                                             EXTRA_STATISTICS, NON_FINITE_BIN, ZERO_BIN, Statistic, byte_padding)
 
 _COMPARISON_MATRIX_LIMIT = 1 << 24  # booleans: a 16 MiB temporary
 _NAN = ms.Tensor(np.nan, ms.float64)
@@ -43,6 +44,7 @@ def _scalar64(value):
 _map = ops.HyperMap()
 _extremes_and_norm = ops.MultitypeFuncGraph("msprobe_mlflow_extremes_and_norm")
 _bucket_counts = ops.MultitypeFuncGraph("msprobe_mlflow_bucket_counts")
+_exponent_counts = ops.MultitypeFuncGraph("msprobe_mlflow_exponent_counts")
 _sign_bits = ops.MultitypeFuncGraph("msprobe_mlflow_sign_bits")
 _flat_float32 = ops.MultitypeFuncGraph("msprobe_mlflow_flat_float32")
 _norm = ops.MultitypeFuncGraph("msprobe_mlflow_norm")
@@ -83,6 +85,31 @@ def _bucket_counts_of(bounds32, selected, grad):
         counts.append(ops.reshape(mint.sum(comparable <= bound, dtype=ms.int64), (1,)))
     counts.append(zeros)
     return mint.cat(counts)
+
+
+_LN2 = float(np.log(2.0))
+
+
+@_exponent_counts.register("Bool", "Tensor")
+def _exponent_counts_of(selected, grad):
+    """The elements at each binary exponent, then zeros, then non-finite ones
+    (:func:`msprobe_mlflow.statistics_table.exponent_counts`), float64. MindSpore has no bit view of a float in a
+    graph and no CPU ``log2``: ``floor(ln|x| / ln 2)`` in float64, moved by one where ``2**e`` says it missed (a
+    float64 next to a power of two), then one ``unsorted_segment_sum`` of ones (its CPU kernel has no
+    ``scatter_add``)."""
+    if not selected:
+        return mint.zeros((0,), dtype=ms.float64)
+    if grad.size == 0:
+        return mint.zeros((EXPONENT_BINS,), dtype=ms.float64)
+    magnitude = mint.abs(ops.reshape(_comparable(grad), (-1,)).astype(ms.float64))
+    finite, nonzero = mint.isfinite(magnitude), magnitude > 0
+    safe = mint.where(finite & nonzero, magnitude, 1.0)
+    exponent = mint.floor(mint.log(safe) / _LN2)
+    exponent = exponent - (safe < mint.pow(2.0, exponent)).astype(ms.float64)
+    exponent = exponent + (safe >= mint.pow(2.0, exponent + 1)).astype(ms.float64)
+    bins = mint.where(nonzero, mint.clamp(exponent, EXPONENT_LOW, EXPONENT_HIGH) - EXPONENT_LOW, float(ZERO_BIN))
+    bins = mint.where(finite, bins, float(NON_FINITE_BIN)).astype(ms.int32)
+    return ops.unsorted_segment_sum(mint.ones(bins.shape, dtype=ms.int32), bins, EXPONENT_BINS).astype(ms.float64)
 
 
 @_sign_bits.register("Bool", "Tensor")
@@ -153,15 +180,18 @@ def prepare_extra(names) -> tuple[str, ...]:
 
 
 def gradient_statistics(grads: tuple, selected: tuple, has_buckets: bool, bounds32: tuple,
-                        extra: tuple = ()) -> ms.Tensor:
+                        extra: tuple = (), has_exponents: bool = False) -> ms.Tensor:
     """One float64 vector: ``max, min, norm`` of each selected gradient (float32 values), then with buckets
     (``Level.has_buckets``, L2), per selected gradient, the number of elements ``x <= b`` for each float32 bound
-    ``b`` and the number equal to zero (``-0.0`` included), then the reductions of the ``extra`` statistics (their
-    names), per gradient. MindSpore's max and min skip NaN: :func:`propagate_nan` makes them NaN on the host."""
+    ``b`` and the number equal to zero (``-0.0`` included), then with exponents (``Level.has_exponents``) each
+    one's exponent counts, then the reductions of the ``extra`` statistics (their names), per gradient.
+    MindSpore's max and min skip NaN: :func:`propagate_nan` makes them NaN on the host."""
     statistics = mint.cat(_map(_extremes_and_norm, selected, grads))
     if has_buckets:
         counts = mint.cat(_map(ops.partial(_bucket_counts, bounds32), selected, grads)).astype(ms.float64)
         statistics = mint.cat((statistics, counts))
+    if has_exponents:
+        statistics = mint.cat((statistics, mint.cat(_map(_exponent_counts, selected, grads))))
     if extra:
         columns = [ops.reshape(mint.cat(_map(_extra_graphs[name], selected, grads)), (-1, 1)) for name in extra]
         statistics = mint.cat((statistics, ops.reshape(mint.cat(columns, dim=1), (-1,))))  # per gradient

@@ -4,7 +4,7 @@ numpy needs one call, and so one pass over memory, per statistic; here one kerne
 that fit the L1 cache: one loop over rows of 8 adds the squares in torch's own order and takes the largest and
 smallest IEEE words as integers in the element's own width (the max and min follow from them, see
 :func:`_extremes`), at the speed memory delivers the block; while it sits in the cache, vectorised loops count
-each bound and the zeros and pack the sign bits eight at a time by one multiplication. It releases the GIL:
+each bound and the zeros, pack the sign bits eight at a time by one multiplication and (L2) count the exponents. It releases the GIL:
 :func:`statistics` spreads the gradients over this rank's cores while the training thread waits in the optimizer's
 pre-hook (:func:`worker_threads`).
 """
@@ -23,6 +23,7 @@ from numba.core import cgutils
 from numba.extending import intrinsic, overload
 
 from msprobe_mlflow.compat import foreach_norm, numba_slp_vectorize, set_numba_cache_dir
+from msprobe_mlflow.statistics_table import EXPONENT_BINS, EXPONENT_HIGH, EXPONENT_LOW, NON_FINITE_BIN, ZERO_BIN
 from msprobe_mlflow.torch_kernels.openmp import on_torch_threads
 
 BLOCK = 1 << 13  # elements per block (32 KiB of float32): every loop over a block reads it from the L1 cache
@@ -32,6 +33,8 @@ _GATHER_BITS = np.uint64(0x8040201008040201)  # (8 bytes of 0/1) * this >> 56: b
 _LIMITS = {  # per dtype, in its bits' integer type: the sign bit (the smallest), the magnitude mask (the largest), +inf
     np.dtype(np.float32): np.array([-(1 << 31), 0x7FFFFFFF, 0x7F800000], np.int32),
     np.dtype(np.float64): np.array([-(1 << 63), 0x7FFFFFFFFFFFFFFF, 0x7FF0000000000000], np.int64)}
+_SUBNORMAL_BIN = EXPONENT_BINS  # float32 subnormals wait in a bin of their own for :func:`_place_subnormals`
+_TABLES = 8  # histogram copies, one per element of a row of 8: repeated exponents do not wait on each other
 CACHE_ENV = "NUMBA_CACHE_DIR"
 
 
@@ -146,11 +149,84 @@ def _pack_signs(block, positive, out):
         out[j] = np.uint8((words[j] * _GATHER_BITS) >> np.uint64(56))
 
 
+def _exponent_fields(like):
+    """The exponent field of the float whose words have ``like``'s type, as constants the compiler folds: its
+    shift, its mask, what to subtract from it for a bin (:data:`EXPONENT_LOW` included), the highest bin of an
+    exponent, and where its subnormals count (float32's wait in ``_SUBNORMAL_BIN``; float64's are all below
+    2**-150: the lowest bin)."""
+
+
+@overload(_exponent_fields)
+def _exponent_fields_typed(like):
+    if like.bitwidth == 32:
+        fields = tuple(map(np.int32, (23, 0xFF, 127 + EXPONENT_LOW, EXPONENT_HIGH - EXPONENT_LOW, _SUBNORMAL_BIN)))
+    else:
+        fields = tuple(map(np.int64, (52, 0x7FF, 1023 + EXPONENT_LOW, EXPONENT_HIGH - EXPONENT_LOW, 0)))
+    return lambda like: fields
+
+
+def _exponent_bins(words, magnitude, bins):
+    """Each word's exponent bin (:func:`msprobe_mlflow.statistics_table.exponent_counts`) into ``bins`` (uint16),
+    from the IEEE fields alone: selects in the words' own width, which vectorise."""
+    shift, mask, offset, highest, subnormal = _exponent_fields(magnitude)
+    zero, zero_bin, non_finite_bin = mask - mask, _in_width_of(ZERO_BIN, mask), _in_width_of(NON_FINITE_BIN, mask)
+    for i in range(words.size):
+        word = words[i]
+        biased = _in_width_of(_in_width_of(word >> shift, word) & mask, word)
+        b = _in_width_of(min(max(_in_width_of(biased - offset, word), zero), highest), word)
+        b = non_finite_bin if biased == mask else b
+        b = subnormal if biased == zero else b
+        bins[i] = np.uint16(zero_bin if _in_width_of(word & magnitude, word) == zero else b)
+
+
+def _count_exponents(words, magnitude, bins, tables, out):
+    """Adds the exponent counts of ``words`` to ``out`` (a row of ``EXPONENT_BINS``): bins first, then one
+    increment per element, element ``i`` into histogram copy ``i % _TABLES`` of ``tables`` (int32, zeroed here
+    after use)."""
+    _exponent_bins(words, magnitude, bins)
+    width, n = EXPONENT_BINS + 1, words.size
+    whole = n - n % _TABLES
+    for i in range(0, whole, _TABLES):  # written out: a loop over the copies here runs twice as slow
+        tables[bins[i]] += 1
+        tables[width + bins[i + 1]] += 1
+        tables[2 * width + bins[i + 2]] += 1
+        tables[3 * width + bins[i + 3]] += 1
+        tables[4 * width + bins[i + 4]] += 1
+        tables[5 * width + bins[i + 5]] += 1
+        tables[6 * width + bins[i + 6]] += 1
+        tables[7 * width + bins[i + 7]] += 1
+    for i in range(whole, n):
+        tables[bins[i]] += 1
+    waiting = 0
+    for t in range(_TABLES):
+        for b in range(EXPONENT_BINS):
+            out[b] += tables[t * width + b]
+        waiting += tables[t * width + _SUBNORMAL_BIN]
+    tables[:] = 0
+    if waiting:
+        _place_subnormals(words, magnitude, out)
+
+
+def _place_subnormals(words, magnitude, out):
+    """The float32 subnormals of ``words`` into their exponents' bins: ``m * 2**-149`` sits at exponent
+    ``-149 + floor(log2 m)``. Rare: looked for only in a block that has one."""
+    for i in range(words.size):
+        m = words[i] & magnitude
+        if 0 < m < (1 << 23):
+            exponent = -150
+            while m:
+                m >>= 1
+                exponent += 1
+            out[exponent - EXPONENT_LOW] += 1
+
+
 def _segments_statistics(values, words, ends, rows, bounds, limits, with_counts, with_signs, with_squares,
-                         keys, counts, squares, signs, sign_offsets, positive):
+                         keys, counts, squares, signs, sign_offsets, positive, with_exponents, exponents, bins, tables):
     """For segment ``s = values[ends[s-1]:ends[s]]``, writes into row ``rows[s]``: ``keys`` (max and min order
     keys), ``counts`` (``x <= b`` per bound and ``x == 0`` when ``with_counts``, then 1 if it holds NaN), ``squares``
-    (the sum of ``x * x`` in torch's order), and its packed signs at ``signs[sign_offsets[s]:]``.
+    (the sum of ``x * x`` in torch's order), its packed signs at ``signs[sign_offsets[s]:]`` and, when
+    ``with_exponents``, its exponent counts into ``exponents`` (``bins``, ``tables``: :func:`_count_exponents`'
+    scratch).
 
     One loop over rows of 8 elements, element ``i`` of a segment in lane ``i % 8``, keeps 8 named lane states that
     the compiler holds in vector registers (SLP, see :func:`_slp`): 8 float32 sums of squares added in the
@@ -190,6 +266,8 @@ def _segments_statistics(values, words, ends, rows, bounds, limits, with_counts,
                 counts[row, bounds.size] += _count_zeros(block)
             if with_signs:
                 _pack_signs(block, positive, signs[sign_offsets[s] + (first - start) // 8:])
+            if with_exponents:
+                _count_exponents(w, magnitude, bins, tables, exponents[row])
         total = q0 + q1 + q2 + q3 + q4 + q5 + q6 + q7  # in lane order, then torch's compiled tail: 4 products
         for i in range(tail, end):  # added in order, then fused adds
             total = total + values[i] * values[i] if end - tail >= 4 and i < tail + 4 else \
@@ -215,23 +293,27 @@ def pointer(typing_context, address):
 
 
 def _addressed_statistics(addresses, sizes, rows, like, word_like, bounds, limits, with_counts, with_signs,
-                          with_squares, keys, counts, squares, signs, sign_offsets):
+                          with_squares, keys, counts, squares, signs, sign_offsets, with_exponents, exponents):
     """:func:`_segments_statistics` of each array ``s``, read where it lies: ``sizes[s]`` elements of ``like``'s
     dtype at ``addresses[s]`` (a tensor's ``data_ptr()``, kept alive by the caller), into row ``rows[s]``. No
     copy and no Python object per array: a model of many small gradients costs what their bytes cost."""
     ends = np.empty(1, np.int64)
     positive = np.zeros(BLOCK, np.uint8)
+    bins = np.empty(BLOCK if with_exponents else 0, np.uint16)
+    tables = np.zeros((EXPONENT_BINS + 1) * _TABLES if with_exponents else 0, np.int32)
     for s in range(addresses.size):
         ends[0] = sizes[s]
         values = carray(pointer(addresses[s]), (sizes[s],), like.dtype)
         words = carray(pointer(addresses[s]), (sizes[s],), word_like.dtype)
         _segments_statistics(values, words, ends, rows[s:s + 1], bounds, limits, with_counts, with_signs,
-                             with_squares, keys, counts, squares, signs, sign_offsets[s:s + 1], positive)
+                             with_squares, keys, counts, squares, signs, sign_offsets[s:s + 1], positive,
+                             with_exponents, exponents, bins, tables)
 
 
-_fused_square_add, _extremes, _count_zeros, _count_below, _pack_signs, _segments_statistics, _addressed_statistics = \
-    map(kernel, (_fused_square_add, _extremes, _count_zeros, _count_below, _pack_signs, _segments_statistics,
-                 _addressed_statistics))
+(_fused_square_add, _extremes, _count_zeros, _count_below, _pack_signs, _exponent_bins, _count_exponents,
+ _place_subnormals, _segments_statistics, _addressed_statistics) = map(kernel, (
+    _fused_square_add, _extremes, _count_zeros, _count_below, _pack_signs, _exponent_bins, _count_exponents,
+    _place_subnormals, _segments_statistics, _addressed_statistics))
 
 
 def _order_key_to_values(keys: np.ndarray, dtype: np.dtype) -> np.ndarray:
@@ -249,7 +331,7 @@ def _squares_match_torch() -> bool:
     rng = np.random.default_rng(0)
     arrays = [(rng.standard_normal(size) * rng.uniform(0.01, 100)).astype(np.float32)
               for size in [*range(1, 24), 3 * BLOCK + 13] * 8]
-    _, _, squares = _run(Located.of_arrays(arrays), np.dtype(np.float32), np.zeros(0, np.float32), False, False,
+    _, _, squares, _ = _run(Located.of_arrays(arrays), np.dtype(np.float32), np.zeros(0, np.float32), False, False,
                          True, np.zeros(len(arrays), np.int64), None, 1)
     return np.array_equal(np.sqrt(squares), torch.stack(foreach_norm(list(map(torch.from_numpy, arrays)))))
 
@@ -279,16 +361,17 @@ class Located:
 
 
 def _run(located: Located, dtype: np.dtype, bounds, with_counts, with_signs, with_squares, sign_offsets, signs,
-         threads, members: np.ndarray | None = None):
+         threads, members: np.ndarray | None = None, with_exponents: bool = False):
     """The kernel over the located arrays ``members`` (all of them when None; all of ``dtype``), each of
     ``SMALL_ARRAY`` elements or more in a call of its own, the rest in one call, the calls spread over ``threads``
-    threads (the largest first). Returns ``keys, counts, squares``, a row per member."""
+    threads (the largest first). Returns ``keys, counts, squares, exponents``, a row per member."""
     members = np.arange(located.sizes.size) if members is None else members
     sizes = located.sizes[members]
     count = members.size
     keys = np.zeros((count, 2), np.int64)
     counts = np.zeros((count, len(bounds) + 2), np.int64)
     squares = np.zeros(count, dtype)
+    exponents = np.zeros((count if with_exponents else 0, EXPONENT_BINS), np.int64)
     signs = np.zeros(0, np.uint8) if signs is None else signs
     present = np.flatnonzero(sizes)
     large = present[sizes[present] >= SMALL_ARRAY]
@@ -301,10 +384,10 @@ def _run(located: Located, dtype: np.dtype, bounds, with_counts, with_signs, wit
     def call(rows: np.ndarray) -> None:
         _addressed_statistics(located.addresses[members[rows]], sizes[rows], rows, like, word_like, typed_bounds,
                               limits, with_counts, with_signs, with_squares, keys, counts, squares, signs,
-                              sign_offsets[rows])
+                              sign_offsets[rows], with_exponents, exponents)
 
     in_parallel(call, [g for g in groups if g.size], threads if sizes.sum() >= PARALLEL_MIN else 1)
-    return keys, counts, squares
+    return keys, counts, squares, exponents
 
 
 def in_parallel(work: Callable, items: list, threads: int) -> None:
@@ -349,38 +432,45 @@ def rank_cores() -> int:
 
 
 def statistics(arrays: list[np.ndarray], bounds, *, with_counts: bool, with_signs: bool, sign_offsets: list[int],
-               signs: np.ndarray | None, with_norms: bool = False) -> tuple[np.ndarray, ...]:
+               signs: np.ndarray | None, with_norms: bool = False, with_exponents: bool = False) -> tuple:
     """:func:`located_statistics` of contiguous 1-D float32/float64 numpy ``arrays``."""
     return located_statistics(Located.of_arrays(arrays), bounds, with_counts=with_counts, with_signs=with_signs,
-                              sign_offsets=sign_offsets, signs=signs, with_norms=with_norms)
+                              sign_offsets=sign_offsets, signs=signs, with_norms=with_norms,
+                              with_exponents=with_exponents)
 
 
 def located_statistics(located: Located, bounds, *, with_counts: bool, with_signs: bool, sign_offsets,
-                       signs: np.ndarray | None, with_norms: bool = False) -> tuple[np.ndarray, ...]:
-    """``(maxima, minima, counts, norms)`` of the ``located`` arrays, their packed signs written into ``signs`` at
-    ``sign_offsets`` when ``with_signs``.
+                       signs: np.ndarray | None, with_norms: bool = False, with_exponents: bool = False) -> tuple:
+    """``(maxima, minima, counts, norms, exponents)`` of the ``located`` arrays, their packed signs written into
+    ``signs`` at ``sign_offsets`` when ``with_signs``.
 
     maxima, minima: float64, NaN for an empty array or one holding NaN (NaN propagates, as ``np.max``); of +0.0 and
     -0.0, max is +0.0 and min -0.0. counts: int64 ``(len(arrays), len(bounds) + 1)``, the elements ``x <= b`` for
     each bound (compared in the array's dtype), then those ``== 0`` (-0.0 too); zeros when not ``with_counts``.
     norms (``with_norms``): float32, ``torch.linalg.vector_norm`` of each float32 array bit for bit, NaN where it
     could not be computed so (another dtype, or a torch whose kernel sums in another order): the caller asks torch.
+    exponents (``with_exponents``, else None): int64 ``(len(arrays), EXPONENT_BINS)``, the exponent counts of
+    :func:`msprobe_mlflow.statistics_table.exponent_counts`.
     """
     count = located.sizes.size
     maxima, minima, norms = np.full(count, np.nan), np.full(count, np.nan), np.full(count, np.nan, np.float32)
     counts = np.zeros((count, len(bounds) + 1), np.int64)
+    exponents = np.zeros((count, EXPONENT_BINS), np.int64) if with_exponents else None
     threads, sign_offsets = worker_threads(), np.asarray(sign_offsets, np.int64)
     for is_float64 in np.unique(located.is_float64):
         dtype = np.dtype(np.float64 if is_float64 else np.float32)
         found = np.flatnonzero(located.is_float64 == is_float64)
         with _slp(dtype):
             with_squares = with_norms and dtype == np.float32 and _squares_match_torch()
-            keys, all_counts, squares = _run(located, dtype, bounds, with_counts, with_signs, with_squares,
-                                             sign_offsets[found], signs, threads, found)
+            keys, all_counts, squares, found_exponents = _run(located, dtype, bounds, with_counts, with_signs,
+                                                              with_squares, sign_offsets[found], signs, threads,
+                                                              found, with_exponents)
         counts[found] = all_counts[:, :-1]
+        if with_exponents:
+            exponents[found] = found_exponents
         clean = (all_counts[:, -1] == 0) & (located.sizes[found] > 0)
         maxima[found[clean]] = _order_key_to_values(keys[clean, 0], dtype)
         minima[found[clean]] = _order_key_to_values(keys[clean, 1], dtype)
         if with_squares:
             norms[found] = np.sqrt(squares)
-    return maxima, minima, counts, norms
+    return maxima, minima, counts, norms, exponents

@@ -24,12 +24,14 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from msprobe_mlflow.layout import CUMULATIVE_COUNTS, EXTRA, EXTREMES, StatisticsLayout, packed_length
-from msprobe_mlflow.levels import LEVELS
+from msprobe_mlflow.layout import (CUMULATIVE_COUNTS, EXPONENT_COUNTS, EXTRA, EXTREMES, StatisticsLayout,
+                                   packed_length)
+from msprobe_mlflow.levels import LEVELS, Level
 from msprobe_mlflow.torch_kernels.host_copy import start_host_copy
-from msprobe_mlflow.torch_kernels.statistics import StatisticsCache, _comparable, launch_step_statistics, pack_signs
+from msprobe_mlflow.torch_kernels.statistics import (StatisticsCache, _comparable, count_into, exponent_bins,
+                                                     launch_step_statistics, pack_signs)
 from msprobe_mlflow.records import StepRecord, record_from_statistics
-from msprobe_mlflow.statistics_table import Statistic, extra_statistics, float32_bounds
+from msprobe_mlflow.statistics_table import EXPONENT_BINS, Statistic, extra_statistics, float32_bounds
 
 
 def _dtensor_type():
@@ -125,7 +127,7 @@ def launch_sharded_statistics(names: list[str], grads: list[torch.Tensor], *, ra
         groups.setdefault((isinstance(sharding, FlatPiece), sharding.group), []).append(index)
     order = [i for members in groups.values() for i in members]  # each group's rows contiguous
     bounds32, statistics = float32_bounds(bounds), extra_statistics(extra)
-    extremes, sums = _partials([locals_[i] for i in order], bounds32, LEVELS[level].has_buckets, statistics)
+    extremes, sums = _partials([locals_[i] for i in order], bounds32, LEVELS[level], statistics)
     start, gathered = 0, []
     for group, members in groups.items():
         rows = slice(start, start + len(members))
@@ -155,11 +157,12 @@ def launch_sharded_statistics(names: list[str], grads: list[torch.Tensor], *, ra
     return resolve
 
 
-def _partials(shards: list[torch.Tensor], bounds32, buckets: bool, extra: tuple[Statistic, ...] = ()
+def _partials(shards: list[torch.Tensor], bounds32, level: Level, extra: tuple[Statistic, ...] = ()
               ) -> tuple[torch.Tensor, torch.Tensor]:
     """Per shard, ``(max, -min, extra maxima or -minima...)`` (reduced with MAX) and ``(sum of squares, [counts
-    x <= b..., x == 0], extra sums..., NaN flags of the extra maxima and minima..., +0.0s, -0.0s, NaNs)`` (reduced
-    with SUM), float64 on the shards' device. An empty shard gives ``-inf`` extremes and zeros."""
+    x <= b..., x == 0], [exponent counts...], extra sums..., NaN flags of the extra maxima and minima..., +0.0s,
+    -0.0s, NaNs)`` (reduced with SUM), float64 on the shards' device. An empty shard gives ``-inf`` extremes and
+    zeros."""
     extremes, sums = [], []
     for shard in shards:
         values = _comparable(shard)
@@ -175,10 +178,12 @@ def _partials(shards: list[torch.Tensor], bounds32, buckets: bool, extra: tuple[
                                          *(torch.where(v.isnan(), nowhere, v) for v in largest)]))
         else:
             extremes.append(torch.stack([nowhere, nowhere, *largest]))
-        counts = [(values <= float(b)).sum() for b in bounds32] + [(values == 0).sum()] if buckets else []
-        sums.append(torch.stack([norm.double() ** 2, *[c.double() for c in counts], *added,
-                                 *(v.isnan().double() for v in largest), *_signed_zeros(values),
-                                 values.isnan().sum().double()]))
+        counts = [(values <= float(b)).sum() for b in bounds32] + [(values == 0).sum()] if level.has_buckets else []
+        exponents = count_into(values.new_zeros(EXPONENT_BINS, dtype=torch.int64), exponent_bins(values)) \
+            if level.has_exponents else values.new_zeros(0, dtype=torch.int64)
+        sums.append(torch.cat([torch.stack([norm.double() ** 2, *[c.double() for c in counts]]), exponents.double(),
+                               torch.stack([*added, *(v.isnan().double() for v in largest), *_signed_zeros(values),
+                                            values.isnan().sum().double()])]))
     return torch.stack(extremes), torch.stack(sums)
 
 
@@ -214,10 +219,12 @@ def _full_statistics(extremes: torch.Tensor, sums: torch.Tensor, grads: list[tor
     norm = norm.float().double()
     rows = torch.stack([maximum, minimum, norm], dim=1)
     added = sum(s.reduction == "sum" for s in extra)
-    counted = sums.shape[1] - 4 - len(extra)  # the bucket and zero counts
+    buckets = len(bounds32) + 1 if layout.level.has_buckets else 0
+    counted = sums.shape[1] - 4 - len(extra)  # the bucket, zero and exponent counts
     extras = _extra_columns(extremes[:, 2:], sums[:, 1 + counted:1 + counted + added],
                             sums[:, 1 + counted + added:-3], extra)
-    return torch.cat(layout.in_order({EXTREMES: rows, CUMULATIVE_COUNTS: sums[:, 1:1 + counted], EXTRA: extras}))
+    return torch.cat(layout.in_order({EXTREMES: rows, CUMULATIVE_COUNTS: sums[:, 1:1 + buckets],
+                                      EXPONENT_COUNTS: sums[:, 1 + buckets:1 + counted], EXTRA: extras}))
 
 
 def _extra_columns(largest: torch.Tensor, added: torch.Tensor, nan_flags: torch.Tensor,

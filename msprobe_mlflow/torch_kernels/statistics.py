@@ -20,13 +20,14 @@ import torch
 
 from msprobe_mlflow import notices
 from msprobe_mlflow.compat import foreach_norm
-from msprobe_mlflow.layout import (CHECKSUM, CHECKSUMS, CUMULATIVE_COUNTS, EXTRA, EXTREMES, StatisticsLayout,
-                                   packed_length)
+from msprobe_mlflow.layout import (CHECKSUM, CHECKSUMS, CUMULATIVE_COUNTS, EXPONENT_COUNTS, EXTRA, EXTREMES,
+                                   StatisticsLayout, packed_length)
 from msprobe_mlflow.levels import LEVELS, Level
 from msprobe_mlflow.torch_kernels import fused, md5
 from msprobe_mlflow.torch_kernels.host_copy import pinned, start_host_copy as _to_host  # any accelerator, no sync
 from msprobe_mlflow.records import StepRecord, record_from_statistics
-from msprobe_mlflow.statistics_table import BIT_WEIGHTS, Statistic, byte_padding, extra_statistics, float32_bounds
+from msprobe_mlflow.statistics_table import (BIT_WEIGHTS, EXPONENT_BINS, EXPONENT_HIGH, EXPONENT_LOW, NON_FINITE_BIN,
+                                             ZERO_BIN, Statistic, byte_padding, extra_statistics, float32_bounds)
 
 _constants: dict[tuple, torch.Tensor] = {}
 
@@ -168,10 +169,9 @@ def _host_statistics(grads, level, bounds32, extra: tuple[Statistic, ...] = (),
     located = fused.Located.of_tensors(readable, float64=torch.float64 in dtypes)
     layout = cache.layout(level, bounds32, located.sizes, [s.name for s in extra])
     signs = np.empty(layout.signs_length, np.uint8) if level.has_directions else None
-    maxima, minima, counts, norms = fused.located_statistics(located, bounds32, with_counts=level.has_buckets,
-                                                             with_signs=level.has_directions,
-                                                             sign_offsets=layout.sign_offsets(), signs=signs,
-                                                             with_norms=True)
+    maxima, minima, counts, norms, exponents = fused.located_statistics(
+        located, bounds32, with_counts=level.has_buckets, with_signs=level.has_directions,
+        sign_offsets=layout.sign_offsets(), signs=signs, with_norms=True, with_exponents=level.has_exponents)
     by_torch = np.isnan(norms)
     if not in_place:
         by_torch |= ~np.fromiter((g.dtype is torch.float32 and g.is_contiguous() for g in grads), bool, len(grads))
@@ -179,7 +179,7 @@ def _host_statistics(grads, level, bounds32, extra: tuple[Statistic, ...] = (),
         at = np.flatnonzero(by_torch)
         norms[at] = torch.stack(foreach_norm([grads[i] for i in at])).float().numpy()
     head = np.column_stack([maxima.astype(np.float32), minima.astype(np.float32), norms]).astype(np.float64)
-    sections = {EXTREMES: head, CUMULATIVE_COUNTS: counts}
+    sections = {EXTREMES: head, CUMULATIVE_COUNTS: counts, EXPONENT_COUNTS: exponents}
     arrays = [_host_array(g) for g in readable] if extra or level.has_md5 else []
     if extra:
         sections[EXTRA] = np.array([[s.reduce(array) for s in extra] for array in arrays])
@@ -340,6 +340,47 @@ def _row_statistics(flat: torch.Tensor, row_valid: torch.Tensor, row_first_index
     return maxima, minima, has_nan, counts, bits, checksums, extras
 
 
+EXPONENT_CHUNK_ROWS = 1 << 13  # rows whose exponents are counted together: a bounded temporary (4M elements)
+
+
+def exponent_bins(values: torch.Tensor) -> torch.Tensor:
+    """Each element's exponent bin (:func:`msprobe_mlflow.statistics_table.exponent_counts`), int64, from its IEEE
+    fields by whole-tensor ops; a float32 subnormal ``m * 2**-149`` sits at ``-149 + floor(log2 m)``, read from
+    ``m`` converted to float32 exactly. Anything but float64 is compared in float32."""
+    if values.dtype == torch.float64:
+        words, shift, mask, bias = values.view(torch.int64), 52, 0x7FF, 1023
+    else:
+        words, shift, mask, bias = values.float().view(torch.int32).long(), 23, 0xFF, 127
+    biased = (words >> shift) & mask
+    bins = (biased - (bias + EXPONENT_LOW)).clamp(0, EXPONENT_HIGH - EXPONENT_LOW)
+    if shift == 23:  # float64's subnormals are all below 2**-150: the lowest bin, as clamped
+        mantissa = (words & 0x7FFFFF).float().view(torch.int32).long()
+        bins = torch.where(biased == 0, ((mantissa >> 23) & 0xFF) - 127 - 149 - EXPONENT_LOW, bins)
+    bins = torch.where(biased == mask, NON_FINITE_BIN, bins)
+    return torch.where((words & ((1 << (shift + 11 if shift == 52 else 31)) - 1)) == 0, ZERO_BIN, bins)
+
+
+def count_into(counts: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """Adds 1 to ``counts`` (int64) at every ``index``: ``scatter_add_``, which needs no host sync (``bincount``
+    reads the largest index on the host)."""
+    ones = torch.ones((), dtype=torch.int64, device=counts.device).expand(index.numel())
+    return counts.scatter_add_(0, index.reshape(-1), ones)
+
+
+def _gradient_exponent_counts(buffer: "_RowBuffer", gradients: int) -> torch.Tensor:
+    """Each gradient's exponent counts (float64, ``(gradients, EXPONENT_BINS)``) from its rows: every element's
+    bin and its gradient make one index (:func:`count_into`), a bounded number of rows at a time; padding goes
+    to one more bin, dropped."""
+    rows = buffer.flat.view(-1, ROW)
+    counts = torch.zeros(gradients * EXPONENT_BINS + 1, dtype=torch.int64, device=rows.device)
+    lane = torch.arange(ROW, device=rows.device)
+    for first in range(0, rows.shape[0], EXPONENT_CHUNK_ROWS):
+        chunk = slice(first, first + EXPONENT_CHUNK_ROWS)
+        index = buffer.row_owner[chunk, None] * EXPONENT_BINS + exponent_bins(rows[chunk])
+        count_into(counts, torch.where(lane < buffer.row_valid[chunk, None], index, gradients * EXPONENT_BINS))
+    return counts[:-1].view(gradients, EXPONENT_BINS).double()
+
+
 _NEUTRAL = {"sum": 0.0, "max": -math.inf, "min": math.inf}  # what padding contributes to each reduction
 
 
@@ -416,6 +457,8 @@ def _queue_dtype_group(grads, indices: list[int], norms, level, bounds32, checks
         buffer.flat, buffer.row_valid, buffer.row_first_index, tuple(map(float, bounds32)), level.has_buckets,
         level.has_directions, checksum, extra)
     sections = _gradient_sections(buffer, indices, norms, extra, maxima, minima, has_nan, counts, checksums, extras)
+    if level.has_exponents:
+        sections[EXPONENT_COUNTS] = _gradient_exponent_counts(buffer, len(indices))
     statistics = _to_host(torch.cat(layout.subset(indices).in_order(sections)))
     signs = _to_host(bits) if bits is not None else None
     values = None
