@@ -234,7 +234,7 @@ def write_step(dump_path: str | os.PathLike, record: StepRecord, direction_forma
     written = []
     if record.exponent_counts is not None:
         path = exponents_path(dump_path, record.rank, record.step)
-        write_exponents(path, record.names, record.exponent_counts)
+        write_exponents(path, record.names, record.exponent_counts, record.loss_scale)
         written.append(path)
     if record.directions is not None:
         folder = step_dir(dump_path, record.rank, record.step)

@@ -4,7 +4,8 @@ bytes), written before the CSV as the directions are.
 An ``.npz`` compressed by ``np.savez_compressed`` holding the parameters' ``names`` and their counts from exponent
 ``lowest`` to ``highest`` (the range that occurs at this step in any parameter; none: ``highest < lowest``), then
 zeros, then non-finite elements, flattened (``counts``, int64): a few dozen columns of the
-:data:`~msprobe_mlflow.statistics_table.EXPONENT_BINS` a step computes. Read back with ``allow_pickle=False``, every
+:data:`~msprobe_mlflow.statistics_table.EXPONENT_BINS` a step computes; and where known, the step's ``loss_scale``
+(float64), at which the format losses are read. Read back with ``allow_pickle=False``, every
 field capped by what the others allow before it is inflated; a damaged file raises
 :class:`~msprobe_mlflow.directions.DamagedFile` naming the file and the field.
 """
@@ -29,9 +30,10 @@ def exponents_file_name(step: int) -> str:
     return f"{FILE_PREFIX}{step}{FILE_SUFFIX}"
 
 
-def write_exponents(path: str | os.PathLike, names: list[str], counts: np.ndarray) -> None:
-    """Writes ``counts`` (``(len(names), EXPONENT_BINS)``) with the exponents that occur kept (see the module
-    docstring)."""
+def write_exponents(path: str | os.PathLike, names: list[str], counts: np.ndarray,
+                    loss_scale: float | None = None) -> None:
+    """Writes ``counts`` (``(len(names), EXPONENT_BINS)``) with the exponents that occur kept, and the
+    ``loss_scale`` where known (see the module docstring)."""
     counts = np.asarray(counts, np.int64).reshape(len(names), EXPONENT_BINS)
     occurring = np.flatnonzero(counts[:, :ZERO_BIN].any(axis=0))
     low, high = (int(occurring[0]), int(occurring[-1])) if occurring.size else (0, -1)
@@ -39,22 +41,23 @@ def write_exponents(path: str | os.PathLike, names: list[str], counts: np.ndarra
     buffer = io.BytesIO()
     np.savez_compressed(buffer, format_version=np.array(FORMAT_VERSION), names=np.array(names, dtype=str),
                         lowest=np.array(EXPONENT_LOW + low), highest=np.array(EXPONENT_LOW + high),
-                        counts=kept.reshape(-1))
+                        counts=kept.reshape(-1),
+                        **({} if loss_scale is None else {"loss_scale": np.array(float(loss_scale))}))
     atomic_write_bytes(Path(path), buffer.getvalue())
 
 
-def read_exponents(path: str | os.PathLike) -> tuple[list[str], np.ndarray]:
-    """The names and exponent counts (int64, ``(len(names), EXPONENT_BINS)``) of a file of :func:`write_exponents`.
-    Raises :class:`DamagedFile` naming the file and the field."""
+def read_exponents(path: str | os.PathLike) -> tuple[list[str], np.ndarray, float | None]:
+    """The names, exponent counts (int64, ``(len(names), EXPONENT_BINS)``) and loss scale (None: not known) of a
+    file of :func:`write_exponents`. Raises :class:`DamagedFile` naming the file and the field."""
     path = Path(path)
     try:
         with zipfile.ZipFile(refuse_symlink(path)) as archive:
-            names, counts = _read_fields(archive)
+            names, counts, loss_scale = _read_fields(archive)
     except FieldError as e:
         raise DamagedFile(path, str(e)) from None
     except Exception as e:  # zip or npy header damage, truncation, a CRC that zipfile checks, pickled objects
         raise DamagedFile(path, f"not a readable exponent file ({e})") from e
-    return names, counts
+    return names, counts, loss_scale
 
 
 def _scalar(archive: zipfile.ZipFile, field: str, low: int, high: int) -> int:
@@ -64,7 +67,7 @@ def _scalar(archive: zipfile.ZipFile, field: str, low: int, high: int) -> int:
     return int(value)
 
 
-def _read_fields(archive: zipfile.ZipFile) -> tuple[list[str], np.ndarray]:
+def _read_fields(archive: zipfile.ZipFile) -> tuple[list[str], np.ndarray, float | None]:
     present = set(archive.namelist())
     for field in ("format_version", "names", "lowest", "highest", "counts"):
         if f"{field}.npy" not in present:
@@ -85,4 +88,10 @@ def _read_fields(archive: zipfile.ZipFile) -> tuple[list[str], np.ndarray]:
     full = np.zeros((len(names), EXPONENT_BINS), np.int64)
     full[:, lowest - EXPONENT_LOW:highest - EXPONENT_LOW + 1] = kept[:, :-2]
     full[:, ZERO_BIN:] = kept[:, -2:]
-    return names.tolist(), full
+    loss_scale = None
+    if "loss_scale.npy" in present:
+        value = read_field(archive, "loss_scale", 8, "a number needs 8")
+        if value.shape != () or value.dtype != np.float64 or not float(value) > 0:
+            raise FieldError(f"field loss_scale = {value.tolist()}, expected a positive float64")
+        loss_scale = float(value)
+    return names.tolist(), full, loss_scale

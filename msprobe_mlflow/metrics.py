@@ -14,6 +14,7 @@ import re
 import numpy as np
 
 from msprobe_mlflow.dump import SummaryTable
+from msprobe_mlflow.formats import LOSSES, format_losses
 from msprobe_mlflow.levels import MD5_COLUMN, ZERO_COLUMN
 from msprobe_mlflow.records import StepRecord
 from msprobe_mlflow.statistics_table import EXTRA, PARAMETER_NORM
@@ -58,6 +59,18 @@ def bucket_metric_names(labels: list[str]) -> list[str]:
     return names
 
 
+FORMATS = "formats"  # the section of the format losses: ``grad/rank{R}/formats/float16 underflow``...
+
+
+def format_metrics(prefix: str, exponent_counts: np.ndarray, loss_scale: float | None) -> dict[str, float]:
+    """The share of all the step's gradient elements that each narrow format would lose (underflow to zero,
+    subnormal, overflow: :func:`msprobe_mlflow.formats.format_losses`) at the step's loss scale."""
+    total = int(np.asarray(exponent_counts).sum())
+    return {metric_key(prefix, FORMATS, f"{name} {loss}"): int(count) / total if total else 0.0
+            for name, counts in format_losses(exponent_counts, loss_scale).items()
+            for loss, count in zip(LOSSES, counts.sum(axis=0))}
+
+
 NORM_BEFORE_CLIPPING = "total_norm_before_clipping"  # logged by integrations.NormsBeforeClipping
 
 
@@ -75,12 +88,14 @@ def _finite(values: list[float]) -> list[float]:
     return [v for v in values if math.isfinite(v)]
 
 
-def step_metrics(table: SummaryTable, rank: int, param_patterns: tuple[str, ...] = ()) -> dict[str, float]:
+def step_metrics(table: SummaryTable, rank: int, param_patterns: tuple[str, ...] = (),
+                 exponents: tuple[np.ndarray, float | None] | None = None) -> dict[str, float]:
     """Summary scalars of one ``grad_summary`` table, keyed ``grad/rank{R}/...``.
 
     ``total_norm`` = sqrt(sum of the parameters' squared norms); ``max``/``min`` over the finite values; at L2 each
     bucket's and the ``=0`` share of all monitored elements (weighted by element count); each opt-in statistic's
-    summary (``param_norm``: the weights' total norm, as ``total_norm``). Only what changes from step to step: the
+    summary (``param_norm``: the weights' total norm, as ``total_norm``); given the step's ``exponents`` (exponent
+    counts and loss scale, L2), :func:`format_metrics`. Only what changes from step to step: the
     number of parameters is the CSV's rows, and non-finite gradients are the anomaly flags'
     (``anomalies/rank{R}/flagged_params``, tags ``msprobe_mlflow.first_nonfinite_step``...), so no chart of a run is a
     flat line by construction.
@@ -105,6 +120,8 @@ def step_metrics(table: SummaryTable, rank: int, param_patterns: tuple[str, ...]
         metrics[metric_key(prefix, statistic.name)] = statistic.summary(table.numbers(statistic.name), numels)
     if PARAMETER_NORM in table.header:  # the weights' norm, as total_norm is the gradients'
         metrics[metric_key(prefix, PARAMETER_NORM)] = _total_norm(table.numbers(PARAMETER_NORM))
+    if exponents is not None:
+        metrics.update(format_metrics(prefix, *exponents))
     if param_patterns:
         for name, high, low, norm in zip(table.column("param_name"), maxima, minima, norms):
             if any(fnmatch.fnmatchcase(name, pattern) for pattern in param_patterns):
@@ -117,7 +134,8 @@ def record_metrics(record: StepRecord, param_patterns: tuple[str, ...] = ()) -> 
     """:func:`step_metrics` of a live record: equal to those of the CSV the dump holds for it (``repr`` round-trips
     every float), read from the record's numbers, as parsing that text back costs the writer thread, which shares
     the interpreter lock with training, a millisecond a step of 512 parameters."""
-    return step_metrics(_RecordColumns(record), record.rank, param_patterns)
+    exponents = None if record.exponent_counts is None else (record.exponent_counts, record.loss_scale)
+    return step_metrics(_RecordColumns(record), record.rank, param_patterns, exponents)
 
 
 class _RecordColumns:

@@ -30,7 +30,8 @@ class StepRecord:
     concatenated in model order (L1 and L2 only). ``skipped_directions``: the level records directions but this
     step has none (a statistics-only step of the always-on tier, ``msprobe_mlflow.monitoring.directions_schedule``).
     ``exponent_counts[i]``: the elements of parameter ``i`` at each binary exponent (L2; int64 rows of
-    :data:`~msprobe_mlflow.statistics_table.EXPONENT_BINS`, not in the CSV).
+    :data:`~msprobe_mlflow.statistics_table.EXPONENT_BINS`, not in the CSV); ``loss_scale``: the scale the step's
+    backward ran at where the monitor knows it (a ``GradScaler``'s), which the format losses read them at.
     ``extra``: each opt-in statistic's float32 column (:mod:`msprobe_mlflow.statistics_table`), by name.
     ``summary_csv``: the step's ``grad_summary`` bytes, kept by ``dump.summary_csv_bytes`` so that the sinks that
     read them back (metrics) do not format them again on the writer thread. ``compute_format``: the coarsest format
@@ -53,6 +54,7 @@ class StepRecord:
     skipped_directions: bool = False
     extra: dict[str, np.ndarray] | None = None
     exponent_counts: np.ndarray | None = None
+    loss_scale: float | None = None
     summary_csv: bytes | None = field(default=None, repr=False, compare=False)  # set once written: sinks reuse it
     compute_format: str | None = None
     anomaly_flags: list | Exception | None = field(default=None, repr=False, compare=False)  # set where judged
@@ -150,6 +152,12 @@ def record_from_statistics(*, rank: int, step: int, level: str, bounds, names: l
 def with_compute_format(record: StepRecord, compute_format: str | None) -> StepRecord:
     """``record`` with the format its step computed in (see :attr:`StepRecord.compute_format`)."""
     record.compute_format = compute_format
+    return record
+
+
+def with_loss_scale(record: StepRecord, loss_scale: float | None) -> StepRecord:
+    """``record`` with the loss scale its step's backward ran at (see :attr:`StepRecord.loss_scale`)."""
+    record.loss_scale = loss_scale
     return record
 
 

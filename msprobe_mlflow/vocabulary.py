@@ -65,7 +65,7 @@ API_CHECK_ARTIFACT_ROOT = "api_check"
 
 # What the live sinks find, by kind: the tag of the parameters it names (``first_{kind}_step`` holds the step).
 FINDING_KINDS = {"suspicious": "suspicious_parameters", "nonfinite": "nonfinite_parameters",
-                 "spike": "spike_parameters"}
+                 "spike": "spike_parameters", "lossy": "lossy_parameters"}
 
 # The live verdict's tags (``sinks/baseline.py``), beside its finding tags of kind ``suspicious``.
 BASELINE_TAG = f"{TAG_PREFIX}baseline"  # the baseline run ID or folder

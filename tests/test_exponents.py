@@ -27,9 +27,9 @@ def counts_of_three() -> np.ndarray:
 def test_counts_come_back_whole_from_the_range_that_occurs(tmp_path):
     counts = counts_of_three()
     path = tmp_path / "exponents_3.npz"
-    write_exponents(path, NAMES, counts)
-    names, found = read_exponents(path)
-    assert names == NAMES
+    write_exponents(path, NAMES, counts, loss_scale=1024.0)
+    names, found, loss_scale = read_exponents(path)
+    assert (names, loss_scale) == (NAMES, 1024.0)
     np.testing.assert_array_equal(found, counts)
     with np.load(path, allow_pickle=False) as stored:  # only -149 (1e-45) to 127 (3e38) kept, and the last two
         assert (int(stored["lowest"]), int(stored["highest"])) == (-149, 127)
@@ -57,6 +57,7 @@ def rewritten(path, **fields):
     ({"lowest": np.array(-400)}, "field lowest = -400, expected an integer from -150 to 129"),
     ({"format_version": np.array(2)}, "field format_version = 2"),
     ({"names": np.array([1, 2, 3])}, "field names is int64, expected text"),
+    ({"loss_scale": np.array(-1.0)}, "field loss_scale = -1.0, expected a positive float64"),
     ({"counts": np.array(["x"] * 3, dtype=object)}, "Python objects"),
 ])
 def test_a_malformed_field_is_refused_naming_the_file_and_the_field(tmp_path, fields, problem):

@@ -211,7 +211,7 @@ def test_training_rows_and_directions_equal_numpy_on_the_captured_gradients(rest
             shape, bits = directions[name]
             assert shape == grad.shape
             np.testing.assert_array_equal(np.unpackbits(bits, count=grad.size).astype(bool), (grad > 0).ravel())
-        names, exponents = read_exponents(exponents_path(tmp_path, 0, step))
+        names, exponents, _ = read_exponents(exponents_path(tmp_path, 0, step))
         assert names == list(grads)
         np.testing.assert_array_equal(exponents, [exponent_counts(grad) for grad in grads.values()])
 

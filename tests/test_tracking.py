@@ -77,7 +77,30 @@ def expected_summary(grads: dict[str, np.ndarray], bounds=(-1, 0, 1)) -> dict[st
         "total_norm": math.sqrt(sum(float(np.linalg.norm(g.astype(np.float64))) ** 2 for g in grads.values())),
         "max": values.max(), "min": values.min(), f"{shares}/exactly 0": (values == 0).sum() / values.size,
         **{f"{shares}/{label}": count / values.size for label, count in zip(labels, counts)},
+        **{f"formats/{name}": share for name, share in expected_format_shares(values).items()},
     }
+
+
+FORMATS = {"float16": torch.float16, "bfloat16": torch.bfloat16, "fp8_e4m3": torch.float8_e4m3fn,
+           "fp8_e5m2": torch.float8_e5m2}
+
+
+def expected_format_shares(values: np.ndarray, scale: float = 1.0) -> dict[str, float]:
+    """Each narrow format's losses of ``values * scale`` from torch's own conversions and limits: underflow, the
+    nonzero values converted to zero; subnormal, the others below the least normal; overflow, those at or above the
+    power of two past the largest finite value."""
+    scaled = torch.from_numpy(np.asarray(values, np.float32) * np.float32(scale))
+    nonzero = (scaled != 0) & scaled.isfinite()
+    shares = {}
+    for name, dtype in FORMATS.items():
+        limits = torch.finfo(dtype)
+        underflow = nonzero & (scaled.to(dtype).float() == 0)
+        subnormal = nonzero & ~underflow & (scaled.abs() < limits.smallest_normal)
+        overflow = nonzero & (scaled.abs() >= 2.0 ** (math.floor(math.log2(limits.max)) + 1))
+        shares.update({f"{name} underflow": float(underflow.sum()) / scaled.numel(),
+                       f"{name} subnormal": float(subnormal.sum()) / scaled.numel(),
+                       f"{name} overflow": float(overflow.sum()) / scaled.numel()})
+    return shares
 
 
 def test_autolog_logs_metrics_csv_tables_and_directions_for_every_step(experiment, tmp_path):
@@ -251,7 +274,7 @@ def test_upload_completes_a_run_and_a_second_upload_adds_nothing(experiment, tmp
     first = upload_dump(tmp_path / "dump", run.info.run_id)
     assert first.steps_completed == {0: [0, 1, 2]}
     metrics, files = _metric_and_file_counts(run.info.run_id)
-    assert metrics == 3 * 8  # 8 summary keys (L2, bounds [-1, 0, 1]: total_norm, max, min, 5 shares) x 3 steps
+    assert metrics == 3 * (8 + 12)  # (L2, bounds [-1, 0, 1]: total_norm, max, min, 5 shares, 4 formats x 3) x 3 steps
     assert files == 1 + 3 * 3  # config.json + (CSV, directions, exponent counts) per step
     second = upload_dump(tmp_path / "dump", run.info.run_id)
     assert (second.metrics_logged, second.files_uploaded) == (0, 0)

@@ -76,7 +76,7 @@ class SessionMonitor:
         sinks, run_sink = choose_sinks(self.config, ranks, framework=framework, tracking=self.tracking,
                                        share_run_id=share_run_id, metrics_file=self.options.metrics_file,
                                        notices=self.notices, baseline=self.baseline, spike_rule=anomalies.flag_rule,
-                                       summary_gather=make_gather if summary_gather else None)
+                                       lossy=anomalies.lossy, summary_gather=make_gather if summary_gather else None)
         session.add_sinks(trigger + sinks + list(self.options.sinks), run_sink)
         for gather in gathers:  # its group, once the sinks' end-of-run exchange is done
             session.close_after_sinks(gather.close)

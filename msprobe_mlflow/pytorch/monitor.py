@@ -21,19 +21,22 @@ from torch.optim.optimizer import register_optimizer_step_post_hook, register_op
 
 from msprobe_mlflow.config import GradProbeConfig
 from msprobe_mlflow.dump import step_ranges
+from msprobe_mlflow.levels import LEVELS
 from msprobe_mlflow.monitoring.options import MonitorOptions
 from msprobe_mlflow.monitoring.session_monitor import SessionMonitor
 from msprobe_mlflow.parameter_names import eager_named_parameters
+from msprobe_mlflow.pytorch import loss_scale
 from msprobe_mlflow.pytorch.compute_format import ComputeFormatWatch
 from msprobe_mlflow.pytorch.distributed import current_rank, shared_run_id, summary_all_gather, world_size
 from msprobe_mlflow.pytorch.fsdp1 import FlatSlot, fsdp1_named_parameters, has_fsdp1
 from msprobe_mlflow.monitoring.traced_steps import TracedSteps
 from msprobe_mlflow.pytorch.operator_traces import pytorch_traced_steps
-from msprobe_mlflow.records import with_compute_format, with_parameter_norms
+from msprobe_mlflow.records import with_compute_format, with_loss_scale, with_parameter_norms
 from msprobe_mlflow.session import RankPolicy
 from msprobe_mlflow.statistics_table import PARAMETER_NORM
 from msprobe_mlflow.torch_kernels.parameter_norms import launch_parameter_norms
 from msprobe_mlflow.torch_kernels.sharded import FlatPiece, has_sharded, launch_sharded_statistics
+from msprobe_mlflow.torch_kernels.host_copy import start_host_copy
 from msprobe_mlflow.torch_kernels.statistics import StatisticsCache, launch_step_statistics
 from msprobe_mlflow.vocabulary import FAILED_STEPS_TAG, RECORDED_TAG, TAG_RANGES_LIMIT, rank_tag
 
@@ -113,6 +116,7 @@ class GradientMonitor(SessionMonitor):
             self._hook = optimizer.register_step_pre_hook(self._on_optimizer_step)
         else:
             self._hook = register_optimizer_step_pre_hook(self._on_optimizer_step)
+        loss_scale.watch()  # as long as the hook
         live = self.options.live_verdict
         if (plan.steps or (live is not None and live.trace_on_suspicious)) and self._session.ranks.probes:
             self._traces = pytorch_traced_steps(plan, model, self.config.dump_path, self._session.ranks.rank,
@@ -226,6 +230,10 @@ class GradientMonitor(SessionMonitor):
         if compute_format is not None:
             measured = pending
             pending = lambda: with_compute_format(measured(), compute_format)  # noqa: E731
+        scale = loss_scale.scale_of(self._optimizer) if LEVELS[self.config.level].has_exponents else None
+        if scale is not None:  # copied with the step's statistics, never waited for here
+            scaled, scale_on_host = pending, start_host_copy(scale.detach().float().reshape(1).clone())
+            pending = lambda: with_loss_scale(scaled(), float(scale_on_host()[0]))  # noqa: E731
         if writes:
             self._probed_steps += 1
             if unseen_forward:
@@ -296,6 +304,7 @@ class GradientMonitor(SessionMonitor):
         if self._hook is not None:
             self._hook.remove()
             self._hook = None
+            loss_scale.unwatch()
         if self._after_hook is not None:
             self._after_hook.remove()
             self._after_hook = None

@@ -24,6 +24,7 @@ from msprobe_mlflow.session import RankPolicy, RunSink
 if TYPE_CHECKING:
     from msprobe_mlflow.tracking.aggregate import SummaryGather
     from msprobe_mlflow.anomaly_rule import SpikeRule
+    from msprobe_mlflow.formats import LossyFormat
     from msprobe_mlflow.sinks.baseline import BaselineOptions
     from msprobe_mlflow.sinks.mlflow import MlflowSink
 
@@ -43,10 +44,11 @@ class StepSink(Protocol):
 def choose_sinks(config: GradProbeConfig, ranks: RankPolicy, *, framework: str, tracking=None,
                  share_run_id: Callable[[str | None], str | None] = lambda run_id: run_id,
                  metrics_file: bool = False, notices=None, baseline: "BaselineOptions | None" = None,
-                 spike_rule: "SpikeRule | None" = None,
+                 spike_rule: "SpikeRule | None" = None, lossy: "LossyFormat | None" = None,
                  summary_gather: "Callable[[], SummaryGather] | None" = None
                  ) -> tuple[list[StepSink], RunSink | None]:
-    """The sinks of a monitor: the live verdict against ``baseline``, the anomaly flags (``spike_rule``), MLflow
+    """The sinks of a monitor: the live verdict against ``baseline``, the anomaly flags (``spike_rule``; the
+    ``lossy`` format watch with them), MLflow
     when ``tracking`` options are given and a run is found (``share_run_id`` is a collective under distributed
     training: every rank calls this; so is ``summary_gather``, the framework's all-gather for rank-0 aggregated
     metrics, see ``tracking.aggregate``), the JSON-lines metrics file if asked; with the MLflow sink on its own
@@ -67,7 +69,7 @@ def choose_sinks(config: GradProbeConfig, ranks: RankPolicy, *, framework: str, 
         from msprobe_mlflow.sinks.anomalies import AnomalySink
 
         sinks.append(AnomalySink(spike_rule, config.dump_path, ranks.rank, run=run, notices=notices,
-                                 several_ranks=ranks.world_size > 1))
+                                 several_ranks=ranks.world_size > 1, lossy=lossy))
     if run is not None:
         sinks.append(run)
     if metrics_file and ranks.probes:

@@ -25,6 +25,7 @@ from msprobe_mlflow.dump import (RANK_PREFIX, TRAINING_LOCK_FILE_NAME, TrainingL
                                  exponents_path, findings_dir, indexed_children, parse_archive_name,
                                  parse_summary_name, rank_dir, read_dump_config, read_summary, relative_rank_dir,
                                  step_dir, step_ranges, summary_csv_path, summary_steps)
+from msprobe_mlflow.exponents import read_exponents
 from msprobe_mlflow.levels import level_of_header
 from msprobe_mlflow.tracking.experiments import experiment_id_for
 from msprobe_mlflow.tracking.runs import created_run, log_batched, now_ms, tag
@@ -107,7 +108,10 @@ def metric_entities(metrics: dict[str, float], step: int, timestamp_ms: int) -> 
 def metrics_for_step(dump_path: str | os.PathLike, rank: int, step: int, timestamp_ms: int,
                      param_patterns: tuple[str, ...] = (), mlflow_step_offset: int = 0) -> list[Metric]:
     table = read_summary(summary_csv_path(dump_path, rank, step))
-    return metric_entities(step_metrics(table, rank, param_patterns), step + mlflow_step_offset, timestamp_ms)
+    exponents_file = exponents_path(dump_path, rank, step)
+    exponents = read_exponents(exponents_file)[1:] if exponents_file.exists() else None
+    return metric_entities(step_metrics(table, rank, param_patterns, exponents), step + mlflow_step_offset,
+                           timestamp_ms)
 
 
 def packed_directions_file(folder: Path, scratch: Path) -> Path:
