@@ -265,8 +265,8 @@ def write_steps_archive(dump_path: str | os.PathLike, rank: int, steps: list[int
                 archive.write(packed_directions(directions, folder), f"{STEP_PREFIX}{step}/{PACKED_FILE_NAME}",
                               zipfile.ZIP_STORED)
             exponents = exponents_path(dump_path, rank, step)
-            if exponents.exists():  # compressed already
-                archive.write(refuse_symlink(exponents), exponents.name, zipfile.ZIP_STORED)
+            if exponents.exists():
+                archive.write(refuse_symlink(exponents), exponents.name)
             archive.write(refuse_symlink(summary_csv_path(dump_path, rank, step)),
                           f"{SUMMARY_PREFIX}{step}{SUMMARY_SUFFIX}")
     return path

@@ -11,7 +11,7 @@ from typing import Iterable
 
 import numpy as np
 
-from msprobe_mlflow.statistics_table import EXPONENT_LOW, ZERO_BIN
+from msprobe_mlflow.statistics_table import ExponentCounts
 
 UNIT_ROUNDOFF = {"float64": 2.0 ** -53, "float32": 2.0 ** -24, "tf32": 2.0 ** -11, "float16": 2.0 ** -11,
                  "bfloat16": 2.0 ** -8}
@@ -53,17 +53,17 @@ def scale_exponent(loss_scale: float | None) -> int:
     return math.floor(math.log2(loss_scale))
 
 
-def format_losses(exponent_counts: np.ndarray, loss_scale: float | None = None) -> dict[str, np.ndarray]:
+def format_losses(exponent_counts: ExponentCounts, loss_scale: float | None = None) -> dict[str, np.ndarray]:
     """Per format of :data:`RANGES`, per parameter (a row of ``exponent_counts`` each), the elements that would
     underflow to zero, become subnormal and overflow (int64, one column each, :data:`LOSSES`' order) if the
     gradients were held in that format at ``loss_scale`` (:func:`scale_exponent`). Zeros and non-finite elements
     are neither."""
-    counts = np.asarray(exponent_counts, np.int64)[:, :ZERO_BIN]
+    counts = exponent_counts.kept[:, :-2]
     below = np.concatenate([np.zeros((len(counts), 1), np.int64), np.cumsum(counts, axis=1)], axis=1)
     shift = scale_exponent(loss_scale)
 
     def below_exponent(exponent: int) -> np.ndarray:  # elements whose scaled exponent is below ``exponent``
-        return below[:, min(max(exponent - shift - EXPONENT_LOW, 0), ZERO_BIN)]
+        return below[:, min(max(exponent - shift - exponent_counts.lowest, 0), counts.shape[1])]
 
     losses = {}
     for name, limits in RANGES.items():
@@ -92,12 +92,12 @@ class LossyFormat:
             raise ValueError(f"lossy_share = {self.share!r} is not accepted; expected a number between 0 and 1 (the "
                              f"share of a step's gradient elements, e.g. 0.01)")
 
-    def losses(self, names: list[str], exponent_counts: np.ndarray, loss_scale: float | None
+    def losses(self, names: list[str], exponent_counts: ExponentCounts, loss_scale: float | None
                ) -> tuple[float, list[tuple[str, float]]] | None:
         """None where the step loses no more than ``share``; else the share it loses and the parameters that lose
         more than ``share`` of their own elements, most first, with their shares."""
         lost = format_losses(exponent_counts, loss_scale)[self.format].sum(axis=1)
-        numels = np.asarray(exponent_counts).sum(axis=1)
+        numels = exponent_counts.kept.sum(axis=1)
         total = int(numels.sum())
         if not total or lost.sum() / total <= self.share:
             return None

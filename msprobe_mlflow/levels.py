@@ -11,7 +11,7 @@ Code asks the table what a level records (``LEVELS[name].has_buckets``) and neve
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 MD5_COLUMN = "MD5"
 ZERO_COLUMN = "=0"
@@ -53,6 +53,13 @@ LEVELS: dict[str, Level] = {level.name: level for level in (
     Level("L1", has_directions=True),
     Level("L2", has_directions=True, has_buckets=True, has_exponents=True),
 )}
+
+
+def recorded_level(level: "str | Level", exponents: bool = False) -> Level:
+    """The :class:`Level` of ``level`` (a name or a level), with the exponent counts too where asked (the opt-in
+    ``statistics=["exponents"]`` at L0/L1)."""
+    found = LEVELS[level] if isinstance(level, str) else level
+    return replace(found, has_exponents=True) if exponents and not found.has_exponents else found
 
 
 def csv_header(level: str, bounds, extra=()) -> list[str]:

@@ -17,7 +17,7 @@ from msprobe_mlflow.dump import SummaryTable
 from msprobe_mlflow.formats import LOSSES, format_losses
 from msprobe_mlflow.levels import MD5_COLUMN, ZERO_COLUMN
 from msprobe_mlflow.records import StepRecord
-from msprobe_mlflow.statistics_table import EXTRA, PARAMETER_NORM
+from msprobe_mlflow.statistics_table import EXTRA, PARAMETER_NORM, ExponentCounts
 from msprobe_mlflow.vocabulary import grad_key
 
 MAX_KEY_LENGTH = 250  # MLflow's limit (mlflow.utils.validation.MAX_ENTITY_KEY_LENGTH)
@@ -62,10 +62,10 @@ def bucket_metric_names(labels: list[str]) -> list[str]:
 FORMATS = "formats"  # the section of the format losses: ``grad/rank{R}/formats/float16 underflow``...
 
 
-def format_metrics(prefix: str, exponent_counts: np.ndarray, loss_scale: float | None) -> dict[str, float]:
+def format_metrics(prefix: str, exponent_counts: ExponentCounts, loss_scale: float | None) -> dict[str, float]:
     """The share of all the step's gradient elements that each narrow format would lose (underflow to zero,
     subnormal, overflow: :func:`msprobe_mlflow.formats.format_losses`) at the step's loss scale."""
-    total = int(np.asarray(exponent_counts).sum())
+    total = int(exponent_counts.kept.sum())
     return {metric_key(prefix, FORMATS, f"{name} {loss}"): int(count) / total if total else 0.0
             for name, counts in format_losses(exponent_counts, loss_scale).items()
             for loss, count in zip(LOSSES, counts.sum(axis=0))}
@@ -89,7 +89,7 @@ def _finite(values: list[float]) -> list[float]:
 
 
 def step_metrics(table: SummaryTable, rank: int, param_patterns: tuple[str, ...] = (),
-                 exponents: tuple[np.ndarray, float | None] | None = None) -> dict[str, float]:
+                 exponents: tuple[ExponentCounts, float | None] | None = None) -> dict[str, float]:
     """Summary scalars of one ``grad_summary`` table, keyed ``grad/rank{R}/...``.
 
     ``total_norm`` = sqrt(sum of the parameters' squared norms); ``max``/``min`` over the finite values; at L2 each

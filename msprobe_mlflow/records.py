@@ -13,8 +13,8 @@ import numpy as np
 
 from msprobe_mlflow.layout import (CHECKSUM, CHECKSUM_PREFIX, CUMULATIVE_COUNTS, EXPONENT_COUNTS, EXTRA, EXTREMES,
                                    StatisticsLayout, consecutive_slices, packed_slices)
-from msprobe_mlflow.levels import LEVELS, csv_header
-from msprobe_mlflow.statistics_table import PARAMETER_NORM, extra_statistics, md5_hex
+from msprobe_mlflow.levels import LEVELS, Level, csv_header
+from msprobe_mlflow.statistics_table import PARAMETER_NORM, ExponentCounts, extra_statistics, md5_hex
 
 
 @dataclass
@@ -29,8 +29,8 @@ class StepRecord:
     ``directions`` holds ``grad > 0`` bit-packed (``np.packbits`` order) per parameter, each padded to a byte,
     concatenated in model order (L1 and L2 only). ``skipped_directions``: the level records directions but this
     step has none (a statistics-only step of the always-on tier, ``msprobe_mlflow.monitoring.directions_schedule``).
-    ``exponent_counts[i]``: the elements of parameter ``i`` at each binary exponent (L2; int64 rows of
-    :data:`~msprobe_mlflow.statistics_table.EXPONENT_BINS`, not in the CSV); ``loss_scale``: the scale the step's
+    ``exponent_counts``: the elements of each parameter at each binary exponent (L2, not in the CSV; an
+    :class:`~msprobe_mlflow.statistics_table.ExponentCounts`, a row per parameter); ``loss_scale``: the scale the step's
     backward ran at where the monitor knows it (a ``GradScaler``'s), which the format losses read them at.
     ``extra``: each opt-in statistic's float32 column (:mod:`msprobe_mlflow.statistics_table`), by name.
     ``summary_csv``: the step's ``grad_summary`` bytes, kept by ``dump.summary_csv_bytes`` so that the sinks that
@@ -53,7 +53,7 @@ class StepRecord:
     directions: np.ndarray | None = None
     skipped_directions: bool = False
     extra: dict[str, np.ndarray] | None = None
-    exponent_counts: np.ndarray | None = None
+    exponent_counts: ExponentCounts | None = None
     loss_scale: float | None = None
     summary_csv: bytes | None = field(default=None, repr=False, compare=False)  # set once written: sinks reuse it
     compute_format: str | None = None
@@ -106,7 +106,7 @@ def md5_per_parameter(flat_float32: np.ndarray, numels: list[int]) -> list[str]:
     return [md5_hex(flat[piece]) for piece in consecutive_slices(numels)]  # no copy: hashes the view
 
 
-def record_from_statistics(*, rank: int, step: int, level: str, bounds, names: list[str],
+def record_from_statistics(*, rank: int, step: int, level: str | Level, bounds, names: list[str],
                            shapes: list[tuple[int, ...]], statistics: np.ndarray, signs: np.ndarray | None = None,
                            float32_values: np.ndarray | None = None, checksum: bool = False,
                            directions: bool = True, md5: list[str] | None = None, extra=()) -> StepRecord:
@@ -123,7 +123,8 @@ def record_from_statistics(*, rank: int, step: int, level: str, bounds, names: l
     shapes = [tuple(s) for s in shapes]
     layout = StatisticsLayout(level, bounds, [math.prod(shape) for shape in shapes], checksum, extra)
     sections = layout.split(np.asarray(statistics, dtype=np.float64))
-    record = StepRecord(rank=rank, step=step, level=level, bounds=tuple(bounds), names=list(names), shapes=shapes,
+    record = StepRecord(rank=rank, step=step, level=layout.level.name, bounds=tuple(bounds), names=list(names),
+                        shapes=shapes,
                         values=sections[EXTREMES].astype(np.float32))
     if layout.level.has_buckets:
         cumulative = sections[CUMULATIVE_COUNTS].astype(np.int64)
@@ -131,7 +132,7 @@ def record_from_statistics(*, rank: int, step: int, level: str, bounds, names: l
         record.bucket_counts = np.diff(cumulative[:, :-1], axis=1, prepend=0, append=numels)
         record.zero_counts = cumulative[:, -1]
     if layout.level.has_exponents:
-        record.exponent_counts = sections[EXPONENT_COUNTS].astype(np.int64)
+        record.exponent_counts = ExponentCounts.of(sections[EXPONENT_COUNTS])
     if layout.extra:
         record.extra = {statistic.name: np.array([statistic.finish(float(reduced), numel) for reduced, numel
                                                   in zip(sections[EXTRA][:, column], layout.numels)], np.float32)

@@ -126,7 +126,8 @@ EXTRA: dict[str, Statistic] = {statistic.name: statistic for statistic in (
 
 
 PARAMETER_NORM = "param_norm"  # the parameter's own L2 norm (not the gradient's); see the module docstring
-OPT_IN = (*EXTRA, PARAMETER_NORM)  # what a monitor's ``statistics`` option accepts
+EXPONENTS = "exponents"  # the exponent counts below L2 (L2 has them)
+OPT_IN = (*EXTRA, PARAMETER_NORM, EXPONENTS)  # what a monitor's ``statistics`` option accepts
 
 
 def refuse_unknown(names, accepted=OPT_IN) -> None:
@@ -173,6 +174,38 @@ def exponent_counts(compared: np.ndarray) -> np.ndarray:
     counts[ZERO_BIN] = np.sum(compared == 0)
     counts[NON_FINITE_BIN] = np.sum(~np.isfinite(compared))
     return counts
+
+
+@dataclass(frozen=True)
+class ExponentCounts:
+    """Exponent counts of several parameters (a row each) kept over the exponents that occur in any of them:
+    column ``j`` of ``kept`` (int64) counts exponent ``lowest + j``, its last two columns the zeros and the
+    non-finite elements. A step's 281 bins per parameter shrink to a few dozen columns for the record's trips (the
+    local dump's process, the sinks) and the file."""
+
+    lowest: int
+    kept: np.ndarray
+
+    @classmethod
+    def of(cls, full: np.ndarray) -> "ExponentCounts":
+        """From rows of :data:`EXPONENT_BINS` (as :func:`exponent_counts` gives them)."""
+        full = np.asarray(full).reshape(-1, EXPONENT_BINS)
+        occurring = np.flatnonzero(full[:, :ZERO_BIN].any(axis=0))
+        low, high = (int(occurring[0]), int(occurring[-1])) if occurring.size else (0, -1)
+        return cls(EXPONENT_LOW + low, np.concatenate([full[:, low:high + 1], full[:, ZERO_BIN:]], axis=1)
+                   .astype(np.int64))
+
+    @property
+    def highest(self) -> int:
+        """The highest exponent kept (below ``lowest`` when no element is finite and nonzero)."""
+        return self.lowest + self.kept.shape[1] - 3
+
+    def full(self) -> np.ndarray:
+        """Rows of :data:`EXPONENT_BINS` again."""
+        full = np.zeros((len(self.kept), EXPONENT_BINS), np.int64)
+        full[:, self.lowest - EXPONENT_LOW:self.highest - EXPONENT_LOW + 1] = self.kept[:, :-2]
+        full[:, ZERO_BIN:] = self.kept[:, -2:]
+        return full
 
 
 def reference(values: np.ndarray, bounds, extra=(), dtype: str | None = None) -> dict:

@@ -12,7 +12,7 @@ import pytest
 from msprobe_mlflow.directions import DamagedFile
 from msprobe_mlflow.dump import extract_steps_archive, exponents_path, summary_csv_path, write_steps_archive
 from msprobe_mlflow.exponents import read_exponents, write_exponents
-from msprobe_mlflow.statistics_table import EXPONENT_BINS, EXPONENT_LOW, exponent_counts
+from msprobe_mlflow.statistics_table import EXPONENT_BINS, EXPONENT_LOW, ExponentCounts, exponent_counts
 
 NAMES = ["layer.weight", "layer.bias", "empty"]
 
@@ -27,10 +27,10 @@ def counts_of_three() -> np.ndarray:
 def test_counts_come_back_whole_from_the_range_that_occurs(tmp_path):
     counts = counts_of_three()
     path = tmp_path / "exponents_3.npz"
-    write_exponents(path, NAMES, counts, loss_scale=1024.0)
+    write_exponents(path, NAMES, ExponentCounts.of(counts), loss_scale=1024.0)
     names, found, loss_scale = read_exponents(path)
     assert (names, loss_scale) == (NAMES, 1024.0)
-    np.testing.assert_array_equal(found, counts)
+    np.testing.assert_array_equal(found.full(), counts)
     with np.load(path, allow_pickle=False) as stored:  # only -149 (1e-45) to 127 (3e38) kept, and the last two
         assert (int(stored["lowest"]), int(stored["highest"])) == (-149, 127)
         assert stored["counts"].size == len(NAMES) * (127 + 149 + 1 + 2)
@@ -39,8 +39,8 @@ def test_counts_come_back_whole_from_the_range_that_occurs(tmp_path):
 def test_a_step_without_a_finite_nonzero_element_keeps_zeros_and_non_finite_only(tmp_path):
     counts = np.zeros((2, EXPONENT_BINS), np.int64)
     counts[:, -2:] = [[5, 0], [1, 2]]
-    write_exponents(tmp_path / "e.npz", ["a", "b"], counts)
-    np.testing.assert_array_equal(read_exponents(tmp_path / "e.npz")[1], counts)
+    write_exponents(tmp_path / "e.npz", ["a", "b"], ExponentCounts.of(counts))
+    np.testing.assert_array_equal(read_exponents(tmp_path / "e.npz")[1].full(), counts)
 
 
 def rewritten(path, **fields):
@@ -62,7 +62,7 @@ def rewritten(path, **fields):
 ])
 def test_a_malformed_field_is_refused_naming_the_file_and_the_field(tmp_path, fields, problem):
     path = tmp_path / "exponents_0.npz"
-    write_exponents(path, NAMES, counts_of_three())
+    write_exponents(path, NAMES, ExponentCounts.of(counts_of_three()))
     rewritten(path, **fields)
     with pytest.raises(DamagedFile, match=problem) as raised:
         read_exponents(path)
@@ -71,7 +71,7 @@ def test_a_malformed_field_is_refused_naming_the_file_and_the_field(tmp_path, fi
 
 def test_a_flipped_byte_is_refused_by_the_archives_checksum(tmp_path):
     path = tmp_path / "exponents_0.npz"
-    write_exponents(path, NAMES, counts_of_three())
+    write_exponents(path, NAMES, ExponentCounts.of(counts_of_three()))
     with zipfile.ZipFile(path) as archive:
         member = archive.getinfo("counts.npy")
     data = bytearray(path.read_bytes())
@@ -84,12 +84,13 @@ def test_a_flipped_byte_is_refused_by_the_archives_checksum(tmp_path):
 def test_the_steps_archive_carries_each_steps_exponent_counts(tmp_path):
     dump, counts = tmp_path / "dump", counts_of_three()
     for step in (0, 1):
-        write_exponents(exponents_path(dump, 0, step), NAMES, counts + step)
+        write_exponents(exponents_path(dump, 0, step), NAMES, ExponentCounts.of(counts + step))
         summary_csv_path(dump, 0, step).write_bytes(b"param_name,max,min,norm,shape\r\n")
     archive = write_steps_archive(dump, 0, [0, 1], tmp_path, packed_directions=None)
     assert extract_steps_archive(archive, tmp_path / "copy") == [0, 1]
     for step in (0, 1):
-        np.testing.assert_array_equal(read_exponents(tmp_path / "copy" / f"exponents_{step}.npz")[1], counts + step)
+        np.testing.assert_array_equal(read_exponents(tmp_path / "copy" / f"exponents_{step}.npz")[1].full(),
+                                      counts + step)
 
 
 def test_the_lowest_bin_holds_what_lies_below_float32s_least_subnormal():

@@ -13,7 +13,7 @@ import torch
 from msprobe_mlflow import GradProbeConfig
 from msprobe_mlflow.formats import RANGES, LossyFormat, format_losses
 from msprobe_mlflow.pytorch import GradientMonitor
-from msprobe_mlflow.statistics_table import exponent_counts
+from msprobe_mlflow.statistics_table import ExponentCounts, exponent_counts
 
 DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "fp8_e4m3": torch.float8_e4m3fn,
           "fp8_e5m2": torch.float8_e5m2}
@@ -50,7 +50,7 @@ def test_losses_read_from_exponents_equal_torchs_conversions(scale):
     values = rng.uniform(1.01, 1.6, exponents.size) * np.exp2(exponents.astype(np.float64))
     values *= rng.choice([-1.0, 1.0], values.size)
     values = np.concatenate([values, [0.0, -0.0, np.inf, -np.inf, np.nan]])
-    counts = exponent_counts(values)[None]
+    counts = ExponentCounts.of(exponent_counts(values))
     found = format_losses(counts, None if scale == 1.0 else scale)
     for name, dtype in DTYPES.items():
         assert found[name][0].tolist() == torch_losses(values, scale, dtype), name
@@ -60,10 +60,10 @@ def test_the_watch_names_the_parameters_beyond_its_share_most_first():
     lossy = LossyFormat("float16", 0.1)
     counts = np.array([exponent_counts(np.array(v, np.float32)) for v in
                        ([1e-9] * 5 + [1.0] * 5, [1e-6] * 9 + [1.0], [1.0] * 10, [70000.0] + [1.0] * 99)])
-    share, parameters = lossy.losses(["a", "b", "c", "d"], counts, None)
+    share, parameters = lossy.losses(["a", "b", "c", "d"], ExponentCounts.of(counts), None)
     assert share == pytest.approx((5 + 9 + 1) / 130)
     assert parameters == [("b", pytest.approx(0.9)), ("a", pytest.approx(0.5))]  # d's 1% is under 10%
-    assert lossy.losses(["c"], counts[2:3], None) is None
+    assert lossy.losses(["c"], ExponentCounts.of(counts[2:3]), None) is None
 
 
 @pytest.mark.parametrize("fields, problem", [({"format": "fp4"}, "lossy_format = 'fp4'"),

@@ -92,7 +92,8 @@ def test_cumulative_counts_decode_into_buckets_and_the_zero_count():
     record = record_from_statistics(rank=0, step=0, level="L2", bounds=(-1, 1), names=["w"], shapes=[(4,)],
                                     statistics=np.array([5.0, -2.0, np.sqrt(29), 1, 3, 2, *exponents]),
                                     signs=np.array([0x10]))
-    assert record.exponent_counts.tolist() == [exponents.tolist()]
+    assert (record.exponent_counts.lowest, record.exponent_counts.kept.tolist()) == (1, [[1, 1, 2, 0]])
+    assert record.exponent_counts.full().tolist() == [exponents.tolist()]
     assert record.bucket_counts.tolist() == [[1, 2, 1]]  # (-inf, -1], (-1, 1], (1, inf)
     assert record.zero_counts.tolist() == [2]
     assert record.values.tolist() == [[5.0, -2.0, np.float32(np.sqrt(29))]]

@@ -12,8 +12,10 @@ import torch
 
 from msprobe_mlflow import MonitorOptions
 from msprobe_mlflow.config import GradProbeConfig
-from msprobe_mlflow.dump import read_summary, summary_csv_path
+from msprobe_mlflow.dump import exponents_path, read_summary, summary_csv_path
+from msprobe_mlflow.exponents import read_exponents
 from msprobe_mlflow.pytorch import GradientMonitor
+from msprobe_mlflow.statistics_table import exponent_counts
 from tiny_models import mlp, train
 
 STATISTICS = ["mean", "abs_mean"]
@@ -25,7 +27,7 @@ def expected_columns(grads: dict[str, np.ndarray]) -> dict[str, list[float]]:
             "abs_mean": [float(np.float32(np.abs(v).mean())) for v in values]}
 
 
-def train_torch(dump, statistics=STATISTICS, steps: int = 3, weights=None) -> list[dict]:
+def train_torch(dump, statistics=STATISTICS, steps: int = 3, weights=None, level: str = "L2") -> list[dict]:
     """Each step's gradients as the optimizer saw them (numpy), in parameter order (``weights``: a list that gets
     each step's parameters as the optimizer saw them)."""
     model = mlp(6, 5, 3)
@@ -36,7 +38,7 @@ def train_torch(dump, statistics=STATISTICS, steps: int = 3, weights=None) -> li
     if weights is not None:
         optimizer.register_step_pre_hook(lambda *_: weights.append(
             [p.detach().numpy().astype(np.float64) for p in model.parameters()]))
-    monitor = GradientMonitor(GradProbeConfig(dump_path=str(dump), level="L2", bounds=[-0.1, 0, 0.1]),
+    monitor = GradientMonitor(GradProbeConfig(dump_path=str(dump), level=level, bounds=[-0.1, 0, 0.1]),
                               log_to_mlflow=False, metrics_file=True, statistics=statistics)
     with monitor:
         train(model, steps, optimizer=optimizer, monitor=monitor,
@@ -79,6 +81,22 @@ def test_param_norm_holds_each_parameters_own_norm_before_the_update_last_and_it
     assert weights[1][0].tolist() != weights[0][0].tolist()  # the weights moved: each step read its own
 
 
+def test_exponents_below_l2_are_counted_beside_msprobes_csv_with_their_format_metrics(tmp_path):
+    seen = train_torch(tmp_path / "asked", statistics=["exponents"], level="L1")
+    train_torch(tmp_path / "plain", statistics=[], level="L1")
+    lines = [json.loads(line) for line in (tmp_path / "asked" / "rank0" / "metrics.jsonl").read_text().splitlines()]
+    for step, grads in enumerate(seen):
+        csv = summary_csv_path(tmp_path / "asked", 0, step)
+        assert csv.read_bytes() == summary_csv_path(tmp_path / "plain", 0, step).read_bytes()  # msprobe's L1 CSV
+        names, counts, _ = read_exponents(exponents_path(tmp_path / "asked", 0, step))
+        assert names == list(grads)
+        np.testing.assert_array_equal(counts.full(), [exponent_counts(g) for g in grads.values()])
+        everything = np.concatenate([g.reshape(-1) for g in grads.values()])
+        assert lines[step]["formats/float16 subnormal"] == \
+            np.count_nonzero((everything != 0) & (np.abs(everything) < 2.0 ** -14)) / everything.size
+    assert not exponents_path(tmp_path / "plain", 0, 0).exists()
+
+
 def test_param_norm_with_fsdp1_is_refused_before_anything_is_opened(tmp_path):
     """FSDP1's flat parameters hide the original ones' weights: refused in monitor(), no dump folder made."""
     import torch.distributed as dist
@@ -97,8 +115,9 @@ def test_param_norm_with_fsdp1_is_refused_before_anything_is_opened(tmp_path):
 
 
 @pytest.mark.parametrize("statistics, refused", [
-    (["median"], "statistics ['median'] are not known; expected some of: mean, abs_mean, param_norm"),
-    ("mean", "statistics = 'mean' is not accepted; expected a list of names, some of: mean, abs_mean, param_norm"),
+    (["median"], "statistics ['median'] are not known; expected some of: mean, abs_mean, param_norm, exponents"),
+    ("mean", "statistics = 'mean' is not accepted; expected a list of names, some of: mean, abs_mean, param_norm, "
+             "exponents"),
 ])
 def test_an_unknown_statistic_is_refused_naming_those_accepted(statistics, refused):
     with pytest.raises(ValueError) as error:
@@ -121,7 +140,7 @@ def test_mindspores_monitor_records_each_parameters_norm_before_the_update(tmp_p
         optimizer = nn.SGD(parameters, learning_rate=0.5) if kind == "nn" else mint.optim.SGD(parameters, lr=0.5)
         monitor = MindSporeMonitor({"task": "grad_probe", "dump_path": str(tmp_path / "dump"),
                                     "grad_probe": {"grad_level": "L1"}}, log_to_mlflow=False,
-                                   statistics=["param_norm", "mean"]).monitor(optimizer)
+                                   statistics=["param_norm", "mean", "exponents"]).monitor(optimizer)
         weights = []
         for step in range(3):  # the weights each step's optimizer call starts from
             weights.append([np.linalg.norm(p.asnumpy().astype(np.float64)) for p in optimizer.parameters])
@@ -134,6 +153,9 @@ def test_mindspores_monitor_records_each_parameters_norm_before_the_update(tmp_p
         table = read_summary(summary_csv_path(tmp_path / "dump", 0, step))
         assert table.header[-4:] == ["norm", "mean", "param_norm", "shape"]
         assert table.numbers("param_norm") == pytest.approx(expected, rel=1e-6)
+        _, counts, _ = read_exponents(exponents_path(tmp_path / "dump", 0, step))  # every element is step + 1
+        np.testing.assert_array_equal(counts.full(), [exponent_counts(np.full(p.shape, step + 1.0, np.float32))
+                                               for p in optimizer.parameters])
 
 
 def test_mindspores_monitor_writes_the_same_columns(tmp_path):

@@ -143,7 +143,7 @@ class GradientMonitor(SessionMonitor):
         """Which of the optimizer's parameters are probed, their shapes, and the probe's other settings: a stopped
         probe with the same ones is restarted instead of replaced."""
         wanted, shapes = [self.config.wants_param(p.name) for p in parameters], [tuple(p.shape) for p in parameters]
-        settings = dict(level=self.config.level, bounds=self.config.bounds, steps=self.config.step,
+        settings = dict(level=self.recorded_level, bounds=self.config.bounds, steps=self.config.step,
                         rank_wanted=ranks.probes, directions_every=self.config.directions_every_n_steps,
                         extra=self.options.gradient_statistics)
         return wanted, shapes, settings
@@ -203,7 +203,7 @@ class GradientMonitor(SessionMonitor):
                 statistics, signs, values, norms = probe.read(probed_step)
                 self._session.submit(functools.partial(
                     _record, norms, self._compute_format, rank=self._session.ranks.rank, step=probed_step,
-                    level=self.config.level, bounds=self.config.bounds, names=self._names, shapes=self._shapes,
+                    level=self.recorded_level, bounds=self.config.bounds, names=self._names, shapes=self._shapes,
                     statistics=statistics, signs=signs, float32_values=values, directions=signs is not None,
                     extra=self.options.gradient_statistics))
             armed_until = self.directions_schedule.armed_until(steps_run)

@@ -48,7 +48,7 @@ class GradientProbe(nn.Cell):
     says which step they belong to; the decision is made in the graph, so it costs no synchronisation.
     """
 
-    def __init__(self, selected: list[bool], shapes: list[tuple[int, ...]], *, level: str, bounds,
+    def __init__(self, selected: list[bool], shapes: list[tuple[int, ...]], *, level: "str | Level", bounds,
                  steps: tuple[int, ...], rank_wanted: bool, first_step: int = 0, notices: Notices | None = None,
                  directions_every: int = 1, extra: tuple[str, ...] = (), weights: tuple = ()):
         super().__init__(auto_prefix=False)
@@ -182,7 +182,7 @@ class GradientProbe(nn.Cell):
         self.notices = notices
 
 
-def probe_settings(selected, shapes, *, level: str, bounds, steps, rank_wanted: bool,
+def probe_settings(selected, shapes, *, level: "str | Level", bounds, steps, rank_wanted: bool,
                    directions_every: int = 1, extra=(), with_parameter_norms: bool = False) -> tuple:
     """What a compiled graph keeps of a probe as constants: a stopped probe with equal settings can be restarted
     instead of making a new one, which graphs compiled before would never call."""
@@ -192,7 +192,8 @@ def probe_settings(selected, shapes, *, level: str, bounds, steps, rank_wanted: 
 
 @ms.jit
 def _statistics_graph(grads, selected, has_buckets, bounds32, extra=(), has_exponents=False):
-    return (gradient_statistics(grads, selected, has_buckets, bounds32, extra, has_exponents), pack_signs(grads, selected),
+    return (gradient_statistics(grads, selected, has_buckets, bounds32, extra, has_exponents),
+            pack_signs(grads, selected),
             float32_values(grads, selected))
 
 

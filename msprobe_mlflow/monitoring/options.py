@@ -13,7 +13,7 @@ from msprobe_mlflow.monitoring.directions_schedule import TierOptions
 from msprobe_mlflow.sinks import StepSink
 from msprobe_mlflow.sinks.anomalies import AnomalyOptions
 from msprobe_mlflow.sinks.baseline import BaselineOptions
-from msprobe_mlflow.statistics_table import OPT_IN, PARAMETER_NORM, refuse_unknown
+from msprobe_mlflow.statistics_table import EXPONENTS, OPT_IN, PARAMETER_NORM, refuse_unknown
 from msprobe_mlflow.trace.options import TraceOptions
 from msprobe_mlflow.tracking.options import TrackingOptions
 
@@ -45,7 +45,8 @@ class MonitorOptions:
     - ``statistics``: opt-in columns after ``norm`` in the summary CSV (names from
       :data:`msprobe_mlflow.statistics_table.OPT_IN`): the gradient's ``mean``, ``abs_mean`` (and their run
       metrics), then the parameter's own ``param_norm`` (the comparator judges it too); none by default, so
-      the CSVs stay msprobe's byte for byte.
+      the CSVs stay msprobe's byte for byte. ``exponents``: the exponent counts and format losses below L2
+      (L2 has them), beside the CSV.
 
     The keywords are the groups' field names and these (``docs/options.md``); a config-dependent check (the tier's
     combination, a baseline at a level without directions) comes when applied to a config (:meth:`applied_to`).
@@ -122,11 +123,16 @@ class MonitorOptions:
     @property
     def gradient_statistics(self) -> tuple[str, ...]:
         """The opt-in statistics of the gradient (every backend computes them), without the parameter's norm."""
-        return tuple(name for name in self.statistics if name != PARAMETER_NORM)
+        return tuple(name for name in self.statistics if name not in (PARAMETER_NORM, EXPONENTS))
 
     @property
     def parameter_norms(self) -> bool:
         return PARAMETER_NORM in self.statistics
+
+    @property
+    def exponent_counts(self) -> bool:
+        """The exponent counts asked for below L2."""
+        return EXPONENTS in self.statistics
 
     @property
     def mlflow(self) -> TrackingOptions | None:

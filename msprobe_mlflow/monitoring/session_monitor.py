@@ -7,6 +7,7 @@ import os
 from typing import Callable
 
 from msprobe_mlflow.config import GradProbeConfig, load_config
+from msprobe_mlflow.levels import Level, recorded_level
 from msprobe_mlflow.monitoring import status_lines
 from msprobe_mlflow.monitoring.directions_schedule import DirectionsSchedule, directions_sinks
 from msprobe_mlflow.notices import Notices
@@ -42,6 +43,11 @@ class SessionMonitor:
         self._session: ProbeSession | None = None
         self.training_id: str | None = None  # set by the first session: what its dump records (rank 0's)
         self.traced_steps: list[int] = []  # the steps whose operator trace is written (trace_steps)
+
+    @property
+    def recorded_level(self) -> Level:
+        """The level recorded: the config's, with the exponent counts where ``statistics`` asks for them below L2."""
+        return recorded_level(self.config.level, self.options.exponent_counts)
 
     @property
     def tracking(self) -> TrackingOptions | None:

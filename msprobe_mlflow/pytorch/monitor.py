@@ -21,7 +21,6 @@ from torch.optim.optimizer import register_optimizer_step_post_hook, register_op
 
 from msprobe_mlflow.config import GradProbeConfig
 from msprobe_mlflow.dump import step_ranges
-from msprobe_mlflow.levels import LEVELS
 from msprobe_mlflow.monitoring.options import MonitorOptions
 from msprobe_mlflow.monitoring.session_monitor import SessionMonitor
 from msprobe_mlflow.parameter_names import eager_named_parameters
@@ -221,7 +220,8 @@ class GradientMonitor(SessionMonitor):
             raise TypeError(f"gradients of {', '.join(unsupported)} have no max/min/sign statistics; expected "
                             f"real floating dtypes (leave such parameters out with grad_probe.param_list)")
         launch = launch_sharded_statistics if sharded else launch_step_statistics
-        pending = launch(names, grads, rank=rank, step=step, level=self.config.level, bounds=self.config.bounds,
+        level = self.recorded_level
+        pending = launch(names, grads, rank=rank, step=step, level=level, bounds=self.config.bounds,
                          checksum=self.config.checksum, directions=self.directions_schedule.wants(step),
                          extra=self.options.gradient_statistics, cache=self._cache)
         if self.options.parameter_norms:
@@ -230,7 +230,7 @@ class GradientMonitor(SessionMonitor):
         if compute_format is not None:
             measured = pending
             pending = lambda: with_compute_format(measured(), compute_format)  # noqa: E731
-        scale = loss_scale.scale_of(self._optimizer) if LEVELS[self.config.level].has_exponents else None
+        scale = loss_scale.scale_of(self._optimizer) if level.has_exponents else None
         if scale is not None:  # copied with the step's statistics, never waited for here
             scaled, scale_on_host = pending, start_host_copy(scale.detach().float().reshape(1).clone())
             pending = lambda: with_loss_scale(scaled(), float(scale_on_host()[0]))  # noqa: E731

@@ -4,9 +4,9 @@ numpy needs one call, and so one pass over memory, per statistic; here one kerne
 that fit the L1 cache: one loop over rows of 8 adds the squares in torch's own order and takes the largest and
 smallest IEEE words as integers in the element's own width (the max and min follow from them, see
 :func:`_extremes`), at the speed memory delivers the block; while it sits in the cache, vectorised loops count
-each bound and the zeros, pack the sign bits eight at a time by one multiplication and (L2) count the exponents. It releases the GIL:
-:func:`statistics` spreads the gradients over this rank's cores while the training thread waits in the optimizer's
-pre-hook (:func:`worker_threads`).
+each bound and the zeros, pack the sign bits eight at a time by one multiplication and (L2) count the elements per
+binary exponent. It releases the GIL: :func:`statistics` spreads the gradients over this rank's cores while the
+training thread waits in the optimizer's pre-hook (:func:`worker_threads`).
 """
 from __future__ import annotations
 
@@ -35,6 +35,7 @@ _LIMITS = {  # per dtype, in its bits' integer type: the sign bit (the smallest)
     np.dtype(np.float64): np.array([-(1 << 63), 0x7FFFFFFFFFFFFFFF, 0x7FF0000000000000], np.int64)}
 _SUBNORMAL_BIN = EXPONENT_BINS  # float32 subnormals wait in a bin of their own for :func:`_place_subnormals`
 _TABLES = 8  # histogram copies, one per element of a row of 8: repeated exponents do not wait on each other
+_DIRECT = 256  # elements: fewer are counted straight into the row, without the copies (which cost more to add up)
 CACHE_ENV = "NUMBA_CACHE_DIR"
 
 
@@ -182,9 +183,20 @@ def _exponent_bins(words, magnitude, bins):
 def _count_exponents(words, magnitude, bins, tables, out):
     """Adds the exponent counts of ``words`` to ``out`` (a row of ``EXPONENT_BINS``): bins first, then one
     increment per element, element ``i`` into histogram copy ``i % _TABLES`` of ``tables`` (int32, zeroed here
-    after use)."""
+    after use); only the bins that occur are added up and zeroed, a few dozen of the copies' 8 x 282."""
     _exponent_bins(words, magnitude, bins)
     width, n = EXPONENT_BINS + 1, words.size
+    if n <= _DIRECT:
+        waiting = False
+        for i in range(n):
+            if bins[i] == _SUBNORMAL_BIN:
+                waiting = True
+            else:
+                out[bins[i]] += 1
+        if waiting:
+            _place_subnormals(words, magnitude, out)
+        return
+    low, high = bins[:n].min(), bins[:n].max()
     whole = n - n % _TABLES
     for i in range(0, whole, _TABLES):  # written out: a loop over the copies here runs twice as slow
         tables[bins[i]] += 1
@@ -197,12 +209,12 @@ def _count_exponents(words, magnitude, bins, tables, out):
         tables[7 * width + bins[i + 7]] += 1
     for i in range(whole, n):
         tables[bins[i]] += 1
-    waiting = 0
+    waiting = False
     for t in range(_TABLES):
-        for b in range(EXPONENT_BINS):
+        for b in range(low, min(high, EXPONENT_BINS - 1) + 1):
             out[b] += tables[t * width + b]
-        waiting += tables[t * width + _SUBNORMAL_BIN]
-    tables[:] = 0
+        waiting |= high == _SUBNORMAL_BIN and tables[t * width + _SUBNORMAL_BIN] > 0
+        tables[t * width + low:t * width + high + 1] = 0
     if waiting:
         _place_subnormals(words, magnitude, out)
 
@@ -221,7 +233,8 @@ def _place_subnormals(words, magnitude, out):
 
 
 def _segments_statistics(values, words, ends, rows, bounds, limits, with_counts, with_signs, with_squares,
-                         keys, counts, squares, signs, sign_offsets, positive, with_exponents, exponents, bins, tables):
+                         keys, counts, squares, signs, sign_offsets, positive, with_exponents, exponents, bins,
+                         tables):
     """For segment ``s = values[ends[s-1]:ends[s]]``, writes into row ``rows[s]``: ``keys`` (max and min order
     keys), ``counts`` (``x <= b`` per bound and ``x == 0`` when ``with_counts``, then 1 if it holds NaN), ``squares``
     (the sum of ``x * x`` in torch's order), its packed signs at ``signs[sign_offsets[s]:]`` and, when
@@ -332,7 +345,7 @@ def _squares_match_torch() -> bool:
     arrays = [(rng.standard_normal(size) * rng.uniform(0.01, 100)).astype(np.float32)
               for size in [*range(1, 24), 3 * BLOCK + 13] * 8]
     _, _, squares, _ = _run(Located.of_arrays(arrays), np.dtype(np.float32), np.zeros(0, np.float32), False, False,
-                         True, np.zeros(len(arrays), np.int64), None, 1)
+                            True, np.zeros(len(arrays), np.int64), None, 1)
     return np.array_equal(np.sqrt(squares), torch.stack(foreach_norm(list(map(torch.from_numpy, arrays)))))
 
 
@@ -466,7 +479,9 @@ def located_statistics(located: Located, bounds, *, with_counts: bool, with_sign
                                                               with_squares, sign_offsets[found], signs, threads,
                                                               found, with_exponents)
         counts[found] = all_counts[:, :-1]
-        if with_exponents:
+        if with_exponents and found.size == count:  # one dtype: its rows are all of them, in order
+            exponents = found_exponents
+        elif with_exponents:
             exponents[found] = found_exponents
         clean = (all_counts[:, -1] == 0) & (located.sizes[found] > 0)
         maxima[found[clean]] = _order_key_to_values(keys[clean, 0], dtype)

@@ -26,7 +26,7 @@ import torch.distributed as dist
 
 from msprobe_mlflow.layout import (CUMULATIVE_COUNTS, EXPONENT_COUNTS, EXTRA, EXTREMES, StatisticsLayout,
                                    packed_length)
-from msprobe_mlflow.levels import LEVELS, Level
+from msprobe_mlflow.levels import Level, recorded_level
 from msprobe_mlflow.torch_kernels.host_copy import start_host_copy
 from msprobe_mlflow.torch_kernels.statistics import (StatisticsCache, _comparable, count_into, exponent_bins,
                                                      launch_step_statistics, pack_signs)
@@ -107,13 +107,15 @@ def _sharding(grad: torch.Tensor, name: str) -> _Sharding:
     return _Sharding(grad.device_mesh.get_group(mesh_dim), placement.dim)
 
 
-def launch_sharded_statistics(names: list[str], grads: list[torch.Tensor], *, rank: int, step: int, level: str,
+def launch_sharded_statistics(names: list[str], grads: list[torch.Tensor], *, rank: int, step: int,
+                              level: str | Level,
                               bounds: tuple, checksum: str = "md5", directions: bool = True, extra=(),
                               cache: StatisticsCache | None = None) -> Callable[[], StepRecord]:
     """Like :func:`~msprobe_mlflow.torch_kernels.statistics.launch_step_statistics`, for gradients of which some are
     DTensors: the record holds each full gradient's statistics. A collective: every rank of each gradient's
     process group must call it, with the same parameters in the same order."""
-    if LEVELS[level].has_md5:
+    level = recorded_level(level)
+    if level.has_md5:
         full = [_gather_flat(g) if isinstance(g, FlatPiece) else
                 g.full_tensor() if isinstance(g, _dtensor_type()) else g for g in grads]
         return launch_step_statistics(names, full, rank=rank, step=step, level=level, bounds=bounds,
@@ -127,7 +129,7 @@ def launch_sharded_statistics(names: list[str], grads: list[torch.Tensor], *, ra
         groups.setdefault((isinstance(sharding, FlatPiece), sharding.group), []).append(index)
     order = [i for members in groups.values() for i in members]  # each group's rows contiguous
     bounds32, statistics = float32_bounds(bounds), extra_statistics(extra)
-    extremes, sums = _partials([locals_[i] for i in order], bounds32, LEVELS[level], statistics)
+    extremes, sums = _partials([locals_[i] for i in order], bounds32, level, statistics)
     start, gathered = 0, []
     for group, members in groups.items():
         rows = slice(start, start + len(members))
@@ -135,7 +137,7 @@ def launch_sharded_statistics(names: list[str], grads: list[torch.Tensor], *, ra
         if group[1] is not None:
             dist.all_reduce(extremes[rows], op=dist.ReduceOp.MAX, group=group[1])
             dist.all_reduce(sums[rows], op=dist.ReduceOp.SUM, group=group[1])
-        if LEVELS[level].has_directions and directions:
+        if level.has_directions and directions:
             gathered.append(_gather_flat_signs([shardings[i] for i in members]) if group[0] else
                             _gather_signs([(locals_[i], grads[i].shape, shardings[i]) for i in members]))
     statistics_host = start_host_copy(_full_statistics(extremes, sums, [grads[i] for i in order], level, bounds32,
@@ -194,7 +196,7 @@ def _signed_zeros(values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return zeros.sum().double() - negative, negative
 
 
-def _full_statistics(extremes: torch.Tensor, sums: torch.Tensor, grads: list[torch.Tensor], level: str,
+def _full_statistics(extremes: torch.Tensor, sums: torch.Tensor, grads: list[torch.Tensor], level: Level,
                      bounds32, extra: tuple[Statistic, ...] = ()) -> torch.Tensor:
     """The layout's flat vector from the reduced partials: max and min NaN where a NaN was seen (as
     ``aminmax`` over the full gradient gives) or the parameter is empty, a zero max +0.0 and a zero min -0.0 when

@@ -22,7 +22,7 @@ from msprobe_mlflow import notices
 from msprobe_mlflow.compat import foreach_norm
 from msprobe_mlflow.layout import (CHECKSUM, CHECKSUMS, CUMULATIVE_COUNTS, EXPONENT_COUNTS, EXTRA, EXTREMES,
                                    StatisticsLayout, packed_length)
-from msprobe_mlflow.levels import LEVELS, Level
+from msprobe_mlflow.levels import Level, recorded_level
 from msprobe_mlflow.torch_kernels import fused, md5
 from msprobe_mlflow.torch_kernels.host_copy import pinned, start_host_copy as _to_host  # any accelerator, no sync
 from msprobe_mlflow.records import StepRecord, record_from_statistics
@@ -71,7 +71,7 @@ def _padded(vector: torch.Tensor) -> list[torch.Tensor]:
     return [vector, _device_constant([0] * padding, vector.dtype, vector.device)]
 
 
-def launch_step_statistics(names: list[str], grads: list[torch.Tensor], *, rank: int, step: int, level: str,
+def launch_step_statistics(names: list[str], grads: list[torch.Tensor], *, rank: int, step: int, level: str | Level,
                            bounds: tuple, directions: bool = True, checksum: str = "md5",
                            extra=(), cache: "StatisticsCache | None" = None) -> Callable[[], StepRecord]:
     """Computes (CPU) or queues (other devices) the statistics of ``grads``; returns the pending step.
@@ -91,7 +91,8 @@ def launch_step_statistics(names: list[str], grads: list[torch.Tensor], *, rank:
     """
     if checksum not in CHECKSUMS:
         raise ValueError(f"checksum = {checksum!r} is not accepted; expected one of {', '.join(CHECKSUMS)}")
-    recorded = LEVELS[level] if directions else dataclasses.replace(LEVELS[level], has_directions=False)
+    level = recorded_level(level)  # a name, or a level with the opt-in exponents
+    recorded = level if directions else dataclasses.replace(level, has_directions=False)
     device_checksum = checksum == "mix64" and recorded.has_md5
     bounds32, statistics = float32_bounds(bounds), extra_statistics(extra)
     cache = cache or StatisticsCache()
@@ -313,11 +314,13 @@ def _order_keys(words: torch.Tensor) -> torch.Tensor:
 
 
 def _row_statistics(flat: torch.Tensor, row_valid: torch.Tensor, row_first_index: torch.Tensor, bounds: tuple,
-                    with_counts: bool, with_signs: bool, with_checksum: bool, extra: tuple = ()) -> tuple:
+                    with_counts: bool, with_signs: bool, with_checksum: bool, extra: tuple = (),
+                    with_exponents: bool = False) -> tuple:
     """Per row of ``flat`` (``ROW`` elements, the first ``row_valid`` of them a gradient's): max and min (as
     :func:`_order_keys`), whether it holds a NaN, the counts of ``x <= b`` per bound and of ``x == 0`` (float64),
-    the packed ``x > 0`` bits, :func:`_row_checksums`, and each ``extra`` statistic's reduction (float64, one
-    column each). The same few whole-buffer ops whatever the number of gradients."""
+    the packed ``x > 0`` bits, :func:`_row_checksums`, each ``extra`` statistic's reduction (float64, one
+    column each) and every element's exponent bin (int16, :func:`exponent_bins`). The same few whole-buffer ops
+    whatever the number of gradients."""
     rows = flat.view(-1, ROW)
     rows = rows if rows.dtype == torch.float64 else rows.float()  # bf16/fp16 compare in float32, exactly
     valid = torch.arange(ROW, device=flat.device) < row_valid[:, None]
@@ -337,10 +340,11 @@ def _row_statistics(flat: torch.Tensor, row_valid: torch.Tensor, row_first_index
         bits = (positive * weights).sum(dim=2, dtype=torch.uint8).reshape(-1)
     checksums = _row_checksums(flat, valid, row_first_index) if with_checksum else None
     extras = torch.stack([_row_reduction(statistic, rows, valid) for statistic in extra], dim=1) if extra else None
-    return maxima, minima, has_nan, counts, bits, checksums, extras
+    bins = exponent_bins(rows).to(torch.int16) if with_exponents else None
+    return maxima, minima, has_nan, counts, bits, checksums, extras, bins
 
 
-EXPONENT_CHUNK_ROWS = 1 << 13  # rows whose exponents are counted together: a bounded temporary (4M elements)
+EXPONENT_CHUNK_ROWS = 1 << 16  # rows whose exponents are counted together: a bounded temporary (32M elements)
 
 
 def exponent_bins(values: torch.Tensor) -> torch.Tensor:
@@ -367,16 +371,15 @@ def count_into(counts: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
     return counts.scatter_add_(0, index.reshape(-1), ones)
 
 
-def _gradient_exponent_counts(buffer: "_RowBuffer", gradients: int) -> torch.Tensor:
-    """Each gradient's exponent counts (float64, ``(gradients, EXPONENT_BINS)``) from its rows: every element's
-    bin and its gradient make one index (:func:`count_into`), a bounded number of rows at a time; padding goes
-    to one more bin, dropped."""
-    rows = buffer.flat.view(-1, ROW)
-    counts = torch.zeros(gradients * EXPONENT_BINS + 1, dtype=torch.int64, device=rows.device)
-    lane = torch.arange(ROW, device=rows.device)
-    for first in range(0, rows.shape[0], EXPONENT_CHUNK_ROWS):
+def _gradient_exponent_counts(buffer: "_RowBuffer", bins: torch.Tensor, gradients: int) -> torch.Tensor:
+    """Each gradient's exponent counts (float64, ``(gradients, EXPONENT_BINS)``) from its rows' ``bins`` (int16,
+    from :func:`_row_statistics`): every element's bin and its gradient make one index (:func:`count_into`), a
+    bounded number of rows at a time; padding goes to one more bin, dropped."""
+    counts = torch.zeros(gradients * EXPONENT_BINS + 1, dtype=torch.int64, device=bins.device)
+    lane = torch.arange(ROW, device=bins.device)
+    for first in range(0, bins.shape[0], EXPONENT_CHUNK_ROWS):
         chunk = slice(first, first + EXPONENT_CHUNK_ROWS)
-        index = buffer.row_owner[chunk, None] * EXPONENT_BINS + exponent_bins(rows[chunk])
+        index = buffer.row_owner[chunk, None] * EXPONENT_BINS + bins[chunk]
         count_into(counts, torch.where(lane < buffer.row_valid[chunk, None], index, gradients * EXPONENT_BINS))
     return counts[:-1].view(gradients, EXPONENT_BINS).double()
 
@@ -453,12 +456,12 @@ def _queue_dtype_group(grads, indices: list[int], norms, level, bounds32, checks
     members = [grads[i] for i in indices]
     buffer = cache.row_buffer(members)
     torch._foreach_copy_(buffer.targets, members)
-    maxima, minima, has_nan, counts, bits, checksums, extras = _fused_row_statistics(
+    maxima, minima, has_nan, counts, bits, checksums, extras, bins = _fused_row_statistics(
         buffer.flat, buffer.row_valid, buffer.row_first_index, tuple(map(float, bounds32)), level.has_buckets,
-        level.has_directions, checksum, extra)
+        level.has_directions, checksum, extra, level.has_exponents)
     sections = _gradient_sections(buffer, indices, norms, extra, maxima, minima, has_nan, counts, checksums, extras)
-    if level.has_exponents:
-        sections[EXPONENT_COUNTS] = _gradient_exponent_counts(buffer, len(indices))
+    if bins is not None:
+        sections[EXPONENT_COUNTS] = _gradient_exponent_counts(buffer, bins, len(indices))
     statistics = _to_host(torch.cat(layout.subset(indices).in_order(sections)))
     signs = _to_host(bits) if bits is not None else None
     values = None
