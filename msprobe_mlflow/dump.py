@@ -4,7 +4,7 @@
 {dump_path}/rank{R}/grad_summary_{S}.csv       every level (UTF-8 with BOM, CRLF)
 {dump_path}/rank{R}/step{S}/directions.npz     L1/L2, packed form (ours)
 {dump_path}/rank{R}/step{S}/{param}.npy        L1/L2, msprobe's boolean form
-{dump_path}/rank{R}/exponents_{S}.npz          L2, ours: the elements at each binary exponent (exponents.py)
+{dump_path}/rank{R}/exponents_{S}.npz          opt-in, ours: the elements at each binary exponent (exponents.py)
 {dump_path}/rank{R}/findings/                  ours: what the live sinks found (live verdict, anomaly flags)
 {dump_path}/rank{R}/training_id                 ours: the ID of the training that writes this rank folder
 {dump_path}/rank{R}/training.lock               ours: there while a training writes this rank folder, locked by it
@@ -226,7 +226,7 @@ def read_csv(path: str | os.PathLike) -> list[list[str]]:
 
 
 def write_step(dump_path: str | os.PathLike, record: StepRecord, direction_format: str = "packed") -> list[Path]:
-    """Writes one step's summary CSV (and directions at L1/L2, exponent counts at L2); returns the files written,
+    """Writes one step's summary CSV (and directions at L1/L2, exponent counts where asked); returns the files written,
     CSV first.
 
     Directions and exponents are written before the CSV, so a CSV on disk means its step is complete.

@@ -10,8 +10,8 @@ order:
 - ``cumulative_counts`` (levels with buckets: L2): the number of elements ``x <= b`` for each float32 bound ``b``,
   then the number ``x == 0`` (``-0.0`` included). Buckets are differences of those counts, so NaN and +inf land in
   the last bucket.
-- ``exponent_counts`` (levels with exponents: L2): the elements at each binary exponent, then zeros, then
-  non-finite ones (:func:`msprobe_mlflow.statistics_table.exponent_counts`);
+- ``exponent_counts`` (with the opt-in exponents, :func:`msprobe_mlflow.levels.recorded_level`): the elements at
+  each binary exponent, then zeros, then non-finite ones (:func:`msprobe_mlflow.statistics_table.exponent_counts`);
 - ``extra`` (only with opt-in statistics, ``extra`` names from
   :data:`msprobe_mlflow.statistics_table.EXTRA`): each one's reduced value, in the order of the names;
 - ``checksum`` (only with ``checksum=True``, at L0): the device checksum of the float32 values (see

@@ -31,8 +31,8 @@ class Level:
 
     ``has_md5``: the MD5 of the gradient's float32 bytes. ``has_directions``: the sign of every element
     (``step{S}/`` files). ``has_buckets``: the fraction of elements in each bucket of ``bounds`` and equal to 0.
-    ``has_exponents`` (ours, not in msprobe's CSV): the elements at each binary exponent
-    (:func:`msprobe_mlflow.statistics_table.exponent_counts`), kept beside the directions.
+    ``has_exponents`` (ours, not in msprobe's CSV; opt-in at every level, :func:`recorded_level`): the elements at
+    each binary exponent (:func:`msprobe_mlflow.statistics_table.exponent_counts`), in a file beside the CSV.
     """
 
     name: str
@@ -51,13 +51,13 @@ class Level:
 LEVELS: dict[str, Level] = {level.name: level for level in (
     Level("L0", has_md5=True),
     Level("L1", has_directions=True),
-    Level("L2", has_directions=True, has_buckets=True, has_exponents=True),
+    Level("L2", has_directions=True, has_buckets=True),
 )}
 
 
 def recorded_level(level: "str | Level", exponents: bool = False) -> Level:
     """The :class:`Level` of ``level`` (a name or a level), with the exponent counts too where asked (the opt-in
-    ``statistics=["exponents"]`` at L0/L1)."""
+    ``statistics=["exponents"]``)."""
     found = LEVELS[level] if isinstance(level, str) else level
     return replace(found, has_exponents=True) if exponents and not found.has_exponents else found
 

@@ -95,7 +95,7 @@ def step_metrics(table: SummaryTable, rank: int, param_patterns: tuple[str, ...]
     ``total_norm`` = sqrt(sum of the parameters' squared norms); ``max``/``min`` over the finite values; at L2 each
     bucket's and the ``=0`` share of all monitored elements (weighted by element count); each opt-in statistic's
     summary (``param_norm``: the weights' total norm, as ``total_norm``); given the step's ``exponents`` (exponent
-    counts and loss scale, L2), :func:`format_metrics`. Only what changes from step to step: the
+    counts and loss scale, where recorded), :func:`format_metrics`. Only what changes from step to step: the
     number of parameters is the CSV's rows, and non-finite gradients are the anomaly flags'
     (``anomalies/rank{R}/flagged_params``, tags ``msprobe_mlflow.first_nonfinite_step``...), so no chart of a run is a
     flat line by construction.

@@ -29,7 +29,7 @@ class StepRecord:
     ``directions`` holds ``grad > 0`` bit-packed (``np.packbits`` order) per parameter, each padded to a byte,
     concatenated in model order (L1 and L2 only). ``skipped_directions``: the level records directions but this
     step has none (a statistics-only step of the always-on tier, ``msprobe_mlflow.monitoring.directions_schedule``).
-    ``exponent_counts``: the elements of each parameter at each binary exponent (L2, not in the CSV; an
+    ``exponent_counts``: the elements of each parameter at each binary exponent (opt-in, not in the CSV; an
     :class:`~msprobe_mlflow.statistics_table.ExponentCounts`, a row per parameter); ``loss_scale``: the scale the step's
     backward ran at where the monitor knows it (a ``GradScaler``'s), which the format losses read them at.
     ``extra``: each opt-in statistic's float32 column (:mod:`msprobe_mlflow.statistics_table`), by name.

@@ -10,7 +10,7 @@ and the helpers all backends share (bit weights, padding to a byte, float32 boun
 | zero_count   | cumulative_counts   | x == 0      | sum       | ``=0`` share          | ``share of .../exactly 0``  |
 | signs        | signs buffer        | x > 0       | packbits  | ``step{S}/`` files    |                             |
 | md5          | float32 values      | float32 x   | MD5       | ``MD5``               |                             |
-| exponents    | exponent_counts     | exponent(x) | count     | ``step{S}/`` archive  | format losses (L2)          |
+| exponents    | exponent_counts     | exponent(x) | count     | ``exponents_{S}.npz`` | format losses (opt-in)      |
 
 Elements are compared in float32 (bf16/fp16 widened exactly) or float64; max and min are NaN for an empty gradient
 or one holding NaN, and +0.0 is above -0.0; MindSpore's backend keeps MindSpore's own answer, the first zero of
@@ -31,7 +31,7 @@ parameter itself as the optimizer is about to update it, in the column after the
 without a gradient that moved it (a corrupted weight, a wrong checkpoint shard) is invisible in the gradients at the
 step it happens (the layer feeding it changes most) and shows there, in one column.
 
-Exponent counts (L2) are how many elements sit at each binary exponent ``floor(log2|x|)``: where the gradients lie
+Exponent counts (opt-in, ``statistics=["exponents"]``) are how many elements sit at each binary exponent ``floor(log2|x|)``: where the gradients lie
 against the range of each number format (:mod:`msprobe_mlflow.formats`). One bin per exponent from
 :data:`EXPONENT_LOW` to :data:`EXPONENT_HIGH` (clamped there: below float32's least subnormal, at or above its
 overflow: every format loses those alike), then zeros (``-0.0`` too) and non-finite elements (inf and NaN).
@@ -126,7 +126,7 @@ EXTRA: dict[str, Statistic] = {statistic.name: statistic for statistic in (
 
 
 PARAMETER_NORM = "param_norm"  # the parameter's own L2 norm (not the gradient's); see the module docstring
-EXPONENTS = "exponents"  # the exponent counts below L2 (L2 has them)
+EXPONENTS = "exponents"  # the exponent counts, opt-in at every level (their files, not a CSV column)
 OPT_IN = (*EXTRA, PARAMETER_NORM, EXPONENTS)  # what a monitor's ``statistics`` option accepts
 
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from msprobe_mlflow.layout import StatisticsLayout
-from msprobe_mlflow.levels import LEVELS
+from msprobe_mlflow.levels import LEVELS, recorded_level
 from msprobe_mlflow.statistics_table import EXPONENT_LOW, ZERO_BIN, exponent_counts
 from msprobe_mlflow.torch_kernels.statistics import ROW, StatisticsCache, _device_statistics, _host_statistics
 
@@ -32,8 +32,9 @@ def test_device_path_equals_host_path(level):
     grads = awkward_gradients()
     norms = torch._foreach_norm(grads)
     bounds = [np.float32(b) for b in (-1, -0.25, 0, 0.5)]
-    host_statistics, host_signs, host_values = _host_statistics(grads, LEVELS[level], bounds)
-    statistics, signs, values = _device_statistics(grads, norms, LEVELS[level], bounds)()
+    recorded = recorded_level(level, exponents=True)  # the opt-in exponent counts on both paths too
+    host_statistics, host_signs, host_values = _host_statistics(grads, recorded, bounds)
+    statistics, signs, values = _device_statistics(grads, norms, recorded, bounds)()
     np.testing.assert_array_equal(statistics, host_statistics)
     if level == "L0":
         np.testing.assert_array_equal(values, host_values)
@@ -44,7 +45,7 @@ def test_device_path_equals_host_path(level):
 
 def test_host_path_counts_match_numpy_by_hand():
     grad = torch.tensor([-2.0, -1.0, -0.5, 0.0, -0.0, 0.25, 1.0, 3.0, float("nan")])
-    statistics, signs, _ = _host_statistics([grad], LEVELS["L2"],
+    statistics, signs, _ = _host_statistics([grad], recorded_level("L2", exponents=True),
                                             [np.float32(b) for b in (-1, 0, 1)])
     # max, min are NaN (NaN propagates); counts of x <= -1, <= 0, <= 1 and == 0 exclude the NaN.
     assert np.isnan(statistics[0]) and np.isnan(statistics[1])
@@ -86,7 +87,7 @@ def test_gradients_across_kernel_blocks_and_batched_small_ones_give_numpy_number
     sizes = [BLOCK - 1, BLOCK, BLOCK + 3, 2 * BLOCK + 9, SMALL_ARRAY - 1, SMALL_ARRAY + 1, 101, 51]
     grads = awkward_gradients()[1:] + [torch.randn(n, generator=generator) for n in sizes] + [torch.randn(3, 17)]
     bounds = [np.float32(b) for b in (-1, 0, 1)]
-    found, signs, _ = _host_statistics(grads, LEVELS[level], bounds)
+    found, signs, _ = _host_statistics(grads, recorded_level(level, exponents=True), bounds)
     rows, counts, packed, exponents = [], [], [], []
     for grad in grads:
         values = grad.float().numpy().ravel() if grad.dtype != torch.float64 else grad.numpy().ravel()
@@ -96,8 +97,8 @@ def test_gradients_across_kernel_blocks_and_batched_small_ones_give_numpy_number
         counts += [np.count_nonzero(values <= b) for b in bounds] + [np.count_nonzero(values == 0)]
         packed.append(np.packbits(values > 0))
         exponents.append(exponent_counts(values))
-    expected = np.concatenate([np.array(rows, np.float64).reshape(-1), *([counts, np.concatenate(exponents)]
-                                                                         if level == "L2" else [])])
+    expected = np.concatenate([np.array(rows, np.float64).reshape(-1), *([counts] if level == "L2" else []),
+                               np.concatenate(exponents)])
     np.testing.assert_array_equal(found, expected)
     np.testing.assert_array_equal(signs, np.concatenate(packed))
 

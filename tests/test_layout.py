@@ -6,17 +6,18 @@ import numpy as np
 import pytest
 
 from msprobe_mlflow.layout import StatisticsLayout, consecutive_slices, packed_length, packed_slices
-from msprobe_mlflow.levels import LEVELS, csv_header, level_of_header
+from msprobe_mlflow.levels import LEVELS, csv_header, level_of_header, recorded_level
 from msprobe_mlflow.records import record_from_statistics
 from msprobe_mlflow.statistics_table import EXPONENT_BINS, EXPONENT_LOW
 
 NUMELS = (3, 0, 10)
+L2_WITH_EXPONENTS = recorded_level("L2", exponents=True)
 
 
 def test_each_level_records_what_msprobe_writes():
     assert {name: (level.has_md5, level.has_directions, level.has_buckets, level.has_exponents)
             for name, level in LEVELS.items()} == {
-        "L0": (True, False, False, False), "L1": (False, True, False, False), "L2": (False, True, True, True)}
+        "L0": (True, False, False, False), "L1": (False, True, False, False), "L2": (False, True, True, False)}
     assert all(level.name == name for name, level in LEVELS.items())
 
 
@@ -39,7 +40,8 @@ def test_packed_lengths_pad_each_parameter_to_a_whole_byte():
 @pytest.mark.parametrize("level, statistics, signs, values", [
     ("L0", 3 * 3, 0, 3 + 0 + 10),
     ("L1", 3 * 3, 1 + 0 + 2, 0),
-    ("L2", 3 * 3 + 3 * (3 + 1) + 3 * EXPONENT_BINS, 1 + 0 + 2, 0),  # 3 bounds: 3 cumulative counts, the zeros
+    ("L2", 3 * 3 + 3 * (3 + 1), 1 + 0 + 2, 0),  # 3 bounds: 3 cumulative counts and the zero count
+    (recorded_level("L1", exponents=True), 3 * 3 + 3 * EXPONENT_BINS, 1 + 0 + 2, 0),  # the opt-in exponents
 ])
 def test_buffer_lengths_per_level(level, statistics, signs, values):
     layout = StatisticsLayout(level, (-1, 0, 1), NUMELS)
@@ -47,7 +49,7 @@ def test_buffer_lengths_per_level(level, statistics, signs, values):
 
 
 def test_split_gives_each_section_per_parameter_as_views_of_the_vector():
-    layout = StatisticsLayout("L2", (0,), NUMELS)  # extremes: 3 per parameter, counts: x <= 0 and x == 0
+    layout = StatisticsLayout(L2_WITH_EXPONENTS, (0,), NUMELS)  # extremes: 3 per parameter, counts: x <= 0, x == 0
     vector = np.arange(15.0 + 3 * EXPONENT_BINS)
     sections = layout.split(vector)
     assert sections["extremes"].tolist() == [[0, 1, 2], [3, 4, 5], [6, 7, 8]]
@@ -64,7 +66,7 @@ def test_a_level_without_buckets_has_only_extremes():
 
 
 def test_results_of_two_groups_merge_back_into_parameter_order():
-    layout = StatisticsLayout("L2", (0,), NUMELS)
+    layout = StatisticsLayout(L2_WITH_EXPONENTS, (0,), NUMELS)
     # group A holds parameters 2 then 0; group B parameter 1; each laid out as a vector of its own
     exponents = {p: np.full(EXPONENT_BINS, 100.0 * p) for p in range(3)}  # parameter p's: 100 p each
     group_a = ([2, 0], (np.array([20, 21, 22, 0, 1, 2, 23, 24, 3, 4.0, *exponents[2], *exponents[0]]),
@@ -89,8 +91,8 @@ def test_cumulative_counts_decode_into_buckets_and_the_zero_count():
     # one parameter [-2, 0, 0, 5] with bounds (-1, 1): 1 element <= -1, 3 <= 1, 2 equal to 0; exponents 1 and 2
     exponents = np.zeros(EXPONENT_BINS)
     exponents[[1 - EXPONENT_LOW, 2 - EXPONENT_LOW, -2]] = 1, 1, 2
-    record = record_from_statistics(rank=0, step=0, level="L2", bounds=(-1, 1), names=["w"], shapes=[(4,)],
-                                    statistics=np.array([5.0, -2.0, np.sqrt(29), 1, 3, 2, *exponents]),
+    record = record_from_statistics(rank=0, step=0, level=L2_WITH_EXPONENTS, bounds=(-1, 1), names=["w"],
+                                    shapes=[(4,)], statistics=np.array([5.0, -2.0, np.sqrt(29), 1, 3, 2, *exponents]),
                                     signs=np.array([0x10]))
     assert (record.exponent_counts.lowest, record.exponent_counts.kept.tolist()) == (1, [[1, 1, 2, 0]])
     assert record.exponent_counts.full().tolist() == [exponents.tolist()]

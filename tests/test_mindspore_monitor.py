@@ -143,7 +143,7 @@ def train_mlp(style: str, optimizer_name: str, steps: int, monitor_config: GradP
                  "mint_sgd": lambda: mint.optim.SGD(net.trainable_params(), lr=0.1)}[optimizer_name]()
     monitor = None
     if monitor_config is not None:
-        monitor = GradientMonitor(monitor_config, log_to_mlflow=False).monitor(optimizer)
+        monitor = GradientMonitor(monitor_config, log_to_mlflow=False, statistics=["exponents"]).monitor(optimizer)
     loss_fn = nn.MSELoss()
     if style == "cell":
         train_one_step = nn.TrainOneStepCell(nn.WithLossCell(net, loss_fn), optimizer, return_grad=True)
@@ -291,7 +291,7 @@ def test_pynative_and_graph_write_identical_files_for_identical_gradients(restor
         use_mode(mode_name)
         optimizer = nn.SGD(SmallCell().trainable_params(), learning_rate=0.0)
         monitor = GradientMonitor(config(tmp_path / label, level="L2", step=(0, 1, 2)),
-                                  log_to_mlflow=False).monitor(optimizer)
+                                  log_to_mlflow=False, statistics=["exponents"]).monitor(optimizer)
         run_optimizer = optimizer
         if label == "jit":
             @ms.jit

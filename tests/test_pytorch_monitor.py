@@ -78,7 +78,9 @@ def test_rows_and_directions_match_numpy_at_each_level_over_two_steps(tmp_path, 
     rng = np.random.default_rng(1)
     model = TwoLayers().to(device)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
-    monitor = start(tmp_path, model, optimizer, level=level, direction_format=direction_format)
+    monitor = GradientMonitor(GradProbeConfig(dump_path=str(tmp_path), level=level, direction_format=direction_format),
+                              log_to_mlflow=False, statistics=["exponents"] if level == "L2" else []).monitor(
+        model, optimizer)
     steps = []
     for _ in range(2):
         grads = random_grads(model, rng)

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from msprobe_mlflow import statistics_table
-from msprobe_mlflow.levels import LEVELS
+from msprobe_mlflow.levels import LEVELS, recorded_level
 from msprobe_mlflow.records import record_from_statistics
 from msprobe_mlflow.statistics_table import Statistic, reference
 
@@ -67,7 +67,7 @@ def on_cpu_kernel(grads, level):
 def on_device_rows(grads, level):
     from msprobe_mlflow.torch_kernels.statistics import _device_statistics
     bounds32 = statistics_table.float32_bounds(BOUNDS)
-    statistics, signs, values = _device_statistics(grads, torch._foreach_norm(grads), LEVELS[level], bounds32,
+    statistics, signs, values = _device_statistics(grads, torch._foreach_norm(grads), recorded_level(level), bounds32,
                                                    False, statistics_table.extra_statistics(EXTRA))()
     return decoded(grads, level, statistics, signs, values)
 
@@ -130,7 +130,7 @@ NORM_TOLERANCE = {"float32": 1e-6, "float64": 1e-6, "bfloat16": 2 ** -8, "float1
 @pytest.mark.parametrize("backend", BACKENDS.values(), ids=BACKENDS.keys())
 def test_every_backend_records_what_the_numpy_reference_gives(backend, dtype):
     grads = edge_gradients(DTYPES[dtype])
-    record, md5_record = backend(grads, "L2"), backend(grads, "L0")
+    record, md5_record = backend(grads, recorded_level("L2", exponents=True)), backend(grads, "L0")
     signs = record.packed_directions()
     for i, grad in enumerate(grads):
         exact = grad.numpy() if grad.dtype == torch.float64 else grad.float().numpy()  # bf16/fp16 widen exactly

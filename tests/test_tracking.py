@@ -104,7 +104,7 @@ def expected_format_shares(values: np.ndarray, scale: float = 1.0) -> dict[str, 
 
 
 def test_autolog_logs_metrics_csv_tables_and_directions_for_every_step(experiment, tmp_path):
-    msprobe_mlflow.autolog(level="L2", dump_path=str(tmp_path / "dump"))
+    msprobe_mlflow.autolog(level="L2", dump_path=str(tmp_path / "dump"), statistics=["exponents"])
     try:
         model, captured = small_model(), []
         with mlflow.start_run() as run:
@@ -267,7 +267,8 @@ def _metric_and_file_counts(run_id: str) -> tuple[int, int]:
 
 def test_upload_completes_a_run_and_a_second_upload_adds_nothing(experiment, tmp_path):
     model = small_model()
-    with GradientMonitor(GradProbeConfig(dump_path=str(tmp_path / "dump"), level="L2"), log_to_mlflow=False) as m:
+    with GradientMonitor(GradProbeConfig(dump_path=str(tmp_path / "dump"), level="L2"), log_to_mlflow=False,
+                         statistics=["exponents"]) as m:
         m.monitor(model)
         train(model, 3)
     run = MlflowClient().create_run(mlflow.get_experiment_by_name(experiment).experiment_id)

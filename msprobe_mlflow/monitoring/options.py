@@ -45,8 +45,8 @@ class MonitorOptions:
     - ``statistics``: opt-in columns after ``norm`` in the summary CSV (names from
       :data:`msprobe_mlflow.statistics_table.OPT_IN`): the gradient's ``mean``, ``abs_mean`` (and their run
       metrics), then the parameter's own ``param_norm`` (the comparator judges it too); none by default, so
-      the CSVs stay msprobe's byte for byte. ``exponents``: the exponent counts and format losses below L2
-      (L2 has them), beside the CSV.
+      the CSVs stay msprobe's byte for byte. ``exponents``: the exponent counts and format losses, beside the
+      CSV (``lossy_format`` asks for them too).
 
     The keywords are the groups' field names and these (``docs/options.md``); a config-dependent check (the tier's
     combination, a baseline at a level without directions) comes when applied to a config (:meth:`applied_to`).
@@ -131,8 +131,8 @@ class MonitorOptions:
 
     @property
     def exponent_counts(self) -> bool:
-        """The exponent counts asked for below L2."""
-        return EXPONENTS in self.statistics
+        """The exponent counts asked for: named in ``statistics``, or read by the ``lossy_format`` watch."""
+        return EXPONENTS in self.statistics or self.anomalies.lossy is not None
 
     @property
     def mlflow(self) -> TrackingOptions | None:

@@ -10,7 +10,7 @@ points, so the UI's sampling (320 points spread over a metric's own steps) never
 ``spike_parameters`` at the first step of each kind, with one warning each. The CSV goes to MLflow at those first
 steps and at the end (not at every flag: a run gone NaN flags every parameter at every step).
 
-With ``lossy_format`` (L2: the exponent counts), the first step at which that format would hold more than
+With ``lossy_format`` (which records the exponent counts), the first step at which that format would hold more than
 ``lossy_share`` of the gradient elements outside its normal range (:class:`msprobe_mlflow.formats.LossyFormat`) is
 told the same way, tags
 ``msprobe_mlflow.first_lossy_step`` / ``lossy_parameters`` and one warning; its shares per step are the metrics

@@ -4,9 +4,9 @@ numpy needs one call, and so one pass over memory, per statistic; here one kerne
 that fit the L1 cache: one loop over rows of 8 adds the squares in torch's own order and takes the largest and
 smallest IEEE words as integers in the element's own width (the max and min follow from them, see
 :func:`_extremes`), at the speed memory delivers the block; while it sits in the cache, vectorised loops count
-each bound and the zeros, pack the sign bits eight at a time by one multiplication and (L2) count the elements per
-binary exponent. It releases the GIL: :func:`statistics` spreads the gradients over this rank's cores while the
-training thread waits in the optimizer's pre-hook (:func:`worker_threads`).
+each bound and the zeros, pack the sign bits eight at a time by one multiplication and (opt-in) count the
+elements per binary exponent. It releases the GIL: :func:`statistics` spreads the gradients over this rank's cores
+while the training thread waits in the optimizer's pre-hook (:func:`worker_threads`).
 """
 from __future__ import annotations
 
