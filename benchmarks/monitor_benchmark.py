@@ -3,7 +3,7 @@
 Two models: 16 x nn.Linear(2048, 2048) (67M float32 parameters, 32 tensors, batch 8), where the gradients' bytes
 dominate, and 256 x nn.Linear(64, 64) (512 small tensors, batch 8), where per-parameter overheads dominate; SGD
 with momentum. Variants: no monitor; msprobe 1.0.3 and ours at L0, L1, L2 (bounds [-1, 0, 1]); ours at L2 logging
-into MLflow (a SQLite store in a temporary folder); ours at L2 cut short after its probe, its writer thread and its
+into MLflow (a SQLite store in a temporary folder); ours at L2 with the opt-in exponent counts; ours at L2 cut short after its probe, its writer thread and its
 local dump (``STAGES``: where the time goes). Every round runs each variant once, in an order rotated by one each
 round (drift in the machine's load hits all alike): attach, one probed warm-up iteration, ``--iterations`` timed
 iterations, detach. Then, per model, ours at L2 with MLflow on against off in turns of 6 s
@@ -70,6 +70,7 @@ LEVELS = ("L0", "L1", "L2")
 BOUNDS = [-1, 0, 1]
 NO_MONITOR = "no monitor"
 MLFLOW_VARIANT = "ours L2 + MLflow"
+EXPONENTS_VARIANT = "ours L2 + exponents"  # the opt-in exponent counts (statistics=["exponents"])
 REPRODUCE = "benchmarks/run"
 WARM_UP_ITERATIONS = 5  # the first iterations of a process run several times slower here (fresh pages)
 MIN_TURN_SECONDS = 0.25  # a turn times at least this long: 3 iterations of a 13 ms model swing 0.9x-2.7x
@@ -152,12 +153,12 @@ STAGES = {PROBE_ONLY: "the hook computes each step's statistics, which go nowher
 
 
 def attach_ours(level: str, with_mlflow: bool, workload: Workload, folder: Path,
-                stage: str | None = None) -> Attached:
+                stage: str | None = None, statistics: tuple[str, ...] = ()) -> Attached:
     import mlflow
 
     run = mlflow.start_run() if with_mlflow else None
     monitor = GradientMonitor(GradProbeConfig(dump_path=str(folder), level=level, bounds=BOUNDS),
-                              log_to_mlflow=with_mlflow, anomaly_flags=stage is None)
+                              log_to_mlflow=with_mlflow, anomaly_flags=stage is None, statistics=statistics)
     monitor.monitor(workload.model, workload.optimizer)
     if stage == PROBE_ONLY:
         monitor._session.submit = lambda pending: None
@@ -218,6 +219,7 @@ def variants(with_msprobe: bool = True) -> list[Variant]:
             found.append(Variant(f"msprobe 1.0.3 {level}", lambda w, f, level=level: attach_msprobe(level, w, f)))
         found.append(Variant(f"ours {level}", lambda w, f, level=level: attach_ours(level, False, w, f)))
     found.append(Variant(MLFLOW_VARIANT, lambda w, f: attach_ours("L2", True, w, f)))
+    found.append(Variant(EXPONENTS_VARIANT, lambda w, f: attach_ours("L2", False, w, f, statistics=("exponents",))))
     found += [Variant(stage, lambda w, f, stage=stage: attach_ours("L2", False, w, f, stage)) for stage in STAGES]
     return found
 

@@ -142,8 +142,8 @@ def test_monitor_benchmark_quick_measures_every_variant(tmp_path):
                cwd=tmp_path)
     result = json.loads((tmp_path / "out" / "monitor.json").read_text())
     assert result["settings"]["quick"] and len(result["models"]) == 2
-    expected = {"no monitor", "ours L0", "ours L1", "ours L2", "ours L2 + MLflow", "ours L2: probe only",
-                "ours L2: + writer thread", "ours L2: + local dump"}
+    expected = {"no monitor", "ours L0", "ours L1", "ours L2", "ours L2 + MLflow", "ours L2 + exponents",
+                "ours L2: probe only", "ours L2: + writer thread", "ours L2: + local dump"}
     if WITH_MSPROBE:
         expected |= {"msprobe 1.0.3 L0", "msprobe 1.0.3 L1", "msprobe 1.0.3 L2"}
         assert all(all(same.values()) for same in result["same_output_as_msprobe"].values())
@@ -154,6 +154,7 @@ def test_monitor_benchmark_quick_measures_every_variant(tmp_path):
         assert set(rows) == expected
         assert all(rows[f"ours {level}"]["bytes_per_step"] > 0 for level in ("L0", "L1", "L2"))
         assert rows["ours L2"]["direction_bytes_per_element"] > 0
+        assert rows["ours L2 + exponents"]["bytes_per_step"] > rows["ours L2"]["bytes_per_step"]  # their files
         assert rows["ours L0"]["direction_bytes_per_element"] == 0
         assert rows["ours L2 + MLflow"]["mlflow_artifact_bytes_per_step"] > 0
         # cut after the probe: next to nothing written (the dump's own bookkeeping), no directions
