@@ -10,11 +10,10 @@ points, so the UI's sampling (320 points spread over a metric's own steps) never
 ``spike_parameters`` at the first step of each kind, with one warning each. The CSV goes to MLflow at those first
 steps and at the end (not at every flag: a run gone NaN flags every parameter at every step).
 
-With ``lossy_format`` (which records the exponent counts), the first step at which that format would hold more than
-``lossy_share`` of the gradient elements outside its normal range (:class:`msprobe_mlflow.formats.LossyFormat`) is
-told the same way, tags
-``msprobe_mlflow.first_lossy_step`` / ``lossy_parameters`` and one warning; its shares per step are the metrics
-``grad/rank{R}/formats/...`` (:func:`msprobe_mlflow.metrics.format_metrics`).
+With ``lossy_format`` (which records the exponent counts), the first step at which that format would hold more
+than ``lossy_share`` of the gradient elements outside its normal range (:class:`msprobe_mlflow.formats.LossyFormat`)
+is told the same way: tags ``msprobe_mlflow.first_lossy_step`` / ``lossy_parameters`` and one warning; its shares
+per step are the metrics ``grad/rank{R}/formats/...`` (:func:`msprobe_mlflow.metrics.format_metrics`).
 """
 from __future__ import annotations
 
@@ -38,7 +37,7 @@ class AnomalyOptions:
     """The anomaly flags' monitor options. ``anomaly_flags`` turns the flags on (the default); ``spike_threshold``
     and ``spike_window`` make the one :class:`SpikeRule` (:attr:`rule`) that both flags spikes and triggers the
     always-on tier's directions (``msprobe_mlflow.monitoring.directions_schedule``), the latter whether or not the
-    flags are on."""
+    flags are on. ``lossy_format`` and ``lossy_share`` make the format watch (:attr:`lossy`)."""
 
     anomaly_flags: bool = True
     spike_threshold: float = SpikeRule.threshold
