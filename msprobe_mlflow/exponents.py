@@ -6,9 +6,9 @@ parameters' ``names`` and their counts from exponent ``lowest`` to ``highest`` (
 in any parameter; none: ``highest < lowest``), then zeros, then non-finite elements, flattened (``counts``, in the
 narrowest unsigned integer type that holds them): a few dozen columns of the
 :data:`~msprobe_mlflow.statistics_table.EXPONENT_BINS` a step computes; and where known, the step's ``loss_scale``
-(float64), at which the format losses are read. Read back with ``allow_pickle=False``, every
-field capped by what the others allow before it is inflated; a damaged file raises
-:class:`~msprobe_mlflow.directions.DamagedFile` naming the file and the field.
+(float64), at which the format losses are read. Read back with ``allow_pickle=False``, every field capped by what
+the others allow before it is read; a damaged file raises :class:`~msprobe_mlflow.directions.DamagedFile` naming
+the file and the field.
 """
 from __future__ import annotations
 

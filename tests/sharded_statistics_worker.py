@@ -1,6 +1,7 @@
 """One rank of a 2-rank gloo job: the sharded statistics of DTensors equal the unsharded statistics of the same
 full tensors, at every level, for shards along dim 0 and dim 1, uneven and empty shards, a replicated tensor, a
-plain tensor beside them, NaN, infinities, bf16 and float64; and the full tensors' norms from their shards (the
+plain tensor beside them, NaN, infinities, bf16 and float64, with the opt-in exponent counts (summed over the
+shards by the same all_reduce); and the full tensors' norms from their shards (the
 monitor's ``param_norm``). Started by torchrun from tests/test_training_stacks.py;
 exits non-zero with the first difference."""
 from __future__ import annotations
@@ -12,6 +13,7 @@ from torch.distributed.device_mesh import init_device_mesh
 from stacks_worker import end_process_group
 from torch.distributed.tensor import Replicate, Shard, distribute_tensor
 
+from msprobe_mlflow.levels import recorded_level
 from msprobe_mlflow.torch_kernels.parameter_norms import launch_parameter_norms
 from msprobe_mlflow.torch_kernels.sharded import launch_sharded_statistics
 from msprobe_mlflow.torch_kernels.statistics import launch_step_statistics
@@ -48,7 +50,7 @@ def main() -> None:
                else distribute_tensor(tensor, mesh, [PLACEMENTS.get(name, Shard(0))]) for name, tensor in full.items()]
     names = list(full)
     for level in ("L0", "L1", "L2"):
-        options = dict(rank=dist.get_rank(), step=0, level=level, bounds=(-1, 0, 0.5))
+        options = dict(rank=dist.get_rank(), step=0, level=recorded_level(level, exponents=True), bounds=(-1, 0, 0.5))
         got = launch_sharded_statistics(names, sharded, **options)()
         expected = launch_step_statistics(names, list(full.values()), **options)()
         np.testing.assert_allclose(got.values, expected.values, rtol=1e-6, err_msg=level)
@@ -58,6 +60,7 @@ def main() -> None:
                 if getattr(expected, field) is not None else getattr(got, field) is None, f"{level} {field}"
         if expected.directions is not None:
             assert np.array_equal(got.directions, expected.directions), f"{level} directions"
+        assert np.array_equal(got.exponent_counts.full(), expected.exponent_counts.full()), f"{level} exponents"
     full_norms = [np.linalg.norm(t.double().numpy().reshape(-1)) for t in full.values()]  # the parameters' own
     np.testing.assert_allclose(launch_parameter_norms(names, sharded)(), np.float32(full_norms), rtol=1e-6)
     print("rank", dist.get_rank(), "sharded statistics equal", flush=True)
