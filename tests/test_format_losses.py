@@ -66,6 +66,12 @@ def test_the_watch_names_the_parameters_beyond_its_share_most_first():
     assert lossy.losses(["c"], ExponentCounts.of(counts[2:3]), None) is None
 
 
+def test_a_watch_with_the_anomaly_flags_off_is_refused_not_left_silent():
+    from msprobe_mlflow import MonitorOptions
+    with pytest.raises(ValueError, match="lossy_format = 'float16' is given with anomaly_flags=False"):
+        MonitorOptions.of(lossy_format="float16", anomaly_flags=False)
+
+
 @pytest.mark.parametrize("fields, problem", [({"format": "fp4"}, "lossy_format = 'fp4'"),
                                              ({"format": "float16", "share": 1.5}, "lossy_share = 1.5")])
 def test_a_bad_watch_is_refused_naming_what_is_accepted(fields, problem):

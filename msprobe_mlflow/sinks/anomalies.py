@@ -50,12 +50,14 @@ class AnomalyOptions:
             raise ValueError(f"anomaly_flags = {self.anomaly_flags!r} is not accepted; expected True or False")
         self.rule  # a bad threshold or window is refused here
         LossyFormat(self.lossy_format or "float16", self.lossy_share)  # and a bad format or share
+        if self.lossy_format is not None and not self.anomaly_flags:  # it would watch nothing, and say nothing
+            raise ValueError(f"lossy_format = {self.lossy_format!r} is given with anomaly_flags=False; the format "
+                             f"watch is one of the anomaly flags: leave anomaly_flags on, or lossy_format out")
 
     @property
     def lossy(self) -> LossyFormat | None:
-        """What the flags watch the formats for: None without ``lossy_format`` or with the flags off."""
-        return LossyFormat(self.lossy_format, self.lossy_share) if self.lossy_format and self.anomaly_flags \
-            else None
+        """What the flags watch the formats for: None without ``lossy_format``."""
+        return LossyFormat(self.lossy_format, self.lossy_share) if self.lossy_format else None
 
     @property
     def rule(self) -> SpikeRule:
