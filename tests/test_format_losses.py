@@ -11,6 +11,8 @@ import pytest
 import torch
 
 from msprobe_mlflow import GradProbeConfig
+from msprobe_mlflow.dump import exponents_path
+from msprobe_mlflow.exponents import read_exponents
 from msprobe_mlflow.formats import RANGES, LossyFormat, format_losses
 from msprobe_mlflow.pytorch import GradientMonitor
 from msprobe_mlflow.statistics_table import ExponentCounts, exponent_counts
@@ -124,3 +126,28 @@ def test_a_float16_run_whose_loss_scale_falls_is_named_at_that_step_with_its_lay
     history = {m.step: m.value for m in mlflow.MlflowClient().get_metric_history(
         run.info.run_id, "grad/rank0/formats/float16 subnormal")}
     assert history[2] < 0.05 < history[3]
+
+
+def test_the_scalers_unscale_is_wrapped_only_while_a_monitor_counts_exponents_and_each_steps_scale_is_kept(tmp_path):
+    original = torch.amp.GradScaler.__dict__["unscale_"]
+    model = TinyLayer()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.0)
+    plain = GradientMonitor(GradProbeConfig(level="L2", dump_path=str(tmp_path / "plain")),
+                            log_to_mlflow=False).monitor(model, optimizer)
+    assert torch.amp.GradScaler.__dict__["unscale_"] is original  # no exponent counts: nothing wrapped
+    plain.stop()
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 10, growth_interval=1)  # doubles after every step
+    monitor = GradientMonitor(GradProbeConfig(level="L1", dump_path=str(tmp_path / "dump")), log_to_mlflow=False,
+                              statistics=["exponents"]).monitor(model, optimizer)
+    assert torch.amp.GradScaler.__dict__["unscale_"] is not original
+    scales = []
+    for _ in range(3):
+        optimizer.zero_grad()
+        scales.append(scaler.get_scale())
+        scaler.scale(model(torch.randn(4, 8)).pow(2).mean()).backward()
+        scaler.step(optimizer)
+        scaler.update()
+    monitor.stop()
+    assert torch.amp.GradScaler.__dict__["unscale_"] is original
+    assert scales == [1024.0, 2048.0, 4096.0]
+    assert [read_exponents(exponents_path(tmp_path / "dump", 0, step))[2] for step in range(3)] == scales

@@ -46,7 +46,7 @@ class SessionMonitor:
 
     @property
     def recorded_level(self) -> Level:
-        """The level recorded: the config's, with the exponent counts where ``statistics`` asks for them below L2."""
+        """The level recorded: the config's, with the exponent counts where the options ask for them."""
         return recorded_level(self.config.level, self.options.exponent_counts)
 
     @property

@@ -33,9 +33,9 @@ from msprobe_mlflow.pytorch.operator_traces import pytorch_traced_steps
 from msprobe_mlflow.records import with_compute_format, with_loss_scale, with_parameter_norms
 from msprobe_mlflow.session import RankPolicy
 from msprobe_mlflow.statistics_table import PARAMETER_NORM
+from msprobe_mlflow.torch_kernels.host_copy import start_host_copy
 from msprobe_mlflow.torch_kernels.parameter_norms import launch_parameter_norms
 from msprobe_mlflow.torch_kernels.sharded import FlatPiece, has_sharded, launch_sharded_statistics
-from msprobe_mlflow.torch_kernels.host_copy import start_host_copy
 from msprobe_mlflow.torch_kernels.statistics import StatisticsCache, launch_step_statistics
 from msprobe_mlflow.vocabulary import FAILED_STEPS_TAG, RECORDED_TAG, TAG_RANGES_LIMIT, rank_tag
 
@@ -115,7 +115,8 @@ class GradientMonitor(SessionMonitor):
             self._hook = optimizer.register_step_pre_hook(self._on_optimizer_step)
         else:
             self._hook = register_optimizer_step_pre_hook(self._on_optimizer_step)
-        loss_scale.watch()  # as long as the hook
+        if self.recorded_level.has_exponents:  # the scale is read for the format losses only
+            loss_scale.watch()  # as long as the hook
         live = self.options.live_verdict
         if (plan.steps or (live is not None and live.trace_on_suspicious)) and self._session.ranks.probes:
             self._traces = pytorch_traced_steps(plan, model, self.config.dump_path, self._session.ranks.rank,
@@ -304,7 +305,8 @@ class GradientMonitor(SessionMonitor):
         if self._hook is not None:
             self._hook.remove()
             self._hook = None
-            loss_scale.unwatch()
+            if self.recorded_level.has_exponents:
+                loss_scale.unwatch()
         if self._after_hook is not None:
             self._after_hook.remove()
             self._after_hook = None

@@ -108,9 +108,8 @@ def _sharding(grad: torch.Tensor, name: str) -> _Sharding:
 
 
 def launch_sharded_statistics(names: list[str], grads: list[torch.Tensor], *, rank: int, step: int,
-                              level: str | Level,
-                              bounds: tuple, checksum: str = "md5", directions: bool = True, extra=(),
-                              cache: StatisticsCache | None = None) -> Callable[[], StepRecord]:
+                              level: str | Level, bounds: tuple, checksum: str = "md5", directions: bool = True,
+                              extra=(), cache: StatisticsCache | None = None) -> Callable[[], StepRecord]:
     """Like :func:`~msprobe_mlflow.torch_kernels.statistics.launch_step_statistics`, for gradients of which some are
     DTensors: the record holds each full gradient's statistics. A collective: every rank of each gradient's
     process group must call it, with the same parameters in the same order."""

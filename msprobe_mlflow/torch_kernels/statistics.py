@@ -352,16 +352,16 @@ def exponent_bins(values: torch.Tensor) -> torch.Tensor:
     fields by whole-tensor ops; a float32 subnormal ``m * 2**-149`` sits at ``-149 + floor(log2 m)``, read from
     ``m`` converted to float32 exactly. Anything but float64 is compared in float32."""
     if values.dtype == torch.float64:
-        words, shift, mask, bias = values.view(torch.int64), 52, 0x7FF, 1023
+        words, shift, mask, bias, magnitude = values.view(torch.int64), 52, 0x7FF, 1023, (1 << 63) - 1
     else:
-        words, shift, mask, bias = values.float().view(torch.int32).long(), 23, 0xFF, 127
+        words, shift, mask, bias, magnitude = values.float().view(torch.int32).long(), 23, 0xFF, 127, (1 << 31) - 1
     biased = (words >> shift) & mask
     bins = (biased - (bias + EXPONENT_LOW)).clamp(0, EXPONENT_HIGH - EXPONENT_LOW)
     if shift == 23:  # float64's subnormals are all below 2**-150: the lowest bin, as clamped
         mantissa = (words & 0x7FFFFF).float().view(torch.int32).long()
         bins = torch.where(biased == 0, ((mantissa >> 23) & 0xFF) - 127 - 149 - EXPONENT_LOW, bins)
     bins = torch.where(biased == mask, NON_FINITE_BIN, bins)
-    return torch.where((words & ((1 << (shift + 11 if shift == 52 else 31)) - 1)) == 0, ZERO_BIN, bins)
+    return torch.where((words & magnitude) == 0, ZERO_BIN, bins)
 
 
 def count_into(counts: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
