@@ -58,6 +58,12 @@ TRAINING_ID_TAG = f"{TAG_PREFIX}training_id"  # the training whose dump the run 
 PASS, ERROR, SKIP, OUT_OF_MEMORY = "pass", "error", "skip", "out_of_memory"
 API_CHECK_STATUSES = (PASS, ERROR, SKIP, OUT_OF_MEMORY)
 
+# The exponent pictures (``tracking/exponent_images.py``): MLflow's step-slider images, keyed
+# ``gradient exponents/rank{R}/{panel}``, in MLflow's own ``images/`` folder; the summary figure in ``grad_probe/rank{R}/``.
+EXPONENT_IMAGES_KEY = "gradient exponents"
+MLFLOW_IMAGES_FOLDER = "images"
+EXPONENT_SUMMARY_FILE_NAME = "gradient_exponents.png"
+
 # An API check's run: its tags and the folder of its CSVs.
 API_CHECK_TASK_TAG = f"{TAG_PREFIX}api_check.task"
 ERROR_APIS_TAG = "error_apis"

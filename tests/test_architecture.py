@@ -16,8 +16,8 @@ PACKAGE = Path(__file__).resolve().parents[1] / "msprobe_mlflow"
 LAYERS = [
     ("bottom", {"__init__", "vocabulary", "formats", "levels", "statistics_table", "layout", "config", "compat",
                 "notices", "safe_paths", "parameter_names", "progress"}, []),
-    ("records", {"records", "directions", "exponents", "dump", "dump_process", "anomaly_rule", "background", "metrics",
-                 "trace"},
+    ("records", {"records", "directions", "exponents", "exponent_pictures", "dump", "dump_process", "anomaly_rule",
+                 "background", "metrics", "trace"},
      ["bottom"]),
     ("torch_kernels", {"torch_kernels"}, ["records"]),
     ("compare", {"compare"}, ["records"]),

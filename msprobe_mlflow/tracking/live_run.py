@@ -17,6 +17,7 @@ from msprobe_mlflow import __version__
 from msprobe_mlflow.config import GradProbeConfig
 from msprobe_mlflow.dump import relative_rank_dir, write_steps_archive
 from msprobe_mlflow.session import RankPolicy
+from msprobe_mlflow.tracking.exponent_images import log_exponent_pictures
 from msprobe_mlflow.tracking.runs import log_batched, now_ms, param, tag
 from msprobe_mlflow.tracking.upload import end_run_failed, packed_directions_file, upload_dump, upload_steps_files
 from msprobe_mlflow.vocabulary import (ARTIFACT_ROOT, CONFIG_FILE_NAME, DUMP_PATH_TAG, FRAMEWORK_TAG, LEVEL_TAG,
@@ -115,9 +116,13 @@ class LiveRun:
         self.client.log_artifact(self.run_id, str(path), "/".join((ARTIFACT_ROOT, *relative.parts)))
 
     def upload(self, dump_path: str, rank: int, steps: set[int], param_patterns, mlflow_step_offset: int) -> None:
-        """``steps`` of ``rank`` from the local dump, as ``msprobe-mlflow upload`` sends them."""
+        """``steps`` of ``rank`` from the local dump, as ``msprobe-mlflow upload`` sends them but the pictures (the
+        sink draws those once, at the end)."""
         upload_dump(dump_path, self.run_id, tracking_uri=self.tracking_uri, ranks=[rank], steps=steps,
-                    param_patterns=param_patterns, mlflow_step_offset=mlflow_step_offset)
+                    param_patterns=param_patterns, mlflow_step_offset=mlflow_step_offset, pictures=False)
+
+    def send_exponent_pictures(self, dump_path: str, rank: int, mlflow_step_offset: int) -> None:
+        log_exponent_pictures(self.client, self.run_id, dump_path, rank, mlflow_step_offset)
 
     def end_failed(self, news: dict[int, str], reason: str = "") -> list[int]:
         """Tags ``news`` (``{rank: status}``) and ends the run FAILED when a rank failed (``upload.end_run_failed``)."""

@@ -26,6 +26,7 @@ from msprobe_mlflow.dump import (RANK_PREFIX, TRAINING_LOCK_FILE_NAME, TrainingL
                                  parse_summary_name, rank_dir, read_dump_config, read_summary, relative_rank_dir,
                                  step_dir, step_ranges, summary_csv_path, summary_steps)
 from msprobe_mlflow.exponents import read_exponents
+from msprobe_mlflow.tracking.exponent_images import log_exponent_pictures
 from msprobe_mlflow.levels import level_of_header
 from msprobe_mlflow.tracking.experiments import experiment_id_for
 from msprobe_mlflow.tracking.runs import created_run, log_batched, now_ms, tag
@@ -197,9 +198,11 @@ def check_steps(dump_path: Path, rank: int, steps: list[int], param_patterns: tu
 def upload_dump(dump_path: str | os.PathLike, run_id: str | None = None, *, experiment: str | None = None,
                 tracking_uri: str | None = None, ranks: list[int] | None = None, steps: set[int] | None = None,
                 param_patterns: tuple[str, ...] = (), progress: bool = False,
-                mlflow_step_offset: int | None = None) -> UploadReport:
+                mlflow_step_offset: int | None = None, pictures: bool = True) -> UploadReport:
     """Makes the run hold every step of the dump (or of ``ranks``/``steps``); creates a run when ``run_id`` is None.
-    ``mlflow_step_offset``: MLflow step = dump step + this (None: as the run's ``MLFLOW_STEP_OFFSET_TAG`` says)."""
+    ``mlflow_step_offset``: MLflow step = dump step + this (None: as the run's ``MLFLOW_STEP_OFFSET_TAG`` says).
+    ``pictures``: the exponent pictures of the lowest rank uploaded (``tracking/exponent_images.py``), where the
+    dump holds exponent counts."""
     dump_path = dump_folder(dump_path, "dump_path")
     wanted_steps = {}
     for rank in indexed_children(dump_path, RANK_PREFIX):
@@ -217,13 +220,13 @@ def upload_dump(dump_path: str | os.PathLike, run_id: str | None = None, *, expe
         if mlflow_step_offset is None:
             mlflow_step_offset = int(tags.get(MLFLOW_STEP_OFFSET_TAG, 0))
         return _upload_steps(client, run_id, dump_path, wanted_steps, saved_config, param_patterns, progress, tags,
-                             mlflow_step_offset)
+                             mlflow_step_offset, pictures)
     with created_run(client, experiment_id_for(client, experiment), run_name=f"upload {dump_path.name}", tags={
             DUMP_PATH_TAG: str(dump_path.resolve()), VERSION_TAG: __version__,
             SOURCE_NAME_TAG: "msprobe-mlflow upload", **({TRAINING_ID_TAG: training_id} if training_id else {})
     }) as new_run_id:
         return _upload_steps(client, new_run_id, dump_path, wanted_steps, saved_config, param_patterns, progress,
-                             {})
+                             {}, pictures=pictures)
 
 
 def _check_same_training(run_id: str, recorded: str | None, dump_path: Path, training_id: str | None) -> None:
@@ -236,7 +239,7 @@ def _check_same_training(run_id: str, recorded: str | None, dump_path: Path, tra
 
 def _upload_steps(client: MlflowClient, run_id: str, dump_path: Path, wanted_steps: dict[int, list[int]],
                   saved_config: dict | None, param_patterns: tuple[str, ...], progress: bool,
-                  tags: dict[str, str], mlflow_step_offset: int = 0) -> UploadReport:
+                  tags: dict[str, str], mlflow_step_offset: int = 0, pictures: bool = True) -> UploadReport:
     """``tags``: the run's when the upload began (a large job's run holds thousands: read once, not per rank)."""
     report = UploadReport(run_id)
     if saved_config is not None and not any(i.path.endswith(CONFIG_FILE_NAME)
@@ -269,6 +272,9 @@ def _upload_steps(client: MlflowClient, run_id: str, dump_path: Path, wanted_ste
             client.delete_tag(run_id, unsent_steps_tag(rank))
     for rank in wanted_steps:
         report.files_uploaded += _upload_findings(client, run_id, dump_path, rank)
+    if pictures and (pictured := [rank for rank, wanted in wanted_steps.items() if wanted]):
+        report.files_uploaded += log_exponent_pictures(client, run_id, dump_path, min(pictured),
+                                                       mlflow_step_offset)
     return report
 
 

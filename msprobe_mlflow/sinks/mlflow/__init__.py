@@ -89,6 +89,7 @@ class MlflowSink:
                  framework: str, notices: Notices | None = None, max_pending: int = 10_000,
                  gather: SummaryGather | None = None):
         self.run_id, self.config, self.options, self.rank = run_id, config, options, ranks.rank
+        self.owns_run = ranks.owns_run
         self.notices = notices or Notices()
         self.aggregation = RankZeroMetrics(gather, self.rank) if gather is not None else None
         self.run = LiveRun(run_id, options.tracking_uri)
@@ -155,6 +156,8 @@ class MlflowSink:
         if not self.attempt.refused:
             self.unsent.send_leftovers(self.run, self.attempt, self.rounds, self._drain, self.config.dump_path,
                                        self.rank, self.options, self.notices)
+            if self.owns_run:
+                self._send_exponent_pictures()
         self.requests.close()
         self.attempt.tell_refusal()
         self.ends.close(bool(self.unsent.steps or self.attempt.refused), self.aggregation)
@@ -162,6 +165,16 @@ class MlflowSink:
             # the run is ended FAILED, its exception maybe still on its way up: should the run still be the active
             # one at exit, MLflow's exit handler would end it FINISHED; this one, registered later, runs first
             atexit.register(end_active_run_failed, {self.run_id})
+
+    def _send_exponent_pictures(self) -> None:
+        """The run owner's exponent pictures, drawn from its local dump once training is over (``tracking/
+        exponent_images.py``); a failure is said with the command that draws them later."""
+        try:
+            self.run.send_exponent_pictures(self.config.dump_path, self.rank, self.options.mlflow_step_offset)
+        except Exception as e:
+            self.notices.warn(f"rank {self.rank}: the exponent pictures could not be logged into run {self.run_id} "
+                              f"({e}); the exponent counts are in the local dump, and `msprobe-mlflow upload "
+                              f"{self.config.dump_path} --run-id {self.run_id}` draws them")
 
     def training_ended(self, status: str, reason: str = "") -> None:
         """How this rank's training ended (``vocabulary.RANK_ENDINGS``), told by the session before ``close()``."""
