@@ -276,7 +276,7 @@ def test_upload_completes_a_run_and_a_second_upload_adds_nothing(experiment, tmp
     assert first.steps_completed == {0: [0, 1, 2]}
     metrics, files = _metric_and_file_counts(run.info.run_id)
     assert metrics == 3 * (8 + 12)  # (L2, bounds [-1, 0, 1]: total_norm, max, min, 5 shares, 4 formats x 3) x 3 steps
-    assert files == 1 + 3 * 3  # config.json + (CSV, directions, exponent counts) per step
+    assert files == 1 + 3 * 3 + 1  # config.json + (CSV, directions, exponent counts) per step + exponent pictures
     second = upload_dump(tmp_path / "dump", run.info.run_id)
     assert (second.metrics_logged, second.files_uploaded) == (0, 0)
     assert _metric_and_file_counts(run.info.run_id) == (metrics, files)

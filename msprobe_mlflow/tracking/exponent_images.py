@@ -1,7 +1,7 @@
 """The exponent pictures (:mod:`msprobe_mlflow.exponent_pictures`) of a rank into its run: the whole model's and
 each parameter group's at :data:`SLIDER_STEPS` steps spread over the run, each filled up to its step, as MLflow's
 step-slider images (``log_image(key=..., step=...)``: the run page's image charts), and every panel at the last
-step as the summary figure ``grad_probe/rank{R}/gradient_exponents.png``.
+step as the summary figure ``grad_probe/rank{R}/gradient_exponents.png``, drawn again when an image was logged.
 
 Drawn from the local dump when the run ends (the live sink's rank that owns the run) and by ``msprobe-mlflow
 upload``: a picture costs a tenth of a second of the interpreter, which training shares while it runs. An image
@@ -59,8 +59,12 @@ def log_exponent_pictures(client: MlflowClient, run_id: str, dump_path: str | os
         for step, image in zip(wanted, pictures(history, panel, wanted, f"rank {rank}: {panel}")):
             client.log_image(run_id, image, key=key, step=step + mlflow_step_offset)
             logged += 2
+    folder = f"{ARTIFACT_ROOT}/{relative_rank_dir(rank)}"
+    summary = f"{folder}/{EXPONENT_SUMMARY_FILE_NAME}"
+    if not logged and summary in {info.path for info in client.list_artifacts(run_id, folder)}:
+        return 0  # every picture was there: the run holds these steps already
     with tempfile.TemporaryDirectory() as scratch:
         path = Path(scratch) / EXPONENT_SUMMARY_FILE_NAME
         save_summary(history, path, f"rank {rank}, steps {history.steps[0]} to {history.steps[-1]}")
-        client.log_artifact(run_id, str(path), f"{ARTIFACT_ROOT}/{relative_rank_dir(rank)}")
+        client.log_artifact(run_id, str(path), folder)
     return logged + 1
