@@ -10,22 +10,25 @@ processes, one driver thread each, that write the dump and call ``handle`` for t
 Per configuration it reports what the issue asks for:
 
 - *values accepted/s*: metric values the server held at the end of the stepping, per second of stepping (the
-  offered rate is ranks x 3 values x the step rate);
+  offered rate is ranks x 3 values x the step rate per rank; under aggregation rank 0's own 3 and the 3 metrics'
+  distributions over the ranks, 5 values each, x the step rate, whatever the ranks);
 - *request latency*: median and 99th percentile of every HTTP request the sinks made (timed around
   ``requests.Session.request``, the one path of MLflow's client);
 - *held/sent*: metric values and files the server holds (counted in PostgreSQL and in the artifact folder) against
   those the ranks wrote, at the end of ``stop()`` and after ``msprobe-mlflow upload`` sends what ``stop()`` left
   (the *lost* columns, which must be 0);
 - *stop() drain*: from the last step to the last sink closed (bounded by ``MSPROBE_MLFLOW_DRAIN_SECONDS``);
-  *upload after*: ``upload_dump`` of each rank the run does not mark ``finished`` or names in
-  ``msprobe_mlflow.unsent_summary_ranks`` (8 at a time, as their nodes would), sending what ``stop()`` left;
+  *upload after*: ``upload_dump`` of each rank the run does not mark ``finished`` (8 at a time, as their nodes
+  would), then, where the run names steps in ``msprobe_mlflow.unsent_distribution_steps``, of the folder holding
+  every rank's dump (as on a shared file system), sending what ``stop()`` left;
 - *training-side cost*: the time a rank's writer spends per step (building the synthetic record, writing the local
   dump, ``handle``, which under aggregation includes the simulated all-gather; the training thread itself only
   hands the step over), median and 99th percentile, and how far the drivers fell behind the step rate (*lag*: the
   simulation's own CPU limit on this machine, not the server's).
 
 Modes: ``per-rank`` (every rank sends its own metrics and files, the default below 64 ranks), ``aggregated``
-(rank-0 aggregation: every rank's summary metrics go up in rank 0's requests; the all-gather is simulated
+(rank-0 aggregation: each summary metric's distribution over the ranks goes up in rank 0's requests; the
+all-gather is simulated
 in-process, rank 0 rebuilding each rank's vector from the same synthetic generator, as the real collective is
 tested with torchrun and msrun in tests/test_scale_*.py; the end-of-run exchange of the ranks' statuses goes through a
 dict the drivers share) and ``aggregated+archive`` (also each rank's files as one
@@ -63,6 +66,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tests")]  # the tests' PostgreSQL and mlf
 SHAPES = [(64, 32), (64,), (10, 64), (10,)]
 NAMES = ["fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias"]
 VALUES_PER_STEP = 3  # grad/rank{R}/{total_norm,max,min} at L1
+DISTRIBUTION_VALUES = 5  # per summary metric under aggregation: grad/ranks/{metric} min, median, max, min/max rank
 RESULTS = ROOT / "benchmarks" / "results"
 QUICK = {"ranks": [3], "workers": [1], "modes": ["per-rank", "aggregated", "aggregated+archive"], "steps": 4,
          "step_rate": 2.0, "processes": 2, "drain_seconds": 30.0, "archive_every": 2}  # --quick's defaults
@@ -218,15 +222,15 @@ def held_on_server(database_uri: str, artifacts: Path, run_id: str, experiment_i
             "SELECT key FROM tags WHERE run_uuid = %s AND key LIKE 'msprobe_mlflow.rank%%.status' AND value = "
             "'finished'", (run_id,))}
         named = connection.execute("SELECT value FROM tags WHERE run_uuid = %s AND key = "
-                                   "'msprobe_mlflow.unsent_summary_ranks'", (run_id,)).fetchone()
+                                   "'msprobe_mlflow.unsent_distribution_steps'", (run_id,)).fetchone()
     folder = artifacts / experiment_id / run_id / "artifacts" / "grad_probe"
     files = [p for p in folder.rglob("*") if p.is_file() and p.parent != folder] if folder.is_dir() else []
     return {"values": values, "unsent_tags": unsent_tags, "files": files, "bytes": sum(p.stat().st_size for p in files),
-            "finished": finished, "unsent_summary_ranks": ranges_of(named[0]) if named else set()}
+            "finished": finished, "unsent_distribution_steps": ranges_of(named[0]) if named else set()}
 
 
 def ranges_of(text: str) -> set[int]:
-    """The ranks of ``3-5,9``."""
+    """The numbers of ``3-5,9``."""
     ranks = set()
     for part in text.split(","):
         first, _, last = part.partition("-")
@@ -270,10 +274,11 @@ def measure(server, database_uri: str, artifacts: Path, *, workers: int, ranks: 
             results = pending.get()
         at_stop = held_on_server(database_uri, artifacts, run_id, experiment_id)
         upload_started = time.monotonic()
-        incomplete = [rank for rank in range(ranks) if f"msprobe_mlflow.rank{rank}.status" not in at_stop["finished"]
-                      or rank in at_stop["unsent_summary_ranks"]]
+        incomplete = [rank for rank in range(ranks) if f"msprobe_mlflow.rank{rank}.status" not in at_stop["finished"]]
         with ThreadPoolExecutor(8) as pool:  # as the nodes whose ranks the run names would
             list(pool.map(lambda rank: upload_dump(dump, run_id, tracking_uri=server.uri, ranks=[rank]), incomplete))
+        if at_stop["unsent_distribution_steps"]:  # the folder of every rank's dump, as on a shared file system
+            upload_dump(dump, run_id, tracking_uri=server.uri)
         upload_seconds = time.monotonic() - upload_started
         after_upload = held_on_server(database_uri, artifacts, run_id, experiment_id)
     finally:
@@ -281,12 +286,14 @@ def measure(server, database_uri: str, artifacts: Path, *, workers: int, ranks: 
     latencies = [seconds for result in results for _, seconds in result["latencies"]]
     kinds = [kind for result in results for kind, _ in result["latencies"]]
     rank_steps = ranks * steps
-    sent_values, sent_files = rank_steps * VALUES_PER_STEP, rank_steps * 2
+    sent_values = steps * VALUES_PER_STEP * (1 + DISTRIBUTION_VALUES) if mode.startswith("aggregated") \
+        else rank_steps * VALUES_PER_STEP
+    sent_files = rank_steps * 2
     stepping = steps / step_rate
     costs = [c for result in results for c in result["costs"]]
     return {
         "workers": workers, "ranks": ranks, "mode": mode, "steps": steps, "step_rate": step_rate,
-        "offered_values_per_s": ranks * VALUES_PER_STEP * step_rate,
+        "offered_values_per_s": sent_values / steps * step_rate,
         "values_accepted_per_s": held_while_stepping / stepping,
         "latency_p50_ms": 1000 * percentile(latencies, 50), "latency_p99_ms": 1000 * percentile(latencies, 99),
         "requests": len(latencies), "tracking_requests_per_rank_step": kinds.count("tracking") / rank_steps,
@@ -356,17 +363,18 @@ def closing_note(rows: list[dict]) -> list[str]:
     lines += ["", f"Ranks tried: {tried_ranks}. *Held in time*: every value and file on the server when `stop()` "
               f"returned, and at least 90% of the offered values arrived while stepping. Where a row missed, the "
               f"p99 latency of 30 s and more is requests waiting for one of the server's database connections "
-              f"(MLflow's pool timeout), behind the bursts of every rank's requests (per-rank) or behind rank 0's "
-              f"`log_batch` of every rank's values and the archives at `stop()` (aggregated): the capacity "
+              f"(MLflow's pool timeout), behind the bursts of every rank's requests (per-rank) or behind the "
+              f"archives at `stop()` (aggregated): the capacity "
               f"model in docker/README.md says what to change. *driver lag*: the simulated ranks themselves fell "
               f"behind the step rate (this machine's CPU), so the offered rate was lower than stated."]
     return lines
 
 
 def values_per_step(rows: list[dict]) -> str:
-    """The metric values a rank sent per step in these rows (5 in tables measured before the summary metrics were
-    cut to 3; an ``--append`` may mix them)."""
-    counts = sorted({row["sent_values"] // (row["ranks"] * row["steps"]) for row in rows}) or [VALUES_PER_STEP]
+    """The metric values a rank sent per step in the per-rank rows (5 in tables measured before the summary metrics
+    were cut to 3; an ``--append`` may mix them)."""
+    counts = sorted({row["sent_values"] // (row["ranks"] * row["steps"]) for row in rows
+                     if row["mode"] == "per-rank"}) or [VALUES_PER_STEP]
     return " or ".join(map(str, counts))
 
 
@@ -376,7 +384,9 @@ def markdown(rows: list[dict], setup: dict) -> str:
              f"while measured: the figures are noisy; rerun on a quiet machine with `benchmarks/run-load-test`).", "",
              f"Service: `mlflow server --workers W` (MLflow {setup['mlflow']}) on PostgreSQL {setup['postgres']} with "
              f"the artifact proxy, on the same machine as the ranks. Each rank: the real `MlflowSink`, synthetic L1 "
-             f"steps ({values_per_step(rows)} metric values and 2 files per step) at {setup['step_rate']:g} step/s for "
+             f"steps ({values_per_step(rows)} metric values and 2 files per step; under aggregation rank 0 sends a "
+             f"step's {VALUES_PER_STEP} values and {DISTRIBUTION_VALUES} per metric of their distributions over the "
+             f"ranks, {VALUES_PER_STEP * (1 + DISTRIBUTION_VALUES)} whatever N) at {setup['step_rate']:g} step/s for "
              f"{setup['steps']} "
              f"steps, driven by {setup['processes']} processes; `stop()` drains for at most "
              f"{setup['drain_seconds']:g} s, then `msprobe-mlflow upload` sends the rest.", "",

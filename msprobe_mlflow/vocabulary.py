@@ -45,7 +45,11 @@ RANK_ENDINGS = (FINISHED, INCOMPLETE, FAILED, KILLED)
 RANK_FAILURES = (FAILED, KILLED)
 FAILED_RANKS_TAG = f"{TAG_PREFIX}failed_ranks"  # the ranks whose training failed or was killed; the run is FAILED
 MISSING_RANKS_TAG = f"{TAG_PREFIX}missing_ranks"  # the ranks that never said how they ended
-UNSENT_SUMMARY_RANKS_TAG = f"{TAG_PREFIX}unsent_summary_ranks"  # ranks whose values rank 0 could not send
+# Under rank-0 aggregation each summary metric goes up as its distribution over the ranks (``tracking/aggregate.py``):
+# ``grad/ranks/{metric} min``, ``median``, ``max``, ``min rank``, ``max rank``; the run's tag says so.
+RANK_SUMMARY_TAG = f"{TAG_PREFIX}rank_summary"
+OVER_RANKS = "distribution over ranks"  # its value for such a run (none: every rank's own keys)
+UNSENT_DISTRIBUTION_STEPS_TAG = f"{TAG_PREFIX}unsent_distribution_steps"  # steps whose distribution rank 0 kept
 MLFLOW_STEP_OFFSET_TAG = f"{TAG_PREFIX}mlflow_step_offset"  # added to the dump's steps for MLflow's
 RECORDED_TAG = f"{TAG_PREFIX}gradients_recorded"  # what the recorded gradients are (before or after clipping)
 FAILED_STEPS_TAG = f"{TAG_PREFIX}failed_steps"  # steps whose probe failed
@@ -160,6 +164,15 @@ def rank_statuses(tags: dict[str, str]) -> dict[int, str]:
 def grad_key(rank: int, *parts: str) -> str:
     """``grad/rank{R}/...``: a gradient metric of one rank (``grad_key(0, "total_norm")``); no part: the prefix."""
     return "/".join((f"grad/rank{rank}", *parts)) if parts else f"grad/rank{rank}/"
+
+
+RANK_DISTRIBUTION = ("min", "median", "max", "min rank", "max rank")
+
+
+def distribution_key(suffix: str, statistic: str) -> str:
+    """``grad/ranks/{suffix} {statistic}``: a summary metric's ``statistic`` (:data:`RANK_DISTRIBUTION`) over the
+    ranks at a step (``distribution_key("total_norm", "max rank")``: the rank whose total norm is largest)."""
+    return f"grad/ranks/{suffix} {statistic}"
 
 
 def anomaly_key(rank: int, name: str) -> str:

@@ -125,8 +125,8 @@ def test_a_stop_out_of_drain_time_names_the_unsent_steps_and_upload_completes_th
     assert [m.step for m in client.get_metric_history(run_id, "grad/rank0/total_norm")] == [0, 1, 2, 3]
 
 
-def test_other_ranks_values_rank_0_could_not_send_are_named_and_upload_completes_them(tmp_experiment, tmp_path,
-                                                                                     monkeypatch):
+def test_distributions_rank_0_could_not_send_are_named_and_upload_of_every_ranks_dump_completes_them(
+        tmp_experiment, tmp_path, monkeypatch):
     monkeypatch.setattr(sink_settings, "DRAIN_SECONDS", 0.0)
     monkeypatch.setattr(sink_settings, "SEND_INTERVAL_SECONDS", 600.0)
     monkeypatch.setattr(sink_settings, "RANK_WAIT_SECONDS", 0.0)  # rank 1 has no sink here to report itself
@@ -149,12 +149,36 @@ def test_other_ranks_values_rank_0_could_not_send_are_named_and_upload_completes
             sink.flush()
     sink.close()
     client = MlflowClient()
-    assert client.get_run(run_id).data.tags["msprobe_mlflow.unsent_summary_ranks"] == "1"
-    assert [m.step for m in client.get_metric_history(run_id, "grad/rank1/total_norm")] == [0]
-    upload_dump(dump, run_id, ranks=[1])
-    history = client.get_metric_history(run_id, "grad/rank1/total_norm")
-    assert [(m.step, m.value) for m in history] == [
-        (s, record_metrics(record(s, rank=1))["grad/rank1/total_norm"]) for s in range(3)]
+    tags = client.get_run(run_id).data.tags
+    assert tags["msprobe_mlflow.rank_summary"] == "distribution over ranks"
+    assert tags["msprobe_mlflow.unsent_distribution_steps"] == "1-2"
+    assert [m.step for m in client.get_metric_history(run_id, "grad/ranks/total_norm median")] == [0]
+    report = upload_dump(dump, run_id)
+    assert "msprobe_mlflow.unsent_distribution_steps" not in client.get_run(run_id).data.tags
+    assert report.unsent_distributions == ""
+    for suffix in ("total_norm", "max", "min"):
+        values = np.array([[record_metrics(record(s, rank=r))[f"grad/rank{r}/{suffix}"] for r in (0, 1)]
+                           for s in range(3)])
+        expected = {"min": values.min(axis=1), "median": np.median(values, axis=1), "max": values.max(axis=1),
+                    "min rank": values.argmin(axis=1), "max rank": values.argmax(axis=1)}
+        for statistic, column in expected.items():
+            history = client.get_metric_history(run_id, f"grad/ranks/{suffix} {statistic}")
+            assert [(m.step, m.value) for m in history] == [(s, float(column[s])) for s in range(3)]
+    assert not [key for key in client.get_run(run_id).data.metrics if key.startswith("grad/rank1/")]
+
+
+def test_a_dump_without_every_rank_cannot_complete_the_distributions_and_says_which_steps_lack_them(
+        tmp_experiment, tmp_path):
+    dump = tmp_path / "dump"
+    write_step(dump, record(0, rank=1))
+    client = MlflowClient()
+    run_id = client.create_run(tmp_experiment, tags={"msprobe_mlflow.rank_summary": "distribution over ranks",
+                                                     "msprobe_mlflow.world_size": "2",
+                                                     "msprobe_mlflow.unsent_distribution_steps": "0"}).info.run_id
+    report = upload_dump(dump, run_id)
+    assert report.unsent_distributions == "0"
+    assert client.get_run(run_id).data.tags["msprobe_mlflow.unsent_distribution_steps"] == "0"
+    assert not [key for key in client.get_run(run_id).data.metrics if key.startswith("grad/rank")]
 
 
 def metrics_of(rank: int, total_norm: float, maximum: float) -> dict[str, float]:
@@ -162,18 +186,40 @@ def metrics_of(rank: int, total_norm: float, maximum: float) -> dict[str, float]
     return {f"{prefix}/total_norm": total_norm, f"{prefix}/max": maximum, f"{prefix}/param/w/norm": 7.0}
 
 
-def test_rank_0_gets_every_rank_summary_under_that_rank_key_and_step():
+def test_rank_0_gets_each_summary_metrics_distribution_over_the_ranks_at_its_step():
     vectors = {}
 
     def gather(vector):  # what an all-gather returns: every rank's vector in rank order
         vectors[len(vectors)] = vector
-        return np.stack([vector, [5, 1.0, 2.0], [6, 3.0, math.nan]])  # ranks 1 and 2: step, max, total_norm
+        return np.stack([vector, [5, 1.0, 2.0], [5, 3.0, math.nan], [6, 4.0, 8.0]])  # ranks 1 to 3
 
     own, others = RankZeroMetrics(gather, 0).exchange(5, metrics_of(0, 0.5, 0.25))
     assert list(vectors[0]) == [5, 0.25, 0.5]  # step, then the summary values by sorted suffix: max, total_norm
     assert own == metrics_of(0, 0.5, 0.25)
-    assert others[5] == {"grad/rank1/max": 1.0, "grad/rank1/total_norm": 2.0}
-    assert others[6]["grad/rank2/max"] == 3.0 and math.isnan(others[6]["grad/rank2/total_norm"])
+    statistics = ("min", "median", "max", "min rank", "max rank")
+    assert {k: v for k, v in others[5].items() if k.startswith("grad/ranks/max ")} == {
+        f"grad/ranks/max {s}": v for s, v in zip(statistics, (0.25, 1.0, 3.0, 0, 2))}
+    assert {k: v for k, v in others[5].items() if k.startswith("grad/ranks/total_norm ")} == {  # NaN left out
+        f"grad/ranks/total_norm {s}": v for s, v in zip(statistics, (0.5, 1.25, 2.0, 0, 1))}
+    assert others[6]["grad/ranks/total_norm max rank"] == 3 and others[6]["grad/ranks/max median"] == 4.0
+
+
+@pytest.mark.parametrize("world_size", [2, 1024])
+def test_the_values_rank_0_sends_per_step_do_not_grow_with_the_ranks(world_size):
+    rng = np.random.default_rng(world_size)
+
+    def gather(vector):
+        return np.column_stack([np.full(world_size, vector[0]), rng.random((world_size, len(vector) - 1))])
+
+    own, others = RankZeroMetrics(gather, 0).exchange(3, metrics_of(0, 0.5, 0.25))
+    assert len(own) + len(others[3]) == 3 + 2 * 5  # rank 0's own 3, and 5 per summary metric (max, total_norm)
+    assert not math.isnan(others[3]["grad/ranks/max median"])
+
+
+def test_no_rank_with_a_finite_value_gives_nan_and_no_rank():
+    own, others = RankZeroMetrics(lambda v: np.stack([v, [1, math.nan, math.inf]]), 0).exchange(
+        1, metrics_of(0, math.nan, math.inf))
+    assert all(math.isnan(v) for v in others[1].values())
 
 
 def test_other_ranks_keep_only_their_per_parameter_metrics():

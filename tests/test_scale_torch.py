@@ -1,9 +1,11 @@
 """Rank-0 aggregated metrics under torch.distributed: a 2-process gloo job (torchrun) whose rank 1 cannot reach
-the tracking server, so every rank-1 value in the run came through rank 0's requests and the gloo all-gather."""
+the tracking server, so rank 1's values are in the run only through rank 0's requests and the gloo all-gather: in
+each summary metric's distribution over the ranks."""
 from __future__ import annotations
 
 import math
 import os
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -22,6 +24,22 @@ def expected_summary(dump: Path, rank: int, step: int) -> dict[str, float]:
     norms = table.numbers("norm")
     return {"total_norm": math.sqrt(sum(n * n for n in norms)), "max": max(table.numbers("max")),
             "min": min(table.numbers("min"))}
+
+
+def check_distributions(client: MlflowClient, run_id: str, dump: Path, ranks_at: dict[int, list[int]]) -> None:
+    """The run's distributions over the ranks (``grad/ranks/{name} {statistic}``) at each step of ``ranks_at``
+    (step -> the ranks whose values it holds) against the ranks' own CSVs; and no key of a rank but rank 0."""
+    for name in ("total_norm", "max", "min"):
+        values = {step: [expected_summary(dump, rank, step)[name] for rank in ranks]
+                  for step, ranks in ranks_at.items()}
+        expected = {"min": {s: min(v) for s, v in values.items()}, "max": {s: max(v) for s, v in values.items()},
+                    "median": {s: statistics.median(v) for s, v in values.items()},
+                    "min rank": {s: ranks_at[s][v.index(min(v))] for s, v in values.items()},
+                    "max rank": {s: ranks_at[s][v.index(max(v))] for s, v in values.items()}}
+        for statistic, by_step in expected.items():
+            history = client.get_metric_history(run_id, f"grad/ranks/{name} {statistic}")
+            assert {m.step: m.value for m in history} == by_step, (name, statistic)
+    assert not [key for key in client.get_run(run_id).data.metrics if key.startswith("grad/rank1/")]
 
 
 def torchrun(tmp_path: Path, tracking_uri: str, *worker_args: str) -> tuple[subprocess.CompletedProcess, str]:
@@ -43,11 +61,11 @@ def test_rank_0_sends_the_summary_metrics_of_a_rank_that_cannot_reach_the_server
     dump = tmp_path / "dump"
     assert done.stdout.count("ERRORS 0") == 2, done.stdout
     client = MlflowClient(tmp_sqlite_uri)
-    for rank in (0, 1):
-        for name, value in expected_summary(dump, rank, 2).items():
-            history = client.get_metric_history(run_id, f"grad/rank{rank}/{name}")
-            assert [m.step for m in history] == [0, 1, 2], (rank, name)
-            assert history[-1].value == value, (rank, name)
+    for name, value in expected_summary(dump, 0, 2).items():  # rank 0's own
+        history = client.get_metric_history(run_id, f"grad/rank0/{name}")
+        assert [m.step for m in history] == [0, 1, 2], name
+        assert history[-1].value == value, name
+    check_distributions(client, run_id, dump, {step: [0, 1] for step in range(3)})
     # Rank 1 could send nothing itself: no files of its own, and the run names its steps as unsent. Rank 0 tagged
     # both ranks' statuses, which it had from the end-of-run exchange.
     tags = client.get_run(run_id).data.tags
@@ -75,7 +93,7 @@ def test_an_all_gather_that_times_out_is_counted_and_rank_0_sends_its_own_metric
     dump, client = tmp_path / "dump", MlflowClient(tmp_sqlite_uri)
     assert "ERRORS 1" in done.stdout and "ERRORS 0" in done.stdout, done.stdout
     assert "aggregation of summary metrics failed at step 2" in done.stderr
-    for rank, steps in ((0, [0, 1, 2]), (1, [0, 2])):
-        history = client.get_metric_history(run_id, f"grad/rank{rank}/total_norm")
-        assert [m.step for m in history] == steps, rank
-        assert [m.value for m in history] == [expected_summary(dump, rank, s)["total_norm"] for s in steps]
+    history = client.get_metric_history(run_id, "grad/rank0/total_norm")
+    assert [(m.step, m.value) for m in history] == [(s, expected_summary(dump, 0, s)["total_norm"]) for s in range(3)]
+    # rank 0's step 1 and rank 1's step 2 met in one exchange: each is its step's distribution, of one rank
+    check_distributions(client, run_id, dump, {0: [0, 1], 1: [0], 2: [1]})

@@ -47,5 +47,8 @@ def upload(dump_path: Path, run_id: str | None, experiment: str | None, tracking
     steps = sum(len(s) for s in report.steps_completed.values())
     click.echo(f"run {report.run_id}: {report.metrics_logged} metric values and {report.files_uploaded} files sent "
                f"({steps} step(s) completed)")
+    if report.unsent_distributions:
+        click.echo(f"steps {report.unsent_distributions}: their distributions over the ranks are not in the run, and "
+                   f"{dump_path} does not hold every rank's dump to compute them; upload a folder that does")
     if run_id and (closed := close_abandoned_run_at(tracking_uri, run_id, dump_path)):
         click.echo(closed)

@@ -2,15 +2,18 @@
 
 Every rank turns its step's summary metrics (``grad/rank{R}/total_norm``, ``max``, ``min``, ... : the fixed keys of
 :func:`msprobe_mlflow.metrics.step_metrics`, a few floats) into a vector ``[step, value, ...]``; the framework's
-all-gather (passed in as a callable, like ``share_run_id``) hands every rank every vector, and only rank 0 sends
-them, under the same per-rank keys, in its one ``log_batch`` per round. Metric requests per step then stop
-growing with the number of ranks (one ``log_batch`` holds 1,000 values: about 200 ranks at L1). Files and
-per-parameter metrics (``param_metrics``) are still sent by each rank.
+all-gather (passed in as a callable, like ``share_run_id``) hands every rank every vector, and only rank 0 sends,
+in its one ``log_batch`` per round, its own values and each metric's distribution over the ranks
+(:func:`rank_distribution`: ``grad/ranks/total_norm min``, ``median``, ``max``, and the ranks that hold the
+extremes, ``min rank``, ``max rank``). So neither the requests nor the values per step grow with the number of
+ranks (at 1,024 ranks every rank's own values were 5,120 a step, more than one server takes in time, and as many
+keys in the MLflow UI); each rank's own values stay in its dump and its steps' files in the run, which ``compare``
+reads. Files and per-parameter metrics (``param_metrics``) are still sent by each rank.
 
 An all-gather rather than a gather, so that a failure is seen by every rank alike: when one rank misses a step (its
 probe failed) the others time out in the collective (the framework's timeout), every rank counts the failure, and
 from then on each rank sends its own metrics again; nothing is lost, the run only costs more requests. Each vector
-carries its step, so rank 0 files every rank's values under that rank's own step.
+carries its step: rank 0 takes each distribution over the ranks at the same step.
 
 The run's bookkeeping follows the same rule, so that no request grows with the number of ranks except the files:
 at the start rank 0 tags every rank ``running``, and at ``stop()`` one last exchange (step field ``END_OF_RUN``; under
@@ -25,7 +28,7 @@ from typing import Callable
 
 import numpy as np
 
-from msprobe_mlflow.vocabulary import RANK_ENDINGS, grad_key
+from msprobe_mlflow.vocabulary import RANK_DISTRIBUTION, RANK_ENDINGS, distribution_key, grad_key
 
 # From the load test (benchmarks/results/load_test.md): at 64 ranks, one server worker no longer kept up with every
 # rank sending its own metrics, while the collective costs a few floats per rank.
@@ -55,6 +58,22 @@ def is_summary_key(key: str, rank: int) -> bool:
     return key.startswith(grad_key(rank)) and not _suffix(key, rank).startswith("param/")
 
 
+def rank_distribution(suffixes: list[str], ranks: np.ndarray, values: np.ndarray) -> dict[str, float]:
+    """Each summary metric's distribution over ``ranks`` (``values``: a row per rank, a column per suffix): min,
+    median and max over the ranks whose value is finite, and the ranks holding the min and the max (the lowest such
+    rank); NaN where no rank's value is finite (the anomaly flags name non-finite gradients)."""
+    metrics = {}
+    for suffix, column in zip(suffixes, values.T):
+        finite = np.isfinite(column)
+        if finite.any():
+            low, high = np.argmin(np.where(finite, column, np.inf)), np.argmax(np.where(finite, column, -np.inf))
+            found = (column[low], np.median(column[finite]), column[high], ranks[low], ranks[high])
+        else:
+            found = (np.nan,) * len(RANK_DISTRIBUTION)
+        metrics.update({distribution_key(suffix, name): float(value) for name, value in zip(RANK_DISTRIBUTION, found)})
+    return metrics
+
+
 class RankZeroMetrics:
     """The exchange of one rank's summary metrics; the suffixes (``total_norm``, ...) are sorted, so every rank
     running the same config lays its vector out alike."""
@@ -68,7 +87,8 @@ class RankZeroMetrics:
         """Gathers the summary metrics of every rank (a collective: every rank calls it once per sent step).
 
         Returns what this rank sends at ``step``: all of its metrics on rank 0, its per-parameter ones elsewhere;
-        and on rank 0 the other ranks' summary metrics by their step, ``{step: {key: value}}`` (empty elsewhere)."""
+        and on rank 0 the distributions over the ranks (:func:`rank_distribution`) by step, ``{step: {key: value}}``
+        (one step unless a rank has missed one; empty elsewhere)."""
         suffixes = sorted(_suffix(k, self.rank) for k in metrics if is_summary_key(k, self.rank))
         vector = np.array([step, *(metrics[grad_key(self.rank, s)] for s in suffixes)], dtype=np.float64)
         self.length = len(vector)
@@ -80,11 +100,9 @@ class RankZeroMetrics:
                              f"{len(vector)}): do all ranks run the same grad_probe config?")
         if (ended := np.flatnonzero(matrix[:, 0] == END_OF_RUN)).size:
             raise ValueError(f"ranks {ended.tolist()} stopped monitoring while rank 0 probed step {step}")
-        others: dict[int, dict[str, float]] = {}
-        for rank, row in enumerate(matrix[1:], start=1):
-            values = others.setdefault(int(row[0]), {})
-            values.update({grad_key(rank, s): float(v) for s, v in zip(suffixes, row[1:])})
-        return metrics, others
+        steps = matrix[:, 0].astype(np.int64)
+        return metrics, {int(at): rank_distribution(suffixes, np.flatnonzero(steps == at), matrix[steps == at, 1:])
+                         for at in np.unique(steps)}
 
     def exchange_statuses(self, status: str) -> dict[int, str]:
         """The last collective, at ``stop()``: every rank's status (one of ``RANK_STATUSES``), returned on rank 0 as

@@ -21,7 +21,8 @@ from msprobe_mlflow.tracking.exponent_images import log_exponent_pictures
 from msprobe_mlflow.tracking.runs import log_batched, now_ms, param, tag
 from msprobe_mlflow.tracking.upload import end_run_failed, packed_directions_file, upload_dump, upload_steps_files
 from msprobe_mlflow.vocabulary import (ARTIFACT_ROOT, CONFIG_FILE_NAME, DUMP_PATH_TAG, FRAMEWORK_TAG, LEVEL_TAG,
-                                       RUNNING, VERSION_TAG, WORLD_SIZE_TAG, rank_status_tag, rank_tag)
+                                       OVER_RANKS, RANK_SUMMARY_TAG, RUNNING, VERSION_TAG, WORLD_SIZE_TAG,
+                                       rank_status_tag, rank_tag)
 
 REFUSED_CREDENTIALS = {"UNAUTHENTICATED": "401 not authenticated",  # MLflow's error codes for HTTP 401 and 403
                        "PERMISSION_DENIED": "403 permission denied"}
@@ -68,8 +69,9 @@ class LiveRun:
         """The run's start: ranks ``running`` (``every_rank``: rank 0 tags them all), this rank's dump path; on the
         rank that owns the run, the run's tags, the config's params and ``grad_probe/config.json``."""
         dump_path = os.path.abspath(config.dump_path)
-        if every_rank:
+        if every_rank:  # under aggregation: rank 0 tags every rank, and logs the distributions over the ranks
             tags = [tag(rank_status_tag(rank), RUNNING) for rank in range(ranks.world_size)]
+            tags.append(tag(RANK_SUMMARY_TAG, OVER_RANKS))
         else:
             tags = [tag(rank_status_tag(ranks.rank), RUNNING), tag(rank_tag(ranks.rank, "dump_path"), dump_path)]
         params = []

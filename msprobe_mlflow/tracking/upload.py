@@ -28,15 +28,17 @@ from msprobe_mlflow.dump import (RANK_PREFIX, TRAINING_LOCK_FILE_NAME, TrainingL
 from msprobe_mlflow.exponents import read_exponents
 from msprobe_mlflow.tracking.exponent_images import log_exponent_pictures
 from msprobe_mlflow.levels import level_of_header
+from msprobe_mlflow.tracking.aggregate import is_summary_key, rank_distribution
 from msprobe_mlflow.tracking.experiments import experiment_id_for
 from msprobe_mlflow.tracking.runs import created_run, log_batched, now_ms, tag
 from msprobe_mlflow.progress import ProgressLine
 from msprobe_mlflow.metrics import step_metrics
 from msprobe_mlflow.vocabulary import (ARTIFACT_ROOT, CONFIG_FILE_NAME, DUMP_PATH_TAG, FAILED_RANKS_TAG, FINISHED,
                                        FRAMEWORK_TAG, INCOMPLETE, LEVEL_TAG, MISSING, MISSING_RANKS_TAG,
-                                       MLFLOW_STEP_OFFSET_TAG, RANK_FAILURES, RUNNING, SOURCE_NAME_TAG,
-                                       TAG_RANGES_LIMIT, TRAINING_ID_TAG, VERSION_TAG, grad_key, rank_failure_tag,
-                                       rank_status_tag, rank_statuses, unsent_steps_tag)
+                                       MLFLOW_STEP_OFFSET_TAG, OVER_RANKS, RANK_FAILURES, RANK_SUMMARY_TAG, RUNNING,
+                                       SOURCE_NAME_TAG, TAG_RANGES_LIMIT, TRAINING_ID_TAG,
+                                       UNSENT_DISTRIBUTION_STEPS_TAG, VERSION_TAG, WORLD_SIZE_TAG, distribution_key,
+                                       grad_key, rank_failure_tag, rank_status_tag, rank_statuses, unsent_steps_tag)
 
 STEPS_PER_REQUEST = 50  # steps whose files go in one pair of requests (upload's progress, stop()'s drain: per pair)
 
@@ -47,6 +49,7 @@ class UploadReport:
     metrics_logged: int = 0
     files_uploaded: int = 0
     steps_completed: dict[int, list[int]] = field(default_factory=dict)  # rank -> steps whose files were sent
+    unsent_distributions: str = ""  # steps whose distributions over the ranks this dump (not every rank) cannot send
 
 
 def end_run_failed(client: MlflowClient, run_id: str, news: dict[int, str], reason: str = "") -> list[int]:
@@ -106,12 +109,18 @@ def metric_entities(metrics: dict[str, float], step: int, timestamp_ms: int) -> 
     return [Metric(key, value, timestamp_ms, step) for key, value in metrics.items()]
 
 
-def metrics_for_step(dump_path: str | os.PathLike, rank: int, step: int, timestamp_ms: int,
-                     param_patterns: tuple[str, ...] = (), mlflow_step_offset: int = 0) -> list[Metric]:
+def dump_step_metrics(dump_path: str | os.PathLike, rank: int, step: int,
+                      param_patterns: tuple[str, ...] = ()) -> dict[str, float]:
+    """:func:`~msprobe_mlflow.metrics.step_metrics` of a step of the dump, as the live sinks computed them."""
     table = read_summary(summary_csv_path(dump_path, rank, step))
     exponents_file = exponents_path(dump_path, rank, step)
     exponents = read_exponents(exponents_file)[1:] if exponents_file.exists() else None
-    return metric_entities(step_metrics(table, rank, param_patterns, exponents), step + mlflow_step_offset,
+    return step_metrics(table, rank, param_patterns, exponents)
+
+
+def metrics_for_step(dump_path: str | os.PathLike, rank: int, step: int, timestamp_ms: int,
+                     param_patterns: tuple[str, ...] = (), mlflow_step_offset: int = 0) -> list[Metric]:
+    return metric_entities(dump_step_metrics(dump_path, rank, step, param_patterns), step + mlflow_step_offset,
                            timestamp_ms)
 
 
@@ -246,17 +255,21 @@ def _upload_steps(client: MlflowClient, run_id: str, dump_path: Path, wanted_ste
                                             for i in client.list_artifacts(run_id, ARTIFACT_ROOT)):
         _upload_config(client, run_id, saved_config)
         report.files_uploaded += 1
+    over_ranks = tags.get(RANK_SUMMARY_TAG) == OVER_RANKS
     for rank, wanted in wanted_steps.items():
         if not wanted:
             continue
         if saved_config is None:
             client.set_tag(run_id, LEVEL_TAG, _level_of(dump_path, rank, wanted[0]))
-        logged = {m.step - mlflow_step_offset
-                  for m in client.get_metric_history(run_id, grad_key(rank, "total_norm"))}
         uploaded = _steps_with_csv_artifact(client, run_id, rank)
+        # a run of distributions over the ranks holds rank 0's own summary metrics, the other ranks' only in files
+        own_summary = rank == 0 or not over_ranks
+        logged = {m.step - mlflow_step_offset for m in client.get_metric_history(
+            run_id, grad_key(rank, "total_norm"))} if own_summary else uploaded
         timestamp = now_ms()
         metrics = [m for s in wanted if s not in logged
-                   for m in metrics_for_step(dump_path, rank, s, timestamp, param_patterns, mlflow_step_offset)]
+                   for m in metrics_for_step(dump_path, rank, s, timestamp, param_patterns, mlflow_step_offset)
+                   if own_summary or not is_summary_key(m.key, rank)]
         log_batched(client, run_id, metrics=metrics)
         report.metrics_logged += len(metrics)
         missing = [s for s in wanted if s not in uploaded]
@@ -270,12 +283,40 @@ def _upload_steps(client: MlflowClient, run_id: str, dump_path: Path, wanted_ste
         if tags.get(rank_status_tag(rank)) == INCOMPLETE:  # the live sink left it so: it is whole now
             client.set_tag(run_id, rank_status_tag(rank), FINISHED)
             client.delete_tag(run_id, unsent_steps_tag(rank))
+    if over_ranks:
+        report.metrics_logged += _upload_distributions(client, run_id, dump_path, wanted_steps, tags, report,
+                                                       mlflow_step_offset)
     for rank in wanted_steps:
         report.files_uploaded += _upload_findings(client, run_id, dump_path, rank)
     if pictures and (pictured := [rank for rank, wanted in wanted_steps.items() if wanted]):
         report.files_uploaded += log_exponent_pictures(client, run_id, dump_path, min(pictured),
                                                        mlflow_step_offset)
     return report
+
+
+def _upload_distributions(client: MlflowClient, run_id: str, dump_path: Path, wanted_steps: dict[int, list[int]],
+                          tags: dict[str, str], report: "UploadReport", mlflow_step_offset: int) -> int:
+    """The distributions over the ranks (``tracking/aggregate.py``) of the steps the run lacks, where the dump holds
+    every rank of the run (``world_size``): one folder of every rank's dump, on a shared file system. Where it
+    does not, the steps rank 0 could not send (its tag) are told in ``report``. Returns the values logged."""
+    unsent = tags.get(UNSENT_DISTRIBUTION_STEPS_TAG)
+    if sorted(wanted_steps) != list(range(int(tags.get(WORLD_SIZE_TAG, 0)))):
+        report.unsent_distributions = unsent or ""
+        return 0
+    logged = {m.step - mlflow_step_offset
+              for m in client.get_metric_history(run_id, distribution_key("total_norm", "median"))}
+    ranks = np.array(sorted(wanted_steps))
+    timestamp, metrics = now_ms(), []
+    for step in sorted(set.intersection(*map(set, wanted_steps.values())) - logged):
+        values = [{key[len(grad_key(rank)):]: value for key, value in dump_step_metrics(dump_path, rank, step).items()
+                   if is_summary_key(key, rank)} for rank in ranks]
+        suffixes = sorted(values[0])
+        matrix = np.array([[found.get(suffix, np.nan) for suffix in suffixes] for found in values])
+        metrics += metric_entities(rank_distribution(suffixes, ranks, matrix), step + mlflow_step_offset, timestamp)
+    log_batched(client, run_id, metrics=metrics)
+    if unsent:
+        client.delete_tag(run_id, UNSENT_DISTRIBUTION_STEPS_TAG)
+    return len(metrics)
 
 
 def _upload_findings(client: MlflowClient, run_id: str, dump_path: Path, rank: int) -> int:

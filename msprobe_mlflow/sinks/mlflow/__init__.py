@@ -25,10 +25,11 @@ backlog in time does not hold the job's exit. What is left stays in the local du
 one at ``stop()``), which the readers of a run expand (``dump.extract_steps_archive``); their metrics still go up
 each round.
 
-Rank-0 aggregation (:mod:`msprobe_mlflow.tracking.aggregate`, given a ``gather`` collective): every rank's summary
-metrics go up in rank 0's requests; each rank still sends its files and per-parameter metrics. Other ranks' values
-whose round failed go again in rank 0's next round; those still unsent at ``stop()`` are in their ranks' local
-dumps, and the run's tag ``msprobe_mlflow.unsent_summary_ranks`` (``3-7,12``) names the ranks to ``upload``.
+Rank-0 aggregation (:mod:`msprobe_mlflow.tracking.aggregate`, given a ``gather`` collective): each summary metric's
+distribution over the ranks goes up in rank 0's requests (``grad/ranks/total_norm median``...); each rank still
+sends its files and per-parameter metrics. Distributions whose round failed go again in rank 0's next round; the
+steps of those still unsent at ``stop()`` are named in the run's tag ``msprobe_mlflow.unsent_distribution_steps``
+(every rank's values are in its local dump, which ``upload`` reads).
 Rank 0 also tags every rank's status, at the start and at ``stop()`` (an end-of-run exchange), so the other ranks
 send no request of their own for the run's bookkeeping, nor a ``rank{R}.dump_path`` tag: each rank's dump is at
 the run's ``dump_path`` on its node.

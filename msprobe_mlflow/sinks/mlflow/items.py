@@ -13,8 +13,8 @@ CLOSE, FLUSH = object(), object()  # the queue's two orders besides steps and fi
 
 @dataclass(frozen=True)
 class QueuedStep:
-    """One step of this rank (its files follow its ``metrics``) and, on rank 0 under aggregation, the other ranks'
-    summary metrics that came with it (``gathered``)."""
+    """One step of this rank (its files follow its ``metrics``) and, on rank 0 under aggregation, the distributions
+    over the ranks that came with it (``gathered``)."""
 
     step: int
     metrics: list[MetricPoint]

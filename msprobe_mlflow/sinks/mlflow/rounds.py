@@ -21,7 +21,7 @@ class Rounds:
 
     def send(self, steps: list[QueuedStep], annotations: list[Annotation] = (),
              retry: list[MetricPoint] = ()) -> None:
-        """One round: the steps' metrics (and ``retry``, other ranks' values of failed rounds), then their files."""
+        """One round: the steps' metrics (and ``retry``, distributions of failed rounds), then their files."""
         metrics = [*retry, *(m for item in steps for m in (*item.metrics, *item.gathered))]
         metrics += [m for a in annotations for m in metric_points(a.metrics, a.step + self.options.mlflow_step_offset)]
         tags = {key: value for a in annotations for key, value in a.tags.items()}  # the latest value of a key wins
