@@ -186,6 +186,12 @@ def summary_similarity_key(rank: int) -> str:
     return f"summary_similarity/rank{rank}"
 
 
+def exponent_shift_key(rank: int, name: str) -> str:
+    """``exponent_shift/rank{R}/{name}``: of a comparison run, how far B's gradients moved among the exponents at
+    each step (``zero share`` and ``binades``, B's minus A's)."""
+    return f"exponent_shift/rank{rank}/{name}"
+
+
 def verdict_key(name: str, rank: int | None = None) -> str:
     """``verdict/{name}``, or one rank's ``verdict/rank{R}/{name}``: a comparison run's verdict as a metric."""
     return f"verdict/{name}" if rank is None else f"verdict/rank{rank}/{name}"

@@ -25,6 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from msprobe_mlflow.progress import ProgressLine
+from msprobe_mlflow.compare.exponent_shift import BINADES_MOVED, ZERO_SHARE_MOVED, ExponentShift
 from msprobe_mlflow.compare.similarity import judged_similarity, similarity, summary_similarity
 from msprobe_mlflow.compare.pairing import HOW, PAIRED_BY, example_name_map, name_map_from
 from msprobe_mlflow.compare.rules import judge_for
@@ -76,6 +77,13 @@ class RankComparison:
     skipped_steps: list[SkippedStep] = field(default_factory=list)  # damaged, left out (``skip_damaged``)
     # step -> the summary CSVs it has no statistics from: compared on its signs only
     statistics_missing: dict[int, tuple[str, ...]] = field(default_factory=dict)
+    # where both dumps hold exponent counts: how far B's gradients moved among the exponents, step by step
+    exponent_shifts: list[ExponentShift] = field(default_factory=list)
+
+    @property
+    def first_exponent_move(self) -> ExponentShift | None:
+        """The first step at which B's gradients moved among the exponents past a limit (``exponent_shift``)."""
+        return next((shift for shift in self.exponent_shifts if shift.moved), None)
 
     def similarities(self, name: str) -> list[float | None]:
         """msprobe's values: agreeing / numel, 0.0 for an empty parameter, ``None`` where not compared."""
@@ -134,7 +142,13 @@ class DumpComparison:
                        "statistics_missing": [{"step": step, "files": list(files)}
                                               for step, files in r.statistics_missing.items()],
                        **({"bounds_differ": {"a": list(r.bounds_differ[0]), "b": list(r.bounds_differ[1])}}
-                          if r.bounds_differ else {})} for r in self.ranks],
+                          if r.bounds_differ else {}),
+                       **({"exponent_shifts": {
+                           "steps": [s.step for s in r.exponent_shifts],
+                           "zero_share": [s.zero_share for s in r.exponent_shifts],
+                           "binades": [s.binades for s in r.exponent_shifts],
+                           "first_move": r.first_exponent_move.to_dict() if r.first_exponent_move else None}}
+                          if r.exponent_shifts else {})} for r in self.ranks],
         }
 
     def to_dataframe(self):
@@ -198,6 +212,11 @@ class DumpComparison:
                     lines.append(f"  steps with directions in {side} only (not compared): {short_list(steps, 5)}")
             lines += [f"  step {skipped.step} damaged, skipped (not compared): {skipped.file}: {skipped.problem}"
                       for skipped in rank.skipped_steps]
+            if rank.exponent_shifts:
+                move = rank.first_exponent_move
+                lines.append(f"  exponents: from step {move.step}, {move.describe()} (beside the verdict, not judged)"
+                             if move else f"  exponents: B's gradients stayed where A's are (share of zeros and mean "
+                             f"exponent within {ZERO_SHARE_MOVED:.0%} and {BINADES_MOVED} binades at every step)")
             missing = list(rank.statistics_missing.items())
             lines += [f"  step {step} compared on signs only, no statistics (norms not judged): {', '.join(files)}"
                       for step, files in missing[:5]]
@@ -276,6 +295,7 @@ class _RankTally:
     bounds_differ: tuple | None = None
     skipped: list[SkippedStep] = field(default_factory=list)
     statistics_missing: dict[int, tuple[str, ...]] = field(default_factory=dict)
+    exponent_shifts: list[ExponentShift] = field(default_factory=list)
 
     def add(self, index: int, step: int, compared, rank: int) -> None:
         """Adds the ``index``-th step's counts; refuses a step where no parameter of A pairs with one of B."""
@@ -297,6 +317,8 @@ class _RankTally:
             self.counts[name][index] = (agree, numel)
         self.summary_counts.append(compared.summary_counts)
         self.bounds_differ = self.bounds_differ or compared.bounds_differ
+        if compared.exponent_shift is not None:
+            self.exponent_shifts.append(compared.exponent_shift)
 
     def comparison(self, rank: int, steps_a: list[int], steps_b: list[int]) -> RankComparison:
         """The rank's result, the skipped steps left out of its steps and counts (all skipped: refused)."""
@@ -314,7 +336,8 @@ class _RankTally:
         return RankComparison(rank, steps, self.order, counts, self.summary_counts,
                               [n for n in self.only_a if n not in compared_a],
                               [n for n in self.only_b if n not in compared_b], list(self.renamed), only_steps_a,
-                              only_steps_b, self.bounds_differ, skipped, self.statistics_missing)
+                              only_steps_b, self.bounds_differ, skipped, self.statistics_missing,
+                              self.exponent_shifts)
 
 
 def coverage_of(ranks: list[RankComparison]) -> Coverage:

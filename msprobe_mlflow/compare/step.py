@@ -5,7 +5,9 @@ A step of side A (the reference: the baseline) and side B (the run being checked
 present in both with the same shape (paired by name, by the user's name map, or across wrappers and frameworks:
 :mod:`msprobe_mlflow.compare.pairing`), the number of gradient elements whose direction agrees,
 and, where both sides wrote their ``grad_summary_{S}.csv`` beside the step folder, each parameter's statistics on
-both sides (``norm``, ``max``, ``min`` and, at L2, the bucket fractions), which the noise-aware rule reads.
+both sides (``norm``, ``max``, ``min`` and, at L2, the bucket fractions), which the noise-aware rule reads; and
+where both recorded exponent counts, how far B's gradients moved among the exponents
+(:mod:`msprobe_mlflow.compare.exponent_shift`), reported beside the verdict.
 
 A file of the step that cannot be read as written (a direction archive failing its CRC-32, a truncated ``.npy``, a
 malformed summary CSV) raises :class:`~msprobe_mlflow.directions.DamagedFile` naming it: the step is never compared
@@ -22,12 +24,14 @@ from pathlib import Path
 
 import numpy as np
 
+from msprobe_mlflow.compare.exponent_shift import ExponentShift, exponent_shift
 from msprobe_mlflow.compare.pairing import pair_parameters
 from msprobe_mlflow.compare.similarity import PackedLayout, agreeing_directions, similarity
 from msprobe_mlflow.directions import (PACKED_FILE_NAME, DamagedFile, LaidOutReader, StoredDirection,
                                        open_step_directions, step_compute_format)
 from msprobe_mlflow.dump import (SUMMARY_PREFIX, SUMMARY_SUFFIX, SummaryTable, csv_cells, csv_text, read_summary,
                                  short_list)
+from msprobe_mlflow.exponents import exponents_file_name, read_exponents
 from msprobe_mlflow.statistics_table import PARAMETER_NORM
 
 
@@ -54,6 +58,26 @@ class SideStatistics:
 def summary_beside(step_folder: Path, step: int) -> Path:
     """``rank{R}/grad_summary_{S}.csv``: the statistics of the step whose directions are in ``rank{R}/step{S}/``."""
     return step_folder.parent / f"{SUMMARY_PREFIX}{step}{SUMMARY_SUFFIX}"
+
+
+def _exponent_rows(step_folder: Path, step: int, names: list[str] | tuple[str, ...]) -> np.ndarray | None:
+    """The full exponent counts of ``names`` (a row each) from ``rank{R}/exponents_{S}.npz`` beside the step
+    folder; None where the file is absent or lacks one of them. A damaged file raises :class:`DamagedFile`."""
+    path = step_folder.parent / exponents_file_name(step)
+    if not path.is_file():
+        return None
+    listed, counts, _ = read_exponents(path)
+    rows = {name: index for index, name in enumerate(listed)}
+    if any(name not in rows for name in names):
+        return None
+    return counts.full()[[rows[name] for name in names]]
+
+
+def _exponent_shift(step: int, folder_a: Path, folder_b: Path, names_a, names_b) -> ExponentShift | None:
+    """B's gradients against A's among the exponents, where both recorded exponent counts of the compared names."""
+    rows_a = _exponent_rows(folder_a, step, names_a)
+    rows_b = _exponent_rows(folder_b, step, names_b) if rows_a is not None else None
+    return None if rows_b is None or not len(names_b) else exponent_shift(step, tuple(names_b), rows_a, rows_b)
 
 
 def _damaged(path: Path, error: ValueError) -> DamagedFile:
@@ -142,6 +166,7 @@ class StepComparison:
     paired_by: tuple[str, ...] = ()  # how each compared pair was found (``pairing.HOW``); empty: all by name
     # the summary CSVs this step has no statistics from (absent, or lacking the compared parameters): A's, then B's
     statistics_missing: tuple[str, ...] = ()
+    exponent_shift: ExponentShift | None = None  # where both sides recorded exponent counts
     bounds_differ: tuple | None = field(init=False, default=None)  # A's and B's L2 bucket headers where they differ
 
     def __post_init__(self):
@@ -236,7 +261,8 @@ def compare_step(step: int, folder_a: Path, folder_b: Path, *, layout: StepLayou
                                                                 _statistics(table_b, csv_b, names))
         return StepComparison(step, layout.names, layout.names, layout.packed.agreeing(bits_a, bits_b),
                               layout.packed.numels, statistics_a, statistics_b, compute_formats=formats,
-                              statistics_missing=tuple(m for m in (missing_a, missing_b) if m))
+                              statistics_missing=tuple(m for m in (missing_a, missing_b) if m),
+                              exponent_shift=_exponent_shift(step, folder_a, folder_b, names, names))
     stored_a, stored_b = _open_side(folder_a), _open_side(folder_b)
     matches = _paired(tuple((n, stored_a[n].shape) for n in _model_order(table_a, stored_a)),
                       tuple((n, stored_b[n].shape) for n in _model_order(table_b, stored_b)),
@@ -262,7 +288,8 @@ def compare_step(step: int, folder_a: Path, folder_b: Path, *, layout: StepLayou
                           np.array([stored_a[a].numel for a in names_a], dtype=np.int64), statistics_a, statistics_b,
                           [n for n in stored_a if n not in matched_a], [n for n in stored_b if n not in matched_b],
                           shape_differs, formats, tuple(how for _, _, how in pairs),
-                          tuple(m for m in (missing_a, missing_b) if m))
+                          tuple(m for m in (missing_a, missing_b) if m),
+                          _exponent_shift(step, folder_a, folder_b, names_a, names_b))
 
 
 @functools.lru_cache(maxsize=8)

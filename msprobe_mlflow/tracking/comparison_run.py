@@ -47,7 +47,8 @@ from msprobe_mlflow.dump import dump_folder, indexed_children
 from msprobe_mlflow.vocabulary import (COMPARE_ARTIFACT_ROOT, DESCRIPTION_TAG, FIRST_SUSPICIOUS_STEP_TAG, GRADE_TAG,
                                        PAIR_TAG, PARTIAL_TAG, PREVIOUS_TAG, RULE_TAG, SKIPPED_TAG, SOURCE_NAME_TAG,
                                        STATISTICS_MISSING_TAG, VERDICT_TAG, VERSION_TAG, compare_rank_tag,
-                                       source_dump_path_tag, source_run_tag, summary_similarity_key, verdict_key)
+                                       exponent_shift_key, source_dump_path_tag, source_run_tag,
+                                       summary_similarity_key, verdict_key)
 from msprobe_mlflow.tracking.experiments import MODEL_TRAINING_VIEW, experiment_id_for, run_page_link, run_page_url
 from msprobe_mlflow.tracking.run_dump import RunDumpListing, fetch_run_dump, get_run, list_run_dump
 from msprobe_mlflow.tracking.runs import MAX_TAG_VAL_LENGTH, clipped, created_run, log_batched, now_ms, param, tag
@@ -319,6 +320,10 @@ def _tags(comparison: DumpComparison, sources: list[ComparisonSource], pair: str
             tags[compare_rank_tag(rank.rank, "suspicious_parameters")] = names
         if rank.sign_noise:
             tags[compare_rank_tag(rank.rank, "sign_noise")] = ", ".join(n.name for n in rank.sign_noise)
+    for rank in comparison.ranks:
+        if (move := rank.first_exponent_move) is not None:
+            tags[compare_rank_tag(rank.rank, "exponents_moved")] = clipped(f"step {move.step}: {move.describe()}",
+                                                                            MAX_TAG_VAL_LENGTH)
     return [tag(key, value) for key, value in tags.items()]
 
 
@@ -327,6 +332,9 @@ def _metrics(comparison: DumpComparison) -> list[Metric]:
     verdict = comparison.verdict
     metrics = [Metric(summary_similarity_key(r.rank), value, now, step)
                for r in comparison.ranks for step, value in zip(r.steps, r.summary)]
+    metrics += [Metric(exponent_shift_key(r.rank, name), value, now, shift.step) for r in comparison.ranks
+                for shift in r.exponent_shifts
+                for name, value in (("zero share", shift.zero_share), ("binades", shift.binades))]
     metrics.append(Metric(verdict_key("suspicious"), float(verdict.suspicious), now, 0))
     if verdict.suspicious:
         metrics.append(Metric(verdict_key("first_suspicious_step"), float(verdict.first_suspicious_step), now, 0))

@@ -24,8 +24,9 @@ from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
 from msprobe_mlflow.dump import (extract_steps_archive, parse_archive_name, parse_rank_folder, parse_step_folder,
-                                 parse_summary_name, read_statistics_table, relative_step_dir,
+                                 parse_summary_name, read_statistics_table, relative_rank_dir, relative_step_dir,
                                  relative_summary_path, step_dir)
+from msprobe_mlflow.exponents import exponents_file_name
 from msprobe_mlflow.levels import LEVELS
 from msprobe_mlflow.progress import ProgressLine
 from msprobe_mlflow.safe_paths import confined_path
@@ -61,9 +62,13 @@ class RunDumpListing:
         return self.run.info.run_id
 
     def summary_files(self, steps: dict[int, list[int]]) -> list[tuple[str, int | None]]:
-        """Artifact path and listed size of the summary CSV of each rank and step in ``steps``."""
+        """Artifact path and listed size of the summary CSV of each rank and step in ``steps``, and of its exponent
+        counts where the run holds them."""
         paths = [f"{ARTIFACT_ROOT}/{relative_summary_path(rank, step)}"
                  for rank, rank_steps in steps.items() for step in rank_steps if (rank, step) not in self.archived]
+        exponents = [f"{ARTIFACT_ROOT}/{relative_rank_dir(rank)}/{exponents_file_name(step)}"
+                     for rank, rank_steps in steps.items() for step in rank_steps if (rank, step) not in self.archived]
+        paths += [path for path in exponents if path in self.file_sizes]
         return [(path, self.file_sizes.get(path)) for path in paths]
 
     def archives(self, steps: dict[int, list[int]]) -> list[tuple[str, int | None]]:
