@@ -71,8 +71,15 @@ from msprobe_mlflow.dump import findings_dir, step_dir, summary_csv_path
 from msprobe_mlflow.pytorch import GradientMonitor
 from msprobe_mlflow.statistics_table import PARAMETER_NORM
 
+try:  # exponent counts, where the package records them (compare reports their shift beside the verdict)
+    from msprobe_mlflow.statistics_table import EXPONENTS
+    EXPONENT_COUNTS = [EXPONENTS]
+except ImportError:
+    EXPONENT_COUNTS = []
+
 RESULTS = Path(__file__).resolve().parent / "results"
-RECIPE = 2  # bump when a training below changes: dumps cached under another recipe are trained again
+RECIPE = 3  # bump when a training or what it records changes: dumps cached under another recipe are trained again
+# (3: the monitor records exponent counts too, which compare reports beside the verdict)
 NOISES = ("float64", "bf16", "rounding", "threads")  # threads: float32 on 2 threads against the baseline's 1
 NOISE_OF_SEED = {0: "float64", 1: "bf16", 2: "rounding"}
 VARIANTS = ("alone", "on noise", "from step 0")
@@ -752,7 +759,8 @@ def train(spec: RunSpec, dump: Path, **live) -> dict:
     try:
         training = Training(spec)
         monitor = GradientMonitor(monitor_config(dump), log_to_mlflow=False, anomaly_flags=False, silent=True,
-                                  statistics=[PARAMETER_NORM], **live).monitor(training.model, training.optimizer)
+                                  statistics=[PARAMETER_NORM, *EXPONENT_COUNTS], **live).monitor(
+            training.model, training.optimizer)
         start = time.perf_counter()
         digests, step_ends = [], []
         for step in range(spec.steps):
@@ -945,7 +953,11 @@ def verdict_of(baseline: Path, candidate: Path, rule: str, noise: str) -> dict:
                            **rule_options(rule, "rule" in inspect.signature(compare_dumps).parameters, noise))
     rank = result.verdict.ranks[0]
     first_steps = getattr(rank, "first_steps", None)  # the noise rule's note on first steps beyond float32 rounding
+    move = getattr(result.ranks[0], "first_exponent_move", None)  # reported beside the verdict, where recorded
     return {"step": rank.first_suspicious_step, "culprits": [t.name for t in rank.parameter_trips],
+            "exponents_compared": bool(getattr(result.ranks[0], "exponent_shifts", None)),
+            "exponent_move": move.step if move else None,
+            "exponent_move_parameters": [name for name, _, _ in move.parameters] if move else [],
             "grade": getattr(rank, "grade", None),  # the noise rule's break or departure (before grades: none)
             "first_steps": first_steps.finest if first_steps else None,
             "first_steps_sixteen_bit": getattr(first_steps, "sixteen_bit", None)}  # the run it says computes so
@@ -1164,6 +1176,26 @@ def noted(rows: list[dict], rule: str, sixteen_bit: str | None = None) -> list[i
                 for r in rows), len(rows)]
 
 
+def exponent_evidence(harmful: list[dict], benign: list[dict], rule: str) -> dict | None:
+    """How the exponent shift's first move (``compare/exponent_shift.py``, reported beside the verdict, the same
+    for every rule) fares as a verdict would: None where the dumps hold no exponent counts."""
+    if not any(r["verdicts"][rule].get("exponents_compared") for r in harmful + benign):
+        return None
+    moves = [(r, r["verdicts"][rule].get("exponent_move")) for r in harmful]
+    benign_steps = [r["verdicts"][rule].get("exponent_move") for r in benign]
+    return {"benign_moves": [sum(s is not None for s in benign_steps), len(benign)],
+            "benign_move_steps": [s for s in benign_steps if s is not None],
+            **{kind: [sum(outcome(r["truth"], step) == kind for r, step in moves), len(moves)]
+               for kind in ("exact", "early", "late", "missed")},
+            "exact_where_verdict_not": [sum(outcome(r["truth"], step) == "exact" for r, step in moves
+                                            if r["verdicts"][rule]["outcome"] != "exact"),
+                                        sum(r["verdicts"][rule]["outcome"] != "exact" for r, _ in moves)],
+            "exact_by_scenario": {name: [sum(outcome(r["truth"], step) == "exact" for r, step in moves
+                                             if r["scenario"] == name),
+                                         sum(r["scenario"] == name for r, _ in moves)]
+                                  for name in dict.fromkeys(r["scenario"] for r, _ in moves)}}
+
+
 def summarize(result: dict, rule: str, families) -> dict:
     """The rule's figures on ``families``' harmful cases and benign pairs (``elsewhere``: ELSEWHERE's benign pairs,
     for the in-sample families only)."""
@@ -1215,6 +1247,7 @@ def summarize(result: dict, rule: str, families) -> dict:
         "live_latency_ms": [statistics.median(latencies), max(latencies)] if latencies else None,
         "live_steps_meanwhile_max": max((r["steps_meanwhile"] for r in live_rows if "steps_meanwhile" in r),
                                         default=None),
+        "exponents": exponent_evidence(harmful, benign_rows + elsewhere_rows, rule),
     }
 
 
@@ -1282,6 +1315,17 @@ def summary_rows(summary: dict, rules: list[str], live_result: dict | None) -> l
             return f"n/a ({alarms} ungraded alarms)"
         return f"{summary[rule][key]}/{summary[rule]['benign_pairs']}"
 
+    if any(summary[r].get("exponents") for r in rules):
+        def evidence(rule: str, key: str) -> str:
+            found = summary[rule].get("exponents")
+            return "n/a" if not found else alarms(found[key], found["benign_move_steps"]) if key == "benign_moves" \
+                else fraction(found[key])
+        rows += [["exponents moved (`compare`, beside the verdict, not judged): benign pairs with a move (at steps)"]
+                 + [evidence(r, "benign_moves") for r in rules]] + [
+            [f"... harmful cases, the first move {label}"] + [evidence(r, key) for r in rules]
+            for key, label in (("exact", "at the exact step"), ("early", "early"), ("late", "late"),
+                               ("missed", "never"), ("exact_where_verdict_not",
+                                                     "at the exact step where the verdict was not"))]
     rows += [["benign pairs with a *break*"] + [graded(r, "benign_breaks") for r in rules],
              ["benign pairs with a *departure*"] + [graded(r, "benign_departures") for r in rules],
              ["... float32 on 2 threads against 1: pairs with an alarm"] + [

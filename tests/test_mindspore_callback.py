@@ -139,3 +139,22 @@ def test_a_model_trained_again_in_graph_mode_is_probed_again(mode, tmp_path):
         callback = GradProbeCallback(GradProbeConfig(dump_path=str(tmp_path / dump)), log_to_mlflow=False)
         model.train(1, batches(), callbacks=[callback], dataset_sink_mode=False)
         assert_steps_match_numpy(tmp_path / dump, [p.name for p in net.trainable_params()])
+
+
+@pytest.mark.parametrize("mode", list(MODES), indirect=True)
+def test_a_fixed_loss_scale_the_optimizer_undoes_itself_is_told_and_the_gradients_are_recorded_scaled(mode, tmp_path):
+    from mindspore.amp import FixedLossScaleManager
+
+    from msprobe_mlflow.dump import read_summary, summary_csv_path
+
+    net = dense()
+    optimizer = nn.SGD(net.trainable_params(), learning_rate=0.0, loss_scale=1024.0)
+    model = Model(net, loss_fn=nn.MSELoss(), optimizer=optimizer,
+                  loss_scale_manager=FixedLossScaleManager(1024.0, drop_overflow_update=False))
+    callback = GradProbeCallback(GradProbeConfig(dump_path=str(tmp_path / "dump")), log_to_mlflow=False)
+    with pytest.warns(UserWarning, match="loss_scale = 1024 itself .* are 1024 times the loss's gradients"):
+        model.train(1, batches(), callbacks=[callback], dataset_sink_mode=False)
+    names = [p.name for p in net.trainable_params()]
+    table = read_summary(summary_csv_path(tmp_path / "dump", 0, 0))
+    expected = [1024.0 * float(numpy_gradients(0)[name.split(".")[-1]].max()) for name in names]
+    np.testing.assert_allclose(table.numbers("max"), expected, rtol=1e-5)

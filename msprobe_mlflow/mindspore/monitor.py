@@ -97,6 +97,12 @@ class GradientMonitor(SessionMonitor):
         missing = set(self.config.param_list) - {p.name for p in parameters}
         if missing:  # warned here, not in a helper: the warning names the caller's monitor() line
             self.notices.warn(f"grad_probe.param_list names parameters the optimizer does not have: {sorted(missing)}")
+        if (scale := float(getattr(optimizer, "loss_scale", 1.0))) != 1.0:  # nn.Optimizer(loss_scale=...)
+            self.notices.warn(f"the optimizer divides the gradients it receives by its loss_scale = {scale:g} itself "
+                              f"(Model's FixedLossScaleManager): the recorded gradients, which are what it receives "
+                              f"(as msprobe records them), are {scale:g} times the loss's gradients, and so are "
+                              f"their statistics and their format losses (read at scale 1: as they are held); "
+                              f"compare this run with runs of the same loss scale")
         self._names = [p.name for _, p in selected]
         self._shapes = [tuple(p.shape) for _, p in selected]
         self._compute_format = self._format_of(parameters, network)
