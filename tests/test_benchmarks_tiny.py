@@ -56,7 +56,9 @@ def test_load_test_quick_loses_nothing_in_every_mode(tmp_path):
     assert [(row["workers"], row["ranks"], row["mode"]) for row in rows] == [
         (1, 3, "per-rank"), (1, 3, "aggregated"), (1, 3, "aggregated+archive")]
     for row in rows:
-        assert row["sent_values"] == 3 * 4 * 3 and row["sent_files"] == 3 * 4 * 2, row  # ranks x steps x per step
+        # per rank: ranks x steps x 3 values; aggregated: rank 0's 3 and 5 per metric over the ranks, x steps
+        values = 3 * 4 * 3 if row["mode"] == "per-rank" else 4 * (3 + 3 * 5)
+        assert row["sent_values"] == values and row["sent_files"] == 3 * 4 * 2, row  # files: ranks x steps x 2
         assert row["held_values_after_upload"] == row["sent_values"], row
         assert row["held_files_after_upload"] == row["sent_files"], row
         assert row["lost_values"] == row["lost_files"] == 0, row

@@ -26,10 +26,10 @@ from msprobe_mlflow.dump import (RANK_PREFIX, TRAINING_LOCK_FILE_NAME, TrainingL
                                  parse_summary_name, rank_dir, read_dump_config, read_summary, relative_rank_dir,
                                  step_dir, step_ranges, summary_csv_path, summary_steps)
 from msprobe_mlflow.exponents import read_exponents
-from msprobe_mlflow.tracking.exponent_images import log_exponent_pictures
 from msprobe_mlflow.levels import level_of_header
 from msprobe_mlflow.tracking.aggregate import is_summary_key, rank_distribution
 from msprobe_mlflow.tracking.experiments import experiment_id_for
+from msprobe_mlflow.tracking.exponent_images import log_exponent_pictures
 from msprobe_mlflow.tracking.runs import created_run, log_batched, now_ms, tag
 from msprobe_mlflow.progress import ProgressLine
 from msprobe_mlflow.metrics import step_metrics
