@@ -1177,8 +1177,8 @@ def noted(rows: list[dict], rule: str, sixteen_bit: str | None = None) -> list[i
 
 
 def exponent_evidence(harmful: list[dict], benign: list[dict], rule: str) -> dict | None:
-    """How the exponent shift's first move (``compare/exponent_shift.py``, reported beside the verdict, the same
-    for every rule) fares as a verdict would: None where the dumps hold no exponent counts."""
+    """How the exponent shift's first move (``compare/exponent_shift.py``: the model's share at zero, the same for
+    every rule) fares on its own, as a verdict would: None where the dumps hold no exponent counts."""
     if not any(r["verdicts"][rule].get("exponents_compared") for r in harmful + benign):
         return None
     moves = [(r, r["verdicts"][rule].get("exponent_move")) for r in harmful]
@@ -1320,7 +1320,7 @@ def summary_rows(summary: dict, rules: list[str], live_result: dict | None) -> l
             found = summary[rule].get("exponents")
             return "n/a" if not found else alarms(found[key], found["benign_move_steps"]) if key == "benign_moves" \
                 else fraction(found[key])
-        rows += [["exponents moved (`compare`, beside the verdict, not judged): benign pairs with a move (at steps)"]
+        rows += [["share at zero moved (`compare`'s exponent shift): benign pairs with a move (at steps)"]
                  + [evidence(r, "benign_moves") for r in rules]] + [
             [f"... harmful cases, the first move {label}"] + [evidence(r, key) for r in rules]
             for key, label in (("exact", "at the exact step"), ("early", "early"), ("late", "late"),

@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from msprobe_mlflow.progress import ProgressLine
-from msprobe_mlflow.compare.exponent_shift import BINADES_MOVED, ZERO_SHARE_MOVED, ExponentShift
+from msprobe_mlflow.compare.exponent_shift import ZERO_SHARE_MOVED, ExponentShift
 from msprobe_mlflow.compare.similarity import judged_similarity, similarity, summary_similarity
 from msprobe_mlflow.compare.pairing import HOW, PAIRED_BY, example_name_map, name_map_from
 from msprobe_mlflow.compare.rules import judge_for
@@ -82,7 +82,7 @@ class RankComparison:
 
     @property
     def first_exponent_move(self) -> ExponentShift | None:
-        """The first step at which B's gradients moved among the exponents past a limit (``exponent_shift``)."""
+        """The first step at which the model's share of zero gradient elements moved (``exponent_shift``)."""
         return next((shift for shift in self.exponent_shifts if shift.moved), None)
 
     def similarities(self, name: str) -> list[float | None]:
@@ -214,9 +214,9 @@ class DumpComparison:
                       for skipped in rank.skipped_steps]
             if rank.exponent_shifts:
                 move = rank.first_exponent_move
-                lines.append(f"  exponents: from step {move.step}, {move.describe()} (beside the verdict, not judged)"
-                             if move else f"  exponents: B's gradients stayed where A's are (share of zeros and mean "
-                             f"exponent within {ZERO_SHARE_MOVED:.0%} and {BINADES_MOVED} binades at every step)")
+                lines.append(f"  exponents: from step {move.step}, {move.describe()}"
+                             if move else f"  exponents: B's share of gradient elements at zero stayed within "
+                             f"{ZERO_SHARE_MOVED:.0%} of A's at every step")
             missing = list(rank.statistics_missing.items())
             lines += [f"  step {step} compared on signs only, no statistics (norms not judged): {', '.join(files)}"
                       for step, files in missing[:5]]

@@ -1,13 +1,15 @@
 """How far run B's gradients moved among the binary exponents against run A's at a step, from the exponent counts
-both monitors recorded (``statistics=["exponents"]``): the share of the elements that are zero (an underflow
-flushes small gradients to zero) and the mean exponent ``floor(log2|g|)`` of the other finite elements (a lost loss
-scale or a narrower format moves them), each B's minus A's, for the model and per parameter.
+both monitors recorded (``statistics=["exponents"]``): the share of the model's gradient elements that are zero
+(an underflow, a lost loss scale, flushes small gradients to zero) and the mean exponent ``floor(log2|g|)`` of the
+other finite elements, each B's minus A's.
 
-Reported beside the verdict (``compare``'s table, ``verdict.json``, the comparison run's metrics), not a reason for
-it: its limits below were set beforehand from what rounding can do, not measured on pairs, and the divergence
-benchmark's dumps hold no exponent counts yet. Rounding moves an element's exponent only where it crosses a power
-of two, so between runs that differ in rounding the mean exponent moves by hundredths of a binade and the share of
-zeros by the few elements that round to zero; an underflow or a lost scale moves whole binades of elements.
+What moves: the model's share of zeros by more than :data:`ZERO_SHARE_MOVED`. Measured on the divergence
+benchmark's dumps (all 120 benign pairs, in sample and held out: float64, bfloat16 autocast, one ulp, another thread
+count), the share of zeros never moved by more than 0.3% of the elements, while the mean exponent drifted by whole
+binades once two benign runs parted (up to 6 in a BatchNorm net late in training), and per parameter both moved
+from step 0 where a gradient is rounding noise (a bias right before a normalisation) or has a handful of
+elements. So the mean exponent is reported, not judged, and the parameters are named by how many of their
+elements changed to or from zero, after the model's share moved.
 """
 from __future__ import annotations
 
@@ -17,8 +19,7 @@ import numpy as np
 
 from msprobe_mlflow.statistics_table import EXPONENT_HIGH, EXPONENT_LOW, ZERO_BIN
 
-ZERO_SHARE_MOVED = 0.01  # a hundredth of the elements more (or fewer) at zero
-BINADES_MOVED = 0.5  # the other elements' mean exponent moved by half a binade (a factor of 1.4 in magnitude)
+ZERO_SHARE_MOVED = 0.01  # a hundredth of the model's gradient elements more (or fewer) at zero
 NAMED = 3  # parameters named with a move, most first
 
 
@@ -37,8 +38,9 @@ def zero_shares_and_mean_exponents(counts: np.ndarray) -> tuple[np.ndarray, np.n
 
 @dataclass(frozen=True)
 class ExponentShift:
-    """B against A at ``step``: the model's change in the share of zeros and in the mean exponent (binades), and
-    the parameters (B's names) whose own change passes a limit, most first (at most :data:`NAMED`)."""
+    """B against A at ``step``: the change in the model's share of zero elements and in the mean exponent of the
+    others (binades); where the share moved, the parameters (B's names) holding most of the elements that changed
+    to or from zero, with their own changes (share of their elements, binades), at most :data:`NAMED`."""
 
     step: int
     zero_share: float
@@ -47,27 +49,21 @@ class ExponentShift:
 
     @property
     def moved(self) -> bool:
-        """The model's or a parameter's change passes :data:`ZERO_SHARE_MOVED` or :data:`BINADES_MOVED`."""
-        return _passes(self.zero_share, self.binades) or bool(self.parameters)
+        """The model's share of zeros moved by more than :data:`ZERO_SHARE_MOVED`."""
+        return abs(self.zero_share) > ZERO_SHARE_MOVED
 
     def describe(self) -> str:
-        """``B holds 12.5% more of its elements at zero than A, its others 0.80 binades lower (most: ...)``."""
+        """``B holds 20.00% more of its gradient elements at zero than A (...), its others 1.07 binades higher``."""
         more = "more" if self.zero_share >= 0 else "fewer"
         way = "lower" if self.binades < 0 else "higher"
-        text = (f"B holds {abs(self.zero_share):.2%} {more} of its gradient elements at zero than A, its other "
-                f"elements {abs(self.binades):.2f} binades {way} on average")
-        if self.parameters:
-            text += " (most: " + ", ".join(f"{name} {zero:+.2%} at zero, {binades:+.2f} binades"
-                                           for name, zero, binades in self.parameters) + ")"
-        return text
+        named = "" if not self.parameters else " (most: " + ", ".join(
+            f"{name} {zero:+.2%} at zero" for name, zero, _ in self.parameters) + ")"
+        return (f"B holds {abs(self.zero_share):.2%} {more} of its gradient elements at zero than A{named}, its "
+                f"other elements {abs(self.binades):.2f} binades {way} on average")
 
     def to_dict(self) -> dict:
         return {"step": self.step, "zero_share": self.zero_share, "binades": self.binades,
                 "parameters": [list(item) for item in self.parameters]}
-
-
-def _passes(zero_share: float, binades: float) -> bool:
-    return abs(zero_share) > ZERO_SHARE_MOVED or (not np.isnan(binades) and abs(binades) > BINADES_MOVED)
 
 
 def exponent_shift(step: int, names: tuple[str, ...], counts_a: np.ndarray, counts_b: np.ndarray) -> ExponentShift:
@@ -75,11 +71,12 @@ def exponent_shift(step: int, names: tuple[str, ...], counts_a: np.ndarray, coun
     ``names``: B's)."""
     zero_a, mean_a = zero_shares_and_mean_exponents(counts_a.sum(axis=0))
     zero_b, mean_b = zero_shares_and_mean_exponents(counts_b.sum(axis=0))
+    shift = ExponentShift(step, float(zero_b[0] - zero_a[0]), float(mean_b[0] - mean_a[0]))
+    if not shift.moved:
+        return shift
     zeros_a, means_a = zero_shares_and_mean_exponents(counts_a)
     zeros_b, means_b = zero_shares_and_mean_exponents(counts_b)
-    zeros, binades = zeros_b - zeros_a, means_b - means_a
-    order = np.argsort(-np.maximum(np.abs(zeros) / ZERO_SHARE_MOVED, np.nan_to_num(np.abs(binades)) / BINADES_MOVED),
-                       kind="stable")
-    named = tuple((names[i], float(zeros[i]), float(binades[i])) for i in order
-                  if _passes(float(zeros[i]), float(binades[i])))[:NAMED]
-    return ExponentShift(step, float(zero_b[0] - zero_a[0]), float(mean_b[0] - mean_a[0]), named)
+    changed = (counts_b[:, ZERO_BIN] - counts_a[:, ZERO_BIN]) * np.sign(shift.zero_share)  # the model's way
+    named = tuple((names[i], float(zeros_b[i] - zeros_a[i]), float(means_b[i] - means_a[i]))
+                  for i in np.argsort(-changed, kind="stable")[:NAMED] if changed[i] > 0)
+    return ExponentShift(shift.step, shift.zero_share, shift.binades, named)

@@ -59,8 +59,9 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from msprobe_mlflow.compare.verdict import (BREAK, DEPARTURE, DEPARTURE_MEANS, PRECISION, FirstSteps, RankVerdict,
-                                            Sensitivity, SignNoise, Trip, judged_values, slots_of)
+from msprobe_mlflow.compare.exponent_shift import ExponentShift
+from msprobe_mlflow.compare.verdict import (BREAK, DEPARTURE, DEPARTURE_MEANS, PRECISION, ZEROS, FirstSteps,
+                                            RankVerdict, Sensitivity, SignNoise, Trip, judged_values, slots_of)
 from msprobe_mlflow.formats import UNIT_ROUNDOFF, coarsest
 
 DEVIATIONS = 10.0  # robust deviations beyond the noise that make a break
@@ -85,6 +86,8 @@ NORM_BEYOND = f"a norm moved by more than {FIRST_STEPS_TOLERANCE:.0%} of its sca
     f"largest move of the last {WINDOW} steps"  # a break's evidence: see rounding_bound
 TRANSIENT_MEANS = "the whole model moved at this step only, gone at the next: what one batch's amplified rounding " \
     "does (a near tie), or a batch corrupted once"
+ZEROS_MEAN = "a share of the gradient elements went to or from zero in one run, which rounding between devices " \
+    "does not do: an underflow (a loss scale lost or too small, a narrower format) or a bug that zeroes gradients"
 
 
 def scaled_difference(a: np.ndarray, b: np.ndarray, usual: np.ndarray) -> np.ndarray:
@@ -169,6 +172,7 @@ class NoiseAwareJudge:
         self._coarse = (_History(), _History())  # 1 where a parameter's gradient extremes were coarse, in A, in B
         self._tiny = _History()  # 1 where a parameter's gradient was at rounding level on both sides, else 0
         self._held: _Finding | None = None  # a step that broke, until the next step says whether it persists
+        self._held_zeros: ExponentShift | None = None  # the held step's zeros, where they moved (:meth:`judge_step`)
         self._equal_so_far = True  # every step remembered agreed bit for bit (signs and statistics)
 
     def report(self) -> RankVerdict:
@@ -187,6 +191,9 @@ class NoiseAwareJudge:
         if self.verdict is None and self._held is not None and self._held.certain:
             self.verdict = self._verdict_of(self._held, None)
             return self.verdict
+        if self.verdict is None and self._held_zeros is not None:
+            self.verdict = self._zeros_verdict(self._held_zeros)
+            return self.verdict
         return None
 
     def judge_step(self, comparison) -> RankVerdict | None:
@@ -196,21 +203,41 @@ class NoiseAwareJudge:
         breaks are faint (norms beyond their noise, below :data:`MAGNITUDE_FLOOR`) is held too, and persists only
         where the next step's norm differences jump across the model (a change there reached every gradient; a sum
         that cancelled stays in its parameter). A norm that moved beyond :data:`FIRST_STEPS_TOLERANCE` makes its
-        step suspicious whatever follows; the next step grades it (:meth:`_verdict_of`)."""
+        step suspicious whatever follows; the next step grades it (:meth:`_verdict_of`). Where both runs recorded
+        exponent counts, a step at which the model's share of zero gradient elements moved by more than
+        :data:`~msprobe_mlflow.compare.exponent_shift.ZERO_SHARE_MOVED` is suspicious too (:meth:`_zeros_verdict`),
+        unless the step is held and its break persists: the break names it then."""
         if self.verdict is not None:
             return None
         found = self._evaluate(comparison)
-        held, self._held = self._held, None
+        shift = comparison.exponent_shift
+        zeros = shift if shift is not None and shift.moved else None
+        (held, self._held), (held_zeros, self._held_zeros) = (self._held, None), (self._held_zeros, None)
         if held is not None and (held.certain or (found.spread if held.faint else found.suspicious)):
             self.verdict = self._verdict_of(held, found)
+            return self.verdict
+        if held_zeros is not None or (zeros is not None and not (found.suspicious or found.faint or found.certain)):
+            self.verdict = self._zeros_verdict(held_zeros or zeros)
             return self.verdict
         if held is not None:
             held.remember(self)
         if found.suspicious or found.faint or found.certain:
-            self._held = found
+            self._held, self._held_zeros = found, zeros
         else:
             found.remember(self)
         return None
+
+    def _zeros_verdict(self, shift: ExponentShift) -> RankVerdict:
+        """A departure at ``shift``'s step: a share of the model's gradient elements went to (or came from) zero in
+        B, which rounding between two devices does not do (at most 0.3% in the divergence benchmark's benign
+        pairs) and an underflow does (a loss scale lost or too small, a narrower format), as a bug that zeroes
+        gradients does; the parameters that changed most are named."""
+        trips = [Trip(name, shift.step, None, None, ZEROS, 0.0, f"{zero:+.2%} of its elements at zero in B")
+                 for name, zero, _ in shift.parameters]
+        summary = Trip("summary", shift.step, None, None, ZEROS, 0.0, shift.describe())
+        return RankVerdict(self.rank, shift.step, summary, trips, list(self.sign_noise.values()),
+                           dict(self.summary_band), self.first_steps, self.recorded_precision, DEPARTURE,
+                           ZEROS_MEAN)
 
     def _verdict_of(self, first: "_Finding", after: "_Finding | None") -> RankVerdict:
         """The verdict naming ``first``, graded with the step ``after`` it (None: none judged): a *break* where

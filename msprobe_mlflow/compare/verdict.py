@@ -33,6 +33,8 @@ SUMMARY_SLOT = ""  # msprobe's rule keeps the summary's series beside the parame
 
 Series = list[float | None]
 PRECISION = "precision"  # the noise rule's reason for a gradient in a 16-bit format: a format, not a distance
+ZEROS = "zeros"  # the noise rule's reason for a share of the model's gradient elements gone to (or from) zero
+NO_SCORE = (PRECISION, ZEROS)  # reasons told by what was found, not by how far beyond a noise
 # The noise rule's grades of a suspicious step, strongest first: a *break* is beyond anything rounding can do; a
 # *departure* is beyond the pair's learnt noise, within what amplified rounding has been measured to do (a sharp
 # region, a loss spike: a benign pair that genuinely parts) or a small bug.
@@ -48,9 +50,9 @@ class Trip:
 
     ``similarity``: the direction similarity there (None: the series is a statistic's, not a direction's);
     ``previous``: what the rule expected (msprobe: the previous value; noise: the series' expected similarity);
-    ``reason``: msprobe ``first`` or ``drop``; noise ``direction``, ``norm``, ``distribution``, ``weight`` or
-    ``precision``; ``score``: how far beyond its noise (noise rule: robust deviations, 0 for ``precision``, a format;
-    msprobe: the fall); ``detail``: the numbers, for a person."""
+    ``reason``: msprobe ``first`` or ``drop``; noise ``direction``, ``norm``, ``distribution``, ``weight``,
+    ``precision`` or ``zeros``; ``score``: how far beyond its noise (noise rule: robust deviations, 0 for
+    ``precision``, a format, and ``zeros``, a share; msprobe: the fall); ``detail``: the numbers, for a person."""
 
     name: str
     step: int
@@ -482,8 +484,8 @@ def culprit_text(trip: Trip) -> str:
     ``fc.weight (norm, 12x its noise)``."""
     if trip.reason in ("first", "drop"):
         return f"{trip.name} (fell {trip.fall:.4f})"
-    if trip.reason == PRECISION:
-        return f"{trip.name} (precision)"
+    if trip.reason in NO_SCORE:
+        return f"{trip.name} ({trip.reason})"
     return f"{trip.name} ({trip.reason}, {beyond_noise(trip.score)})"
 
 
@@ -500,7 +502,7 @@ def trip_numbers(trip: Trip) -> str:
     numbers and how far beyond the noise."""
     if trip.reason in ("first", "drop"):
         return f"{trip.previous:.4f} -> {trip.similarity:.4f} (fell {trip.fall:.4f})"
-    if trip.reason == PRECISION:
+    if trip.reason in NO_SCORE:
         return f"{trip.reason}: {trip.detail}"
     return f"{trip.reason}: {trip.detail} ({beyond_noise(trip.score)})"
 
