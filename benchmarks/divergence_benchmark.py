@@ -1145,18 +1145,20 @@ def evaluate(work: Work, plan: Plan, rules: list[str], jobs: int) -> dict:
 
 
 def merge(result: dict, earlier: dict) -> None:
-    """Adds ``earlier``'s verdicts (an evaluation of the same plan and dumps) to ``result`` as more rules, so one
+    """Adds ``earlier``'s verdicts (an evaluation of the same plan and trainings) to ``result`` as more rules, so one
     report holds a rule before and after a change side by side; a rule both judged is named after the earlier
-    package's commit. Refuses evaluations of other rows."""
+    package's commit, and left out where that name is there already. Refuses evaluations of other rows."""
     keys = ("family", "seed", "noise", "scenario", "variant")
     for kind in ("benign", "harmful"):
         if [[row.get(k) for k in keys] for row in result[kind]] != [[row.get(k) for k in keys] for row in earlier[kind]]:
             raise SystemExit(f"--merge: the {kind} rows differ from this evaluation's (another plan or --quick?)")
-    commit = earlier["package"].split(", not from")[0].split(" at ")[-1].split(",")[0]
+    commit = earlier["package"].split(";")[0].split(", not from")[0].split(" at ")[-1].split(",")[0]
     names = {rule: f"{rule} at {commit}" if rule in result["rules"] else rule for rule in earlier["rules"]}
+    names = {rule: name for rule, name in names.items() if name not in result["rules"]}
     for kind in ("benign", "harmful"):
         for row, before in zip(result[kind], earlier[kind]):
-            row["verdicts"].update({names[rule]: verdict for rule, verdict in before["verdicts"].items()})
+            row["verdicts"].update({names[rule]: verdict for rule, verdict in before["verdicts"].items()
+                                    if rule in names})
     result["rules"] += list(names.values())
     result["package"] += "; merged: " + ", ".join(f"`{name}` by {earlier['package']}" for name in names.values())
     for summary, families in (("summary", FAMILIES), ("summary_held_out", HELD_OUT)):
@@ -1450,9 +1452,10 @@ def main() -> None:
                         "offers, its default first)")
     parser.add_argument("--jobs", type=int, default=os.cpu_count(), help="evaluate's comparison processes")
     parser.add_argument("--out", type=Path, default=RESULTS)
-    parser.add_argument("--merge", type=Path, metavar="JSON", help="an earlier evaluation of the same dumps (say, by "
-                        "another checkout's package: PYTHONPATH=/that/checkout ... evaluate --out DIR): its rules "
-                        "become columns beside this run's, a rule this run judged too as '<rule> at <commit>'")
+    parser.add_argument("--merge", type=Path, nargs="+", metavar="JSON", help="earlier evaluations of the same "
+                        "trainings (say, by another checkout's package: PYTHONPATH=/that/checkout ... evaluate --out "
+                        "DIR): their rules become columns beside this run's, a rule judged already as '<rule> at "
+                        "<commit>', one judged already at the same commit left out")
     args = parser.parse_args()
     torch.set_num_threads(1)  # the same bits in every process: the runs are compared bit for bit
     logging.getLogger("msprobe_mlflow").setLevel(logging.ERROR)  # the live verdict's warning, at every live run
@@ -1477,8 +1480,8 @@ def main() -> None:
             result["summary_held_out"] = {rule: summarize(result, rule, HELD_OUT) for rule in result["rules"]}
         else:
             result = evaluate(work, plan, rules, args.jobs)
-        if args.merge:
-            merge(result, json.loads(args.merge.read_text()))
+        for earlier in args.merge or ():
+            merge(result, json.loads(earlier.read_text()))
         out = work.folder if args.quick else args.out
         out.mkdir(parents=True, exist_ok=True)
         (out / "divergence.json").write_text(json.dumps(result, indent=1))
