@@ -7,7 +7,7 @@ present in both with the same shape (paired by name, by the user's name map, or 
 and, where both sides wrote their ``grad_summary_{S}.csv`` beside the step folder, each parameter's statistics on
 both sides (``norm``, ``max``, ``min`` and, at L2, the bucket fractions), which the noise-aware rule reads; and
 where both recorded exponent counts, how far B's gradients moved among the exponents
-(:mod:`msprobe_mlflow.compare.exponent_shift`), reported beside the verdict.
+(:mod:`msprobe_mlflow.compare.exponent_shift`), whose share at zero the noise-aware rule reads too.
 
 A file of the step that cannot be read as written (a direction archive failing its CRC-32, a truncated ``.npy``, a
 malformed summary CSV) raises :class:`~msprobe_mlflow.directions.DamagedFile` naming it: the step is never compared
