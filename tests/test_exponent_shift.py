@@ -66,9 +66,10 @@ class TinyLayer(torch.nn.Module):
         return self.head(self.tiny(x) * 1e-4)
 
 
-def train(dump, *, float16: bool, perturb: bool = False, steps: int = 6) -> list[dict[str, np.ndarray]]:
+def train(dump, *, float16: bool, perturb: bool = False, steps: int = 6, **live) -> list[dict[str, np.ndarray]]:
     """6 steps of :class:`TinyLayer`, recording exponent counts into ``dump``; ``float16``: autocast with a
-    GradScaler whose scale is 2**14 and drops to 1 after step 2; returns each step's gradients."""
+    GradScaler whose scale is 2**14 and drops to 1 after step 2; ``live``: ``baseline=`` and its options; returns
+    each step's gradients."""
     from msprobe_mlflow import GradProbeConfig
     from msprobe_mlflow.pytorch import GradientMonitor
 
@@ -81,7 +82,7 @@ def train(dump, *, float16: bool, perturb: bool = False, steps: int = 6) -> list
     optimizer = torch.optim.SGD(model.parameters(), lr=0.0)  # fixed weights: every step sees the same model
     scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 14, growth_interval=10_000, enabled=float16)
     monitor = GradientMonitor(GradProbeConfig(level="L1", dump_path=str(dump)), log_to_mlflow=False,
-                              statistics=["exponents"]).monitor(model, optimizer)
+                              statistics=["exponents"], **live).monitor(model, optimizer)
     inputs = torch.Generator().manual_seed(1)
     captured = []
     for step in range(steps):
@@ -127,6 +128,19 @@ def test_a_lost_loss_scale_is_told_at_its_step_and_a_benign_pair_stays_where_it_
     assert benign.ranks[0].exponent_shifts and benign.ranks[0].first_exponent_move is None
     assert not benign.verdict.suspicious
     assert "exponents: B's share of gradient elements at zero stayed within 1% of A's" in benign.table()
+
+
+def test_the_live_verdict_names_the_lost_loss_scale_at_its_step_as_compare_does(tmp_path):
+    from msprobe_mlflow.compare.engine import compare_dumps
+
+    train(tmp_path / "a", float16=False)
+    calls = []
+    with pytest.warns(UserWarning, match="rank 0: step 3 is suspicious against baseline"):
+        train(tmp_path / "b", float16=True, baseline=str(tmp_path / "a"), on_suspicious=calls.append)
+    [live] = calls
+    afterwards = compare_dumps(tmp_path / "a", tmp_path / "b", None).verdict.ranks[0]
+    assert (live.first_suspicious_step, live.summary_trip.reason) == (3, "zeros")
+    assert live == afterwards
 
 
 @pytest.mark.server
