@@ -32,8 +32,6 @@ MAX_GROUPS = 8  # parameter groups drawn beside the whole model
 MODEL = "model"
 LEAST_SHARE = 1e-6  # the colour scale's floor: shares below it are drawn at its colour, none left white
 _COLOURS = ("tab:orange", "tab:red", "tab:purple", "tab:brown")
-
-
 LAYER = "layer "  # a group of a ``Sequential``'s numbered layers: ``layer 3``, ``layer 0-6``
 
 
@@ -66,8 +64,11 @@ def parameter_groups(names: list[str], most: int = MAX_GROUPS) -> dict[str, list
 
 def _layer(label: str) -> tuple[str, int | None]:
     """``transformer.h.3`` -> (``transformer.h.``, 3); ``layer 3`` -> (``layer ``, 3); else (label, None)."""
-    stem, last = (LAYER, label[len(LAYER):]) if label.startswith(LAYER) else (label.rpartition(".")[0] + ".",
-                                                                               label.rpartition(".")[2])
+    if label.startswith(LAYER):
+        stem, last = LAYER, label[len(LAYER):]
+    else:
+        before, _, last = label.rpartition(".")
+        stem = f"{before}."
     return (stem, int(last)) if last.isdigit() else (label, None)
 
 
@@ -174,7 +175,7 @@ def _draw_panel(figure: Figure, axes, history: ExponentHistory, panel: str, titl
                            norm=Normalize(np.log10(LEAST_SHARE), 0), shading="flat")
     figure.colorbar(mesh, ax=axes, label="share of elements (log10)", pad=0.01)
     beyond = _draw_limits(axes, edges, history.shifts, low, high) if occurring.size else []  # none over zeros
-    ticks = [e for e in _exponent_ticks(low, high)]
+    ticks = _exponent_ticks(low, high)
     axes.set_yticks([low - 2.5, *(e + 0.5 for e in ticks), high + 2.5],
                     ["zero", *(f"2^{e}" for e in ticks), "inf/NaN"])
     axes.set_ylim(low - 3, high + 3)
