@@ -1322,7 +1322,7 @@ def summary_rows(summary: dict, rules: list[str], live_result: dict | None) -> l
             found = summary[rule].get("exponents")
             return "n/a" if not found else alarms(found[key], found["benign_move_steps"]) if key == "benign_moves" \
                 else fraction(found[key])
-        rows += [["exponent shift moved (`compare`; since 042e07f the model's share at zero, before it 1% at zero or "
+        rows += [["exponent shift moved (`compare`; from 7839ed2 the model's share at zero, before it 1% at zero or "
                   "half a binade in any parameter): benign pairs with a move (at steps)"]
                  + [evidence(r, "benign_moves") for r in rules]] + [
             [f"... harmful cases, the first move {label}"] + [evidence(r, key) for r in rules]
