@@ -133,6 +133,24 @@ def test_a_run_ends_with_each_panels_slider_pictures_and_the_summary_and_upload_
                                                                              106, 108}
 
 
+def test_a_stop_out_of_drain_time_leaves_the_pictures_to_upload(tmp_experiment, tmp_path, monkeypatch):
+    """Drawing and sending pictures after stop()'s drain time, or to a server that failed, would hold the job's
+    exit: the unsent steps' warning names upload, which draws them."""
+    from msprobe_mlflow import GradProbeConfig
+    from msprobe_mlflow.sinks.mlflow import settings
+    from msprobe_mlflow.tracking.upload import upload_dump
+
+    monkeypatch.setattr(settings, "DRAIN_SECONDS", 0.0)
+    monkeypatch.setattr(settings, "SEND_INTERVAL_SECONDS", 600.0)  # the steps wait in the queue past stop()
+    dump = tmp_path / "dump"
+    with mlflow.start_run() as run, pytest.warns(UserWarning, match="msprobe-mlflow upload"):
+        _train_monitored(GradProbeConfig(level="L1", dump_path=str(dump)))
+    client = mlflow.MlflowClient()
+    assert logged_images(client, run.info.run_id) == set()
+    upload_dump(dump, run.info.run_id)
+    assert {step for _, step in logged_images(client, run.info.run_id)} == {0, 2, 3, 5, 6, 8}
+
+
 def test_a_run_without_exponent_counts_gets_no_pictures(tmp_experiment, tmp_path):
     from msprobe_mlflow import GradProbeConfig
     from msprobe_mlflow.pytorch import GradientMonitor

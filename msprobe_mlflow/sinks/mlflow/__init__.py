@@ -157,8 +157,8 @@ class MlflowSink:
         if not self.attempt.refused:
             self.unsent.send_leftovers(self.run, self.attempt, self.rounds, self._drain, self.config.dump_path,
                                        self.rank, self.options, self.notices)
-            if self.owns_run:
-                self._send_exponent_pictures()
+            if self.owns_run and not (self.unsent.steps or self.attempt.failure or self._drain.over()):
+                self._send_exponent_pictures()  # not past stop()'s drain time nor to a server that failed: upload
         self.requests.close()
         self.attempt.tell_refusal()
         self.ends.close(bool(self.unsent.steps or self.attempt.refused), self.aggregation)
@@ -169,7 +169,8 @@ class MlflowSink:
 
     def _send_exponent_pictures(self) -> None:
         """The run owner's exponent pictures, drawn from its local dump once training is over (``tracking/
-        exponent_images.py``); a failure is said with the command that draws them later."""
+        exponent_images.py``), where every step went up in time (else ``upload``, which the unsent steps' warning
+        names, draws them); a failure is said with the command that draws them later."""
         try:
             self.run.send_exponent_pictures(self.config.dump_path, self.rank, self.options.mlflow_step_offset)
         except Exception as e:
