@@ -9,11 +9,14 @@ from dataclasses import dataclass, replace
 
 from msprobe_mlflow.trace.files import OperatorCall, Trace
 
-# Operators that change a tensor's format or place only: present in one run only, they are a format difference
-# (autocast, a .double() model), which the verdict's format rule covers, not a missing operator.
+# Operators that change a tensor's format, place or layout only: present in one run only, they are a format
+# difference (autocast, a .double() model: another dtype takes another path), which the verdict's format rule covers,
+# not a missing operator.
 CONVERSIONS = ("Aten._to_copy.", "Aten.to.", "Aten.copy_.", "Aten.clone.", "Aten._autocast_to_reduced_precision.",
                "Aten._autocast_to_full_precision.", "Aten.contiguous.", "Tensor.to.", "Tensor.float.",
-               "Tensor.half.", "Tensor.bfloat16.", "Tensor.double.", "Tensor.type_as.", "Tensor.contiguous.")
+               "Tensor.half.", "Tensor.bfloat16.", "Tensor.double.", "Tensor.type_as.", "Tensor.contiguous.",
+               # and operators that move elements without computing (a reshape that copies where strides ask)
+               "Aten._unsafe_view.", "Aten._reshape_copy.", "Aten._reshape_alias.")
 
 
 @dataclass

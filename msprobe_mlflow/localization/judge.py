@@ -4,21 +4,24 @@ Each tensor pair's difference is measured on the scale of the tensor: the larges
 (the norm over the square root of the size), over the larger RMS of the two; zero when the checksums say the bits
 are equal. An operator's output difference is *explained* when it is at most
 
-    AMPLIFICATION x (its inputs' difference)  +  ROUNDING x u x sqrt(K)
+    AMPLIFICATION x (its inputs' difference)  +  ROUNDING x r x (its peak)
 
-where u is the unit roundoff of the coarser of the two runs' output formats and K how many input elements feed
-one output element (1 for elementwise operators, the inner size of a matmul, everything for a full sum). The
-first operator in execution order (the forward, then the backward) whose output difference is not explained is
-named; when none is, the step's differences are rounding carried forward ("drift").
+where r is the rounding the call adds (:func:`added_rounding`: u x sqrt(K), u the unit roundoff of the coarser of
+the two runs' output formats and K how many input elements feed one output element, 1 for elementwise operators,
+the inner size of a matmul, everything for a full sum; a half-precision result adds its one rounding to float32's
+accumulation), and the peak is the output's largest magnitude over its RMS, as one rounding of the largest element
+moves the max by that much on this scale. The first operator in execution order (the forward, then the backward)
+whose output difference is not explained is named; when none is, the step's differences are rounding carried
+forward ("drift").
 
 Each output's tolerance is that times its cancellation (:func:`cancellation`: an output small beside what made it,
-such as a bias gradient before BatchNorm, zero in exact arithmetic, keeps its inputs' absolute rounding); an RNN
-kernel's workspace (:func:`scratch`) is not judged.
+such as a bias gradient before BatchNorm, zero in exact arithmetic, or a normalisation's mean of a centred input,
+keeps its inputs' absolute rounding); an RNN kernel's workspace (:func:`scratch`) is not judged.
 
 Statistics only bound a difference from below: inputs whose bits differ may differ in every element by the
 rounding of the coarsest format whose differences reached them (a bfloat16 pair's: 2^-8 of each element), which
-their max, min, mean and RMS barely show. So the inputs' difference is at least that format's unit roundoff on the
-inputs' scale (their peak over their RMS); the walk carries that format along (``Walk``).
+their max, min, mean and RMS barely show. So the output may differ by up to CARRIED times that format's unit
+roundoff on the inputs' scale (their peak over their RMS); the walk carries that format along.
 """
 from __future__ import annotations
 
@@ -31,6 +34,7 @@ from msprobe_mlflow.trace.files import OperatorCall, Scalar, TensorSummary
 
 AMPLIFICATION = 10.0  # how much larger than its inputs' difference an operator's may grow from rounding carried in
 ROUNDING = 8.0  # the rounding an operator adds on top, in units of u x sqrt(K)
+CARRIED = 3.0  # how much larger than its inputs' elementwise rounding (the floor below) an output may differ
 SCALAR_TOLERANCE = 1e-3  # a numeric argument this much apart (relative) is a different argument, not noise
 _TINY = 1e-30
 _PRODUCTS = ("mm", "matmul", "linear", "mv", "dot", "conv", "attention", "einsum", "bmm", "addbmm")
@@ -112,6 +116,14 @@ def reduction_size(call: OperatorCall) -> int:
     return max(1, size)
 
 
+def added_rounding(fmt: str, size: int) -> float:
+    """The rounding one call adds, relative: sums over ``size`` terms in ``fmt``, where a half-precision result is
+    accumulated in float32 and rounded once (autocast's products and reductions, on CPUs and GPUs alike)."""
+    if UNIT_ROUNDOFF[fmt] > UNIT_ROUNDOFF["float32"]:
+        return UNIT_ROUNDOFF[fmt] + UNIT_ROUNDOFF["float32"] * math.sqrt(size)
+    return UNIT_ROUNDOFF[fmt] * math.sqrt(size)
+
+
 def judge(pair: AlignedCall, noise: float = 0.0, across: bool = False) -> Judgement:
     """``noise``: the unit roundoff of the coarsest format whose differences reached this call (see above). Each
     output is judged against its own tolerance, widened by its cancellation (:func:`cancellation`); the output
@@ -123,15 +135,18 @@ def judge(pair: AlignedCall, noise: float = 0.0, across: bool = False) -> Judgem
     paired = _same_tensors(a.tensors_in, b.tensors_in) if across else zip(a.tensors_in, b.tensors_in)
     inputs = [tensor_difference(x, y) for x, y in paired]
     input_difference = max(inputs, default=0.0)
+    carried = AMPLIFICATION * input_difference
     if input_difference > 0.0:
         peaks = [_peak(x) for x, d in zip(a.tensors_in, inputs) if d > 0.0]
-        input_difference = max(input_difference, noise * max(peaks, default=1.0))
+        floor = noise * max(peaks, default=1.0)
+        input_difference = max(input_difference, floor)
+        carried = max(carried, CARRIED * floor)
     fmt = max(output_format(a), output_format(b), key=UNIT_ROUNDOFF.__getitem__)
-    rounding = ROUNDING * UNIT_ROUNDOFF[fmt] * math.sqrt(max(reduction_size(a), reduction_size(b)))
-    judged = [(tensor_difference(x, y), (AMPLIFICATION * input_difference + rounding) *
+    rounding = ROUNDING * added_rounding(fmt, max(reduction_size(a), reduction_size(b)))
+    judged = [(tensor_difference(x, y), (carried + rounding * max(_peak(x), _peak(y))) *
                max(cancellation(a, x), cancellation(b, y))) for x, y in outputs if not scratch(a, x)]
     output_difference, tolerance = max(judged, key=lambda j: j[0] / j[1] if j[1] > 0 else math.inf * j[0],
-                                       default=(0.0, AMPLIFICATION * input_difference + rounding))
+                                       default=(0.0, carried + rounding))
     return Judgement(input_difference, output_difference, tolerance, fmt, output_difference > tolerance,
                      all(d == 0.0 for d in inputs))
 
@@ -171,6 +186,8 @@ def cancellation(call: OperatorCall, output: TensorSummary) -> float:
         return 1.0
     if name in _NORMALIZATIONS:
         x = terms[0]
+        if len(call.tensors_out) > 1 and output is call.tensors_out[1]:  # the mean: a sum over x's elements
+            return max(1.0, _rms(x) / rms)
         spread = math.sqrt(max(_rms(x) ** 2 - (x.mean or 0.0) ** 2, 0.0))
         return max(1.0, _rms(x) / spread) if spread > 0 else 1.0
     if name in _PRODUCT_SUMS:
