@@ -881,7 +881,7 @@ def package_provenance() -> str:
 def generate(work: Work, plan: Plan) -> dict:
     load_before, start = os.getloadavg(), time.perf_counter()
     work.runs.mkdir(parents=True, exist_ok=True)
-    pairs = benign_pairs(plan)
+    pairs, trained = benign_pairs(plan), 0
     runs = {(p["family"], p["seed"], "reference") for p in pairs} | {(f, 0, "reference") for f in plan.families}
     runs |= {(p["family"], p["seed"], p["noise"]) for p in pairs}
     runs |= {(f, 0, n) for f in plan.families for n in plan.noises}  # each fault noise's benign pair, seed 0
@@ -890,11 +890,13 @@ def generate(work: Work, plan: Plan) -> dict:
         run_id = reference_id(family, seed) if noise == "reference" else noisy_id(family, noise, seed)
         if work.record(run_id) is None:
             progress(f"generate: run {index}/{len(runs)} {run_id}")
+            trained += 1
         run_reference_or_noisy(work, run_id, family, seed, "none" if noise == "reference" else noise)
     cases = fault_cases(work, plan)
     not_injected = 0
     for index, fault in enumerate(cases, 1):
         fresh = work.record(fault.id) is None
+        trained += fresh
         record = run_fault(work, fault)
         not_injected += bool(record["not_injected"])
         if fresh and (index % 10 == 0 or index == len(cases) or plan.quick):
@@ -903,7 +905,9 @@ def generate(work: Work, plan: Plan) -> dict:
     summary = {"runs": len(runs), "faults": len(cases), "not_injected": not_injected,
                "seconds": time.perf_counter() - start, "load_before": load_before, "load_after": os.getloadavg()}
     progress(f"generate: {len(runs)} runs and {len(cases)} fault cases in {summary['seconds']:.0f} s")
-    (work.folder / "generate.json").write_text(json.dumps(summary, indent=1))
+    path = work.folder / "generate.json"
+    if trained or not path.is_file():  # a pass that found every run made keeps the record of the one that made them
+        path.write_text(json.dumps(summary, indent=1))
     return summary
 
 
@@ -1286,6 +1290,28 @@ def fraction(hits: int, total: int) -> str:
     return f"{hits}/{total} ({100 * hits / total:.0f}%)" if total else "0/0"
 
 
+def before_and_after(before: dict) -> list[str]:
+    """Our rule on the same traces before a change and now, per group."""
+    rows = []
+    for group in ("tuning", "held out"):
+        then, now = before["figures"][group], before["now"][group]
+        if not now["faults"]:
+            continue
+        rows += [[group, "exact operator named", fraction(then["exact"], then["faults"]),
+                  fraction(now["exact"], now["faults"])],
+                 [group, "its module named", fraction(then["module"], then["faults"]),
+                  fraction(now["module"], now["faults"])],
+                 [group, "benign pairs with no operator named (noisiest step)", f"{then['quiet']}/{then['benign']}",
+                  f"{now['quiet']}/{now['benign']}"],
+                 [group, "... at every traced step", f"{then['quiet_steps']}/{then['steps']}",
+                  f"{now['quiet_steps']}/{now['steps']}"]]
+        rows += [[group, f"exact, {noise} noise", fraction(*then["by_noise"][noise]), fraction(*now["by_noise"][noise])]
+                 for noise in NOISES if now["by_noise"][noise][1]]
+    return [f"## Before and after the rule's last change (the same traces; before: `{before['file']}`, "
+            f"{before['package']}, evaluated {before['date']})", "",
+            *table(["families", "what", "before", "now"], rows), ""]
+
+
 def summarize(rows: list[dict], rule: str) -> dict:
     counted = [r for r in rows if r["status"] == "counted"]
     return {"counted": len(counted), "exact": sum(r["rules"][rule]["exact"] for r in counted),
@@ -1302,11 +1328,34 @@ def load(values) -> str:
     return "/".join(f"{v:.1f}" for v in values)
 
 
-def report(work: Work, out: Path) -> dict:
+def figures(result: dict) -> dict:
+    """Our rule's figures per group (families as classed now), for ``report --before``'s comparison."""
+    found = {}
+    for group in ("tuning", "held out"):
+        held_out = group == "held out"
+        faults = [r for r in result["faults"] if r["status"] == "counted" and FAMILIES[r["family"]].held_out == held_out]
+        benign = [p for p in result["benign"] if FAMILIES[p["family"]].held_out == held_out]
+        found[group] = {"faults": len(faults), "exact": sum(r["rules"]["ours"]["exact"] for r in faults),
+                        "module": sum(r["rules"]["ours"]["module_named"] for r in faults),
+                        "benign": len(benign), "quiet": sum(p["rules"]["ours"]["kind"] not in NAMED for p in benign),
+                        "steps": sum(len(p["every_step"]) for p in benign),
+                        "quiet_steps": sum(v["ours"]["kind"] not in NAMED for p in benign for v in p["every_step"]),
+                        "by_noise": {noise: [sum(r["rules"]["ours"]["exact"] for r in faults if r["noise"] == noise),
+                                             sum(r["noise"] == noise for r in faults)] for noise in NOISES}}
+    return found
+
+
+def report(work: Work, out: Path, before: Path | None = None) -> dict:
     path = work.folder / "evaluation.json"
     if not path.is_file():
         raise SystemExit(f"{path} does not exist: run `evaluate` first (same --work)")
     result = json.loads(path.read_text())
+    if before is not None:
+        earlier = json.loads(before.read_text())
+        if {r["id"] for r in earlier["faults"]} != {r["id"] for r in result["faults"]}:
+            raise SystemExit(f"--before {before}: its faults are not this evaluation's (another plan or recipe)")
+        result["before"] = {"file": str(before), "package": earlier["package"], "date": earlier["date"],
+                            "figures": figures(earlier), "now": figures(result)}
     cost_path = work.folder / "cost.json"
     result["cost"] = json.loads(cost_path.read_text()) if cost_path.is_file() else None
     faults, benign = result["faults"], result["benign"]
@@ -1408,6 +1457,8 @@ def markdown(result: dict) -> str:
               f"Faults whose effect at their own call is not above the pair's own rounding there (not counted): "
               f"{everything['below rounding']}; not injected (dropped): {everything['not injected']}. {checked}",
               ""]
+    if result.get("before"):
+        lines += before_and_after(result["before"])
     for group in ("tuning", "held out"):
         rows_in = [r for r in faults if (r["held_out"] == (group == "held out"))]
         if not rows_in:
@@ -1558,6 +1609,8 @@ def main() -> int:
     parser.add_argument("--max-faults", type=int, help="a sample of at most this many fault cases (seeded)")
     parser.add_argument("--max-benign", type=int, help="a sample of at most this many benign pairs (seeded)")
     parser.add_argument("--rounds", type=int, help="cost rounds (default 7; quick 1)")
+    parser.add_argument("--before", type=Path, help="report: an evaluation.json of the same traces under an earlier "
+                                                     "rule, shown beside this one's")
     parser.add_argument("--level", help=argparse.SUPPRESS)
     parser.add_argument("--threads", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--model", help=argparse.SUPPRESS)
@@ -1597,7 +1650,7 @@ def main() -> int:
         elif phase == "cost":
             cost(work, plan)
         else:
-            report(work, out)
+            report(work, out, args.before)
     return 0
 
 
