@@ -5,7 +5,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from msprobe_mlflow.formats import UNIT_ROUNDOFF
-from msprobe_mlflow.localization import DRIFT, OPERATOR, SEQUENCE, locate_traces as locate
+from msprobe_mlflow.localization import ARGUMENT, DRIFT, OPERATOR, SEQUENCE, locate_traces as locate
 from msprobe_mlflow.localization.align import align
 from msprobe_mlflow.localization.judge import (AMPLIFICATION, ROUNDING, cancellation, judge, reduction_size,
                                                 tensor_difference)
@@ -135,3 +135,17 @@ def test_an_operator_one_run_adds_in_the_same_format_is_still_named():
     found = walk(align(a, b))
     assert (found.kind, found.pair.b.name) == (SEQUENCE, "Aten.mul.Tensor.0.forward")
     assert judge(align(a, a)[0]).output_difference == 0.0
+
+
+@pytest.mark.parametrize("eps, named", [(None, False), (1e-6, True)])
+def test_an_epsilon_taken_from_each_runs_dtype_is_no_differing_argument(tmp_path, eps, named):
+    """torch's RMSNorm without ``eps`` takes its dtype's machine epsilon: 1.2e-7 in float32 and 2.2e-16 in float64,
+    a difference the formats make. One given in one run only is still named."""
+    x = spiky_inputs()
+    a = traced(tmp_path / "a", torch.nn.RMSNorm(64, eps=eps), x.clone())
+    b = traced(tmp_path / "b", torch.nn.RMSNorm(64).double(), x.double())
+    found = locate(a, b, step=0)
+    assert (found.kind == ARGUMENT) == named, found.describe()
+    values = sorted(s.value for p, _ in found.rows if p.a.operator == "Aten.add_.Scalar"
+                    for s in p.a.inputs + p.b.inputs if hasattr(s, "value") and isinstance(s.value, float))
+    assert values[0] == torch.finfo(torch.float64).eps
