@@ -54,6 +54,18 @@ def test_replay_error_of_a_saved_call_against_values_computed_here(tmp_path):
     assert replay_error(folder) == pytest.approx(0.03, rel=1e-3)
 
 
+def test_a_call_with_a_memory_format_replays(tmp_path):
+    """The backward's seed, ``ones_like(loss, memory_format=torch.preserve_format)``: the format is saved by name."""
+    loss = torch.tensor(2.5)
+    save_call(tmp_path, "Aten.ones_like.default.0.forward", [loss], {"memory_format": torch.preserve_format},
+              torch.ones_like(loss) * 1.01)
+    folder = saved_call_folder(tmp_path, "Aten.ones_like.default.0.forward")
+    assert replay_error(folder) == pytest.approx(0.01, rel=1e-3)
+    (folder / "call.json").write_text((folder / "call.json").read_text().replace('"preserve_format"', '"load"'))
+    with pytest.raises(ValueError, match="'load' is no torch dtype, layout or memory format"):
+        replay_error(folder)
+
+
 def test_a_saved_call_cannot_reach_outside_its_folder(tmp_path):
     x = torch.ones(3)
     save_call(tmp_path, "Aten.relu.default.0.forward", [x], {}, x)

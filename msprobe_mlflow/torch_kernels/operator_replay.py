@@ -81,8 +81,11 @@ def _host_tensor(value) -> tuple[np.ndarray, str] | None:
     return value.to(_NUMPY_LACKS.get(value.dtype, value.dtype)).numpy(), str(value.dtype).removeprefix("torch.")
 
 
+_TORCH_CONSTANTS = (torch.dtype, torch.memory_format, torch.layout)  # arguments saved by name: float32, preserve_format
+
+
 def _dtype_name(value) -> str | None:
-    return str(value).removeprefix("torch.") if isinstance(value, torch.dtype) else None
+    return str(value).removeprefix("torch.") if isinstance(value, _TORCH_CONSTANTS) else None
 
 
 def saved_call_folder(trace_folder: str | Path, name: str) -> Path | None:
@@ -106,7 +109,10 @@ def _decode(value, folder: Path):
             raise ValueError(f"{folder / CALL_FILE}: dtype {value.get('dtype')!r} is not a torch dtype")
         return torch.from_numpy(array).to(dtype)
     if isinstance(value, dict) and "dtype" in value:
-        return getattr(torch, str(value["dtype"]))
+        constant = getattr(torch, str(value["dtype"]), None)
+        if not isinstance(constant, _TORCH_CONSTANTS):
+            raise ValueError(f"{folder / CALL_FILE}: {value['dtype']!r} is no torch dtype, layout or memory format")
+        return constant
     if isinstance(value, dict) and "unsupported" in value:
         raise ValueError(f"{folder / CALL_FILE}: an argument that cannot be replayed: {value['unsupported']}")
     return value
