@@ -85,9 +85,10 @@ Phases (``--work`` holds the traces; default ``/tmp/locate-benchmark``):
 
     python benchmarks/locate_benchmark.py generate   # trains and traces every run not already in --work
     python benchmarks/locate_benchmark.py evaluate   # the three rules on every pair -> WORK/evaluation.json
+    python benchmarks/locate_benchmark.py side       # which side, on a sample of the named faults -> WORK/side.json
     python benchmarks/locate_benchmark.py cost       # traced against untraced steps -> WORK/cost.json
     python benchmarks/locate_benchmark.py report     # -> OUT/locate.md and OUT/locate.json (default results/)
-    python benchmarks/locate_benchmark.py all        # the four in turn (what benchmarks/run-locate runs)
+    python benchmarks/locate_benchmark.py all        # the five in turn (what benchmarks/run-locate runs)
 
 ``--quick``: the tiny transformer only, float64 noise only, one fault of each kind and phase (seven), two benign
 pairs (seeds 0 and 1), one cost round on 4 x Linear(256, 256); results in ``--work`` unless ``--out`` says otherwise
@@ -133,6 +134,7 @@ from msprobe_mlflow.trace.files import read_trace, trace_folder, write_trace  # 
 from msprobe_mlflow.localization import NAMED, walk  # noqa: E402
 from msprobe_mlflow.localization.align import CONVERSIONS, align, module_path, operator_calls  # noqa: E402
 from msprobe_mlflow.torch_kernels.operator_trace import _LEFT_OUT, _LEFT_OUT_NAMESPACES  # noqa: E402
+from msprobe_mlflow.torch_kernels.operator_replay import save_call, side_error  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
 REPO = Path(__file__).resolve().parent.parent
@@ -148,7 +150,8 @@ SCALES = (1e-3, 1e-2, 1e-1)
 KINDS = ("scale", "bf16-matmul", "drop-bias", "eps", "softmax-scale")
 RULES = ("ours", "msprobe -da", "msprobe table")
 LEVELS = ("L0", "L1", "mix")
-TARGETS = {"exact": 0.90, "module": 0.98, "benign_quiet": (29, 30), "mix_cost": 3.0}
+TARGETS = {"exact": 0.90, "module": 0.98, "benign_quiet": (29, 30), "mix_cost": 3.0, "side": 0.90}
+SIDE_CASES = 300  # named faults whose side is checked (a seeded sample: each takes four trainings)
 MSPROBE_PUBLISHED = {"L1": 26.0, "mix": 38.0}  # msprobe's own figure for its statistics dump, as the issue quotes
 
 
@@ -810,9 +813,10 @@ def perturb_one_ulp(model: nn.Module, seed: int) -> None:
 
 
 def train(family: Family, seed: int, noise: str, steps: int, folder: Path, trace_steps: tuple[int, ...],
-          wrong: WrongKernel | None = None) -> list[np.ndarray]:
+          wrong: WrongKernel | None = None, save: tuple[str, ...] = ()) -> list[np.ndarray]:
     """Trains ``family`` for ``steps`` steps with ``noise``, tracing ``trace_steps`` into ``folder/step{S}/rank0``
-    (``wrong`` armed at TRACED_STEP's trace); returns each step's gradients, flat, in float64."""
+    (``wrong`` armed at TRACED_STEP's trace; the calls named in ``save`` kept beside it for the float64 replay);
+    returns each step's gradients, flat, in float64."""
     threads = torch.get_num_threads()
     torch.set_num_threads(OTHER_THREADS if noise == "threads" else REFERENCE_THREADS)
     try:
@@ -831,7 +835,7 @@ def train(family: Family, seed: int, noise: str, steps: int, folder: Path, trace
                     inputs = inputs.double()
                 tracer = None
                 if step in trace_steps:
-                    tracer = OperatorTracer(model, level="mix")
+                    tracer = OperatorTracer(model, level="mix", save=save)
                     tracer.start()
                     if wrong is not None:
                         wrong.tracer, wrong.armed = tracer, step == TRACED_STEP
@@ -843,6 +847,8 @@ def train(family: Family, seed: int, noise: str, steps: int, folder: Path, trace
                     if wrong is not None:
                         wrong.armed = False
                     write_trace(folder / f"step{step}" / "rank0", build(), level="mix", framework="pytorch")
+                    for name, (args, kwargs, output) in tracer.saved.items():
+                        save_call(folder / f"step{step}" / "rank0", name, args, kwargs, output)
                 gradients.append(np.concatenate([p.grad.detach().double().reshape(-1).numpy()
                                                  for p in model.parameters() if p.grad is not None]))
                 optimizer.step()
@@ -1293,6 +1299,78 @@ def untraced_with_trace_steps(workload: Workload, rounds: int, folder: Path, ite
     return {"ratio": statistics.median(ratios), "range": [min(ratios), max(ratios)]}
 
 
+def side(work: Work, plan: Plan) -> dict:
+    """Which side is wrong (issue 49, item 3), on faults ``locate`` names exactly: both runs again with the named
+    call saved, once with the fault in B (the noisy run, as evaluated) and once in A (the reference; B clean), each
+    side's output against the float64 replay of its own inputs (``side_error``); a call torch does not replay here is
+    counted apart."""
+    load_before, start = os.getloadavg(), time.perf_counter()
+    path = work.folder / "evaluation.json"
+    if not path.is_file():
+        raise SystemExit(f"{path} does not exist: run `evaluate` first (same --work)")
+    named = [r for r in json.loads(path.read_text())["faults"] if r["status"] == "counted" and
+             r["rules"]["ours"]["exact"] and r["family"] in plan.families and r["noise"] in plan.noises]
+    cases = spread(named, 4 if plan.quick else SIDE_CASES)
+    scratch = Path(tempfile.mkdtemp(prefix="locate-side-"))
+    rows = []
+    try:
+        for index, row in enumerate(cases, 1):
+            fault = Fault(row["family"], row["noise"], row["kind"], row["operator"], row["number"], row["phase"],
+                          row["d"])
+            truth, named_side = row["truth"]["name"], {}
+            for faulty in ("B", "A"):
+                folders = {}
+                for run in ("A", "B"):
+                    folder = scratch / f"{index}{faulty}{run}"
+                    train(FAMILIES[fault.family], 0, "none" if run == "A" else fault.noise, FAULT_STEPS, folder,
+                          (TRACED_STEP,), WrongKernel(fault) if run == faulty else None, save=(truth,))
+                    folders[run] = folder / f"step{TRACED_STEP}" / "rank0"
+                try:
+                    errors = side_error(folders["A"], truth, folders["B"], truth)
+                except (ValueError, RuntimeError) as error:  # a saved call this torch does not replay
+                    errors, named_side[f"{faulty} error"] = None, repr(error)[:200]
+                named_side[faulty] = (errors.wrong or "neither") if errors is not None else "not replayed"
+                named_side[f"{faulty} errors"] = [errors.error_a, errors.error_b] if errors is not None else None
+            rows.append({**{key: row[key] for key in ("id", "family", "noise", "kind", "d", "phase", "held_out")},
+                         "truth": truth, **named_side})
+            shutil.rmtree(scratch, ignore_errors=True)
+            if index % 25 == 0 or index == len(cases):
+                progress(f"side: {index}/{len(cases)}")
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    result = {"rows": rows, "named_exactly": len(named), "seconds": time.perf_counter() - start,
+              "load_before": load_before, "load_after": os.getloadavg()}
+    (work.folder / "side.json").write_text(json.dumps(result, indent=1))
+    return result
+
+
+def side_section(side_result: dict) -> tuple[list, list[str]]:
+    """The side target's row (right where the replay decides, over every case checked) and a table by noise."""
+    rows = side_result["rows"]
+    right = sum(r["B"] == "B" for r in rows) + sum(r["A"] == "A" for r in rows)
+    total = 2 * len(rows)
+    target = ["the side named right (a sample of the faults named exactly, each fault in B, then in A)",
+              f">= {TARGETS['side']:.0%}", fraction(right, total), "n/a", "n/a",
+              "yes" if total and right / total >= TARGETS["side"] else "no"]
+    table_rows = []
+    for noise in NOISES:
+        in_noise = [r for r in rows if r["noise"] == noise]
+        if in_noise:
+            cells = []
+            for faulty in ("B", "A"):
+                outcomes = Counter(r[faulty] for r in in_noise)
+                cells.append(f"{outcomes[faulty]}/{len(in_noise)}" + "".join(
+                    f", {name} {count}" for name, count in sorted(outcomes.items()) if name != faulty))
+            table_rows.append([noise, *cells])
+    lines = [f"## Which side is wrong ({len(rows)} of the {side_result['named_exactly']} faults named exactly, drawn "
+             f"at random; {side_result['seconds']:.0f} s)", "",
+             "Each fault again with the named call saved in both runs, the fault in B (the noisy run) and then in A "
+             "(the float32 reference, B without the fault): each side's output against the float64 replay of its own "
+             "inputs; the side at least 10x further off is named (`neither`: no side stands out).", "",
+             *table(["noise", "fault in B: B named", "fault in A: A named"], table_rows), ""]
+    return target, lines
+
+
 def cost(work: Work, plan: Plan) -> dict:
     layers, width, batch = plan.cost_model
     load_before, start = os.getloadavg(), time.perf_counter()
@@ -1473,8 +1551,9 @@ def report(work: Work, out: Path, before: Path | None = None) -> dict:
             raise SystemExit(f"--before {before}: its faults are not this evaluation's (another plan or recipe)")
         result["before"] = {"file": str(before), "package": earlier["package"], "date": earlier["date"],
                             "figures": figures(earlier), "now": figures(result)}
-    cost_path = work.folder / "cost.json"
+    cost_path, side_path = work.folder / "cost.json", work.folder / "side.json"
     result["cost"] = json.loads(cost_path.read_text()) if cost_path.is_file() else None
+    result["side"] = json.loads(side_path.read_text()) if side_path.is_file() else None
     faults, benign = result["faults"], result["benign"]
     groups = {"tuning": [r for r in faults if not r["held_out"]], "held out": [r for r in faults if r["held_out"]],
               "all": faults}
@@ -1544,6 +1623,10 @@ def markdown(result: dict) -> str:
                  *[f"{quiet[rule]}/{benign_summary['pairs']}" for rule in RULES],
                  met(ratio(quiet["ours"], benign_summary["pairs"]), quiet_target[0] / quiet_target[1])])
     steps = summary["benign_every_step"]
+    side_lines = []
+    if result.get("side"):
+        side_row, side_lines = side_section(result["side"])
+        rows.append(side_row)
     rows.append(["... at every traced step of those pairs (not a target: each step's verdict)", "",
                  *[f"{steps['steps'] - steps[rule]}/{steps['steps']}" for rule in RULES], ""])
     if cost:  # met when met at every thread count measured
@@ -1574,6 +1657,7 @@ def markdown(result: dict) -> str:
               f"Faults whose effect at their own call is not above the pair's own rounding there (not counted): "
               f"{everything['below rounding']}; not injected (dropped): {everything['not injected']}. {checked}",
               ""]
+    lines += side_lines
     if result.get("before"):
         lines += before_and_after(result["before"])
     for group in ("tuning", "held out"):
@@ -1713,7 +1797,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
     parser.add_argument("phase", nargs="?", default="all",
-                        choices=("generate", "evaluate", "cost", "report", "all", "msprobe-cost"),
+                        choices=("generate", "evaluate", "side", "cost", "report", "all", "msprobe-cost"),
                         help="msprobe-cost is internal: one msprobe measurement in a process of its own")
     parser.add_argument("--work", type=Path, default=Path("/tmp/locate-benchmark"), help="where the traces are kept")
     parser.add_argument("--out", type=Path, help=f"where report writes locate.md and locate.json (default "
@@ -1758,12 +1842,14 @@ def main() -> int:
     work = Work(args.work)
     work.folder.mkdir(parents=True, exist_ok=True)
     torch.set_num_threads(REFERENCE_THREADS)
-    phases = ("generate", "evaluate", "cost", "report") if args.phase == "all" else (args.phase,)
+    phases = ("generate", "evaluate", "side", "cost", "report") if args.phase == "all" else (args.phase,)
     for phase in phases:
         if phase == "generate":
             generate(work, plan)
         elif phase == "evaluate":
             evaluate(work, plan)
+        elif phase == "side":
+            side(work, plan)
         elif phase == "cost":
             cost(work, plan)
         else:

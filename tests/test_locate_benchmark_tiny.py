@@ -1,5 +1,6 @@
-"""The localization benchmark's quick mode end to end (generate, evaluate, cost, report) in a temporary folder: the
-harness runs, the report has every rule's rows, and ``locate`` names the exact operator of an injected fault."""
+"""The localization benchmark's quick mode end to end (generate, evaluate, side, cost, report) in a temporary folder:
+the harness runs, the report has every rule's rows, ``locate`` names the exact operator of an injected fault, and the
+replay names the side it was put in."""
 import importlib.util
 import json
 import subprocess
@@ -31,6 +32,10 @@ def test_quick_benchmark_names_injected_faults_and_reports_every_rule(tmp_path):
         assert rule in result["summary"]["all"] and rule in result["summary"]["benign"]
         assert f"{rule}: exact" in markdown
     assert "| exact operator named" in markdown and "| benign pairs with no operator named" in markdown
+
+    sides = result["side"]["rows"]  # each checked fault in B, then in A: the replay names the side it was put in
+    assert sides and all(row["B"] == "B" and row["A"] == "A" for row in sides), sides
+    assert "| the side named right" in markdown and "## Which side is wrong" in markdown
 
     rows = result["cost"]["rows"]
     assert {level for row in rows for level in row["ours"]} == {"L0", "L1", "mix"}
