@@ -12,7 +12,7 @@ from pathlib import Path
 from msprobe_mlflow.formats import UNIT_ROUNDOFF
 from msprobe_mlflow.localization.align import AlignedCall, align, module_path, operator_calls
 from msprobe_mlflow.localization.frameworks import across_frameworks, align_across
-from msprobe_mlflow.localization.judge import Judgement, differing_argument, judge
+from msprobe_mlflow.localization.judge import Judgement, differing_argument, dtype_name, judge
 from msprobe_mlflow.trace.files import OperatorCall, read_trace, trace_folder
 
 OPERATOR, SEQUENCE, ARGUMENT, DRIFT, IDENTICAL = "operator", "sequence", "argument", "drift", "identical"
@@ -119,8 +119,8 @@ def _substituted(aligned: list[AlignedCall]) -> set[int]:
             continue
         if start is not None:
             stretch = aligned[start:index]
-            formats_a = {t.dtype for p in stretch if p.a is not None for t in p.a.tensors_out}
-            formats_b = {t.dtype for p in stretch if p.b is not None for t in p.b.tensors_out}
+            formats_a = {dtype_name(t.dtype) for p in stretch if p.a is not None for t in p.a.tensors_out}
+            formats_b = {dtype_name(t.dtype) for p in stretch if p.b is not None for t in p.b.tensors_out}
             if formats_a and formats_b and formats_a != formats_b:
                 marked.update(range(start, index))
             start = None
