@@ -33,7 +33,7 @@ from msprobe_mlflow.localization.align import AlignedCall
 from msprobe_mlflow.trace.files import OperatorCall, Scalar, TensorSummary
 
 AMPLIFICATION = 10.0  # how much larger than its inputs' difference an operator's may grow from rounding carried in
-ROUNDING = 8.0  # the rounding an operator adds on top, in units of u x sqrt(K)
+ROUNDING = 8.0  # the rounding an operator adds on top, in units of added_rounding() times the output's peak
 CARRIED = 3.0  # how much larger than its inputs' elementwise rounding (the floor below) an output may differ
 SCALAR_TOLERANCE = 1e-3  # a numeric argument this much apart (relative) is a different argument, not noise
 _TINY = 1e-30
