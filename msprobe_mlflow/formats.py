@@ -17,6 +17,15 @@ UNIT_ROUNDOFF = {"float64": 2.0 ** -53, "float32": 2.0 ** -24, "tf32": 2.0 ** -1
                  "bfloat16": 2.0 ** -8}
 
 
+def added_rounding(fmt: str, size: int) -> float:
+    """The rounding one call adds to its result, relative: sums over ``size`` terms in ``fmt``, where a
+    half-precision result is accumulated in float32 and rounded once (autocast's products and reductions, on CPUs
+    and GPUs alike)."""
+    if UNIT_ROUNDOFF[fmt] > UNIT_ROUNDOFF["float32"]:
+        return UNIT_ROUNDOFF[fmt] + UNIT_ROUNDOFF["float32"] * math.sqrt(size)
+    return UNIT_ROUNDOFF[fmt] * math.sqrt(size)
+
+
 def coarsest(formats: Iterable[str | None]) -> str | None:
     """The coarsest of ``formats`` (the largest unit roundoff; the first of equals); None when any is None (not
     known) or there is none."""

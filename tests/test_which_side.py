@@ -54,6 +54,21 @@ def test_replay_error_of_a_saved_call_against_values_computed_here(tmp_path):
     assert replay_error(folder) == pytest.approx(0.03, rel=1e-3)
 
 
+def test_a_side_at_its_own_formats_rounding_is_not_off(tmp_path):
+    """float32 against float64, both right: the float32 side is 1e-8 off the float64 replay by rounding alone, the
+    float64 side 0. Neither is off; 0.1% is."""
+    name = "Aten.gelu.default.0.forward"
+    x = torch.randn(1000, generator=torch.Generator().manual_seed(0))
+    for folder, inputs, scale in ((tmp_path / "a", x, 1.0), (tmp_path / "b", x.double(), 1.0),
+                                  (tmp_path / "off", x, 1.001)):
+        save_call(folder, name, [inputs], {"approximate": "none"}, torch.nn.functional.gelu(inputs) * scale)
+    right = side_error(tmp_path / "a", name, tmp_path / "b", name, size=1)
+    assert 0 < right.error_a < 1e-7 and right.error_b == 0 and right.wrong is None
+    assert "each within its format's rounding" in right.describe(name, "")
+    assert side_error(tmp_path / "a", name, tmp_path / "b", name).wrong == "A"  # raw errors alone blame float32
+    assert side_error(tmp_path / "off", name, tmp_path / "b", name, size=1).wrong == "A"
+
+
 def test_a_call_with_a_memory_format_replays(tmp_path):
     """The backward's seed, ``ones_like(loss, memory_format=torch.preserve_format)``: the format is saved by name."""
     loss = torch.tensor(2.5)

@@ -6,7 +6,7 @@ are equal. An operator's output difference is *explained* when it is at most
 
     AMPLIFICATION x (its inputs' difference)  +  ROUNDING x r x (its peak)
 
-where r is the rounding the call adds (:func:`added_rounding`: u x sqrt(K), u the unit roundoff of the coarser of
+where r is the rounding the call adds (:func:`~msprobe_mlflow.formats.added_rounding`: u x sqrt(K), u the unit roundoff of the coarser of
 the two runs' output formats and K how many input elements feed one output element, 1 for elementwise operators,
 the inner size of a matmul, everything for a full sum; a half-precision result adds its one rounding to float32's
 accumulation), and the peak is the output's largest magnitude over its RMS, as one rounding of the largest element
@@ -28,7 +28,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
-from msprobe_mlflow.formats import UNIT_ROUNDOFF
+from msprobe_mlflow.formats import UNIT_ROUNDOFF, added_rounding
 from msprobe_mlflow.localization.align import AlignedCall
 from msprobe_mlflow.trace.files import OperatorCall, Scalar, TensorSummary
 
@@ -114,14 +114,6 @@ def reduction_size(call: OperatorCall) -> int:
         if "attention" in name:  # a product over keys, then one over the head's dimension
             size = max([size] + [t.shape[-1] * t.shape[-2] for t in inputs if len(t.shape) >= 2])
     return max(1, size)
-
-
-def added_rounding(fmt: str, size: int) -> float:
-    """The rounding one call adds, relative: sums over ``size`` terms in ``fmt``, where a half-precision result is
-    accumulated in float32 and rounded once (autocast's products and reductions, on CPUs and GPUs alike)."""
-    if UNIT_ROUNDOFF[fmt] > UNIT_ROUNDOFF["float32"]:
-        return UNIT_ROUNDOFF[fmt] + UNIT_ROUNDOFF["float32"] * math.sqrt(size)
-    return UNIT_ROUNDOFF[fmt] * math.sqrt(size)
 
 
 def judge(pair: AlignedCall, noise: float = 0.0, across: bool = False) -> Judgement:

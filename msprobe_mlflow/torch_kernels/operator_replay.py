@@ -14,8 +14,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from msprobe_mlflow.formats import UNIT_ROUNDOFF, added_rounding
 from msprobe_mlflow.trace.saved_calls import CALL_FILE, saved_call_path, write_saved_call
 
+SIDE_ROUNDING = 4.0  # a side's error within this many times its format's rounding is that rounding
 MAX_SAVED_BYTES = 2 ** 30  # a saved tensor larger than this is refused when read back (untrusted folders)
 _NUMPY_LACKS = {torch.bfloat16: torch.float32}
 MINT_FAMILIES = {"Mint": torch, "MintFunctional": torch.nn.functional}  # as api_check.runner.MODULES maps them
@@ -30,19 +32,25 @@ class SideError:
     """Each side's output against the float64 replay of its own inputs; None for a side with no call to replay (not
     saved, or one torch cannot replay: MindSpore's primitives, whose attributes the trace does not hold). That side
     is then judged by elimination: the other side within ``tolerance`` (what rounding explains of the named call's
-    output difference, the judgement's) is right, so the unreplayed one is off; beyond it, the replayed one is."""
+    output difference, the judgement's) is right, so the unreplayed one is off; beyond it, the replayed one is.
+    ``rounding_a``, ``rounding_b``: what each side's own format explains of its error (a float32 call is 1e-7 off
+    float64 by rounding alone, a float64 call 0): a side within it is not off."""
     error_a: float | None
     error_b: float | None
     tolerance: float = 0.0
+    rounding_a: float = 0.0
+    rounding_b: float = 0.0
 
     @property
     def wrong(self) -> str | None:
-        """"A" or "B": the side at least 10x further off than the other (and beyond 1e-12), or as eliminated."""
+        """"A" or "B": the one side beyond its format's rounding, or where both are, the one at least 10x further
+        off than the other (and beyond 1e-12); or as eliminated."""
         if self.error_a is not None and self.error_b is not None:
+            off_a, off_b = self.error_a > max(self.rounding_a, 1e-12), self.error_b > max(self.rounding_b, 1e-12)
+            if off_a != off_b:
+                return "A" if off_a else "B"
             low, high = sorted((self.error_a, self.error_b))
-            if high > 1e-12 and high >= 10 * low:
-                return "A" if self.error_a == high else "B"
-            return None
+            return ("A" if self.error_a == high else "B") if off_a and high >= 10 * low else None
         known, other, error = self._known()
         if not self.tolerance:
             return None
@@ -55,7 +63,9 @@ class SideError:
         where = f"{call} in {module or 'the model'}"
         if self.error_a is not None and self.error_b is not None:
             if self.wrong is None:
-                return f"neither side stands out: A is {self.error_a:.1g} off float64, B {self.error_b:.1g}"
+                within = ", each within its format's rounding" if self.error_a <= self.rounding_a and \
+                    self.error_b <= self.rounding_b else ""
+                return f"neither side stands out: A is {self.error_a:.1g} off float64, B {self.error_b:.1g}{within}"
             other = "B" if self.wrong == "A" else "A"
             errors = {"A": self.error_a, "B": self.error_b}
             return f"{self.wrong}'s {where} is {errors[self.wrong]:.1g} off float64, {other}'s {errors[other]:.1g}"
@@ -142,6 +152,11 @@ def _in_float64(value):
 
 def replay_error(folder: Path) -> float:
     """The saved output's distance from the float64 replay of the saved inputs: ||out - ref|| / ||ref||."""
+    return _replayed(folder)[0]
+
+
+def _replayed(folder: Path) -> tuple[float, str]:
+    """:func:`replay_error`, and the saved output's format (``float32``; float32 for one no format names)."""
     try:
         call = json.loads((folder / CALL_FILE).read_text(encoding="utf-8"))
         args, output, kwargs, name = call["args"], call["output"], call["kwargs"], call["name"]
@@ -161,16 +176,22 @@ def replay_error(folder: Path) -> float:
     observed = output[0].double()
     scale = float(torch.linalg.vector_norm(reference))
     gap = float(torch.linalg.vector_norm(observed - reference))
-    return gap / scale if scale > 0 else (0.0 if gap == 0 else math.inf)
+    fmt = str(output[0].dtype).removeprefix("torch.")
+    return gap / scale if scale > 0 else (0.0 if gap == 0 else math.inf), fmt if fmt in UNIT_ROUNDOFF else "float32"
 
 
-def side_error(folder_a: Path, name_a: str, folder_b: Path, name_b: str, tolerance: float = 0.0) -> SideError | None:
-    """Each side's error where it saved a call torch replays (see :class:`SideError`); None where neither did."""
-    errors = []
+def side_error(folder_a: Path, name_a: str, folder_b: Path, name_b: str, tolerance: float = 0.0,
+               size: int | None = None) -> SideError | None:
+    """Each side's error where it saved a call torch replays (see :class:`SideError`); None where neither did.
+    ``size``: how many input elements feed one output element (the judgement's), which sets what each side's
+    format explains (SIDE_ROUNDING x :func:`~msprobe_mlflow.formats.added_rounding`); without it, none."""
+    errors, roundings = [], []
     for folder, name in ((folder_a, name_a), (folder_b, name_b)):
         saved = saved_call_folder(folder, name)
         try:
-            errors.append(replay_error(saved) if saved is not None else None)
+            error, fmt = _replayed(saved) if saved is not None else (None, "float32")
         except NotReplayable:
-            errors.append(None)
-    return None if errors == [None, None] else SideError(*errors, tolerance=tolerance)
+            error, fmt = None, "float32"
+        errors.append(error)
+        roundings.append(SIDE_ROUNDING * added_rounding(fmt, size) if size else 0.0)
+    return None if errors == [None, None] else SideError(*errors, tolerance, *roundings)
