@@ -86,9 +86,10 @@ Phases (``--work`` holds the traces; default ``/tmp/locate-benchmark``):
     python benchmarks/locate_benchmark.py generate   # trains and traces every run not already in --work
     python benchmarks/locate_benchmark.py evaluate   # the three rules on every pair -> WORK/evaluation.json
     python benchmarks/locate_benchmark.py side       # which side, on a sample of the named faults -> WORK/side.json
+    python benchmarks/locate_benchmark.py flagged    # the verdict's benign alarms, located -> WORK/flagged.json
     python benchmarks/locate_benchmark.py cost       # traced against untraced steps -> WORK/cost.json
     python benchmarks/locate_benchmark.py report     # -> OUT/locate.md and OUT/locate.json (default results/)
-    python benchmarks/locate_benchmark.py all        # the five in turn (what benchmarks/run-locate runs)
+    python benchmarks/locate_benchmark.py all        # the six in turn (what benchmarks/run-locate runs)
 
 ``--quick``: the tiny transformer only, float64 noise only, one fault of each kind and phase (seven), two benign
 pairs (seeds 0 and 1), one cost round on 4 x Linear(256, 256); results in ``--work`` unless ``--out`` says otherwise
@@ -131,7 +132,8 @@ DEFAULT_THREADS = torch.get_num_threads()  # torch's own default, before this sc
 
 from msprobe_mlflow.torch_kernels.operator_trace import OperatorTracer  # noqa: E402
 from msprobe_mlflow.trace.files import read_trace, trace_folder, write_trace  # noqa: E402
-from msprobe_mlflow.localization import NAMED, walk  # noqa: E402
+from msprobe_mlflow.localization import NAMED, OPERATOR, locate_traces, walk  # noqa: E402
+from msprobe_mlflow.localization.judge import reduction_size  # noqa: E402
 from msprobe_mlflow.localization.align import CONVERSIONS, align, module_path, operator_calls  # noqa: E402
 from msprobe_mlflow.torch_kernels.operator_trace import _LEFT_OUT, _LEFT_OUT_NAMESPACES  # noqa: E402
 from msprobe_mlflow.torch_kernels.operator_replay import save_call, side_error  # noqa: E402
@@ -1325,8 +1327,9 @@ def side(work: Work, plan: Plan) -> dict:
                     train(FAMILIES[fault.family], 0, "none" if run == "A" else fault.noise, FAULT_STEPS, folder,
                           (TRACED_STEP,), WrongKernel(fault) if run == faulty else None, save=(truth,))
                     folders[run] = folder / f"step{TRACED_STEP}" / "rank0"
+                call = next(c for c in operator_calls(read_trace(folders["B"])) if c.name == truth)
                 try:
-                    errors = side_error(folders["A"], truth, folders["B"], truth)
+                    errors = side_error(folders["A"], truth, folders["B"], truth, size=reduction_size(call))
                 except (ValueError, RuntimeError) as error:  # a saved call this torch does not replay
                     errors, named_side[f"{faulty} error"] = None, repr(error)[:200]
                 named_side[faulty] = (errors.wrong or "neither") if errors is not None else "not replayed"
@@ -1342,6 +1345,64 @@ def side(work: Work, plan: Plan) -> dict:
               "load_before": load_before, "load_after": os.getloadavg()}
     (work.folder / "side.json").write_text(json.dumps(result, indent=1))
     return result
+
+
+def flagged(work: Work, plan: Plan) -> dict:
+    """The benign pairs the verdict flags in the published divergence benchmark (``results/divergence.json``, its
+    ``noise`` rule), each trained again by that benchmark's own code up to the flagged step, traced there by the
+    monitor (``trace_steps``) and located: ``drift`` (or ``identical``) is right, since no operator is wrong. This is
+    the step-level verdict confirmed or refuted (issue 49)."""
+    import divergence_benchmark as divergence
+
+    load_before, start = os.getloadavg(), time.perf_counter()
+    published = json.loads((RESULTS / "divergence.json").read_text())
+    pairs = [(b["family"], b["seed"], b["noise"], b["verdicts"]["noise"]["step"], b["verdicts"]["noise"]["grade"])
+             for b in published["benign"] if (b["verdicts"].get("noise") or {}).get("step") is not None]
+    def traced(setting: str, step: int, save: tuple[str, ...] = ()) -> Path:
+        dump = work.folder / "flagged" / f"{family}-s{seed}-{setting}-step{step}{'-saved' if save else ''}"
+        if save or not (dump / "rank0" / "trace" / f"step{step}" / "rank0" / "dump.json").is_file():
+            shutil.rmtree(dump, ignore_errors=True)
+            divergence.train(divergence.RunSpec(family, seed, setting, step + 1), dump, trace_steps=[step],
+                             trace_save=list(save))
+        return dump / "rank0" / "trace"
+
+    rows = []
+    for index, (family, seed, noise, step, grade) in enumerate(pairs[:1] if plan.quick else pairs, 1):
+        found = locate_traces(traced("float32", step), traced(noise, step), step=step, rank=0)
+        side_found = None
+        if found.kind == OPERATOR:  # the rerun that saves the named call, as locate's hint says
+            name = found.pair.a.name
+            folders = [trace_folder(traced(setting, step, (name,)), step, 0) for setting in ("float32", noise)]
+            errors = side_error(*folders[:1], name, folders[1], name,
+                                size=max(reduction_size(found.pair.a), reduction_size(found.pair.b)))
+            side_found = "not replayed" if errors is None else errors.wrong or "neither"
+        rows.append({"family": family, "seed": seed, "noise": noise, "step": step, "grade": grade,
+                     "held_out": family in divergence.HELD_OUT, "kind": found.kind, "describe": found.describe(),
+                     "side": side_found})
+        progress(f"flagged: {index}/{len(pairs)} {family} s{seed} {noise} step {step}: {found.kind}"
+                 + (f", side {side_found}" if side_found else ""))
+    result = {"rows": rows, "source": published["date"], "seconds": time.perf_counter() - start,
+              "load_before": load_before, "load_after": os.getloadavg()}
+    (work.folder / "flagged.json").write_text(json.dumps(result, indent=1))
+    return result
+
+
+def flagged_section(result: dict) -> tuple[list, list[str]]:
+    rows = result["rows"]
+    quiet = sum(r["kind"] not in NAMED for r in rows)
+    refuted = quiet + sum(r.get("side") == "neither" for r in rows)
+    target = ["benign steps the verdict flags (divergence benchmark), located: drift; or neither side off its "
+              "float64 replay", "", f"{quiet}/{len(rows)}; {refuted}/{len(rows)}", "n/a", "n/a", ""]
+    lines = [f"## The verdict's alarms on benign pairs, located ({len(rows)} pairs; {result['seconds']:.0f} s)", "",
+             f"Each benign pair the verdict (`noise` rule) flags in `results/divergence.json` (evaluated "
+             f"{result['source']}), trained again by the divergence benchmark's own code up to the flagged step, traced "
+             "there by the monitor (`trace_steps`), then located; where an operator is named, both trainings again "
+             "with that call saved (`trace_save`, as `locate`'s hint says) and each side's output against the float64 "
+             "replay of its own inputs. No operator is wrong in these pairs: drift, or neither side off, is right.",
+             "", *table(["family", "seed", "noise", "step", "verdict's grade", "locate", "which side"],
+                        [[r["family"], r["seed"], r["noise"], r["step"], r["grade"], r["describe"][:160],
+                          r.get("side") or ""] for r in rows]), ""]
+    return target, lines
 
 
 def side_section(side_result: dict) -> tuple[list, list[str]]:
@@ -1551,9 +1612,9 @@ def report(work: Work, out: Path, before: Path | None = None) -> dict:
             raise SystemExit(f"--before {before}: its faults are not this evaluation's (another plan or recipe)")
         result["before"] = {"file": str(before), "package": earlier["package"], "date": earlier["date"],
                             "figures": figures(earlier), "now": figures(result)}
-    cost_path, side_path = work.folder / "cost.json", work.folder / "side.json"
-    result["cost"] = json.loads(cost_path.read_text()) if cost_path.is_file() else None
-    result["side"] = json.loads(side_path.read_text()) if side_path.is_file() else None
+    for phase in ("cost", "side", "flagged"):
+        path = work.folder / f"{phase}.json"
+        result[phase] = json.loads(path.read_text()) if path.is_file() else None
     faults, benign = result["faults"], result["benign"]
     groups = {"tuning": [r for r in faults if not r["held_out"]], "held out": [r for r in faults if r["held_out"]],
               "all": faults}
@@ -1624,9 +1685,11 @@ def markdown(result: dict) -> str:
                  met(ratio(quiet["ours"], benign_summary["pairs"]), quiet_target[0] / quiet_target[1])])
     steps = summary["benign_every_step"]
     side_lines = []
-    if result.get("side"):
-        side_row, side_lines = side_section(result["side"])
-        rows.append(side_row)
+    for phase, section in (("side", side_section), ("flagged", flagged_section)):
+        if result.get(phase):
+            row, more = section(result[phase])
+            rows.append(row)
+            side_lines += more
     rows.append(["... at every traced step of those pairs (not a target: each step's verdict)", "",
                  *[f"{steps['steps'] - steps[rule]}/{steps['steps']}" for rule in RULES], ""])
     if cost:  # met when met at every thread count measured
@@ -1797,7 +1860,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
     parser.add_argument("phase", nargs="?", default="all",
-                        choices=("generate", "evaluate", "side", "cost", "report", "all", "msprobe-cost"),
+                        choices=("generate", "evaluate", "side", "flagged", "cost", "report", "all",
+                                 "msprobe-cost"),
                         help="msprobe-cost is internal: one msprobe measurement in a process of its own")
     parser.add_argument("--work", type=Path, default=Path("/tmp/locate-benchmark"), help="where the traces are kept")
     parser.add_argument("--out", type=Path, help=f"where report writes locate.md and locate.json (default "
@@ -1842,7 +1906,7 @@ def main() -> int:
     work = Work(args.work)
     work.folder.mkdir(parents=True, exist_ok=True)
     torch.set_num_threads(REFERENCE_THREADS)
-    phases = ("generate", "evaluate", "side", "cost", "report") if args.phase == "all" else (args.phase,)
+    phases = ("generate", "evaluate", "side", "flagged", "cost", "report") if args.phase == "all" else (args.phase,)
     for phase in phases:
         if phase == "generate":
             generate(work, plan)
@@ -1850,6 +1914,8 @@ def main() -> int:
             evaluate(work, plan)
         elif phase == "side":
             side(work, plan)
+        elif phase == "flagged":
+            flagged(work, plan)
         elif phase == "cost":
             cost(work, plan)
         else:
