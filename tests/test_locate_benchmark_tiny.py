@@ -37,6 +37,11 @@ def test_quick_benchmark_names_injected_faults_and_reports_every_rule(tmp_path):
     assert sides and all(row["B"] == "B" and row["A"] == "A" for row in sides), sides
     assert "| the side named right" in markdown and "## Which side is wrong" in markdown
 
+    flagged = result["flagged"]["rows"]  # the divergence benchmark's first benign alarm, retrained and located
+    assert len(flagged) == 1 and flagged[0]["kind"] in ("operator", "drift", "identical", "sequence", "argument")
+    assert flagged[0]["side"] in (None, "A", "B", "neither", "not replayed")
+    assert "## The verdict's alarms on benign pairs, located" in markdown
+
     rows = result["cost"]["rows"]
     assert {level for row in rows for level in row["ours"]} == {"L0", "L1", "mix"}
     assert all(row["untraced_ms"] > 0 and row["ours"]["mix"]["ratio"] > 0 for row in rows)
