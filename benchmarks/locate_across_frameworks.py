@@ -11,6 +11,9 @@ with ``trace_steps``):
   as one call beside ``addmm``, first outputs only, inputs by elements) were written looking at a twin of this shape.
 - ``cnn-bn``: Conv2d 3 -> 8 (3x3, padding 1), BatchNorm2d, ReLU, Flatten, Linear 512 -> 10. **Held out**: declared
   here, in the commit that adds this benchmark, before it was ever measured; nothing was tuned on it.
+- ``resmlp``: Linear 16 -> 32, four residual blocks (LayerNorm, Linear 32 -> 64, ReLU, Linear 64 -> 32, added to the
+  block's input; a class ``Block`` in each framework), LayerNorm, Linear 32 -> 10: the deeper family, **held out**,
+  declared (2026-12-07) before it was measured.
 
 Per family and seed: a benign pair (MindSpore against PyTorch, no fault) traced at each of ``BENIGN_STEPS``; at
 ``FAULT_STEP``, a wrong kernel in one PyTorch forward call at a time (every call that has a MindSpore twin in the
@@ -69,16 +72,44 @@ from msprobe_mlflow.pytorch import GradientMonitor as TorchMonitor  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
 FAULT_STEP, BENIGN_STEPS, ERRORS = 2, (1, 2, 4, 6, 9), (1e-3, 1e-2, 1e-1)
-HELD_OUT = ("cnn-bn",)
+HELD_OUT = ("cnn-bn", "resmlp")
+FAMILIES = ("mlp-ln", *HELD_OUT)
 TRACED_CALL = MindSporeOperatorTracer._traced_call.__code__  # where the trace makes a traced call
 
 
 # ---------------------------------------------------------------- the twins
 
+def torch_block() -> torch.nn.Module:
+    class Block(torch.nn.Module):  # the same class name in both frameworks, as a user's twin has
+        def __init__(self):
+            super().__init__()
+            self.norm, self.fc1 = torch.nn.LayerNorm(32), torch.nn.Linear(32, 64)
+            self.act, self.fc2 = torch.nn.ReLU(), torch.nn.Linear(64, 32)
+
+        def forward(self, x):
+            return x + self.fc2(self.act(self.fc1(self.norm(x))))
+    return Block()
+
+
+def mindspore_block() -> msnn.Cell:
+    class Block(msnn.Cell):
+        def __init__(self):
+            super().__init__()
+            self.norm, self.fc1 = msnn.LayerNorm((32,), epsilon=1e-5), msnn.Dense(32, 64)
+            self.act, self.fc2 = msnn.ReLU(), msnn.Dense(64, 32)
+
+        def construct(self, x):
+            return x + self.fc2(self.act(self.fc1(self.norm(x))))
+    return Block()
+
+
 def torch_model(family: str, seed: int) -> torch.nn.Module:
     torch.manual_seed(seed)
     if family == "mlp-ln":
         return torch.nn.Sequential(torch.nn.LayerNorm(16), torch.nn.Linear(16, 32), torch.nn.Tanh(),
+                                   torch.nn.LayerNorm(32), torch.nn.Linear(32, 10))
+    if family == "resmlp":
+        return torch.nn.Sequential(torch.nn.Linear(16, 32), *[torch_block() for _ in range(4)],
                                    torch.nn.LayerNorm(32), torch.nn.Linear(32, 10))
     return torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.BatchNorm2d(8), torch.nn.ReLU(),
                                torch.nn.Flatten(), torch.nn.Linear(512, 10))
@@ -87,6 +118,9 @@ def torch_model(family: str, seed: int) -> torch.nn.Module:
 def mindspore_model(family: str, seed: int) -> msnn.Cell:
     if family == "mlp-ln":
         net = msnn.SequentialCell([msnn.LayerNorm((16,), epsilon=1e-5), msnn.Dense(16, 32), msnn.Tanh(),
+                                   msnn.LayerNorm((32,), epsilon=1e-5), msnn.Dense(32, 10)])
+    elif family == "resmlp":
+        net = msnn.SequentialCell([msnn.Dense(16, 32), *[mindspore_block() for _ in range(4)],
                                    msnn.LayerNorm((32,), epsilon=1e-5), msnn.Dense(32, 10)])
     else:
         net = msnn.SequentialCell([msnn.Conv2d(3, 8, 3, pad_mode="pad", padding=1, has_bias=True),
@@ -100,7 +134,7 @@ def mindspore_model(family: str, seed: int) -> msnn.Cell:
 
 def batch(family: str, seed: int, step: int) -> tuple[np.ndarray, np.ndarray]:
     rng = np.random.default_rng([seed, step])
-    shape = (16, 16) if family == "mlp-ln" else (8, 3, 8, 8)
+    shape = (8, 3, 8, 8) if family == "cnn-bn" else (16, 16)
     x = rng.standard_normal(shape).astype(np.float32)
     return x, rng.standard_normal((shape[0], 10)).astype(np.float32)
 
@@ -364,7 +398,7 @@ def markdown(result: dict) -> str:
              f"{result['machine']}; {result['took_s']:.0f} s; load average {result['load_before']} -> "
              f"{result['load_after']}. Reproduce: `{result['command']}`. Design: "
              f"`benchmarks/locate_across_frameworks.py`'s docstring.", "",
-             "| metric | target | in sample (mlp-ln) | held out (cnn-bn) |", "|---|---|---|---|"]
+             f"| metric | target | in sample (mlp-ln) | held out ({', '.join(HELD_OUT)}) |", "|---|---|---|---|"]
     for key, label, target in (("exact", "wrong PyTorch kernel: exact operator named", "90%"),
                                ("module", "... its module named", "98%"),
                                ("side", "... side named right (B), of those named exactly", "90%"),
@@ -407,7 +441,7 @@ def main() -> int:
     outcomes: list[Outcome] = []
     with tempfile.TemporaryDirectory(prefix="locate-across-") as scratch:
         os.chdir(scratch)  # MindSpore's compiler reports
-        for family in ("mlp-ln", "cnn-bn"):
+        for family in FAMILIES:
             for seed in seeds:
                 print(f"{family} seed {seed}", file=sys.stderr, flush=True)
                 benign, twins = benign_cases(family, seed, Path(scratch), steps)

@@ -205,7 +205,7 @@ def test_cross_framework_benchmark_quick_pairs_every_parameter_and_writes_only_i
 def test_locate_across_frameworks_quick_judges_both_families_and_writes_only_where_told(tmp_path):
     run("locate_across_frameworks.py", "--quick", "--out", tmp_path / "out", cwd=tmp_path, timeout=600)
     result = json.loads((tmp_path / "out" / "locate_across_frameworks.json").read_text())
-    assert {o["family"] for o in result["outcomes"]} == {"mlp-ln", "cnn-bn"}
+    assert {o["family"] for o in result["outcomes"]} == {"mlp-ln", "cnn-bn", "resmlp"}
     for group in ("in sample", "held out"):
         summary = result["summary"][group]
         assert summary["exact"]["of"] > 0 and summary["benign_quiet"]["of"] == 1 and summary["module_share_min"] > 0
