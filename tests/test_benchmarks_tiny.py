@@ -206,9 +206,10 @@ def test_locate_across_frameworks_quick_judges_both_families_and_writes_only_whe
     run("locate_across_frameworks.py", "--quick", "--out", tmp_path / "out", cwd=tmp_path, timeout=600)
     result = json.loads((tmp_path / "out" / "locate_across_frameworks.json").read_text())
     assert {o["family"] for o in result["outcomes"]} == {"mlp-ln", "cnn-bn", "resmlp"}
-    for group in ("in sample", "held out"):
+    for group, families in (("in sample", 1), ("held out", 2)):
         summary = result["summary"][group]
-        assert summary["exact"]["of"] > 0 and summary["benign_quiet"]["of"] == 1 and summary["module_share_min"] > 0
+        assert summary["exact"]["of"] > 0 and summary["benign_quiet"]["of"] == families, summary
+        assert summary["module_share_min"] > 0
         assert summary["mindspore_exact"]["of"] > 0, summary
     faults = [o for o in result["outcomes"] if o["fault"]]
     assert all(o["error"] == 1e-2 for o in faults)
