@@ -293,7 +293,7 @@ class TinyGPTFamily(Family):
         return torch.optim.Adam(model.parameters(), lr=1e-2)
 
     def batch(self, seed, step):
-        tokens = torch.randint(0, 64, (4, 17), generator=generator("tiny-gpt", seed, step))
+        tokens = torch.randint(0, 64, (4, 17), generator=generator(self.name, seed, step))
         return tokens[:, :-1], tokens[:, 1:]
 
 
@@ -475,10 +475,6 @@ class LlamaFamily(TinyGPTFamily):
 
     def optimizer(self, model):
         return torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.01)
-
-    def batch(self, seed, step):
-        tokens = torch.randint(0, 64, (4, 17), generator=generator("llama", seed, step))
-        return tokens[:, :-1], tokens[:, 1:]
 
 
 class CNN1dGNFamily(Family):
