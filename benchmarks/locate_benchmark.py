@@ -1354,7 +1354,9 @@ def flagged(work: Work, plan: Plan) -> dict:
     published = json.loads((RESULTS / "divergence.json").read_text())
     pairs = [(b["family"], b["seed"], b["noise"], b["verdicts"]["noise"]["step"], b["verdicts"]["noise"]["grade"])
              for b in published["benign"] if (b["verdicts"].get("noise") or {}).get("step") is not None]
-    def traced(setting: str, step: int, save: tuple[str, ...] = ()) -> Path:
+
+    def traced(family: str, seed: int, setting: str, step: int, save: tuple[str, ...] = ()) -> Path:
+        """The trace root of ``setting``'s training traced at ``step`` (``save``: the calls it keeps; run again)."""
         dump = work.folder / "flagged" / f"{family}-s{seed}-{setting}-step{step}{'-saved' if save else ''}"
         if save or not (dump / "rank0" / "trace" / f"step{step}" / "rank0" / "dump.json").is_file():
             shutil.rmtree(dump, ignore_errors=True)
@@ -1364,11 +1366,13 @@ def flagged(work: Work, plan: Plan) -> dict:
 
     rows = []
     for index, (family, seed, noise, step, grade) in enumerate(pairs[:1] if plan.quick else pairs, 1):
-        found = locate_traces(traced("float32", step), traced(noise, step), step=step, rank=0)
+        found = locate_traces(traced(family, seed, "float32", step), traced(family, seed, noise, step), step=step,
+                              rank=0)
         side_found = None
         if found.kind == OPERATOR:  # the rerun that saves the named call, as locate's hint says
             name = found.pair.a.name
-            folders = [trace_folder(traced(setting, step, (name,)), step, 0) for setting in ("float32", noise)]
+            folders = [trace_folder(traced(family, seed, setting, step, (name,)), step, 0)
+                       for setting in ("float32", noise)]
             errors = side_error(*folders[:1], name, folders[1], name,
                                 size=max(reduction_size(found.pair.a), reduction_size(found.pair.b)))
             side_found = "not replayed" if errors is None else errors.wrong or "neither"
@@ -1587,8 +1591,8 @@ def figures(result: dict) -> dict:
         held_out = group == "held out"
         faults = [r for r in result["faults"] if r["status"] == "counted" and FAMILIES[r["family"]].held_out == held_out]
         benign = [p for p in result["benign"] if FAMILIES[p["family"]].held_out == held_out]
-        found[group] = {"faults": len(faults), "exact": sum(r["rules"]["ours"]["exact"] for r in faults),
-                        "module": sum(r["rules"]["ours"]["module_named"] for r in faults),
+        ours = summarize(faults, "ours")
+        found[group] = {"faults": ours["counted"], "exact": ours["exact"], "module": ours["module"],
                         "benign": len(benign), "quiet": sum(p["rules"]["ours"]["kind"] not in NAMED for p in benign),
                         "steps": sum(len(p["every_step"]) for p in benign),
                         "quiet_steps": sum(v["ours"]["kind"] not in NAMED for p in benign for v in p["every_step"]),
