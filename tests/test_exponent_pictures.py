@@ -94,7 +94,8 @@ def test_a_lowest_exponent_beyond_the_picture_still_draws(tmp_path):
 torch = pytest.importorskip("torch")
 
 
-def _train_monitored(config, steps=9):
+def _train_monitored(config, steps=9, after_step=None):
+    """``after_step(step)``: called after each step, the monitor running."""
     from msprobe_mlflow.pytorch import GradientMonitor
 
     torch.manual_seed(0)
@@ -102,10 +103,12 @@ def _train_monitored(config, steps=9):
                                 torch.nn.Linear(8, 2))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     monitor = GradientMonitor(config, statistics=["exponents"]).monitor(model, optimizer)
-    for _ in range(steps):
+    for step in range(steps):
         optimizer.zero_grad()
         model(torch.randn(16, 8)).pow(2).mean().backward()
         optimizer.step()
+        if after_step is not None:
+            after_step(monitor, step)
     monitor.stop()
 
 
@@ -131,6 +134,52 @@ def test_a_run_ends_with_each_panels_slider_pictures_and_the_summary_and_upload_
     assert log_exponent_pictures(client, run.info.run_id, dump, 0, mlflow_step_offset=100) == 2 * len(expected) + 1
     assert {step for _, step in logged_images(client, run.info.run_id)} == {0, 2, 3, 5, 6, 8, 100, 102, 103, 105,
                                                                              106, 108}
+
+
+def test_while_training_runs_each_panel_gets_a_picture_at_the_latest_step(tmp_experiment, tmp_path, monkeypatch):
+    """A user watching a long run sees its pictures before it ends: drawn when due (here after every round) at the
+    last step in the dump; the run's end adds the slider's spread steps."""
+    from msprobe_mlflow import GradProbeConfig
+    from msprobe_mlflow.sinks.mlflow import settings
+
+    monkeypatch.setattr(settings, "PICTURE_SECONDS", 0.0)
+    client, seen = mlflow.MlflowClient(), {}
+
+    def look_at_step_4(monitor, step):
+        if step == 4:
+            monitor.flush()  # the steps so far are sent, and the round's pictures drawn
+            seen["images"] = logged_images(client, run.info.run_id)
+
+    panels = (MODEL, "layer 0", "layer 2", "layer 4")
+    with mlflow.start_run() as run:
+        _train_monitored(GradProbeConfig(level="L1", dump_path=str(tmp_path / "dump")), after_step=look_at_step_4)
+    assert {(image_key(0, index, panel), 4) for index, panel in enumerate(panels)} <= seen["images"]
+    assert {step for _, step in seen["images"]} <= set(range(5))  # never a step the training had not reached
+    spread = {(image_key(0, index, panel), step) for index, panel in enumerate(panels) for step in (0, 2, 3, 5, 6, 8)}
+    assert logged_images(client, run.info.run_id) >= spread | seen["images"]
+
+
+def test_the_sinks_request_process_draws_the_latest_pictures_as_the_thread_would(tmp_experiment, tmp_path):
+    """Once fast steps moved the sink's requests to a process of their own, the drawing happens there too, off the
+    interpreter training shares."""
+    from msprobe_mlflow import GradProbeConfig
+    from msprobe_mlflow.notices import Notices
+    from msprobe_mlflow.tracking.live_run import LiveRun
+    from msprobe_mlflow.tracking.request_process import RoundRequests
+
+    dump = tmp_path / "dump"
+    _train_monitored(GradProbeConfig(level="L1", dump_path=str(dump)), steps=4)  # no active run: a local dump
+    run_id = mlflow.MlflowClient().create_run(tmp_experiment).info.run_id
+    requests = RoundRequests(LiveRun(run_id, mlflow.get_tracking_uri()), Notices())
+    requests.move_to_process()
+    try:
+        requests.send_exponent_pictures(str(dump), 0, 0, True)
+        assert requests.process is not None and requests.process.poll() is None  # it answered; still there
+    finally:
+        requests.close()
+    panels = (MODEL, "layer 0", "layer 2", "layer 4")
+    assert logged_images(mlflow.MlflowClient(), run_id) == {(image_key(0, i, panel), 3) for i, panel in
+                                                            enumerate(panels)}
 
 
 def test_a_stop_out_of_drain_time_leaves_the_pictures_to_upload(tmp_experiment, tmp_path, monkeypatch):

@@ -123,8 +123,9 @@ class LiveRun:
         upload_dump(dump_path, self.run_id, tracking_uri=self.tracking_uri, ranks=[rank], steps=steps,
                     param_patterns=param_patterns, mlflow_step_offset=mlflow_step_offset, pictures=False)
 
-    def send_exponent_pictures(self, dump_path: str, rank: int, mlflow_step_offset: int) -> None:
-        log_exponent_pictures(self.client, self.run_id, dump_path, rank, mlflow_step_offset)
+    def send_exponent_pictures(self, dump_path: str, rank: int, mlflow_step_offset: int,
+                               latest_only: bool = False) -> None:
+        log_exponent_pictures(self.client, self.run_id, dump_path, rank, mlflow_step_offset, latest_only)
 
     def end_failed(self, news: dict[int, str], reason: str = "") -> list[int]:
         """Tags ``news`` (``{rank: status}``) and ends the run FAILED when a rank failed (``upload.end_run_failed``)."""

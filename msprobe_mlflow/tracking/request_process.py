@@ -1,5 +1,6 @@
 """The live sink's round requests (:class:`LiveRun`'s ``log``, ``send_step_files``, ``send_archive``,
-``send_dump_file``), made by a process of its own once steps come fast.
+``send_dump_file``, and the exponent pictures drawn while training runs), made by a process of its own once steps
+come fast.
 
 Why: each request is Python in MLflow's client (SQLAlchemy for a database store, the artifact repository's path
 checks and copies), on the sink's thread, which shares the interpreter lock with training: training waits for it
@@ -34,7 +35,7 @@ from msprobe_mlflow.dump_process import start_module_process
 from msprobe_mlflow.notices import Notices
 from msprobe_mlflow.tracking.live_run import LiveRun
 
-REQUESTS = ("log", "send_step_files", "send_archive", "send_dump_file")
+REQUESTS = ("log", "send_step_files", "send_archive", "send_dump_file", "send_exponent_pictures")
 
 
 class RoundRequests:
@@ -57,6 +58,9 @@ class RoundRequests:
 
     def send_dump_file(self, dump_path: str, path) -> None:
         self._make("send_dump_file", dump_path, path)
+
+    def send_exponent_pictures(self, dump_path: str, rank: int, mlflow_step_offset: int, latest_only: bool) -> None:
+        self._make("send_exponent_pictures", dump_path, rank, mlflow_step_offset, latest_only)
 
     def move_to_process(self) -> None:
         """Makes the next requests in a process of its own; once only (not again after it failed)."""

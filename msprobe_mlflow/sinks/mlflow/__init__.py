@@ -2,7 +2,8 @@
 
 One job per module: ``sender`` (the thread, its queue and rate), ``rounds`` (what a round sends, archives),
 ``attempts`` (a failed request said once; refused credentials), ``unsent`` (what is retried at ``close()``),
-``ranks`` (the ranks' statuses at the end); the MLflow requests are ``tracking.live_run``'s.
+``ranks`` (the ranks' statuses at the end), ``pictures`` (the exponent pictures while training runs); the MLflow
+requests are ``tracking.live_run``'s.
 
 Policy when MLflow is slower than training or unreachable: the local dump is always complete (it is written
 before the sink sees a step). The sink's queue holds each step's few summary metrics, at most ``max_pending``
@@ -53,6 +54,7 @@ from msprobe_mlflow.session import RankPolicy
 from msprobe_mlflow.sinks.mlflow import settings
 from msprobe_mlflow.sinks.mlflow.attempts import Attempts
 from msprobe_mlflow.sinks.mlflow.items import Annotation, Drain, QueuedStep
+from msprobe_mlflow.sinks.mlflow.pictures import PicturesWhileTraining
 from msprobe_mlflow.sinks.mlflow.ranks import RankEnds
 from msprobe_mlflow.sinks.mlflow.rounds import Rounds
 from msprobe_mlflow.sinks.mlflow.sender import SendLoop
@@ -99,7 +101,10 @@ class MlflowSink:
         self.requests = RoundRequests(self.run, self.notices)
         self.rounds = Rounds(self.requests, config.dump_path, self.rank, options, drain, self.unsent)
         self.ends = RankEnds(self.run, ranks, self.attempt, self.notices)
-        self.sender = SendLoop(self.rank, max_pending, self.rounds, self.unsent, self.attempt, drain)
+        self.pictures = PicturesWhileTraining(self.requests, config.dump_path, self.rank,
+                                              options.mlflow_step_offset, self.notices)
+        self.sender = SendLoop(self.rank, max_pending, self.rounds, self.unsent, self.attempt, drain,
+                               self.pictures.between_rounds if self.owns_run else None)
         self._drain, self._closed = drain, False
         every_rank = self.aggregation is not None  # rank 0 tags every rank; the others send nothing here
         self.sender.start(lambda: None if every_rank and not ranks.owns_run else self.run.describe(
@@ -116,6 +121,7 @@ class MlflowSink:
         if record.step % self.options.log_every_n_steps:
             return
         metrics, others, failure = record_metrics(record, self.options.param_metrics), {}, None
+        self.pictures.counted |= record.exponent_counts is not None
         if self.aggregation is not None:  # before the refusal check: every rank must take part in the collective
             try:
                 metrics, others = self.aggregation.exchange(record.step, metrics)

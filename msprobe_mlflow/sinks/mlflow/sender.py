@@ -23,8 +23,9 @@ from msprobe_mlflow.sinks.mlflow.unsent import Unsent
 
 class SendLoop:
     def __init__(self, rank: int, max_pending: int, rounds: Rounds, unsent: Unsent, attempt: Attempts,
-                 drain: Drain):
+                 drain: Drain, between_rounds=None):
         self.rounds, self.unsent, self.attempt, self.drain = rounds, unsent, attempt, drain
+        self.between_rounds = between_rounds  # called after each round that went through while training runs
         self.started = threading.Event()  # the first request (``first`` of :meth:`start`) was answered
         self._closing = threading.Event()
         self._wake = threading.Event()  # ends the wait between rounds early: flush() and close()
@@ -86,6 +87,8 @@ class SendLoop:
                         [item for item in items if isinstance(item, Annotation)])
             if CLOSE in items and self.rounds.unarchived and not (self.attempt.failure or self.drain.over()):
                 self.attempt("send the last archive of step files", self.rounds.send_archive)
+            if CLOSE not in items and self.between_rounds is not None and not self.attempt.failure:
+                self.between_rounds()  # before task_done(): flush() waits for it too
             for _ in items:
                 self._queue.task_done()
             if CLOSE in items:

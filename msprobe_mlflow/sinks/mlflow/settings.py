@@ -12,3 +12,6 @@ SEND_INTERVAL_SECONDS = 1.0
 # of many small tensors 1.3x (tracking.request_process); a process of its own on a busy CPU costs more (sender.py).
 PROCESS_MIN_ROUND_STEPS = 4
 PROCESS_MIN_SPARE_CPUS = 0.5
+# The exponent pictures while training runs (sinks/mlflow/pictures.py): the first after this long, each next one
+# after twice the last wait.
+PICTURE_SECONDS = float(os.environ.get("MSPROBE_MLFLOW_PICTURE_SECONDS", "600"))
