@@ -138,7 +138,7 @@ def test_a_run_ends_with_each_panels_slider_pictures_and_the_summary_and_upload_
 
 def test_while_training_runs_each_panel_gets_a_picture_at_the_latest_step(tmp_experiment, tmp_path, monkeypatch):
     """A user watching a long run sees its pictures before it ends: drawn when due (here after every round) at the
-    last step in the dump; the run's end adds the slider's spread steps."""
+    first and the last step in the dump; the run's end adds the slider's spread steps."""
     from msprobe_mlflow import GradProbeConfig
     from msprobe_mlflow.sinks.mlflow import settings
 
@@ -153,7 +153,8 @@ def test_while_training_runs_each_panel_gets_a_picture_at_the_latest_step(tmp_ex
     panels = (MODEL, "layer 0", "layer 2", "layer 4")
     with mlflow.start_run() as run:
         _train_monitored(GradProbeConfig(level="L1", dump_path=str(tmp_path / "dump")), after_step=look_at_step_4)
-    assert {(image_key(0, index, panel), 4) for index, panel in enumerate(panels)} <= seen["images"]
+    assert {(image_key(0, index, panel), step) for index, panel in enumerate(panels) for step in (0, 4)} \
+        <= seen["images"]  # the first step too: MLflow's slider opens at step 0
     assert {step for _, step in seen["images"]} <= set(range(5))  # never a step the training had not reached
     spread = {(image_key(0, index, panel), step) for index, panel in enumerate(panels) for step in (0, 2, 3, 5, 6, 8)}
     assert logged_images(client, run.info.run_id) >= spread | seen["images"]
@@ -178,8 +179,8 @@ def test_the_sinks_request_process_draws_the_latest_pictures_as_the_thread_would
     finally:
         requests.close()
     panels = (MODEL, "layer 0", "layer 2", "layer 4")
-    assert logged_images(mlflow.MlflowClient(), run_id) == {(image_key(0, i, panel), 3) for i, panel in
-                                                            enumerate(panels)}
+    assert logged_images(mlflow.MlflowClient(), run_id) == {(image_key(0, i, panel), step) for i, panel in
+                                                            enumerate(panels) for step in (0, 3)}
 
 
 def test_a_stop_out_of_drain_time_leaves_the_pictures_to_upload(tmp_experiment, tmp_path, monkeypatch):

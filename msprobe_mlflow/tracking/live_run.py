@@ -124,8 +124,8 @@ class LiveRun:
                     param_patterns=param_patterns, mlflow_step_offset=mlflow_step_offset, pictures=False)
 
     def send_exponent_pictures(self, dump_path: str, rank: int, mlflow_step_offset: int,
-                               latest_only: bool = False) -> None:
-        log_exponent_pictures(self.client, self.run_id, dump_path, rank, mlflow_step_offset, latest_only)
+                               first_and_latest: bool = False) -> None:
+        log_exponent_pictures(self.client, self.run_id, dump_path, rank, mlflow_step_offset, first_and_latest)
 
     def end_failed(self, news: dict[int, str], reason: str = "") -> list[int]:
         """Tags ``news`` (``{rank: status}``) and ends the run FAILED when a rank failed (``upload.end_run_failed``)."""

@@ -59,8 +59,9 @@ class RoundRequests:
     def send_dump_file(self, dump_path: str, path) -> None:
         self._make("send_dump_file", dump_path, path)
 
-    def send_exponent_pictures(self, dump_path: str, rank: int, mlflow_step_offset: int, latest_only: bool) -> None:
-        self._make("send_exponent_pictures", dump_path, rank, mlflow_step_offset, latest_only)
+    def send_exponent_pictures(self, dump_path: str, rank: int, mlflow_step_offset: int,
+                               first_and_latest: bool) -> None:
+        self._make("send_exponent_pictures", dump_path, rank, mlflow_step_offset, first_and_latest)
 
     def move_to_process(self) -> None:
         """Makes the next requests in a process of its own; once only (not again after it failed)."""
