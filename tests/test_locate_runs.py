@@ -1,6 +1,7 @@
 """``locate`` on MLflow runs: the step from the pair's verdict, the traces from the runs, and the finding as a run
 nested under the comparison run, linked from its description; the rerun line when a run lacks the step's trace."""
 import csv
+import shlex
 
 import mlflow
 import pytest
@@ -50,6 +51,7 @@ def test_locate_on_runs_takes_the_pairs_first_suspicious_step_and_nests_its_run(
     description = comparison.data.tags["mlflow.note.content"]
     assert description.startswith("**Operator** ([locate step 2 rank 0](#/experiments/") and result.run_id in \
         description.split("\n")[0]
+    assert f"next, the operator: msprobe-mlflow locate {runs[0]} {runs[1]} --step 2\n" in description
     rows = list(csv.DictReader(open(client.download_artifacts(result.run_id, "locate/ops.csv"))))
     named = [row for row in rows if row["judgement"].startswith("named")]
     assert [row["name_b"] for row in named] == ["Aten.gelu.default.1.forward"]
@@ -72,3 +74,33 @@ def test_the_command_on_runs_prints_the_finding_and_the_run_and_exits_3(runs):
     assert "step 2, rank 0" in result.output and "> Aten.gelu.default.1.forward" in result.output
     logged = result.output.strip().splitlines()[-1]
     assert logged.startswith("logged: run ") and "nested under the comparison run" not in logged  # none yet
+
+
+def local_dump(dump, fault: FaultyKernel | None = None) -> str:
+    """A monitored training into a local dump only, its fault armed from step 2 on."""
+    monitor = GradientMonitor(GradProbeConfig(dump_path=str(dump), level="L1"), log_to_mlflow=False, silent=True)
+    train_monitored(monitor, STEPS, fault, fault_steps=range(2, STEPS))
+    monitor.stop()
+    return str(dump)
+
+
+def test_compare_ends_with_the_locate_command_that_names_the_operator(tmp_path, monkeypatch):
+    """From the verdict to the operator in one printed command: how to trace the step while the dumps hold no
+    trace of it, then the command alone, which names the faulty kernel."""
+    def compare(folder):
+        dumps = local_dump(folder / "a"), local_dump(folder / "b", FaultyKernel("gelu", 1, error=1e-2))
+        result = CliRunner().invoke(main, ["compare", *dumps, "--no-mlflow"])
+        assert result.exit_code == 0, result.output
+        return result.output.split("next, the operator: ", 1)[1].splitlines()
+
+    untraced = compare(tmp_path / "untraced")
+    assert untraced[0].endswith(" --step 2 --no-mlflow")
+    assert "rerun each with MSPROBE_MLFLOW_TRACE_STEPS=2" in untraced[1]
+    monkeypatch.setenv("MSPROBE_MLFLOW_TRACE_STEPS", "2")  # the same trainings again, as the line says
+    traced = compare(tmp_path / "traced")
+    assert "MSPROBE_MLFLOW_TRACE_STEPS" not in "\n".join(traced)
+    command = shlex.split(traced[0])
+    assert command[:2] == ["msprobe-mlflow", "locate"]
+    located = CliRunner().invoke(main, command[1:])
+    assert located.exit_code == 3, located.output
+    assert "Aten.gelu.default.1.forward" in located.output

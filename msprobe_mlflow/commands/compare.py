@@ -9,6 +9,7 @@ from msprobe_mlflow.commands import command, tracking_uri_option
 from msprobe_mlflow.commands.exit_codes import OK, SUSPICIOUS_RESULT
 from msprobe_mlflow.compare.verdict import BREAK, DEFAULT_RULE, GRADES, RULES, rule_settings
 from msprobe_mlflow.formats import UNIT_ROUNDOFF
+from msprobe_mlflow.localization import locate_hint
 
 FOLDER = click.Path(file_okay=False)  # checked only if it exists: created when missing
 TABLE_HEAD_AND_TAIL = 5  # lines of 10 steps printed at each end of a rank's table (--all: every one)
@@ -126,6 +127,8 @@ def compare(a: str, b: str, output: str | None, experiment: str | None, run_name
     else:
         verdict = _compare_through_mlflow(a, b, tracking_uri, experiment, run_name, output, cache_dir, no_mlflow,
                                           every_step, options)
+    if (hint := locate_hint(a, b, verdict, no_mlflow)) is not None:  # after the run's lines: the next command
+        click.echo(f"\n{hint}")
     return SUSPICIOUS_RESULT if fail_on_suspicious and verdict.fails(fail_on_suspicious) else OK
 
 

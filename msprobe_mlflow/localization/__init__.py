@@ -6,6 +6,7 @@ epsilon, a scale), is the first finding where it comes first."""
 from __future__ import annotations
 
 import os
+import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -13,7 +14,8 @@ from msprobe_mlflow.formats import UNIT_ROUNDOFF
 from msprobe_mlflow.localization.align import AlignedCall, align, module_path, operator_calls
 from msprobe_mlflow.localization.frameworks import across_frameworks, align_across
 from msprobe_mlflow.localization.judge import Judgement, differing_argument, dtype_name, judge
-from msprobe_mlflow.trace.files import OperatorCall, read_trace, trace_folder
+from msprobe_mlflow.trace.files import OperatorCall, TraceError, read_trace, trace_folder
+from msprobe_mlflow.trace.options import TRACE_STEPS_VARIABLE
 
 OPERATOR, SEQUENCE, ARGUMENT, DRIFT, IDENTICAL = "operator", "sequence", "argument", "drift", "identical"
 NAMED = (OPERATOR, SEQUENCE, ARGUMENT)  # findings that name an operator (``locate`` exits 3)
@@ -136,3 +138,32 @@ def call_site(call: OperatorCall) -> str:
                 return f"{Path(parts[0]).name}:{parts[1].removeprefix('line ')} in {parts[2].removeprefix('in ')}"
             return line
     return ""
+
+
+def locate_hint(a: str, b: str, verdict, no_mlflow: bool = False) -> str | None:
+    """After a verdict (:class:`~msprobe_mlflow.compare.verdict.Verdict`) on A and B (run IDs or dumps), the next
+    command: ``locate`` at the first suspicious step (and rank), and, unless both sides are dumps that traced that
+    step, how to trace it; None where nothing is suspicious. ``compare`` prints it, the comparison run's
+    description holds it."""
+    step = verdict.first_suspicious_step
+    if step is None:
+        return None
+    rank = next(r.rank for r in verdict.ranks if r.suspicious and r.first_suspicious_step == step)
+    options = f" --step {step}" + (f" --rank {rank}" if len(verdict.ranks) > 1 else "") + \
+        (" --no-mlflow" if no_mlflow else "")
+    lines = [f"next, the operator: msprobe-mlflow locate {shlex.quote(a)} {shlex.quote(b)}{options}"]
+    rerun = f"with {TRACE_STEPS_VARIABLE}={step} (or trace_steps=[{step}])"
+    if not all(Path(side).exists() for side in (a, b)):  # a run: its traced steps are in the run
+        lines.append(f"  a training whose run has no trace of step {step} is rerun {rerun}")
+    elif not _traced(a, b, step, rank):
+        lines.append(f"  it needs a trace of step {step} from both trainings: rerun each {rerun}")
+    lines += ["  it names the first operator whose output its inputs do not explain, and how to tell which side is",
+              "  off (neither, for a near tie that switched a ReLU); or says \"drift\": rounding carried forward"]
+    return "\n".join(lines)
+
+
+def _traced(a: str, b: str, step: int, rank: int) -> bool:
+    try:
+        return all(trace_folder(side, step, rank) for side in (a, b))
+    except (TraceError, OSError):
+        return False

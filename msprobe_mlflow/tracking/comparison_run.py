@@ -44,6 +44,7 @@ from msprobe_mlflow.compare.pairing import name_map_from
 from msprobe_mlflow.compare.verdict import (BREAK, DEFAULT_RULE, DEPARTURE, RuleSettings, Verdict, culprit_text,
                                             rule_settings, summary_numbers, trip_numbers)
 from msprobe_mlflow.dump import dump_folder, indexed_children
+from msprobe_mlflow.localization import locate_hint
 from msprobe_mlflow.vocabulary import (COMPARE_ARTIFACT_ROOT, DESCRIPTION_TAG, FIRST_SUSPICIOUS_STEP_TAG, GRADE_TAG,
                                        PAIR_TAG, PARTIAL_TAG, PREVIOUS_TAG, RULE_TAG, SKIPPED_TAG, SOURCE_NAME_TAG,
                                        STATISTICS_MISSING_TAG, VERDICT_TAG, VERSION_TAG, compare_rank_tag,
@@ -282,7 +283,8 @@ def _description(comparison: DumpComparison, sources: list[ComparisonSource], pr
                      f"({previous.data.tags.get(VERDICT_TAG, 'no verdict')}); "
                      f"[all of them]({experiment_search_link(experiment_id, pair_search(pair))})")
     head = "\n".join([*lines, "", "```text", ""])
-    printed = f"{comparison.verdict.describe()}\n\n{comparison.table()}"
+    hint = locate_hint(*(source.run_id or str(source.folder.resolve()) for source in sources), comparison.verdict)
+    printed = "\n\n".join(filter(None, (comparison.verdict.describe(), hint, comparison.table())))
     return f"{head}{clipped(printed, MAX_TAG_VAL_LENGTH - len(head) - 4)}\n```"
 
 
