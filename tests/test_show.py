@@ -6,6 +6,7 @@ from click.testing import CliRunner
 
 from msprobe_mlflow import compare_runs
 from msprobe_mlflow.commands.cli import main
+from msprobe_mlflow.localization import locate_hint
 from tests.test_locate_runs import training_run
 from tests.tiny_transformer import FaultyKernel
 
@@ -24,7 +25,9 @@ def test_show_prints_the_verdict_again_and_lists_the_pairs_comparisons(pair):
     first = compare_runs(*pair, plots=False)
     printed = show(first.run_id)
     assert printed.exit_code == 0, printed.output
-    assert printed.output.strip() == f"{first.verdict.describe()}\n\n{first.comparison.table()}".strip()
+    hint = locate_hint(*pair, first.verdict)  # the next command, as compare printed it
+    assert hint.startswith(f"next, the operator: msprobe-mlflow locate {pair[0]} {pair[1]} --step 2\n")
+    assert printed.output.strip() == f"{first.verdict.describe()}\n\n{hint}\n\n{first.comparison.table()}".strip()
     second = compare_runs(*pair, plots=False)
     listed = show(*pair)
     assert listed.exit_code == 0, listed.output

@@ -41,7 +41,7 @@ NO_SCORE = (PRECISION, ZEROS)  # reasons told by what was found, not by how far 
 BREAK, DEPARTURE = "break", "departure"
 GRADES = (BREAK, DEPARTURE)
 DEPARTURE_MEANS = "beyond this pair's learnt noise, within what amplified rounding can do (a sharp region, a loss " \
-    "spike) or a small bug"
+    "spike, a near tie that switched a ReLU or a router: BatchNorm nets often part so) or a small bug"
 
 
 @dataclass(frozen=True)
