@@ -77,6 +77,31 @@ def test_a_round_of_several_steps_moves_the_requests_to_a_process_and_the_run_ho
     assert MlflowClient().get_run(run_id).data.tags["msprobe_mlflow.rank0.status"] == "finished"
 
 
+def test_once_moved_the_process_reads_each_steps_metrics_from_the_dump_and_the_writer_thread_computes_none(
+        tmp_experiment, tmp_path, monkeypatch, a_cpu_to_spare):
+    """The writer thread shares the interpreter lock with training: where the requests run in a process of their
+    own, that process reads the metrics from the step's CSV, as upload does (per-parameter ones too)."""
+    monkeypatch.setattr(sink_settings, "SEND_INTERVAL_SECONDS", 600.0)
+    dump = tmp_path / "dump"
+    run_id = MlflowClient().create_run(tmp_experiment).info.run_id
+    sink = sink_module.MlflowSink(run_id, GradProbeConfig(dump_path=str(dump), level="L1"),
+                                  TrackingOptions(run_id, param_metrics=("w",)), RankPolicy(), framework="pytorch")
+    moved = 2 * sink_settings.PROCESS_MIN_ROUND_STEPS
+    hand_in(sink, dump, range(1))  # the first round: one step
+    hand_in(sink, dump, range(1, moved))  # a round of several: the requests move
+    assert sink.requests.process is not None
+
+    def not_here(*_):
+        raise AssertionError("a step's metrics were computed on the writer thread")
+    monkeypatch.setattr(sink_module, "record_metrics", not_here)
+    hand_in(sink, dump, range(moved, 10))
+    sink.close()
+    assert_run_holds_the_dump(run_id, dump, range(10))
+    history = MlflowClient().get_metric_history(run_id, "grad/rank0/param/w/norm")
+    assert {m.step: m.value for m in history} == {s: float(read_summary(summary_csv_path(dump, 0, s)).numbers("norm")[0])
+                                                  for s in range(10)}
+
+
 def test_without_an_idle_cpu_the_requests_stay_on_the_thread(tmp_experiment, tmp_path, monkeypatch):
     """A process of its own would compete with training for a CPU: it starts only where one is idle."""
     monkeypatch.setattr(sink_settings, "SEND_INTERVAL_SECONDS", 600.0)

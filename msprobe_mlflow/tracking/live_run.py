@@ -6,6 +6,7 @@ import json
 import os
 import tempfile
 from pathlib import Path
+from dataclasses import dataclass
 from typing import NamedTuple
 
 import mlflow
@@ -19,7 +20,8 @@ from msprobe_mlflow.dump import relative_rank_dir, write_steps_archive
 from msprobe_mlflow.session import RankPolicy
 from msprobe_mlflow.tracking.exponent_images import log_exponent_pictures
 from msprobe_mlflow.tracking.runs import log_batched, now_ms, param, tag
-from msprobe_mlflow.tracking.upload import end_run_failed, packed_directions_file, upload_dump, upload_steps_files
+from msprobe_mlflow.tracking.upload import (dump_step_metrics, end_run_failed, packed_directions_file, upload_dump,
+                                           upload_steps_files)
 from msprobe_mlflow.vocabulary import (ARTIFACT_ROOT, CONFIG_FILE_NAME, DUMP_PATH_TAG, FRAMEWORK_TAG, LEVEL_TAG,
                                        OVER_RANKS, RANK_SUMMARY_TAG, RUNNING, VERSION_TAG, WORLD_SIZE_TAG,
                                        rank_status_tag, rank_tag)
@@ -40,6 +42,22 @@ class MetricPoint(NamedTuple):
 def metric_points(metrics: dict[str, float], step: int, timestamp_ms: int | None = None) -> list[MetricPoint]:
     timestamp_ms = now_ms() if timestamp_ms is None else timestamp_ms
     return [MetricPoint(key, value, timestamp_ms, step) for key, value in metrics.items()]
+
+
+@dataclass(frozen=True)
+class DumpSteps:
+    """Steps whose metrics are read from the local dump (``upload``'s :func:`dump_step_metrics`: the values the
+    writer thread would have computed from the record) by whoever makes the request: the request process."""
+
+    dump_path: str
+    rank: int
+    steps: list[int]
+    mlflow_step_offset: int = 0
+    param_patterns: tuple[str, ...] = ()
+
+    def metric_points(self) -> list[MetricPoint]:
+        return [point for step in self.steps for point in metric_points(
+            dump_step_metrics(self.dump_path, self.rank, step, self.param_patterns), step + self.mlflow_step_offset)]
 
 
 def refused_credentials(error: Exception) -> str | None:
@@ -93,7 +111,10 @@ class LiveRun:
                 path.write_text(json.dumps(msprobe, indent=2), encoding="utf-8")
                 self.client.log_artifact(self.run_id, str(path), ARTIFACT_ROOT)
 
-    def log(self, metrics: list[MetricPoint] = (), tags: dict[str, str] | None = None) -> None:
+    def log(self, metrics: list[MetricPoint] = (), tags: dict[str, str] | None = None,
+            in_dump: DumpSteps | None = None) -> None:
+        """``metrics`` and ``tags``, and the metrics of the steps ``in_dump`` names, read from the local dump."""
+        metrics = [*metrics, *(in_dump.metric_points() if in_dump else ())]
         log_batched(self.client, self.run_id, metrics=[Metric(*point) for point in metrics],
                     tags=[tag(key, value) for key, value in (tags or {}).items()])
 

@@ -47,8 +47,8 @@ class RoundRequests:
         self.used_process = False  # a process made requests (it may have ended since)
         self._in_thread = False  # the process could not start or ended: every request is made here
 
-    def log(self, metrics=(), tags=None) -> None:
-        self._make("log", metrics, tags)
+    def log(self, metrics=(), tags=None, in_dump=None) -> None:
+        self._make("log", metrics, tags, in_dump)
 
     def send_step_files(self, dump_path: str, rank: int, steps: list[int]) -> None:
         self._make("send_step_files", dump_path, rank, steps)

@@ -14,11 +14,13 @@ CLOSE, FLUSH = object(), object()  # the queue's two orders besides steps and fi
 @dataclass(frozen=True)
 class QueuedStep:
     """One step of this rank (its files follow its ``metrics``) and, on rank 0 under aggregation, the distributions
-    over the ranks that came with it (``gathered``)."""
+    over the ranks that came with it (``gathered``). ``in_dump``: its metrics are read from the local dump by the
+    request process (``tracking.live_run.DumpSteps``), not computed on the writer thread."""
 
     step: int
     metrics: list[MetricPoint]
     gathered: list[MetricPoint]
+    in_dump: bool = False
 
 
 @dataclass(frozen=True)

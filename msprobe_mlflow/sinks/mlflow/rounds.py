@@ -8,7 +8,7 @@ from __future__ import annotations
 from msprobe_mlflow.sinks.mlflow import settings
 from msprobe_mlflow.sinks.mlflow.items import Annotation, Drain, QueuedStep
 from msprobe_mlflow.sinks.mlflow.unsent import Unsent
-from msprobe_mlflow.tracking.live_run import MetricPoint, metric_points
+from msprobe_mlflow.tracking.live_run import DumpSteps, MetricPoint, metric_points
 from msprobe_mlflow.tracking.request_process import RoundRequests
 from msprobe_mlflow.tracking.upload import STEPS_PER_REQUEST
 
@@ -25,7 +25,9 @@ class Rounds:
         metrics = [*retry, *(m for item in steps for m in (*item.metrics, *item.gathered))]
         metrics += [m for a in annotations for m in metric_points(a.metrics, a.step + self.options.mlflow_step_offset)]
         tags = {key: value for a in annotations for key, value in a.tags.items()}  # the latest value of a key wins
-        self.requests.log(metrics, tags)
+        in_dump = [item.step for item in steps if item.in_dump]
+        self.requests.log(metrics, tags, DumpSteps(self.dump_path, self.rank, in_dump, self.options.mlflow_step_offset,
+                                                   self.options.param_metrics) if in_dump else None)
         every = self.options.archive_every_n_steps
         if every > 1:
             self.unarchived += [item.step for item in steps]
