@@ -11,8 +11,9 @@ from msprobe_mlflow.commands import command, tracking_uri_option
 @tracking_uri_option
 def show(sources: tuple[str, ...], tracking_uri: str | None) -> None:
     """With one comparison run's ID, print its verdict, the next command (locate) and the table as compare printed
-    them (and the operator, where locate named one). With two sources (run IDs or dump folders, as given to compare), list every comparison of
-    that pair, newest first: run ID, name, verdict, first suspicious step and grade.
+    them (and the operator, where locate named one). With two sources (run IDs or dump folders, as given to
+    compare), list every comparison of that pair, newest first: run ID, name, verdict, first suspicious step and
+    grade.
 
     \b
     Examples:

@@ -3,9 +3,9 @@ each parameter group's at :data:`SLIDER_STEPS` steps spread over the run, each f
 step-slider images (``log_image(key=..., step=...)``: the run page's image charts), and every panel at the last
 step as the summary figure ``grad_probe/rank{R}/gradient_exponents.png``, drawn again when an image was logged.
 
-Drawn from the local dump by the live sink's rank that owns the run, while training runs at the first and the latest step
-(at :data:`~msprobe_mlflow.sinks.mlflow.settings.PICTURE_SECONDS`, then twice as long after each: a long run's
-slider grows by a picture per doubling, and a user watching it sees where its gradients sit) and when the run ends, and by
+Drawn from the local dump by the live sink's rank that owns the run, while training runs at the first and the
+latest step (after ``sinks/mlflow/settings.PICTURE_SECONDS``, then twice as long after each: a long run's slider
+grows by a picture per doubling, and a user watching it sees where its gradients sit) and when the run ends, and by
 ``msprobe-mlflow upload``. A picture costs a tenth of a second of the interpreter, which training shares (unless the
 sink's requests run in a process of their own). An image already in the run at its key and step is not logged
 again."""
@@ -46,8 +46,9 @@ def logged_images(client: MlflowClient, run_id: str) -> set[tuple[str, int]]:
 def log_exponent_pictures(client: MlflowClient, run_id: str, dump_path: str | os.PathLike, rank: int,
                           mlflow_step_offset: int = 0, first_and_latest: bool = False) -> int:
     """Logs ``rank``'s pictures (see the module docstring), at :data:`SLIDER_STEPS` steps or, ``first_and_latest``
-    (while training runs), at the first and the last step in the dump (MLflow's slider opens at step 0); returns how many files it sent (an image is two: its PNG
-    and MLflow's smaller copy; 0 where the dump holds no exponent counts)."""
+    (while training runs), at the first and the last step in the dump (MLflow's slider opens at step 0); returns
+    how many files it sent (an image is two: its PNG and MLflow's smaller copy; 0 where the dump holds no exponent
+    counts)."""
     steps = [s for s in summary_steps(rank_dir(dump_path, rank)) if exponents_path(dump_path, rank, s).is_file()]
     if not steps:
         return 0
@@ -55,8 +56,8 @@ def log_exponent_pictures(client: MlflowClient, run_id: str, dump_path: str | os
     from msprobe_mlflow.exponent_pictures import ExponentHistory, drawn_steps, pictures, save_summary
 
     history = ExponentHistory.read(dump_path, rank, steps)
-    slider = sorted({history.steps[0], history.steps[-1]}) if first_and_latest else drawn_steps(history.steps,
-                                                                                                 SLIDER_STEPS)
+    ends = sorted({history.steps[0], history.steps[-1]})
+    slider = ends if first_and_latest else drawn_steps(history.steps, SLIDER_STEPS)
     present, logged = logged_images(client, run_id), 0
     for index, panel in enumerate(history.counts):
         key = image_key(rank, index, panel)

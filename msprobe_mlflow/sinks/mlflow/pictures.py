@@ -1,8 +1,8 @@
 """The exponent pictures while training runs (``tracking/exponent_images.py``), drawn by the run owner's sink at
-the latest step (and once at the first, where MLflow's slider opens) after :data:`~msprobe_mlflow.sinks.mlflow.settings.PICTURE_SECONDS`, then after twice as long each
-time: a user watching a long run sees where its gradients sit long before it ends, its slider gains a picture per
-doubling (8 over three days at the default 600 s), and the drawing costs a few seconds in all. The full set is drawn when the run
-ends (``MlflowSink.close``)."""
+the latest step (and once at the first, where MLflow's slider opens) after ``settings.PICTURE_SECONDS``, then after
+twice as long each time: a user watching a long run sees where its gradients sit long before it ends, its slider
+gains a picture per doubling (8 over three days at the default 600 s), and the drawing costs a few seconds in all.
+The full set is drawn when the run ends (``MlflowSink.close``)."""
 from __future__ import annotations
 
 import math
@@ -23,8 +23,8 @@ class PicturesWhileTraining:
         self._due = time.monotonic() + self._wait
 
     def between_rounds(self) -> None:
-        """Draws and logs the pictures at the latest step (and the first) when they are due (the sink's thread, after a round that
-        went through); a failure is said once, and the pictures wait for the run's end."""
+        """Draws and logs the pictures at the latest step (and the first) when they are due (the sink's thread,
+        after a round that went through); a failure is said once, and the pictures wait for the run's end."""
         if not self.counted or time.monotonic() < self._due:
             return
         try:

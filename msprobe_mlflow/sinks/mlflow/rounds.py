@@ -26,8 +26,9 @@ class Rounds:
         metrics += [m for a in annotations for m in metric_points(a.metrics, a.step + self.options.mlflow_step_offset)]
         tags = {key: value for a in annotations for key, value in a.tags.items()}  # the latest value of a key wins
         in_dump = [item.step for item in steps if item.in_dump]
-        self.requests.log(metrics, tags, DumpSteps(self.dump_path, self.rank, in_dump, self.options.mlflow_step_offset,
-                                                   self.options.param_metrics) if in_dump else None)
+        read = DumpSteps(self.dump_path, self.rank, in_dump, self.options.mlflow_step_offset,
+                         self.options.param_metrics) if in_dump else None
+        self.requests.log(metrics, tags, read)
         every = self.options.archive_every_n_steps
         if every > 1:
             self.unarchived += [item.step for item in steps]
