@@ -6,10 +6,10 @@ are equal. An operator's output difference is *explained* when it is at most
 
     AMPLIFICATION x (its inputs' difference)  +  ROUNDING x r x (its peak)
 
-where r is the rounding the call adds (:func:`~msprobe_mlflow.formats.added_rounding`: u x sqrt(K), u the unit roundoff of the coarser of
-the two runs' output formats and K how many input elements feed one output element, 1 for elementwise operators,
-the inner size of a matmul, everything for a full sum; a half-precision result adds its one rounding to float32's
-accumulation), and the peak is the output's largest magnitude over its RMS, as one rounding of the largest element
+where r is the rounding the call adds (:func:`~msprobe_mlflow.formats.added_rounding`: u x sqrt(K), u the unit
+roundoff of the coarser of the two runs' output formats and K how many input elements feed one output element, 1
+for elementwise operators, the inner size of a matmul, everything for a full sum; a half-precision result adds its
+one rounding to float32's accumulation), and the peak is the output's largest magnitude over its RMS, as one rounding of the largest element
 moves the max by that much on this scale. The first operator in execution order (the forward, then the backward)
 whose output difference is not explained is named; when none is, the step's differences are rounding carried
 forward ("drift").
