@@ -5,7 +5,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from msprobe_mlflow.formats import UNIT_ROUNDOFF
-from msprobe_mlflow.localization import ARGUMENT, DRIFT, OPERATOR, SEQUENCE, locate_traces as locate
+from msprobe_mlflow.localization import ARGUMENT, DRIFT, NEAR_TIE, OPERATOR, SEQUENCE, locate_traces as locate
 from msprobe_mlflow.localization.align import align
 from msprobe_mlflow.localization.judge import (AMPLIFICATION, ROUNDING, cancellation, judge, reduction_size,
                                                 tensor_difference)
@@ -149,3 +149,43 @@ def test_an_epsilon_taken_from_each_runs_dtype_is_no_differing_argument(tmp_path
     values = sorted(s.value for p, _ in found.rows if p.a.operator == "Aten.add_.Scalar"
                     for s in p.a.inputs + p.b.inputs if hasattr(s, "value") and isinstance(s.value, float))
     assert values[0] == torch.finfo(torch.float64).eps
+
+
+class ScaledThresholdBackward(TorchDispatchMode):
+    """A faulty kernel for ReLU's backward: every gradient it passes 0.1% too large."""
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        output = func(*args, **(kwargs or {}))
+        return output.mul_(1.001) if func is torch.ops.aten.threshold_backward.default else output
+
+
+def near_tie_model(first_bias: float) -> torch.nn.Module:
+    """Linear -> ReLU -> Linear whose first unit's input is ``first_bias`` for the first sample (its inputs are
+    zeros): a bias of +-1e-9, as two devices' rounding can leave it, puts that ReLU on either side of its tie."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
+    with torch.no_grad():
+        model[0].bias[0] = first_bias
+    return model
+
+
+def near_tie_inputs():
+    x = torch.randn(32, 8, generator=torch.Generator().manual_seed(1))
+    x[0] = 0.0
+    return x
+
+
+def test_a_relu_switched_at_a_near_tie_is_no_operator_named_a_faulty_relu_is(tmp_path):
+    """One ReLU input that sits on its threshold within the runs' rounding passes a gradient element in one run and
+    zeroes it in the other: the backward's max and min agree, its mean and RMS do not, which no faulty kernel does
+    (it moves the extremes too). locate says "near tie", not an operator; the same ReLU 0.1% off is named."""
+    a = traced(tmp_path / "a", near_tie_model(1e-9), near_tie_inputs())
+    b = traced(tmp_path / "b", near_tie_model(-1e-9), near_tie_inputs())
+    found = locate(a, b, step=0)
+    assert found.kind == NEAR_TIE, found.describe()
+    assert found.pair.a.operator == "Aten.threshold_backward.default" and not found.named
+    assert "near tie" in found.describe() and "threshold_backward" in found.describe()
+    with ScaledThresholdBackward():
+        faulty = traced(tmp_path / "faulty", near_tie_model(-1e-9), near_tie_inputs())
+    found = locate(a, faulty, step=0)
+    assert (found.kind, found.pair.a.operator) == (OPERATOR, "Aten.threshold_backward.default"), found.describe()

@@ -13,18 +13,19 @@ from pathlib import Path
 from msprobe_mlflow.formats import UNIT_ROUNDOFF
 from msprobe_mlflow.localization.align import AlignedCall, align, module_path, operator_calls
 from msprobe_mlflow.localization.frameworks import across_frameworks, align_across
-from msprobe_mlflow.localization.judge import Judgement, differing_argument, dtype_name, judge
+from msprobe_mlflow.localization.judge import Judgement, differing_argument, dtype_name, judge, near_tie
 from msprobe_mlflow.trace.files import OperatorCall, TraceError, read_trace, trace_folder
 from msprobe_mlflow.trace.options import TRACE_STEPS_VARIABLE
 
 OPERATOR, SEQUENCE, ARGUMENT, DRIFT, IDENTICAL = "operator", "sequence", "argument", "drift", "identical"
+NEAR_TIE = "near tie"  # a ReLU's backward that passed an element in one run only: no operator named
 NAMED = (OPERATOR, SEQUENCE, ARGUMENT)  # findings that name an operator (``locate`` exits 3)
 _LIBRARY_PARTS = (f"{os.sep}site-packages{os.sep}", f"{os.sep}lib{os.sep}python", "<frozen")
 
 
 @dataclass
 class Localization:
-    kind: str  # one of OPERATOR, SEQUENCE, ARGUMENT, DRIFT, IDENTICAL
+    kind: str  # one of OPERATOR, SEQUENCE, ARGUMENT, DRIFT, IDENTICAL, NEAR_TIE
     pair: AlignedCall | None = None  # the named call (both sides', or the one side's)
     judgement: Judgement | None = None
     detail: str = ""
@@ -48,7 +49,8 @@ class Localization:
         call = self.pair.call
         where = f"{call.name} in {self.module or 'the model (outside any module)'}"
         site = call_site(call)
-        return f"{where}: {self.detail}" + (f"; called at {site}" if site else "")
+        return ("near tie, not a fault: " if self.kind == NEAR_TIE else "") + f"{where}: {self.detail}" + \
+            (f"; called at {site}" if site else "")
 
 
 def locate_traces(a: str | os.PathLike, b: str | os.PathLike, *, step: int | None = None,
@@ -90,9 +92,18 @@ def walk(aligned: list[AlignedCall], across: bool = False) -> Localization:
             index, x, y = argument
             found = Localization(ARGUMENT, pair, judgement,
                                  f"its argument {index + 1} ({x.type}) is {x.value!r} in A and {y.value!r} in B")
+        elif near_tie(pair, judgement):
+            found = Localization(NEAR_TIE, pair, judgement,
+                                 f"its output's mean and RMS differ by {judgement.output_difference:.2g} of its scale, "
+                                 f"its max and min within the {judgement.tolerance:.2g} rounding explains, where "
+                                 f"the input it compares with its threshold differs in bits: an element that sat on "
+                                 f"the threshold passed its gradient in one run and not in the other. The operators "
+                                 f"before it follow from their inputs; those after it carry the switch, so a fault "
+                                 f"there would not be named")
         elif judgement.beyond:
             inputs = "its inputs have equal bits" if judgement.inputs_bit_equal else \
-                f"its inputs differ by {judgement.input_difference:.2g}"
+                f"its inputs differ by {judgement.input_difference:.2g}" if judgement.input_difference else \
+                "its inputs differ in bits below what their statistics show"
             found = Localization(OPERATOR, pair, judgement,
                                  f"output differs by {judgement.output_difference:.2g} of its scale where {inputs} "
                                  f"(rounding explains up to {judgement.tolerance:.2g} in {judgement.format})")
@@ -158,7 +169,7 @@ def locate_hint(a: str, b: str, verdict, no_mlflow: bool = False) -> str | None:
     elif not _traced(a, b, step, rank):
         lines.append(f"  it needs a trace of step {step} from both trainings: rerun each {rerun}")
     lines += ["  it names the first operator whose output its inputs do not explain, and how to tell which side is",
-              "  off (neither, for a near tie that switched a ReLU); or says \"drift\": rounding carried forward"]
+              "  off; or says \"near tie\" (a ReLU switched in one run) or \"drift\" (rounding carried forward)"]
     return "\n".join(lines)
 
 
