@@ -189,3 +189,4 @@ def test_a_relu_switched_at_a_near_tie_is_no_operator_named_a_faulty_relu_is(tmp
         faulty = traced(tmp_path / "faulty", near_tie_model(-1e-9), near_tie_inputs())
     found = locate(a, faulty, step=0)
     assert (found.kind, found.pair.a.operator) == (OPERATOR, "Aten.threshold_backward.default"), found.describe()
+    assert not found.judgement.inputs_bit_equal and "below what their statistics show" in found.describe()
