@@ -464,3 +464,48 @@ def test_a_monitored_pynative_training_prints_no_mindspore_warning(tmp_path, lev
     assert result.returncode == 0, result.stderr[-3000:]
     assert "training done" in result.stdout
     assert [line for line in result.stderr.splitlines() if "WARNING" in line or "Warning" in line] == []
+
+
+@pytest.mark.parametrize("mode_name, style", [("pynative", "direct"), ("graph", "jit")])
+def test_a_dynamic_loss_scalers_scale_is_read_at_each_optimizer_call(restore_mode, tmp_path, mode_name, style):
+    """The loop of MindSpore's mixed-precision guide: the loss scaled, the gradients unscaled before the optimizer
+    and the scale adjusted after it (doubled at every finite step here). The exponent files carry the scale each
+    step's gradients were unscaled from (the format losses read the gradients at it), eagerly and under @jit."""
+    from mindspore.amp import DynamicLossScaler, all_finite
+
+    use_mode(mode_name)
+    ms.set_seed(0)
+    net, loss_fn = MLP(), nn.MSELoss()
+    optimizer = nn.SGD(net.trainable_params(), learning_rate=0.01)
+    scaler = DynamicLossScaler(1024.0, 2, 1)
+    monitor = GradientMonitor(config(tmp_path, level="L1"), log_to_mlflow=False,
+                              statistics=["exponents"]).monitor(optimizer, loss_scaler=scaler)
+
+    def forward(x, y):  # a def: graph mode compiles no lambda given inline
+        return scaler.scale(loss_fn(net(x), y))
+    grad_fn = ms.value_and_grad(forward, None, optimizer.parameters)
+
+    def step(x, y):
+        _, grads = grad_fn(x, y)
+        grads = scaler.unscale(grads)
+        finite = all_finite(grads)
+        optimizer(grads)
+        scaler.adjust(finite)
+        return finite
+    step = ms.jit(step) if style == "jit" else step
+    rng = np.random.default_rng(1)
+    used = []
+    for _ in range(3):
+        used.append(float(scaler.scale_value.asnumpy()))
+        step(Tensor(rng.standard_normal((6, 4)).astype(np.float32)),
+             Tensor(rng.standard_normal((6, 2)).astype(np.float32)))
+        monitor.collect()
+    monitor.stop()
+    assert used == [1024.0, 2048.0, 4096.0]
+    assert [read_exponents(exponents_path(tmp_path, 0, s))[2] for s in range(3)] == used
+
+
+def test_a_loss_scaler_without_a_scale_is_refused_naming_what_is_accepted(tmp_path):
+    optimizer = nn.SGD(MLP().trainable_params(), learning_rate=0.01)
+    with pytest.raises(TypeError, match="loss_scaler = 1024.0 is not accepted; expected a mindspore.amp loss scaler"):
+        GradientMonitor(config(tmp_path), log_to_mlflow=False).monitor(optimizer, loss_scaler=1024.0)

@@ -18,7 +18,7 @@ import os
 import weakref
 
 import mindspore as ms
-from mindspore import nn
+from mindspore import Parameter, nn
 
 from msprobe_mlflow.config import GradProbeConfig
 from msprobe_mlflow.mindspore.compute_format import compute_format, step_format
@@ -30,7 +30,7 @@ from msprobe_mlflow.mindspore.probe import (GradientProbe, install_probe, instal
                                            remove_probe)
 from msprobe_mlflow.monitoring.options import MonitorOptions
 from msprobe_mlflow.monitoring.session_monitor import SessionMonitor
-from msprobe_mlflow.records import record_from_statistics, with_parameter_norms
+from msprobe_mlflow.records import record_from_statistics, with_loss_scale, with_parameter_norms
 from msprobe_mlflow.session import RankPolicy
 
 IDLE_COLLECTIONS_BEFORE_WARNING = 3
@@ -71,7 +71,7 @@ class GradientMonitor(SessionMonitor):
         self._trace_errors: list[str] = []  # of traces closed (stop(), another optimizer)
 
     def monitor(self, optimizer: nn.Cell, network: nn.Cell | None = None, *,
-                traced_network: nn.Cell | None = None) -> "GradientMonitor":
+                traced_network: nn.Cell | None = None, loss_scaler=None) -> "GradientMonitor":
         """Starts probing the gradients ``optimizer`` receives, from its next step on.
 
         Call it after ``mindspore.communication.init()`` (the rank is read here), on every rank: under ``msrun``
@@ -80,9 +80,13 @@ class GradientMonitor(SessionMonitor):
         optimizer receives (``GradProbeCallback`` gives ``Model.train``'s), whose mixed precision then goes into the
         format each step records (:mod:`msprobe_mlflow.mindspore.compute_format`). ``traced_network``: the cell
         whose cells name the entries of the operator traces (``trace_steps``, PyNative), ``network`` when not given
-        (without either, the traces hold the API calls, outside any cell).
+        (without either, the traces hold the API calls, outside any cell). ``loss_scaler``: the
+        ``mindspore.amp`` loss scaler (``DynamicLossScaler``, ``StaticLossScaler``) whose ``unscale`` gives the
+        optimizer its gradients; the probe reads its scale at each step, in the graph too, so that the format
+        losses count the gradients at the scale they were computed at (``statistics=["exponents"]``).
         """
         _refuse_non_optimizer(optimizer)
+        scale = _scale_of(loss_scaler)
         if optimizer is self._optimizer:
             return self
         self._refuse_monitored_elsewhere(optimizer)
@@ -97,19 +101,22 @@ class GradientMonitor(SessionMonitor):
         missing = set(self.config.param_list) - {p.name for p in parameters}
         if missing:  # warned here, not in a helper: the warning names the caller's monitor() line
             self.notices.warn(f"grad_probe.param_list names parameters the optimizer does not have: {sorted(missing)}")
-        if (scale := float(getattr(optimizer, "loss_scale", 1.0))) != 1.0:  # nn.Optimizer(loss_scale=...)
-            self.notices.warn(f"the optimizer divides the gradients it receives by its loss_scale = {scale:g} itself "
+        if (held := float(getattr(optimizer, "loss_scale", 1.0))) != 1.0:  # nn.Optimizer(loss_scale=...)
+            self.notices.warn(f"the optimizer divides the gradients it receives by its loss_scale = {held:g} itself "
                               f"(Model's FixedLossScaleManager): the recorded gradients, which are what it receives "
-                              f"(as msprobe records them), are {scale:g} times the loss's gradients, and so are "
+                              f"(as msprobe records them), are {held:g} times the loss's gradients, and so are "
                               f"their statistics and their format losses (read at scale 1: as they are held); "
                               f"compare this run with runs of the same loss scale")
+        if scale is not None and not self.recorded_level.has_exponents:
+            self.notices.warn("loss_scaler is read for the format losses, which need statistics=['exponents']: "
+                              "not read in this run")
         self._names = [p.name for _, p in selected]
         self._shapes = [tuple(p.shape) for _, p in selected]
         self._compute_format = self._format_of(parameters, network)
         wanted, shapes, settings = self._probe_settings(parameters, ranks)
         stopped_probe = getattr(optimizer, "msprobe_mlflow_probe", None)
         if stopped_probe is not None and stopped_probe.settings == probe_settings(
-                wanted, shapes, with_parameter_norms=self.options.parameter_norms, **settings):
+                wanted, shapes, with_parameter_norms=self.options.parameter_norms, loss_scale=scale, **settings):
             probe = stopped_probe  # graphs compiled with it (a Model trained again) feed this monitor too
             probe.restart(self.step, self.notices)
         else:
@@ -118,7 +125,8 @@ class GradientMonitor(SessionMonitor):
                                   "TrainOneStepCell in GRAPH_MODE, a @jit train step) keep that stopped probe and do "
                                   "not feed this monitor: build the training cell or jit function again")
             probe = GradientProbe(wanted, shapes, first_step=self.step, notices=self.notices,
-                                  weights=tuple(parameters) if self.options.parameter_norms else (), **settings)
+                                  weights=tuple(parameters) if self.options.parameter_norms else (),
+                                  loss_scale=scale, **settings)
             try:
                 probe.check_compiles([p.dtype for _, p in selected])
             except Exception as e:  # observability must never break training: the optimizer stays untouched
@@ -206,9 +214,9 @@ class GradientMonitor(SessionMonitor):
         try:
             steps_run, probed_step = probe.read_progress()
             if probed_step > self._last_probed_step:
-                statistics, signs, values, norms = probe.read(probed_step)
+                statistics, signs, values, norms, scale = probe.read(probed_step)
                 self._session.submit(functools.partial(
-                    _record, norms, self._compute_format, rank=self._session.ranks.rank, step=probed_step,
+                    _record, norms, self._compute_format, scale, rank=self._session.ranks.rank, step=probed_step,
                     level=self.recorded_level, bounds=self.config.bounds, names=self._names, shapes=self._shapes,
                     statistics=statistics, signs=signs, float32_values=values, directions=signs is not None,
                     extra=self.options.gradient_statistics))
@@ -320,10 +328,25 @@ class PrecisionDebugger:
         self.monitor_.stop()
 
 
-def _record(parameter_norms, found_format: str | None, **statistics):
-    """The step's record (on the writer thread), with the parameters' norms where the probe recorded them, and the
-    format its step computed in (``found_format`` unless its gradients show a 16-bit format: ``step_format``)."""
+def _record(parameter_norms, found_format: str | None, loss_scale: float | None, **statistics):
+    """The step's record (on the writer thread), with the parameters' norms and the loss scale where the probe
+    recorded them, and the format its step computed in (``found_format`` unless its gradients show a 16-bit format:
+    ``step_format``)."""
     record = record_from_statistics(**statistics)
     if parameter_norms is not None:
         record = with_parameter_norms(record, parameter_norms)
+    if loss_scale is not None:
+        record = with_loss_scale(record, loss_scale)
     return step_format(record, found_format)
+
+
+def _scale_of(loss_scaler) -> Parameter | None:
+    """The ``scale_value`` Parameter of a ``mindspore.amp`` loss scaler (None: none given); anything else refused,
+    naming what is accepted."""
+    if loss_scaler is None:
+        return None
+    scale = getattr(loss_scaler, "scale_value", None)
+    if not isinstance(scale, Parameter) or scale.size != 1:
+        raise TypeError(f"loss_scaler = {loss_scaler!r} is not accepted; expected a mindspore.amp loss scaler "
+                        f"(DynamicLossScaler, StaticLossScaler), whose one-element scale_value the probe reads")
+    return scale

@@ -39,9 +39,10 @@ class GradientProbe(nn.Cell):
     ``steps_run`` from ``first_step``) is in ``steps`` (empty: every step). After a wanted step, ``probed_step``
     holds its number and the buffers its statistics, sized and laid out by ``layout``: ``statistics`` (float64,
     with the opt-in ``extra`` statistics' section), ``signs`` (packed directions, L1/L2), ``float32_values`` (L0,
-    for MD5), and given the optimizer's ``weights`` (its parameters, ``statistics=["param_norm"]``) the monitored
-    ones' own norms before its update. The construct is compiled (``@jit``)
-    even in PyNative, so both modes run the same kernels.
+    for MD5), given the optimizer's ``weights`` (its parameters, ``statistics=["param_norm"]``) the monitored
+    ones' own norms before its update, and given ``loss_scale`` (a loss scaler's ``scale_value``, with exponent
+    counts) its value at the optimizer's call: the scale the gradients were unscaled from. The construct is
+    compiled (``@jit``) even in PyNative, so both modes run the same kernels.
 
     The always-on tier: with ``directions_every`` N other than 1, the signs are computed only at steps that are
     multiples of N (none when 0) or up to ``armed_until`` (set from the host by :meth:`arm`), and ``signs_step``
@@ -50,11 +51,12 @@ class GradientProbe(nn.Cell):
 
     def __init__(self, selected: list[bool], shapes: list[tuple[int, ...]], *, level: "str | Level", bounds,
                  steps: tuple[int, ...], rank_wanted: bool, first_step: int = 0, notices: Notices | None = None,
-                 directions_every: int = 1, extra: tuple[str, ...] = (), weights: tuple = ()):
+                 directions_every: int = 1, extra: tuple[str, ...] = (), weights: tuple = (),
+                 loss_scale: Parameter | None = None):
         super().__init__(auto_prefix=False)
         self.settings = probe_settings(selected, shapes, level=level, bounds=bounds, steps=steps,
                                        rank_wanted=rank_wanted, directions_every=directions_every, extra=extra,
-                                       with_parameter_norms=bool(weights))
+                                       with_parameter_norms=bool(weights), loss_scale=loss_scale)
         tag = f"msprobe_mlflow_{next(_probe_numbers)}"
         numels = [math.prod(shape) for shape, wanted in zip(shapes, selected) if wanted]
         self.layout = StatisticsLayout(level, bounds, numels, extra=extra)
@@ -82,6 +84,9 @@ class GradientProbe(nn.Cell):
         self.with_parameter_norms = bool(weights)
         self.weights = ms.ParameterTuple(weights)  # the optimizer's, as it holds the network's: read, never written
         self.parameter_norms = buffer("parameter_norms", self.layout.count if weights else 0, np.float64)
+        self.with_loss_scale = loss_scale is not None and self.has_exponents  # what the format losses read
+        self.scales = ms.ParameterTuple((loss_scale,) if self.with_loss_scale else ())  # read, never written
+        self.loss_scale = buffer("loss_scale", 1, np.float32)
         self.first_step = first_step
         self.steps_run = Parameter(ms.Tensor(np.array(first_step, dtype=np.int32)), name=f"{tag}.steps_run",
                                    requires_grad=False)
@@ -114,6 +119,8 @@ class GradientProbe(nn.Cell):
                                                             self.bounds32, self.extra, self.has_exponents))
             if self.with_parameter_norms:
                 ops.assign(self.parameter_norms, parameter_norms(self.weights, self.selected))
+            if self.with_loss_scale:
+                ops.assign(self.loss_scale, ops.reshape(self.scales[0], (1,)).astype(ms.float32))
             if self.has_values:
                 if self.has_md5:
                     ops.assign(self.float32_values, float32_values(gradients, self.selected))
@@ -150,9 +157,11 @@ class GradientProbe(nn.Cell):
         """``(steps_run, probed_step)`` as the last finished step left them."""
         return int(self.steps_run.asnumpy()), int(self.probed_step.asnumpy())
 
-    def read(self, step: int) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None, np.ndarray | None]:
+    def read(self, step: int) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None, np.ndarray | None,
+                                       float | None]:
         """Copies of the buffers (the next step overwrites them) after probed step ``step``: statistics, signs
-        (L1/L2, when computed at that step), float32 values (L0), the parameters' norms (when recorded)."""
+        (L1/L2, when computed at that step), float32 values (L0), the parameters' norms and the loss scale (when
+        recorded)."""
         layout = self.layout
         statistics = propagate_nan(np.array(self.statistics.asnumpy()[:layout.statistics_length]), layout)
         signs = None
@@ -160,7 +169,8 @@ class GradientProbe(nn.Cell):
             signs = np.array(self.signs.asnumpy()[:layout.signs_length])
         values = np.array(self.float32_values.asnumpy()[:layout.values_length]) if self.has_md5 else None
         norms = np.array(self.parameter_norms.asnumpy()[:layout.count]) if self.with_parameter_norms else None
-        return statistics, signs, values, norms
+        scale = float(self.loss_scale.asnumpy()[0]) if self.with_loss_scale else None
+        return statistics, signs, values, norms, scale
 
     def arm(self, until: int) -> None:
         """Signs at every step up to ``until`` (the always-on tier's trigger window), from the next step run.
@@ -183,11 +193,14 @@ class GradientProbe(nn.Cell):
 
 
 def probe_settings(selected, shapes, *, level: "str | Level", bounds, steps, rank_wanted: bool,
-                   directions_every: int = 1, extra=(), with_parameter_norms: bool = False) -> tuple:
-    """What a compiled graph keeps of a probe as constants: a stopped probe with equal settings can be restarted
-    instead of making a new one, which graphs compiled before would never call."""
+                   directions_every: int = 1, extra=(), with_parameter_norms: bool = False,
+                   loss_scale: Parameter | None = None) -> tuple:
+    """What a compiled graph keeps of a probe as constants (and the loss scale Parameter it reads, by identity): a
+    stopped probe with equal settings can be restarted instead of making a new one, which graphs compiled before
+    would never call."""
     return (tuple(bool(s) for s in selected), tuple(tuple(shape) for shape in shapes), level, float32_bounds(bounds),
-            tuple(steps), bool(rank_wanted), directions_every, tuple(extra), bool(with_parameter_norms))
+            tuple(steps), bool(rank_wanted), directions_every, tuple(extra), bool(with_parameter_norms),
+            None if loss_scale is None else id(loss_scale))
 
 
 @ms.jit
