@@ -509,3 +509,13 @@ def test_a_loss_scaler_without_a_scale_is_refused_naming_what_is_accepted(tmp_pa
     optimizer = nn.SGD(MLP().trainable_params(), learning_rate=0.01)
     with pytest.raises(TypeError, match="loss_scaler = 1024.0 is not accepted; expected a mindspore.amp loss scaler"):
         GradientMonitor(config(tmp_path), log_to_mlflow=False).monitor(optimizer, loss_scaler=1024.0)
+
+
+def test_a_loss_scaler_without_exponent_counts_is_said_to_go_unread(tmp_path):
+    from mindspore.amp import StaticLossScaler
+
+    optimizer = nn.SGD(MLP().trainable_params(), learning_rate=0.01)
+    monitor = GradientMonitor(config(tmp_path), log_to_mlflow=False)
+    with pytest.warns(UserWarning, match=r"loss_scaler is read for the format losses, which need statistics="):
+        monitor.monitor(optimizer, loss_scaler=StaticLossScaler(128.0))
+    monitor.stop()
