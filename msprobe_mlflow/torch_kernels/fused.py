@@ -221,7 +221,7 @@ def _count_exponents(words, magnitude, bins, tables, out):
 
 
 def _count_exponent_bytes(words, magnitude, tables, out):
-    """float32 ``words``: copy ``i % 8`` of a table of the 256 biased exponents counts element ``i`` (twice as fast
+    """float32 ``words``: copy ``i % 8`` of a table of the 256 biased exponents counts element ``i`` (1.7x as fast
     as a bin computed first); then 1..254 are the normal exponents' bins, 255 the non-finite, and 0 holds the
     zeros and the subnormals, told apart in the block while it is in the cache."""
     n = words.size
