@@ -138,7 +138,7 @@ DEFAULT_THREADS = torch.get_num_threads()  # torch's own default, before this sc
 from msprobe_mlflow.torch_kernels.operator_trace import OperatorTracer  # noqa: E402
 from msprobe_mlflow.trace.files import read_trace, trace_folder, write_trace  # noqa: E402
 from msprobe_mlflow.localization import NAMED, OPERATOR, locate_traces, walk  # noqa: E402
-from msprobe_mlflow.localization.judge import reduction_size  # noqa: E402
+from msprobe_mlflow.localization.judge import rounding_reach  # noqa: E402
 from msprobe_mlflow.localization.align import CONVERSIONS, align, module_path, operator_calls  # noqa: E402
 from msprobe_mlflow.torch_kernels.operator_trace import _LEFT_OUT, _LEFT_OUT_NAMESPACES  # noqa: E402
 from msprobe_mlflow.torch_kernels.operator_replay import save_call, side_error  # noqa: E402
@@ -1330,7 +1330,7 @@ def side(work: Work, plan: Plan) -> dict:
                     folders[run] = folder / f"step{TRACED_STEP}" / "rank0"
                 call = next(c for c in operator_calls(read_trace(folders["B"])) if c.name == truth)
                 try:
-                    errors = side_error(folders["A"], truth, folders["B"], truth, size=reduction_size(call))
+                    errors = side_error(folders["A"], truth, folders["B"], truth, 0.0, *rounding_reach(call))
                 except (ValueError, RuntimeError) as error:  # a saved call this torch does not replay
                     errors, named_side[f"{faulty} error"] = None, repr(error)[:200]
                 named_side[faulty] = (errors.wrong or "neither") if errors is not None else "not replayed"
@@ -1378,8 +1378,7 @@ def flagged(work: Work, plan: Plan) -> dict:
             name = found.pair.a.name
             folders = [trace_folder(traced(family, seed, setting, step, (name,)), step, 0)
                        for setting in ("float32", noise)]
-            errors = side_error(*folders[:1], name, folders[1], name,
-                                size=max(reduction_size(found.pair.a), reduction_size(found.pair.b)))
+            errors = side_error(*folders[:1], name, folders[1], name, 0.0, *rounding_reach(found.pair.a, found.pair.b))
             side_found = "not replayed" if errors is None else errors.wrong or "neither"
         rows.append({"family": family, "seed": seed, "noise": noise, "step": step, "grade": grade,
                      "held_out": family in divergence.HELD_OUT, "kind": found.kind, "describe": found.describe(),

@@ -127,3 +127,34 @@ def test_a_side_whose_call_is_not_replayed_is_judged_by_elimination(tmp_path):
                      tolerance=1e-6)
     assert off.wrong == "B" and off.error_b == pytest.approx(0.03, rel=1e-3)
     assert side_error(tmp_path / "a", "Primitive.gelu.0.forward", tmp_path / "a", "Primitive.gelu.0.forward") is None
+
+
+def summarised(tensor: torch.Tensor):
+    from msprobe_mlflow.trace.files import TensorSummary
+    t = tensor.double()
+    return TensorSummary(str(tensor.dtype), tuple(tensor.shape), float(t.max()), float(t.min()), float(t.mean()),
+                         float(t.norm()))
+
+
+def test_a_result_small_beside_its_terms_keeps_their_rounding_in_the_side_check(tmp_path):
+    """A product whose terms cancel (B's columns nearly orthogonal to A's rows): computed in float32 it is 1e-4 off
+    its float64 replay, 25 times float32's rounding of a result of its own size, and right. The cancellation the
+    trace's statistics show (``rounding_reach``) widens what the format explains: neither side is blamed, and the
+    same product 1% off still is."""
+    from msprobe_mlflow.localization.judge import rounding_reach
+    from msprobe_mlflow.trace.files import OperatorCall
+
+    g = torch.Generator().manual_seed(0)
+    a = torch.randn(16, 256, generator=g, dtype=torch.float64)
+    r = torch.randn(256, 8, generator=g, dtype=torch.float64)
+    b = r - torch.linalg.pinv(a) @ (a @ r) + 1e-4 * a.T @ torch.randn(16, 8, generator=g, dtype=torch.float64)
+    name, a32, b32 = "Aten.mm.default.0.forward", a.float(), b.float()
+    save_call(tmp_path / "a", name, [a32, b32], {}, a32 @ b32)
+    save_call(tmp_path / "b", name, [a, b], {}, a @ b)
+    save_call(tmp_path / "off", name, [a32, b32], {}, (a32 @ b32) * 1.01)
+    reach = rounding_reach(OperatorCall(name, [summarised(a32), summarised(b32)], [summarised(a32 @ b32)],
+                                        "Module.x.A.forward.0"))
+    right = side_error(tmp_path / "a", name, tmp_path / "b", name, 0.0, *reach)
+    assert reach[1] > 100 and right.error_a > 10 * 4 * 2 ** -24 * 16 and right.wrong is None
+    assert side_error(tmp_path / "a", name, tmp_path / "b", name, 0.0, reach[0]).wrong == "A"  # without: blamed
+    assert side_error(tmp_path / "off", name, tmp_path / "b", name, 0.0, *reach).wrong == "A"

@@ -166,6 +166,14 @@ def near_tie(pair: AlignedCall, judgement: Judgement) -> bool:
     return max(abs(x.max - y.max), abs(x.min - y.min)) / _scale(x, y) <= judgement.tolerance
 
 
+def rounding_reach(*calls: OperatorCall) -> tuple[int, float]:
+    """How far a call's own rounding reaches in its result, for the side check (the larger over ``calls``, a call
+    as each side made it): how many input elements feed one output element (:func:`reduction_size`) and how much
+    the result's cancellation magnifies their rounding (:func:`cancellation`)."""
+    return (max(reduction_size(call) for call in calls),
+            max(cancellation(call, call.tensors_out[0]) if call.tensors_out else 1.0 for call in calls))
+
+
 def _same_tensors(a: list[TensorSummary], b: list[TensorSummary]) -> list[tuple[TensorSummary, TensorSummary]]:
     """Across frameworks, the inputs paired by their elements, not their places: each of A's with the first unpaired
     one of B's of its shape or its transpose's (``addmm`` takes the bias first and the weight transposed; the

@@ -181,10 +181,12 @@ def _replayed(folder: Path) -> tuple[float, str]:
 
 
 def side_error(folder_a: Path, name_a: str, folder_b: Path, name_b: str, tolerance: float = 0.0,
-               size: int | None = None) -> SideError | None:
+               size: int | None = None, cancelled: float = 1.0) -> SideError | None:
     """Each side's error where it saved a call torch replays (see :class:`SideError`); None where neither did.
     ``size``: how many input elements feed one output element (the judgement's), which sets what each side's
-    format explains (SIDE_ROUNDING x :func:`~msprobe_mlflow.formats.added_rounding`); without it, none."""
+    format explains (SIDE_ROUNDING x :func:`~msprobe_mlflow.formats.added_rounding`, times ``cancelled``: how much
+    a result small beside its terms magnifies their rounding); without it, none
+    (:func:`~msprobe_mlflow.localization.judge.rounding_reach` gives both)."""
     errors, roundings = [], []
     for folder, name in ((folder_a, name_a), (folder_b, name_b)):
         saved = saved_call_folder(folder, name)
@@ -193,5 +195,5 @@ def side_error(folder_a: Path, name_a: str, folder_b: Path, name_b: str, toleran
         except NotReplayable:
             error, fmt = None, "float32"
         errors.append(error)
-        roundings.append(SIDE_ROUNDING * added_rounding(fmt, size) if size else 0.0)
+        roundings.append(SIDE_ROUNDING * added_rounding(fmt, size) * cancelled if size else 0.0)
     return None if errors == [None, None] else SideError(*errors, tolerance, *roundings)

@@ -17,7 +17,7 @@ from mlflow.tracking import MlflowClient
 
 from msprobe_mlflow import __version__
 from msprobe_mlflow.localization import OPERATOR, Localization, call_site, locate_traces
-from msprobe_mlflow.localization.judge import reduction_size
+from msprobe_mlflow.localization.judge import rounding_reach
 from msprobe_mlflow.localization.report import OPS_FILE, PLOT_FILE, plot_differences, write_ops_csv
 from msprobe_mlflow.trace.files import TraceError, trace_folder, trace_root, traced_steps
 from msprobe_mlflow.trace.options import TRACE_SAVE_VARIABLE, TRACE_STEPS_VARIABLE
@@ -107,7 +107,7 @@ def _which_side(found: Localization, step: int) -> tuple["SideError | None", str
     except ModuleNotFoundError as e:  # a MindSpore-only install reading traces
         return None, f"which side is wrong needs torch to replay the call ({e})"
     side = side_error(Path(found.folders[0]), found.pair.a.name, Path(found.folders[1]), found.pair.b.name,
-                      found.judgement.tolerance, max(reduction_size(found.pair.a), reduction_size(found.pair.b)))
+                      found.judgement.tolerance, *rounding_reach(found.pair.a, found.pair.b))
     return side, "" if side is not None else hint
 
 
