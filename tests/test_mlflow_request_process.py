@@ -166,3 +166,31 @@ def test_the_last_round_at_stop_is_sent_from_the_thread_without_starting_a_proce
     sink.close()  # one round of 9 steps
     assert not sink.requests.used_process
     assert_run_holds_the_dump(run_id, dump, range(10))
+
+
+def test_a_step_the_local_dump_could_not_write_still_has_its_metrics_logged_with_its_round(
+        tmp_experiment, tmp_path, monkeypatch, a_cpu_to_spare):
+    """A step whose CSV is not on disk (the local dump failed on it: a full disk) has its metrics computed from its
+    record, as before the process read them from the dump: one such step must not keep its round's metrics from the
+    run (its files, missing, are left unsent and said so)."""
+    monkeypatch.setattr(sink_settings, "SEND_INTERVAL_SECONDS", 600.0)
+    dump = tmp_path / "dump"
+    sink, run_id = open_sink(tmp_experiment, dump)
+    moved = 2 * sink_settings.PROCESS_MIN_ROUND_STEPS
+    hand_in(sink, dump, range(1))
+    hand_in(sink, dump, range(1, moved))
+    assert sink.requests.process is not None
+    for step in range(moved, moved + 4):
+        if step != moved + 1:  # the local dump wrote every step of the round but this one
+            write_step(dump, record(step))
+        sink.handle(record(step))
+    with pytest.warns(UserWarning):
+        sink.flush()
+    expected = {s: step_metrics(read_summary(summary_csv_path(dump, 0, s)), 0)["grad/rank0/total_norm"]
+                for s in range(moved + 4) if s != moved + 1}
+    write_step(tmp_path / "elsewhere", record(moved + 1))  # what the dump would have held: the record's own numbers
+    expected[moved + 1] = step_metrics(read_summary(summary_csv_path(tmp_path / "elsewhere", 0, moved + 1)),
+                                       0)["grad/rank0/total_norm"]
+    history = MlflowClient().get_metric_history(run_id, "grad/rank0/total_norm")
+    assert {m.step: m.value for m in history} == expected
+    sink.close()

@@ -47,6 +47,7 @@ from pathlib import Path
 from typing import Callable
 
 from msprobe_mlflow.config import GradProbeConfig
+from msprobe_mlflow.dump import summary_csv_path
 from msprobe_mlflow.metrics import record_metrics
 from msprobe_mlflow.notices import Notices
 from msprobe_mlflow.records import StepRecord
@@ -122,8 +123,10 @@ class MlflowSink:
             return
         # Where fast steps moved the requests to a process of their own, it reads the step's metrics from the local
         # dump (written before the sink sees a step), as upload does: this thread shares the interpreter lock with
-        # training, and the metrics of 512 parameters cost it 0.3-0.6 ms a step. Aggregation needs them here.
-        in_dump = self.aggregation is None and self.requests.process is not None
+        # training, and the metrics of 512 parameters cost it 0.3-0.6 ms a step. Aggregation needs them here, and
+        # a step the local dump could not write is computed here, or its round's request would fail.
+        in_dump = self.aggregation is None and self.requests.process is not None and \
+            summary_csv_path(self.config.dump_path, self.rank, record.step).is_file()
         metrics = {} if in_dump else record_metrics(record, self.options.param_metrics)
         others, failure = {}, None
         self.pictures.counted |= record.exponent_counts is not None
