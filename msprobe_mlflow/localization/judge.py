@@ -161,9 +161,8 @@ def near_tie(pair: AlignedCall, judgement: Judgement) -> bool:
             or same_bits(a.tensors_in[1], b.tensors_in[1]) or not a.tensors_out or not b.tensors_out:
         return False
     x, y = a.tensors_out[0], b.tensors_out[0]
-    if None in x.statistics() or None in y.statistics() or _scale(x, y) < _TINY:
-        return False
-    return max(abs(x.max - y.max), abs(x.min - y.min)) / _scale(x, y) <= judgement.tolerance
+    scale = _scale(x, y) if None not in (*x.statistics(), *y.statistics()) else 0.0
+    return scale >= _TINY and max(abs(x.max - y.max), abs(x.min - y.min)) / scale <= judgement.tolerance
 
 
 def rounding_reach(*calls: OperatorCall) -> tuple[int, float]:
