@@ -190,6 +190,8 @@ def test_command_prints_the_finding_and_exits_3_when_an_operator_is_named(baseli
     assert "> Aten.gelu.default.1.forward" in named.output
     assert named.output.rstrip().splitlines()[-2].startswith("Aten.gelu.default.1.forward in h.1.mlp.1: output")
     assert named.output.rstrip().splitlines()[-1].startswith("which side is wrong: rerun both trainings with")
+    assert "not logged in MLflow: these folders needed no tracking store" in named.output  # said, not silent
+    assert "not logged" not in CliRunner().invoke(main, ["locate", str(baseline), str(faulty), "--no-mlflow"]).output
     same = CliRunner().invoke(main, ["locate", str(baseline), str(trace(tmp_path / "same")), "--step", "2"])
     assert same.exit_code == 0 and "identical" in same.output
     missing = CliRunner().invoke(main, ["locate", str(baseline), str(faulty), "--step", "7"])

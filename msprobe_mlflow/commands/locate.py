@@ -30,10 +30,11 @@ def locate(a: str, b: str, step: int | None, rank: int | None, tracking_uri: str
     """Compare two traces of one training step, operator by operator in execution order (the forward, then the
     backward), and name the first operator whose output differs beyond what its inputs' differences and its
     format's rounding explain; or say "drift" when none does (the step's difference is rounding amplified, not a
-    bug). A and B are MLflow run IDs, monitors' dump folders or trace folders (ours, or msprobe's data dump of task
-    statistics: step<S>/rank<R>/dump.json). A run gets its traces with trace_steps=[S] or MSPROBE_MLFLOW_TRACE_STEPS
-    set. The finding is logged as a run nested under the pair's comparison run. Exits with code 3 when an operator
-    is named.
+    bug), or "near tie" where a ReLU passed a gradient element in one run only. A and B are MLflow run IDs,
+    monitors' dump folders or trace folders (ours, or msprobe's data dump of task statistics:
+    step<S>/rank<R>/dump.json). A run gets its traces with trace_steps=[S] or MSPROBE_MLFLOW_TRACE_STEPS set.
+    The finding is logged as a run nested under the pair's comparison run (folders that need no comparison log
+    nothing, and say so). Exits with code 3 when an operator is named.
 
     \b
     Examples:
@@ -54,6 +55,9 @@ def locate(a: str, b: str, step: int | None, rank: int | None, tracking_uri: str
     click.echo(f"step {result.step}, rank {result.rank}\nA: {found.folders[0]}\nB: {found.folders[1]}")
     judged = [row for row in found.rows if row[1] is not None]
     click.echo(f"{len(found.rows)} operator calls aligned ({len(found.rows) - len(judged)} in one run only)")
+    if not result.run_id and not no_mlflow:
+        click.echo("not logged in MLflow: these folders needed no tracking store (run IDs, or dumps without --step, "
+                   "log it)")
     if found.pair is not None:
         index = next(i for i, (pair, _) in enumerate(found.rows) if pair is found.pair)
         for pair, judgement in found.rows[max(0, index - ROWS_AROUND): index + ROWS_AROUND + 1]:
@@ -64,6 +68,7 @@ def locate(a: str, b: str, step: int | None, rank: int | None, tracking_uri: str
     if result.run_id:
         click.echo(f"logged: run {result.run_id}" + (f", nested under the comparison run {result.comparison_run_id}"
                                                       if result.comparison_run_id else ""))
+
     return SUSPICIOUS_RESULT if found.named else OK
 
 
