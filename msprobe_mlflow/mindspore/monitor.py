@@ -113,28 +113,37 @@ class GradientMonitor(SessionMonitor):
         self._names = [p.name for _, p in selected]
         self._shapes = [tuple(p.shape) for _, p in selected]
         self._compute_format = self._format_of(parameters, network)
+        probe = self._probe_for(optimizer, parameters, [p.dtype for _, p in selected], ranks, scale)
+        if probe is None:
+            return self
+        self._attach(optimizer, probe, plan, traced_network if traced_network is not None else network)
+        return self
+
+    def _probe_for(self, optimizer: nn.Cell, parameters: list, dtypes: list, ranks: RankPolicy,
+                   scale) -> "GradientProbe | None":
+        """The probe for ``optimizer``: the one a stopped monitor left on it where the settings are the same (graphs
+        compiled with it, a Model trained again, feed this monitor too), else a new one; None where it does not
+        compile (said as a probe failure: the optimizer stays untouched)."""
         wanted, shapes, settings = self._probe_settings(parameters, ranks)
         stopped_probe = getattr(optimizer, "msprobe_mlflow_probe", None)
         if stopped_probe is not None and stopped_probe.settings == probe_settings(
                 wanted, shapes, with_parameter_norms=self.options.parameter_norms, loss_scale=scale, **settings):
-            probe = stopped_probe  # graphs compiled with it (a Model trained again) feed this monitor too
-            probe.restart(self.step, self.notices)
-        else:
-            if stopped_probe is not None:
-                self.notices.warn("this optimizer was monitored before with other settings; graphs compiled then (a "
-                                  "TrainOneStepCell in GRAPH_MODE, a @jit train step) keep that stopped probe and do "
-                                  "not feed this monitor: build the training cell or jit function again")
-            probe = GradientProbe(wanted, shapes, first_step=self.step, notices=self.notices,
-                                  weights=tuple(parameters) if self.options.parameter_norms else (),
-                                  loss_scale=scale, **settings)
-            try:
-                probe.check_compiles([p.dtype for _, p in selected])
-            except Exception as e:  # observability must never break training: the optimizer stays untouched
-                self.notices.failure("compile", f"the gradient probe does not compile for this optimizer ({e!r}); "
-                                                f"gradients are not monitored")
-                return self
-        self._attach(optimizer, probe, plan, traced_network if traced_network is not None else network)
-        return self
+            stopped_probe.restart(self.step, self.notices)
+            return stopped_probe
+        if stopped_probe is not None:
+            self.notices.warn("this optimizer was monitored before with other settings; graphs compiled then (a "
+                              "TrainOneStepCell in GRAPH_MODE, a @jit train step) keep that stopped probe and do "
+                              "not feed this monitor: build the training cell or jit function again")
+        probe = GradientProbe(wanted, shapes, first_step=self.step, notices=self.notices,
+                              weights=tuple(parameters) if self.options.parameter_norms else (),
+                              loss_scale=scale, **settings)
+        try:
+            probe.check_compiles(dtypes)
+        except Exception as e:  # observability must never break training: the optimizer stays untouched
+            self.notices.failure("compile", f"the gradient probe does not compile for this optimizer ({e!r}); "
+                                            f"gradients are not monitored")
+            return None
+        return probe
 
     def _refuse_monitored_elsewhere(self, optimizer: nn.Cell) -> None:
         """Two monitors probing one optimizer would each count the other's steps: refused before anything changes."""
