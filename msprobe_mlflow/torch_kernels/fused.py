@@ -267,6 +267,21 @@ def _place_subnormals(words, magnitude, out):
             out[exponent - EXPONENT_LOW] += 1
 
 
+def _block_passes(block, words, row, bounds, counts, with_counts, positive, packed, with_signs, magnitude, bins,
+                  tables, exponents, with_exponents):
+    """The loops over a block of a segment while it sits in the L1 cache: its counts into ``counts[row]``, its
+    packed signs into ``packed`` (``positive``: a scratch block of bytes), its exponent counts into
+    ``exponents[row]``."""
+    if with_counts:
+        for k in range(bounds.size):
+            counts[row, k] += _count_below(block, bounds[k])
+        counts[row, bounds.size] += _count_zeros(block)
+    if with_signs:
+        _pack_signs(block, positive, packed)
+    if with_exponents:
+        _count_exponents(words, magnitude, bins, tables, exponents[row])
+
+
 def _segments_statistics(values, words, ends, rows, bounds, limits, with_counts, with_signs, with_squares,
                          keys, counts, squares, signs, sign_offsets, positive, with_exponents, exponents, bins,
                          tables):
@@ -281,8 +296,7 @@ def _segments_statistics(values, words, ends, rows, bounds, limits, with_counts,
     segment's order, as torch's CPU norm does (equal bit for bit, checked once by :func:`_squares_match_torch`),
     and the words' extremes for :func:`_extremes`. Only what vectorises cleanly belongs in that loop: a count or
     a conditional there, or the lanes' variables reused for the tail, made the compiler shuffle lanes and the loop
-    four times slower. The signs and each count are loops over the block while it sits in the L1 cache
-    (``positive``: a scratch block of bytes)."""
+    four times slower: the rest are :func:`_block_passes`."""
     zero, sign, magnitude, infinity = values.dtype.type(0), limits[0], limits[1], limits[2]
     start = 0
     for s in range(ends.size):
@@ -308,14 +322,9 @@ def _segments_statistics(values, words, ends, rows, bounds, limits, with_counts,
                 f2, f3 = max(f2, _in_width_of(w[b + 2] ^ sign, sign)), max(f3, _in_width_of(w[b + 3] ^ sign, sign))
                 f4, f5 = max(f4, _in_width_of(w[b + 4] ^ sign, sign)), max(f5, _in_width_of(w[b + 5] ^ sign, sign))
                 f6, f7 = max(f6, _in_width_of(w[b + 6] ^ sign, sign)), max(f7, _in_width_of(w[b + 7] ^ sign, sign))
-            if with_counts:
-                for k in range(bounds.size):
-                    counts[row, k] += _count_below(block, bounds[k])
-                counts[row, bounds.size] += _count_zeros(block)
-            if with_signs:
-                _pack_signs(block, positive, signs[sign_offsets[s] + (first - start) // 8:])
-            if with_exponents:
-                _count_exponents(w, magnitude, bins, tables, exponents[row])
+            _block_passes(block, w, row, bounds, counts, with_counts, positive,
+                          signs[sign_offsets[s] + (first - start) // 8:], with_signs, magnitude, bins, tables,
+                          exponents, with_exponents)
         total = q0 + q1 + q2 + q3 + q4 + q5 + q6 + q7  # in lane order, then torch's compiled tail: 4 products
         for i in range(tail, end):  # added in order, then fused adds
             total = total + values[i] * values[i] if end - tail >= 4 and i < tail + 4 else \
@@ -359,9 +368,9 @@ def _addressed_statistics(addresses, sizes, rows, like, word_like, bounds, limit
 
 
 (_fused_square_add, _extremes, _count_zeros, _count_below, _pack_signs, _exponent_bins, _count_exponents,
- _count_exponent_bytes, _place_subnormals, _segments_statistics, _addressed_statistics) = map(kernel, (
+ _count_exponent_bytes, _place_subnormals, _block_passes, _segments_statistics, _addressed_statistics) = map(kernel, (
     _fused_square_add, _extremes, _count_zeros, _count_below, _pack_signs, _exponent_bins, _count_exponents,
-    _count_exponent_bytes, _place_subnormals, _segments_statistics, _addressed_statistics))
+    _count_exponent_bytes, _place_subnormals, _block_passes, _segments_statistics, _addressed_statistics))
 
 
 def _order_key_to_values(keys: np.ndarray, dtype: np.dtype) -> np.ndarray:
