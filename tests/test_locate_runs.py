@@ -49,7 +49,7 @@ def test_locate_on_runs_takes_the_pairs_first_suspicious_step_and_nests_its_run(
     assert located.data.metrics["locate/output_difference"] > located.data.metrics["locate/tolerance"]
     assert comparison.data.tags["msprobe_mlflow.compare.first_suspicious_step"] == "2"
     description = comparison.data.tags["mlflow.note.content"]
-    assert description.startswith("**Operator** ([locate step 2 rank 0](#/experiments/") and result.run_id in \
+    assert description.startswith("**Located** ([locate step 2 rank 0](#/experiments/") and result.run_id in \
         description.split("\n")[0]
     assert f"next, the operator: msprobe-mlflow locate {runs[0]} {runs[1]} --step 2\n" in description
     rows = list(csv.DictReader(open(client.download_artifacts(result.run_id, "locate/ops.csv"))))
@@ -57,6 +57,14 @@ def test_locate_on_runs_takes_the_pairs_first_suspicious_step_and_nests_its_run(
     assert [row["name_b"] for row in named] == ["Aten.gelu.default.1.forward"]
     assert [a.path for a in client.list_artifacts(result.run_id, "locate")] == ["locate/differences.png",
                                                                                 "locate/ops.csv"]
+    # a line of an earlier version ("**Operator**") is replaced by the next locate's, not kept beneath it
+    client.set_tag(result.comparison_run_id, "mlflow.note.content", "**Operator** (earlier): x\n\n" +
+                   description.split("\n\n", 1)[1])
+    again = msprobe_mlflow.locate(*runs, step=2)
+    assert again.comparison_run_id == result.comparison_run_id
+    lines = client.get_run(result.comparison_run_id).data.tags["mlflow.note.content"].split("\n")
+    assert lines[0].startswith("**Located** ([locate step 2 rank 0]") and again.run_id in lines[0]
+    assert not any(line.startswith(("**Operator**", "**Located**")) for line in lines[1:])
 
 
 def test_a_run_without_the_steps_trace_says_how_to_get_one(tmp_experiment, tmp_path):

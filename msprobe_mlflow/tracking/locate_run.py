@@ -34,7 +34,9 @@ if TYPE_CHECKING:
     from msprobe_mlflow.torch_kernels.operator_replay import SideError
 
 _STEP_FOLDER = re.compile(r"step(\d+)$")
-_OPERATOR_LINE = "**Operator**"  # the first line of a comparison run's description, once located
+# The first line of a comparison run's description, once located (an operator, drift or a near tie); the label
+# "**Operator**" of earlier versions is replaced too
+_LOCATED_LINES = ("**Located**", "**Operator**")
 
 
 @dataclass
@@ -235,9 +237,9 @@ def _description(result: LocateResult, given: tuple[str, str]) -> str:
 def _link_from(client: MlflowClient, parent: str, experiment_id: str, run_id: str, result: LocateResult) -> None:
     """The comparison run's description gains a first line naming the operator, linked to the locate run."""
     description = client.get_run(parent).data.tags.get(DESCRIPTION_TAG, "")
-    if description.startswith(_OPERATOR_LINE):  # an earlier locate's line: replaced
+    if description.startswith(_LOCATED_LINES):  # an earlier locate's line: replaced
         description = description.split("\n\n", 1)[-1]
     link = run_page_link(experiment_id, run_id)
-    line = f"{_OPERATOR_LINE} ([locate step {result.step} rank {result.rank}]({link})): {result.describe()}\n\n"
+    line = f"{_LOCATED_LINES[0]} ([locate step {result.step} rank {result.rank}]({link})): {result.describe()}\n\n"
     client.set_tag(parent, DESCRIPTION_TAG, clipped(line + description, MAX_TAG_VAL_LENGTH))
     client.set_tag(parent, LOCATE_RUN_TAG, run_id)
