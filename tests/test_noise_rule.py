@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import shutil
 from pathlib import Path
 
@@ -17,8 +18,8 @@ import pytest
 import torch
 
 from msprobe_mlflow import GradProbeConfig, compare_dumps
-from msprobe_mlflow.compare.noise_rule import (TRANSIENT_MEANS, NoiseAwareJudge, first_steps_tolerance,
-                                                significant_bits)
+from msprobe_mlflow.compare.noise_rule import (NORM_BEYOND_FIRST, TRANSIENT_MEANS, NoiseAwareJudge,
+                                                first_steps_tolerance, significant_bits)
 from msprobe_mlflow.compare.step import SideStatistics, StepComparison
 from msprobe_mlflow.compare.verdict import Verdict, rule_settings
 from msprobe_mlflow.directions import step_compute_format
@@ -75,9 +76,9 @@ def train(dump: Path, dtype=torch.float32, bug: str | None = None, bug_from: int
         loss = torch.nn.functional.mse_loss(out.to(dtype), target.to(dtype))
         optimizer.zero_grad()
         loss.backward()
-        if buggy and bug == "gradients_x2":  # a loss scaled by a wrong world size: signs intact
+        if buggy and bug in ("gradients_x2", "gradients_x1.05"):  # a loss scaled by a wrong world size: signs intact
             for parameter in model.parameters():
-                parameter.grad.mul_(2)
+                parameter.grad.mul_(2 if bug == "gradients_x2" else 1.05)
         if buggy and bug == "head_gradient_zeroed":
             model.head.weight.grad.zero_()
         if bug == "one_element_spiked" and step == bug_from:  # once, in its smallest element: a 0.5% larger norm
@@ -95,6 +96,7 @@ def runs(tmp_path_factory) -> dict[str, Path]:
     for bug in ("new_batches", "gradients_x2", "head_gradient_zeroed", "weight_decay_x10", "one_element_spiked"):
         runs[bug] = train(root / bug, torch.float64, bug)
     runs["no_causal_mask_from_0"] = train(root / "no_causal_mask_from_0", torch.float64, "no_causal_mask", 0)
+    runs["gradients_x1.05_from_0"] = train(root / "gradients_x1.05_from_0", torch.float64, "gradients_x1.05", 0)
     runs["head_in_bf16_alone"] = train(root / "head_in_bf16_alone", torch.float32, "head_in_bf16")
     runs["head_in_bf16"] = train(root / "head_in_bf16", torch.float64, "head_in_bf16")
     runs["head_in_bf16_from_0"] = train(root / "head_in_bf16_from_0", torch.float64, "head_in_bf16", 0)
@@ -374,6 +376,20 @@ def test_a_bug_from_step_0_below_bfloat16_rounding_is_named_there_once_the_pairs
     assert norm.detail.endswith(f"(rounding moves it by {bound * 100:.2g}% at most in the first steps)")
     assert verdict(runs, "float64", precision="float32").first_suspicious_step is None
     assert verdict(runs, "float64").first_suspicious_step is None and verdict(runs, "float64").recorded_precision
+
+
+def test_a_norm_off_in_the_first_steps_beyond_any_format_a_device_could_hide_is_a_break_where_formats_are_known(
+        runs, unknown_baseline):
+    """Every gradient 5% larger from step 0 (float64 against the float32 baseline, both formats recorded): beyond
+    the 1.25% float16's rounding (a device's own TF32 or HF32 too) could move a norm before any update, so a break,
+    though within the 10% of bfloat16 that judges a pair whose formats are not known (where step 0 is no alarm)."""
+    found = verdict(runs, "gradients_x1.05_from_0")
+    assert (found.first_suspicious_step, found.grade, found.recorded_precision) == (0, "break", "float32"), found
+    assert found.evidence == NORM_BEYOND_FIRST
+    norms = [trip.detail for trip in found.parameter_trips if trip.reason == "norm"]
+    assert norms and all(re.search(r": \+4\.[0-9]{2}% of its scale \(rounding moves it by", d) for d in norms), norms
+    unknown = compare_dumps(unknown_baseline, runs["gradients_x1.05_from_0"], None, plots=False).verdict.ranks[0]
+    assert unknown.first_suspicious_step != 0 and unknown.recorded_precision is None
 
 
 def test_first_steps_beyond_float32_rounding_are_said_where_the_pairs_precision_is_not_known(runs, unknown_baseline):
@@ -857,12 +873,14 @@ def test_evidence_reads_as_ratios_and_percentages():
     assert trip_numbers(tiny).endswith("(14x its noise)")
 
 
-@pytest.mark.parametrize("difference, silencer", [(3e-4, "tf32"), (0.03, None), (0.2, None)])
-def test_a_first_steps_break_within_a_coarser_formats_rounding_names_that_format_and_its_flag(difference,
-                                                                                           silencer):
+@pytest.mark.parametrize("difference, silencer, grade", [(3e-4, "tf32", "departure"), (0.03, None, "break"),
+                                                         (0.2, None, "break")])
+def test_a_first_steps_break_within_a_coarser_formats_rounding_names_that_format_and_its_flag(difference, silencer,
+                                                                                           grade):
     """By hand: both runs recorded float32; from step 0 B's norm of w is off by 0.03% (float32 allows 0.0006% for
-    100 elements, TF32 0.13%: a device running float32 matmuls in TF32 looks so), by 3% (within bfloat16's 10% only,
-    which real bugs reach too: no flag is offered) or by 20% (beyond any format's rounding)."""
+    100 elements, TF32 0.13%: a device running float32 matmuls in TF32 looks so: a departure), by 3% (within
+    bfloat16's 10% only, which real bugs reach too: no flag is offered; beyond float16's 1.25%, the coarsest a
+    device computes float32 in unknown to torch: a break) or by 20% (beyond any format's rounding)."""
     judge = NoiseAwareJudge(0)
     extremes = np.array([0.1234567, 0.7654321], dtype=np.float32).astype(np.float64)  # float32's 24 bits
     for step in range(3):
@@ -873,6 +891,7 @@ def test_a_first_steps_break_within_a_coarser_formats_rounding_names_that_format
         judge.judge_step(comparison)
     verdict = judge.verdict
     assert verdict.first_suspicious_step == 0 and verdict.coarser_format == silencer
+    assert verdict.grade == grade, verdict
     described = Verdict_of(verdict).describe()
     if silencer:
         assert "lies within tf32's rounding: if a run computed in tf32 without torch reporting it" in described

@@ -84,6 +84,8 @@ HIDDEN_FORMAT = "float16"  # the coarsest a device's own modes are offered as (T
 SIGNS, WHOLE = "signs", "whole gradient"  # what of a parameter is noise
 NORM_BEYOND = f"a norm moved by more than {FIRST_STEPS_TOLERANCE:.0%} of its scale and {DEVIATIONS:.0f}x its " \
     f"largest move of the last {WINDOW} steps"  # a break's evidence: see rounding_bound
+NORM_BEYOND_FIRST = f"a norm moved in the first steps by more than {HIDDEN_FORMAT} rounding can move it (a device's " \
+    f"own TF32 or HF32 included), where the runs' formats are known"  # see _first_steps_beyond
 TRANSIENT_MEANS = "the whole model moved at this step only, gone at the next: what one batch's amplified rounding " \
     "does (a near tie), or a batch corrupted once"
 ZEROS_MEAN = "a share of the gradient elements went to or from zero in one run, which rounding between devices " \
@@ -251,7 +253,8 @@ class NoiseAwareJudge:
                 f"{after.summary_trip.detail}"
             trips = [replace(trip, detail=trip.detail + spread) if trip.reason == "norm" else trip for trip in trips]
         transient = after is not None and not after.suspicious and first.summary_trip is not None
-        evidence = tuple(found for found in first.beyond_rounding if not (transient and found == NORM_BEYOND)) \
+        evidence = tuple(found for found in first.beyond_rounding
+                         if not (transient and found in (NORM_BEYOND, NORM_BEYOND_FIRST))) \
             or (after.beyond_rounding if after is not None and not transient else ())
         return RankVerdict(self.rank, first.step, first.summary_trip, trips, noise, dict(self.summary_band),
                            self.first_steps, self.recorded_precision, BREAK if evidence else DEPARTURE,
@@ -278,6 +281,7 @@ class NoiseAwareJudge:
         pushes = []  # (history, places, values): what this step adds to the past once remembered
         magnitudes, moved_alike = self._magnitude_series(step, places, side_a, side_b, series, pushes)
         tolerance = first_steps_tolerance(precision, numels)  # per parameter: what rounding cannot do early
+        early = self._histories["norm"].counts(places) < MIN_HISTORY
         breaks, scores, centers, below_floor, bounds, needed = self._series_breaks(step, places, series, numels,
                                                                                    tolerance, moved_alike)
         recognised = self._recognise_noise(comparison, places, series, breaks, tiny & was_tiny)
@@ -306,9 +310,10 @@ class NoiseAwareJudge:
                 best[names[i]] = trip
         certain = _norm_beyond(step, series, breaks, centers, dict.fromkeys(bounds, FIRST_STEPS_TOLERANCE))
         beyond_rounding = _beyond_rounding(_norm_beyond(step, series, breaks, centers, bounds), best.values(),
-                                           self._agreed_bit_for_bit)
+                                           self._agreed_bit_for_bit,
+                                           _first_steps_beyond(precision, series, breaks, numels, early))
         coarser = _coarser_format_within(precision, names, series.get("norm"), numels, best.values(), summary_trip,
-                                         self._histories["norm"].counts(places) < MIN_HISTORY)
+                                         early)
         differs = not both or _statistics_differ(side_a, side_b) or any(np.any(found) for found in differing.values())
         return _Finding(step, summary_trip, _ranked(best.values(), names, tiny), pushes, certain, differs,
                         {int(places[i]): found for i, found in recognised.items()}, only_faint and bool(best),
@@ -724,15 +729,17 @@ def _coarser_format_within(precision: str | None, names, norms, numels, trips, s
                  and np.all(early[tripped])), None)
 
 
-def _beyond_rounding(norm: bool, trips, agreed_bit_for_bit: bool) -> tuple[str, ...]:
+def _beyond_rounding(norm: bool, trips, agreed_bit_for_bit: bool, first_norm: bool = False) -> tuple[str, ...]:
     """What of a step's breaks no rounding can do, in words (empty: none): a norm beyond its :func:`rounding_bound`
-    (``norm``), a parameter whose signs disagree on more than half its elements (random rounding flips half at
-    most), a weight that jumped in one run only, a gradient whose format changed in one run, or any difference
-    between runs that agreed bit for bit."""
+    (``norm``) or, in the first steps, beyond :func:`_first_steps_beyond`'s (``first_norm``), a parameter whose
+    signs disagree on more than half its elements (random rounding flips half at most), a weight that jumped in one
+    run only, a gradient whose format changed in one run, or any difference between runs that agreed bit for bit."""
     trips = list(trips)
     found = []
     if norm:
         found.append(NORM_BEYOND)
+    elif first_norm:
+        found.append(NORM_BEYOND_FIRST)
     anti = [t.name for t in trips if t.reason == "direction" and t.similarity is not None and t.similarity < 0.5]
     if anti:
         found.append(f"{anti[0]}'s signs are anti-aligned (over half disagree)")
@@ -754,6 +761,20 @@ def rounding_bound(seen) -> np.ndarray:
     largest, as ratios of norms: a scaled difference d is a ratio 1 / (1 - d), and ten times a ratio's logarithm
     is 1 - (1 - d)**10, below 1, so that a norm many times the other still breaks."""
     return np.maximum(FIRST_STEPS_TOLERANCE, 1 - (1 - np.minimum(seen, 1.0)) ** DEVIATIONS)
+
+
+def _first_steps_beyond(precision: str | None, series: dict, breaks: dict, numels, early) -> bool:
+    """A gradient norm broke in the first steps (before its series is learnt) by more than rounding can move it
+    there, where the pair's formats are known (``precision``): before rounding is amplified, a norm moves by its
+    format's rounding at most (:func:`first_steps_tolerance`), and a device's own modes by :data:`HIDDEN_FORMAT`'s
+    (TF32, HF32: torch does not know of them, and the recorded float32 cannot say), so the bound is the coarser of
+    the two. Where the formats are not known, bfloat16's :data:`FIRST_STEPS_TOLERANCE` is :func:`rounding_bound`'s.
+    ``early``: per parameter, its norm series is not learnt yet (its centre is 0 then)."""
+    if precision is None or "norm" not in series:
+        return False
+    bound = first_steps_tolerance(coarsest([precision, HIDDEN_FORMAT]), numels)
+    with np.errstate(invalid="ignore"):
+        return bool(np.any(breaks["norm"] & early & (np.abs(series["norm"]) > bound)))
 
 
 def _norm_beyond(step: int, series: dict, breaks: dict, centers: dict, bounds: dict) -> bool:
