@@ -235,7 +235,7 @@ def _description(result: LocateResult, given: tuple[str, str]) -> str:
 
 
 def _link_from(client: MlflowClient, parent: str, experiment_id: str, run_id: str, result: LocateResult) -> None:
-    """The comparison run's description gains a first line naming the operator, linked to the locate run."""
+    """The comparison run's description gains a first line with the finding, linked to the locate run."""
     description = client.get_run(parent).data.tags.get(DESCRIPTION_TAG, "")
     if description.startswith(_LOCATED_LINES):  # an earlier locate's line: replaced
         description = description.split("\n\n", 1)[-1]
