@@ -10,6 +10,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import warnings
 from pathlib import Path
 
 from types import SimpleNamespace
@@ -509,6 +510,21 @@ def test_a_loss_scaler_without_a_scale_is_refused_naming_what_is_accepted(tmp_pa
     optimizer = nn.SGD(MLP().trainable_params(), learning_rate=0.01)
     with pytest.raises(TypeError, match="loss_scaler = 1024.0 is not accepted; expected a mindspore.amp loss scaler"):
         GradientMonitor(config(tmp_path), log_to_mlflow=False).monitor(optimizer, loss_scaler=1024.0)
+
+
+def test_another_loss_scaler_for_the_optimizer_already_probed_is_said_to_be_ignored(tmp_path):
+    from mindspore.amp import StaticLossScaler
+
+    optimizer = nn.SGD(MLP().trainable_params(), learning_rate=0.01)
+    scaler = StaticLossScaler(128.0)
+    monitor = GradientMonitor(config(tmp_path), log_to_mlflow=False, statistics=["exponents"])
+    monitor.monitor(optimizer, loss_scaler=scaler)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the same scaler again: nothing to say
+        monitor.monitor(optimizer, loss_scaler=scaler)
+    with pytest.warns(UserWarning, match=r"called again for the optimizer it probes, with another loss_scaler"):
+        monitor.monitor(optimizer, loss_scaler=StaticLossScaler(64.0))
+    monitor.stop()
 
 
 def test_a_loss_scaler_without_exponent_counts_is_said_to_go_unread(tmp_path):

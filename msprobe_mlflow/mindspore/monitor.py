@@ -88,6 +88,9 @@ class GradientMonitor(SessionMonitor):
         _refuse_non_optimizer(optimizer)
         scale = _scale_of(loss_scaler)
         if optimizer is self._optimizer:
+            if self._probe.settings[-1] != (None if scale is None else id(scale)):  # probe_settings' last field
+                self.notices.warn("monitor() was called again for the optimizer it probes, with another loss_scaler: "
+                                  "the probe keeps the one it was given; call stop(), then monitor() with the new one")
             return self
         self._refuse_monitored_elsewhere(optimizer)
         self._detach()
