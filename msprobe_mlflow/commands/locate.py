@@ -68,7 +68,6 @@ def locate(a: str, b: str, step: int | None, rank: int | None, tracking_uri: str
     if result.run_id:
         click.echo(f"logged: run {result.run_id}" + (f", nested under the comparison run {result.comparison_run_id}"
                                                       if result.comparison_run_id else ""))
-
     return SUSPICIOUS_RESULT if found.named else OK
 
 
