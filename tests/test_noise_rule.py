@@ -107,6 +107,8 @@ def runs(tmp_path_factory) -> dict[str, Path]:
     runs["gradients_only"] = train(root / "gradients_only", statistics=[])
     runs["weights_corrupted_gradients_only"] = train(root / "weights_corrupted_gradients_only", torch.float64,
                                                      "weights_corrupted", statistics=[])
+    runs["weight_decay_x10_gradients_only"] = train(root / "weight_decay_x10_gradients_only", torch.float64,
+                                                    "weight_decay_x10", statistics=[])
     return runs
 
 
@@ -302,7 +304,7 @@ def test_the_comparison_runs_first_line_says_that_the_norms_jumped(runs, tmp_exp
 
     from msprobe_mlflow import compare_runs
 
-    result = compare_runs(runs["baseline"], runs["weight_decay_x10"], plots=False)
+    result = compare_runs(runs["baseline"], runs["weight_decay_x10_gradients_only"], plots=False)
     headline = MlflowClient().get_run(result.run_id).data.tags["mlflow.note.content"].splitlines()[0]
     assert headline.startswith(f"**Departure**: the runs part at step {BUG_FROM + 1} on rank 0 (beyond this "
                                f"pair's learnt noise")  # a jump across the model, but no norm beyond 10%
@@ -642,6 +644,35 @@ def test_weights_that_all_part_a_little_at_once_are_named_there_while_their_grad
     trip = judge.verdict.summary_trip
     assert judge.verdict.first_suspicious_step == 20 and trip.reason == "weight", judge.verdict
     assert trip.detail.startswith("median parameter norm difference ") and not judge.verdict.parameter_trips
+    assert judge.verdict.grade == "break" and judge.verdict.evidence.startswith(
+        f"the whole model's weights parted in one step ({trip.detail}), which rounding carried forward does not do")
+
+
+@pytest.mark.parametrize("parted, grade", [(30, "departure"), (300, "break")])
+def test_weights_parting_across_the_model_grade_a_jump_as_a_break_only_beyond_the_jump_rounding_never_makes(parted,
+                                                                                                        grade):
+    """By hand: ten gradients' norms differ by 1e-7 of their scale, the weights' by 1e-9 more per step; at step 20
+    every gradient norm differs by 1e-4 (a jump across the model, below each norm's floor: a departure on its own),
+    and at step 21 the update that step made parts every weight, ``parted`` times more than the weights' largest
+    difference of the last 20 steps. The weights' differences grew 2.3x in one step at most over the divergence
+    benchmark's 120 benign pairs: 300x is an update that differed, a break; 30x confirms the jump but is no
+    evidence beyond rounding."""
+    names, count = tuple(f"p{i}" for i in range(10)), 10
+    noise = np.random.default_rng(0)
+    judge = NoiseAwareJudge(0)
+    weight_a, weight_b = np.ones(count), np.ones(count)
+    for step in range(22):
+        weight_a = weight_a * (1 - 1e-3)
+        weight_b = weight_a * (1 - (parted * 2.0 ** -24 if step == 21 else 1e-9 * step))
+        norm_b = 1 + (1e-4 if step >= 20 else 1e-7) * (1 + 0.1 * noise.random(count))
+        sides = [SideStatistics(norms, np.ones(count), -np.ones(count), parameter_norm=weights.copy())
+                 for norms, weights in ((np.ones(count), weight_a), (norm_b, weight_b))]
+        found = judge.judge_step(StepComparison(step, names, names, np.full(count, 9_990), np.full(count, 10_000),
+                                                *sides))
+        assert (found is None) == (step != 21), (step, found)
+    assert judge.verdict.first_suspicious_step == 20 and judge.verdict.summary_trip.reason == "norm"
+    assert judge.verdict.grade == grade, judge.verdict.evidence
+    assert ("the whole model's weights parted in one step" in judge.verdict.evidence) == (grade == "break")
 
 
 def test_a_spike_that_does_not_persist_is_rounding_not_a_verdict():
@@ -745,11 +776,21 @@ def test_runs_whose_signs_agree_while_their_statistics_differ_in_the_last_bits_a
     assert not first.verdict.suspicious, first.verdict.describe()
 
 
+def test_an_update_that_differed_parts_every_weight_at_once_a_break_where_the_weights_are_recorded(runs):
+    """A tenfold weight decay on real trainings (float64 against float32): the step after it starts, every weight's
+    norm difference grows hundreds of times at once, where rounding carried forward grows it smoothly."""
+    decayed = verdict(runs, "weight_decay_x10")
+    assert (decayed.first_suspicious_step, decayed.grade) == (BUG_FROM + 1, "break")
+    assert "the whole model's weights parted in one step (median parameter norm difference " in decayed.evidence
+
+
 def test_a_doubled_gradient_is_a_break_and_a_jump_within_every_norms_rounding_a_departure(runs):
+    """A tenfold weight decay, the weights' norms not recorded: its gradients' norms jump across the model, each
+    within what amplified rounding can move it, so a departure."""
     doubled = compare_dumps(runs["baseline"], runs["gradients_x2"], None, plots=False).verdict
     assert (doubled.grade, doubled.ranks[0].grade) == ("break", "break")
     assert "a norm moved by more than 10% of its scale and 10x its largest" in doubled.ranks[0].evidence
-    decayed = compare_dumps(runs["baseline"], runs["weight_decay_x10"], None, plots=False).verdict
+    decayed = compare_dumps(runs["baseline"], runs["weight_decay_x10_gradients_only"], None, plots=False).verdict
     assert decayed.grade == "departure" and decayed.ranks[0].evidence.startswith("beyond this pair's learnt noise")
     assert decayed.to_dict()["grade"] == "departure"
     assert "first suspicious step 19, a departure: beyond this pair's learnt noise" in decayed.describe()
@@ -844,7 +885,8 @@ def test_the_cli_fails_on_a_break_by_default_and_on_a_departure_when_asked(runs)
         return CliRunner().invoke(main, ["compare", str(runs["baseline"]), str(runs[candidate]), "--no-mlflow",
                                          "--no-plots", "--fail-on-suspicious", *grade]).exit_code
 
-    assert (exit_code("weight_decay_x10"), exit_code("weight_decay_x10", "departure")) == (0, 3)
+    assert (exit_code("weight_decay_x10_gradients_only"), exit_code("weight_decay_x10_gradients_only", "departure")) \
+        == (0, 3)
     assert (exit_code("gradients_x2"), exit_code("float64", "departure")) == (3, 0)
 
 

@@ -94,10 +94,10 @@ def compare(a: str, b: str, output: str | None, experiment: str | None, run_name
     numerical noise, learnt from the pair: in the directions, or (at L1/L2) in the gradient norms (and the weights'
     own, where both runs recorded param_norm) or the L2 distribution. Each suspicious step is graded: a 'break' is
     beyond anything rounding can do (a norm off by over 10%, or in the first steps over float16's rounding where
-    the runs' formats are known, anti-aligned signs, a weight that jumped in one run, a format change, any
-    difference after bit-for-bit agreement); a 'departure' is beyond the pair's learnt noise only (amplified
-    rounding, as in a sharp region or a loss spike, or a small bug). Parameters whose signs differ
-    only at rounding level are reported as "sign is noise". The first steps are judged at the coarsest format the runs
+    the runs' formats are known, anti-aligned signs, a weight that jumped in one run, every weight parting at
+    once, a format change, any difference after bit-for-bit agreement); a 'departure' is beyond the pair's learnt
+    noise only (amplified rounding, as in a sharp region or a loss spike, or a small bug). Parameters whose signs
+    differ only at rounding level are reported as "sign is noise". The first steps are judged at the coarsest format the runs
     computed in: --precision, else what both runs' monitors recorded; where neither says, at bfloat16's rounding,
     and first steps that differ beyond float32 rounding are noted ("first steps").
     --rule msprobe: the first compared step below --first-threshold, or a drop of more than --drop-threshold. The

@@ -18,6 +18,7 @@ The series, per rank and parameter, over the compared steps:
   difference. The optimizer amplifies every earlier step's rounding in the weights, so only its jumps are judged,
   once learnt, never for a parameter whose gradient is noise, and only where the runs' moves differ by more than
   ten times the smaller one (a gradient spike moves both); at step 0, before any update, the difference itself.
+  The whole model's weights parting in one step by :data:`NORM_JUMP` is an update that differed: a break.
 - max and min, no series (one element's rounding averages over nothing): they recognise whole-gradient noise, and
   their significands tell the format a gradient came out of (``precision`` evidence, never a break).
 
@@ -73,7 +74,8 @@ MAGNITUDE_FLOOR = 1e-2  # scaled: a norm that moves less is no break (a float32 
 SUMMARY_FIRST_TOLERANCE = 0.03  # msprobe's documented first-step bound, on the elements that are not sign noise
 MAD_TO_SIGMA = 1.4826  # a normal distribution's standard deviation per median absolute deviation
 ROUNDING_LEVEL = 2.0 ** -8  # bfloat16's unit roundoff, relative to the model's largest gradient element
-NORM_JUMP = 100.0  # the growth in one step of the median norm difference that makes a break (benign: 4.1 at most)
+NORM_JUMP = 100.0  # the growth in one step of the median norm difference that makes a break (benign: 4.1 at most;
+# the weights' 2.3, over the divergence benchmark's 120 benign pairs of 300 steps, held-out families included)
 JUMP_FLOOR = 2.0 ** -24  # float32's unit roundoff: norm differences below it are counted at it
 WEIGHT = "weight"  # the series of the parameters' own norms (recorded with statistics=["param_norm"])
 DIRECT = (WEIGHT, PRECISION)  # evidence of where a change entered, not of where it spread
@@ -296,7 +298,8 @@ class NoiseAwareJudge:
             self._note_sensitivity(step, names, needed["norm"], (noise == "") & ~np.isnan(series["norm"]))
         faint, differing = self._leave_out_noise(breaks, below_floor, series, noise, tiny)
         summary_trip, summary = self._summary_trip(comparison, series["direction"], noise != "")
-        summary_trip = self._model_wide_jump(step, places, magnitudes, summary, summary_trip, pushes)
+        summary_trip, weights_parted = self._model_wide_jump(step, places, magnitudes, summary, summary_trip,
+                                                             pushes)
         pushes += [(self._histories[name], places, values) for name, values in series.items()]
         pushes.append((self._summary, np.array([0]), np.array([summary])))
         only_faint = summary_trip is None and not any(np.any(found) for found in breaks.values())
@@ -311,7 +314,8 @@ class NoiseAwareJudge:
         certain = _norm_beyond(step, series, breaks, centers, dict.fromkeys(bounds, FIRST_STEPS_TOLERANCE))
         beyond_rounding = _beyond_rounding(_norm_beyond(step, series, breaks, centers, bounds), best.values(),
                                            self._agreed_bit_for_bit,
-                                           _first_steps_beyond(precision, series, breaks, numels, early))
+                                           _first_steps_beyond(precision, series, breaks, numels, early),
+                                           weights_parted)
         coarser = _coarser_format_within(precision, names, series.get("norm"), numels, best.values(), summary_trip,
                                          early)
         differs = not both or _statistics_differ(side_a, side_b) or any(np.any(found) for found in differing.values())
@@ -411,12 +415,16 @@ class NoiseAwareJudge:
 
     def _model_wide_jump(self, step: int, places, magnitudes: dict, summary: float, summary_trip, pushes: list):
         """The summary's trip, else a jump of the whole model's norm differences (the gradients', then the
-        weights'); each parameter's relative difference goes into the past either way."""
+        weights'), and the weights' jump apart (None: none); each parameter's relative difference goes into the
+        past either way."""
+        jumps = {}
         for name, (norms_a, norms_b) in magnitudes.items():
             relative = np.abs(scaled_difference(norms_a, norms_b, np.full(len(places), np.nan)))
             pushes.append((self._relative[name], places, relative))
-            summary_trip = summary_trip or self._norm_jump(name, step, places, relative, summary)
-        return summary_trip
+            jumps[name] = self._norm_jump(name, step, places, relative, summary)
+        parted = jumps.get(WEIGHT)  # a confirming step's jump is one of sqrt(NORM_JUMP): evidence needs NORM_JUMP
+        return (summary_trip or jumps.get("norm") or parted,
+                parted if parted is not None and parted.score > DEVIATIONS else None)
 
     def _strongest_trips(self, step: int, names, places, similarities, series: dict, judged: dict, scores: dict,
                          centers: dict, magnitudes: dict, tolerance) -> dict[str, Trip]:
@@ -729,11 +737,14 @@ def _coarser_format_within(precision: str | None, names, norms, numels, trips, s
                  and np.all(early[tripped])), None)
 
 
-def _beyond_rounding(norm: bool, trips, agreed_bit_for_bit: bool, first_norm: bool = False) -> tuple[str, ...]:
+def _beyond_rounding(norm: bool, trips, agreed_bit_for_bit: bool, first_norm: bool = False,
+                     weights_parted: Trip | None = None) -> tuple[str, ...]:
     """What of a step's breaks no rounding can do, in words (empty: none): a norm beyond its :func:`rounding_bound`
     (``norm``) or, in the first steps, beyond :func:`_first_steps_beyond`'s (``first_norm``), a parameter whose
     signs disagree on more than half its elements (random rounding flips half at most), a weight that jumped in one
-    run only, a gradient whose format changed in one run, or any difference between runs that agreed bit for bit."""
+    run only, the whole model's weights parting in one step (``weights_parted``: rounding carried forward parts
+    them smoothly, see :data:`NORM_JUMP`), a gradient whose format changed in one run, or any difference between
+    runs that agreed bit for bit."""
     trips = list(trips)
     found = []
     if norm:
@@ -746,6 +757,10 @@ def _beyond_rounding(norm: bool, trips, agreed_bit_for_bit: bool, first_norm: bo
     jumped = [t.name for t in trips if t.reason == WEIGHT]
     if jumped:
         found.append(f"{jumped[0]}'s weights jumped in one run only")
+    if weights_parted is not None:
+        found.append(f"the whole model's weights parted in one step ({weights_parted.detail}), which rounding carried "
+                     "forward does not do: an update that differed (learning rate, weight decay, optimizer) or "
+                     "weights overwritten")
     formats = [t.name for t in trips if t.reason == PRECISION]
     if formats:
         found.append(f"{formats[0]}'s gradient changed format in one run")
