@@ -1,5 +1,7 @@
 """What rounding explains in ``locate``'s rule (``localization/judge.py``): each property below is one the rule
 gained from the localization benchmark's misses, and each test fails when its property is taken out."""
+import contextlib
+
 import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -190,3 +192,45 @@ def test_a_relu_switched_at_a_near_tie_is_no_operator_named_a_faulty_relu_is(tmp
     found = locate(a, faulty, step=0)
     assert (found.kind, found.pair.a.operator) == (OPERATOR, "Aten.threshold_backward.default"), found.describe()
     assert not found.judgement.inputs_bit_equal and "below what their statistics show" in found.describe()
+
+
+def traced_sure_classifier(root, sure: float, jitter: float = 0.0, fault: FaultyKernel | None = None):
+    """A linear classifier sure of every row (weights ``sure`` times their initial size; each row's label its
+    largest logit), its cross-entropy's forward and backward traced; ``jitter``: the weights perturbed by that
+    relative amount, a pair whose trajectories parted, each logit differing more than its tensor's statistics show."""
+    torch.manual_seed(0)
+    model = torch.nn.Linear(16, 10)
+    x = torch.randn(32, 16, generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        model.weight.mul_(sure * (1 + jitter * torch.randn(model.weight.shape,
+                                                           generator=torch.Generator().manual_seed(5))))
+        labels = model(x).argmax(1)
+    with fault or contextlib.nullcontext():  # beneath the tracer, which records the faulty result
+        tracer = OperatorTracer(model)
+        tracer.start()
+        if fault is not None:
+            fault.armed = True
+        torch.nn.functional.cross_entropy(model(x), labels).backward()
+        write_trace(root / "step0" / "rank0", tracer.stop()(), level="mix", framework="pytorch")
+    assert fault is None or fault.injected, "the fault was never injected"
+    return root
+
+
+@pytest.mark.parametrize("sure", [24, 32])
+def test_a_log_softmax_backward_near_zero_at_sure_targets_keeps_its_incoming_gradients_absolute_rounding(tmp_path,
+                                                                                                         sure):
+    """A classifier sure of its answers: log-softmax's backward under its cross-entropy is (p - one-hot) / N, near 0
+    at each row's target beside the incoming gradient (-1/N there). Weights 0.1% apart (a pair whose trajectories
+    parted, as resnet-bn's two-thread pair at step 61 of the divergence benchmark) move each probability further
+    than the log-probabilities' statistics show; on its own scale the backward differs by far more than its inputs.
+    Judged against the incoming gradient's scale, it is drift; the same call 10% off is still named."""
+    baseline = traced_sure_classifier(tmp_path / "a", sure)
+    found = locate(baseline, traced_sure_classifier(tmp_path / "b", sure, jitter=1e-3), step=0)
+    assert found.kind == DRIFT, found.describe()
+    pair, judgement = next((p, j) for p, j in found.rows if p.a.operator == "Aten._log_softmax_backward_data.default")
+    assert judgement.output_difference > judgement.tolerance / cancellation(pair.a, pair.a.tensors_out[0])
+    wrong = traced_sure_classifier(tmp_path / "wrong", sure, jitter=1e-3,
+                                   fault=FaultyKernel("_log_softmax_backward_data", 0, "backward", error=0.1))
+    found = locate(baseline, wrong, step=0)
+    assert (found.kind, found.pair.a.operator) == (OPERATOR, "Aten._log_softmax_backward_data.default"), \
+        found.describe()

@@ -44,6 +44,8 @@ _PRODUCT_SUMS = {"mm", "addmm", "bmm", "baddbmm", "matmul", "linear", "mv", "dot
 _SUMS = {"sum", "embedding_dense_backward", "native_group_norm_backward", "native_batch_norm_backward",
          "native_layer_norm_backward"}
 _DIFFERENCES = {"add", "sub", "rsub"}
+_GRADIENT_DIFFERENCES = {"_log_softmax_backward_data"}  # the incoming gradient less the probabilities times its
+# sum: (p - one-hot) / N under a cross-entropy loss, near zero where p is near one
 _SWITCHES = {"threshold_backward", "hardtanh_backward", "leaky_relu_backward"}  # an activation's backward: each
 # gradient element passed (or scaled) by which side of a threshold its input lies on
 _NORMALIZATIONS = {"native_layer_norm", "native_batch_norm", "native_group_norm", "_native_batch_norm_legit",
@@ -200,7 +202,9 @@ def cancellation(call: OperatorCall, output: TensorSummary) -> float:
     """How much larger than its inputs' an output's relative difference may be because the output is small beside
     what made it (at least 1): a sum or product over K terms against the scale its terms would give it, sqrt(K)
     times theirs (a bias gradient summed over a batch before BatchNorm is zero in exact arithmetic); a difference
-    against its inputs' scale; a normalisation against its input's spread (a mean-dominated input loses digits)."""
+    against its inputs' scale, as is a log-softmax's backward (near 0 at the targets of a model that is sure)
+    against its incoming gradient's; a normalisation against its input's spread (a mean-dominated input loses
+    digits)."""
     name = _short_name(call)
     terms = sorted((t for t in call.tensors_in if _rms(t) is not None), key=lambda t: t.numel, reverse=True)
     rms = _rms(output)
@@ -219,6 +223,8 @@ def cancellation(call: OperatorCall, output: TensorSummary) -> float:
         scale = _rms(terms[0]) * math.sqrt(max(1, terms[0].numel // max(output.numel, 1)))
     elif name in _DIFFERENCES:
         scale = max(_rms(t) for t in terms)
+    elif name in _GRADIENT_DIFFERENCES:
+        scale = _rms(call.tensors_in[0]) or 0.0
     else:
         return 1.0
     return max(1.0, scale / rms)
