@@ -645,7 +645,8 @@ def test_weights_that_all_part_a_little_at_once_are_named_there_while_their_grad
     assert judge.verdict.first_suspicious_step == 20 and trip.reason == "weight", judge.verdict
     assert trip.detail.startswith("median parameter norm difference ") and not judge.verdict.parameter_trips
     assert judge.verdict.grade == "break" and judge.verdict.evidence.startswith(
-        f"the whole model's weights parted in one step ({trip.detail}), which rounding carried forward does not do")
+        f"the whole model's weights parted in one step, at step 20 ({trip.detail}), which rounding carried forward "
+        "does not do")
 
 
 @pytest.mark.parametrize("parted, grade", [(30, "departure"), (300, "break")])
@@ -672,7 +673,8 @@ def test_weights_parting_across_the_model_grade_a_jump_as_a_break_only_beyond_th
         assert (found is None) == (step != 21), (step, found)
     assert judge.verdict.first_suspicious_step == 20 and judge.verdict.summary_trip.reason == "norm"
     assert judge.verdict.grade == grade, judge.verdict.evidence
-    assert ("the whole model's weights parted in one step" in judge.verdict.evidence) == (grade == "break")
+    parted = "the whole model's weights parted in one step, at step 21 ("
+    assert (parted in judge.verdict.evidence) == (grade == "break")
 
 
 def test_a_spike_that_does_not_persist_is_rounding_not_a_verdict():
@@ -781,7 +783,8 @@ def test_an_update_that_differed_parts_every_weight_at_once_a_break_where_the_we
     norm difference grows hundreds of times at once, where rounding carried forward grows it smoothly."""
     decayed = verdict(runs, "weight_decay_x10")
     assert (decayed.first_suspicious_step, decayed.grade) == (BUG_FROM + 1, "break")
-    assert "the whole model's weights parted in one step (median parameter norm difference " in decayed.evidence
+    assert f"the whole model's weights parted in one step, at step {BUG_FROM + 1} (median parameter norm difference " \
+        in decayed.evidence
 
 
 def test_a_doubled_gradient_is_a_break_and_a_jump_within_every_norms_rounding_a_departure(runs):

@@ -758,9 +758,9 @@ def _beyond_rounding(norm: bool, trips, agreed_bit_for_bit: bool, first_norm: bo
     if jumped:
         found.append(f"{jumped[0]}'s weights jumped in one run only")
     if weights_parted is not None:
-        found.append(f"the whole model's weights parted in one step ({weights_parted.detail}), which rounding carried "
-                     "forward does not do: an update that differed (learning rate, weight decay, optimizer) or "
-                     "weights overwritten")
+        found.append(f"the whole model's weights parted in one step, at step {weights_parted.step} "
+                     f"({weights_parted.detail}), which rounding carried forward does not do: an update that differed "
+                     "(learning rate, weight decay, optimizer) or weights overwritten")
     formats = [t.name for t in trips if t.reason == PRECISION]
     if formats:
         found.append(f"{formats[0]}'s gradient changed format in one run")
