@@ -108,3 +108,20 @@ def test_a_wrong_kernel_in_the_pytorch_twin_is_named_and_its_side_too(tmp_path):
     assert found.module == "body.1"
     assert result.side.wrong == "B"
     assert result.side.error_b == pytest.approx(1e-2, rel=0.05) and result.side.error_a < 1e-6
+
+
+def test_across_frameworks_a_quiet_forward_says_the_backward_was_not_compared(tmp_path):
+    """MindSpore runs its backward's operators below Python, so across frameworks the traces pair the forward only:
+    a PyTorch tanh_backward kernel 10% off leaves every forward call as it was. locate must not call that step
+    rounding: it says the backward was not compared and how to compare it. One framework against itself says no
+    such thing."""
+    fault = FaultyKernel("tanh_backward", 0, phase="backward", error=0.1)
+    mindspore_run = traced_mindspore(tmp_path / "ms")
+    found = msprobe_mlflow.locate(mindspore_run, traced_torch(tmp_path / "pt", fault), step=TRACED,
+                                  log_run=False).localization
+    assert fault.injected == 1
+    assert found.kind in (DRIFT, IDENTICAL) and found.forward_only, found.describe()
+    assert found.describe().startswith(f"{found.kind} in the forward: ")
+    assert "the backward is not compared across frameworks" in found.describe()
+    alone = msprobe_mlflow.locate(mindspore_run, mindspore_run, step=TRACED, log_run=False).localization
+    assert not alone.forward_only and "backward" not in alone.describe(), alone.describe()

@@ -32,6 +32,8 @@ class Localization:
     rows: list[tuple[AlignedCall, Judgement | None]] = field(default_factory=list)  # every aligned call, in order
     folders: tuple[str, str] = ("", "")
     module_share: float | None = None  # across frameworks: the share of module entries matched
+    forward_only: bool = False  # across frameworks: MindSpore runs its backward's operators below Python, so
+    # the traces pair the forward only, and a wrong backward kernel would read as the forward's drift
 
     @property
     def named(self) -> bool:
@@ -42,10 +44,14 @@ class Localization:
         return module_path(self.pair.call.parent) if self.pair else ""
 
     def describe(self) -> str:
+        scope = " in the forward" if self.forward_only else ""
+        unseen = "; the backward is not compared across frameworks (MindSpore's autograd runs below Python), so a " \
+            "wrong backward kernel is not ruled out: trace the step on one framework on both devices to compare it" \
+            if self.forward_only else ""
         if self.kind == IDENTICAL:
-            return "identical: every traced operator's inputs and outputs have equal bits in A and B"
+            return f"identical{scope}: every traced operator's inputs and outputs have equal bits in A and B{unseen}"
         if self.kind == DRIFT:
-            return f"drift: every operator's output difference follows from its inputs ({self.detail})"
+            return f"drift{scope}: every operator's output difference follows from its inputs ({self.detail}){unseen}"
         call = self.pair.call
         where = f"{call.name} in {self.module or 'the model (outside any module)'}"
         site = call_site(call)
@@ -63,6 +69,7 @@ def locate_traces(a: str | os.PathLike, b: str | os.PathLike, *, step: int | Non
         pairs, module_share = align_across(trace_a, trace_b)
         localization = walk(pairs, across=True)
         localization.module_share = module_share
+        localization.forward_only = True
     else:
         localization = walk(align(operator_calls(trace_a), operator_calls(trace_b)))
     localization.folders = (str(folder_a), str(folder_b))
