@@ -32,8 +32,8 @@ class Localization:
     rows: list[tuple[AlignedCall, Judgement | None]] = field(default_factory=list)  # every aligned call, in order
     folders: tuple[str, str] = ("", "")
     module_share: float | None = None  # across frameworks: the share of module entries matched
-    forward_only: bool = False  # across frameworks: MindSpore runs its backward's operators below Python, so
-    # the traces pair the forward only, and a wrong backward kernel would read as the forward's drift
+    across: bool = False  # two frameworks: MindSpore runs its backward's operators below Python, so the backward
+    # pairs per leaf module (:mod:`~msprobe_mlflow.localization.frameworks`), and what no leaf module ran is not seen
 
     @property
     def named(self) -> bool:
@@ -44,14 +44,14 @@ class Localization:
         return module_path(self.pair.call.parent) if self.pair else ""
 
     def describe(self) -> str:
-        scope = " in the forward" if self.forward_only else ""
-        unseen = "; the backward is not compared across frameworks (MindSpore's autograd runs below Python), so a " \
-            "wrong backward kernel is not ruled out: trace the step on one framework on both devices to compare it" \
-            if self.forward_only else ""
+        unseen = "; across frameworks the backward is compared per leaf module, on the gradient of its input " \
+            "(MindSpore's autograd runs below Python), so a wrong kernel computing a parameter's gradient, or " \
+            "outside any leaf module, is not ruled out: the verdict's culprits name such a parameter; trace the " \
+            "step on one framework on both devices to compare every operator" if self.across else ""
         if self.kind == IDENTICAL:
-            return f"identical{scope}: every traced operator's inputs and outputs have equal bits in A and B{unseen}"
+            return f"identical: every traced operator's inputs and outputs have equal bits in A and B{unseen}"
         if self.kind == DRIFT:
-            return f"drift{scope}: every operator's output difference follows from its inputs ({self.detail}){unseen}"
+            return f"drift: every operator's output difference follows from its inputs ({self.detail}){unseen}"
         call = self.pair.call
         where = f"{call.name} in {self.module or 'the model (outside any module)'}"
         site = call_site(call)
@@ -69,7 +69,7 @@ def locate_traces(a: str | os.PathLike, b: str | os.PathLike, *, step: int | Non
         pairs, module_share = align_across(trace_a, trace_b)
         localization = walk(pairs, across=True)
         localization.module_share = module_share
-        localization.forward_only = True
+        localization.across = True
     else:
         localization = walk(align(operator_calls(trace_a), operator_calls(trace_b)))
     localization.folders = (str(folder_a), str(folder_b))
@@ -111,9 +111,11 @@ def walk(aligned: list[AlignedCall], across: bool = False) -> Localization:
             inputs = "its inputs have equal bits" if judgement.inputs_bit_equal else \
                 f"its inputs differ by {judgement.input_difference:.2g}" if judgement.input_difference else \
                 "its inputs differ in bits below what their statistics show"
+            whole = "its backward, compared as a whole across frameworks (the gradient of its input): " \
+                if pair.call.is_module else ""
             found = Localization(OPERATOR, pair, judgement,
-                                 f"output differs by {judgement.output_difference:.2g} of its scale where {inputs} "
-                                 f"(rounding explains up to {judgement.tolerance:.2g} in {judgement.format})")
+                                 f"{whole}output differs by {judgement.output_difference:.2g} of its scale where "
+                                 f"{inputs} (rounding explains up to {judgement.tolerance:.2g} in {judgement.format})")
     if found is None:
         judged = [(pair, j) for pair, j in rows if j is not None and j.output_difference > 0]
         if not judged:

@@ -23,6 +23,7 @@ CONVERSIONS = ("Aten._to_copy.", "Aten.to.", "Aten.copy_.", "Aten.clone.", "Aten
 class AlignedCall:
     a: OperatorCall | None  # None: the call is B's only
     b: OperatorCall | None
+    reach: tuple[int, float] | None = None  # a module's backward across frameworks: its operators' rounding reach
 
     @property
     def one_sided(self) -> bool:

@@ -3,7 +3,9 @@
 MindSpore API may be several aten calls) and MindSpore has no API-level backward. So they are aligned on what both
 mean: the forward's calls by the operator's family and output shapes, the module entries by their class's family,
 path and output shapes; calls without a twin are no finding (the frameworks split work differently), and neither is
-an argument spelled otherwise (a dim list against an axis)."""
+an argument spelled otherwise (a dim list against an axis). The backward pairs per leaf module (a cell's backward
+entry against the torch operators that module's backward ran, as one call): the gradient of its output and what its
+backward reads back (its forward's input and output) in, the gradient of its input out."""
 from __future__ import annotations
 
 import difflib
@@ -11,6 +13,7 @@ import re
 from dataclasses import replace
 
 from msprobe_mlflow.localization.align import AlignedCall
+from msprobe_mlflow.localization.judge import rounding_reach
 from msprobe_mlflow.trace.files import MODULE_PREFIXES, OperatorCall, Trace
 
 # An operator's family: the name without framework prefix, overload and dunder, then these (else itself).
@@ -68,7 +71,48 @@ def align_across(a: Trace, b: Trace) -> tuple[list[AlignedCall], float]:
     modules_b = [c for c in b.calls if c.name.startswith(MODULE_PREFIXES) and c.phase == "forward"]
     paired_modules = _matched(modules_a, modules_b, lambda c: (class_family(c), _shapes(c)))
     share = len(paired_modules) / max(len(modules_a), len(modules_b)) if modules_a or modules_b else 1.0
-    return pairs, share
+    return pairs + _backward_by_module(a, b, paired_modules), share
+
+
+def _backward_by_module(a: Trace, b: Trace, modules: list[AlignedCall]) -> list[AlignedCall]:
+    """The backward of each paired leaf module called once, as one call per side (:func:`_module_backward`), in
+    the backward's order (the forward's reversed). A module with children is left to them; one called twice has
+    backward entries whose numbering neither framework ties to its forward calls."""
+    pairs = []
+    for pair in reversed(modules):
+        if not (_leaf_called_once(a, pair.a) and _leaf_called_once(b, pair.b)):
+            continue
+        (call_a, ran_a), (call_b, ran_b) = _module_backward(a, pair.a), _module_backward(b, pair.b)
+        if call_a is not None and call_b is not None:
+            pairs.append(AlignedCall(call_a, call_b, rounding_reach(*ran_a, *ran_b) if ran_a or ran_b else None))
+    return pairs
+
+
+def _leaf_called_once(trace: Trace, module: OperatorCall) -> bool:
+    head, _, number = module.name.rpartition(".forward.")
+    return number == "0" and not any(c.is_module and (c.parent == module.name or c.name == f"{head}.forward.1")
+                                     for c in trace.calls)
+
+
+def _module_backward(trace: Trace, module: OperatorCall) -> tuple[OperatorCall | None, list[OperatorCall]]:
+    """``module``'s backward as one call (None: not comparable): the gradient of its first output and its forward's
+    first input and output in, the gradient of that input out; from its backward entry where the trace has one
+    (MindSpore's cells, msprobe's dumps), else from the backward operators it ran (torch's, named by the module
+    that created them), the first tensors of those shapes, returned too for their rounding."""
+    if not module.tensors_in or not module.tensors_out:
+        return None, []
+    head, _, number = module.name.rpartition(".forward.")
+    name = f"{head}.backward.{number}"
+    entry = next((c for c in trace.calls if c.name == name), None)
+    ran = [] if entry is not None else [c for c in trace.calls if c.parent == name and not c.is_module]
+    gradients_in = entry.tensors_in if entry is not None else [t for c in ran for t in c.tensors_in]
+    gradients_out = entry.tensors_out if entry is not None else [t for c in ran for t in c.tensors_out]
+    output, given = module.tensors_out[0], module.tensors_in[0]
+    gradient_of_output = next((t for t in gradients_in if t.shape == output.shape), None)
+    gradient_of_input = next((t for t in gradients_out if t.shape == given.shape), None)
+    if gradient_of_output is None or gradient_of_input is None:
+        return None, []
+    return OperatorCall(name, [gradient_of_output, given, output], [gradient_of_input], parent=name), ran
 
 
 def _bias_fused(calls: list[OperatorCall]) -> list[OperatorCall]:

@@ -130,7 +130,8 @@ def judge(pair: AlignedCall, noise: float = 0.0, across: bool = False) -> Judgem
     output is judged against its own tolerance, widened by its cancellation (:func:`cancellation`); the output
     furthest beyond (or nearest to) its tolerance speaks for the call. ``across`` frameworks, only the first output
     is judged: the call's result; the others are what each framework keeps for its backward, defined otherwise
-    (MindSpore's LayerNorm returns the variance where torch's returns its reciprocal square root)."""
+    (MindSpore's LayerNorm returns the variance where torch's returns its reciprocal square root). A module's
+    backward (``pair.reach``) adds the rounding of its operators: their largest reduction size and cancellation."""
     a, b = pair.a, pair.b
     outputs = zip(a.tensors_out[:1], b.tensors_out[:1]) if across else zip(a.tensors_out, b.tensors_out)
     paired = _same_tensors(a.tensors_in, b.tensors_in) if across else list(zip(a.tensors_in, b.tensors_in))
@@ -143,9 +144,10 @@ def judge(pair: AlignedCall, noise: float = 0.0, across: bool = False) -> Judgem
         input_difference = max(input_difference, floor)
         carried = max(carried, CARRIED * floor)
     fmt = max(output_format(a), output_format(b), key=UNIT_ROUNDOFF.__getitem__)
-    rounding = ROUNDING * added_rounding(fmt, max(reduction_size(a), reduction_size(b)))
+    size, cancelled = pair.reach or (max(reduction_size(a), reduction_size(b)), None)
+    rounding = ROUNDING * added_rounding(fmt, size)
     judged = [(tensor_difference(x, y), (carried + rounding * max(_peak(x), _peak(y))) *
-               max(cancellation(a, x), cancellation(b, y))) for x, y in outputs if not scratch(a, x)]
+               (cancelled or max(cancellation(a, x), cancellation(b, y)))) for x, y in outputs if not scratch(a, x)]
     output_difference, tolerance = max(judged, key=lambda j: j[0] / j[1] if j[1] > 0 else math.inf * j[0],
                                        default=(0.0, carried + rounding))
     return Judgement(input_difference, output_difference, tolerance, fmt, output_difference > tolerance,

@@ -101,6 +101,9 @@ def locate(a: str | os.PathLike, b: str | os.PathLike, *, step: int | None = Non
 
 def _which_side(found: Localization, step: int) -> tuple["SideError | None", str]:
     """Each side's error against the float64 replay of the named call, where both traces saved its inputs."""
+    if found.pair.call.is_module:
+        return None, ("which side is wrong: a module's backward across frameworks is not replayed; trace the step "
+                      "on one framework on both devices to name the operator inside it and its side")
     names = dict.fromkeys((found.pair.a.name, found.pair.b.name))
     hint = (f"which side is wrong: rerun both trainings with {TRACE_STEPS_VARIABLE}={step} "
             f"{TRACE_SAVE_VARIABLE}={','.join(names)}")
