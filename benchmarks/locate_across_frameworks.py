@@ -25,7 +25,11 @@ names no operator), the module entries aligned (``module_share``). A fault whose
 not above the benign pair's there is a row of its own, not counted. The same, a wrong kernel in one MindSpore call at
 a time (``MindSporeWrongKernel``: a primitive of a cell, a ``mint`` function, a ``Tensor`` method), side A: added at
 stop 55 and measured then for the first time, on both families, with no change to ``locate`` (MindSpore's primitives
-are not replayed, so its side is found by elimination).
+are not replayed, so its side is found by elimination). And, added at stop 63 with the backward's comparison per
+leaf module (MindSpore's backward is per cell), a wrong kernel in one PyTorch backward call at a time, each call a
+paired leaf module's backward ran: counted *module* (that module's backward named), where the fault reaches the
+module's gradient of its input beyond the benign pair's difference there (a kernel computing a parameter's gradient
+does not: a row of its own, not counted). Measured for the first time at that stop, no constant added.
 
     .venv/bin/python benchmarks/locate_across_frameworks.py [--seeds 3] [--out benchmarks/results]
     .venv/bin/python benchmarks/locate_across_frameworks.py --quick --out DIR   # one seed, one step: the harness
@@ -69,6 +73,7 @@ from msprobe_mlflow.localization.align import module_path  # noqa: E402
 from msprobe_mlflow.mindspore import GradientMonitor as MindSporeMonitor  # noqa: E402
 from msprobe_mlflow.mindspore.operator_trace import MindSporeOperatorTracer  # noqa: E402
 from msprobe_mlflow.pytorch import GradientMonitor as TorchMonitor  # noqa: E402
+from msprobe_mlflow.trace.files import read_trace, trace_folder  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
 FAULT_STEP, BENIGN_STEPS, ERRORS = 2, (1, 2, 4, 6, 9), (1e-3, 1e-2, 1e-1)
@@ -165,13 +170,13 @@ def train_mindspore(family: str, seed: int, dump: Path, step: int, save=(),
 
 
 class WrongKernel(TorchDispatchMode):
-    """The ``number``-th forward call of aten ``operator`` returns its first output times 1 + ``error`` while
+    """The ``number``-th call of aten ``operator`` in ``phase`` returns its first output times 1 + ``error`` while
     ``armed``. Entered before the trace starts, so below the tracer's mode (the trace records the wrong result); the
     tracer's own statistics are not counted (benchmark only: ``traces`` is the monitor's, read while it traces)."""
 
-    def __init__(self, operator: str, number: int, error: float):
+    def __init__(self, operator: str, number: int, error: float, phase: str = "forward"):
         super().__init__()
-        self.operator, self.number, self.error = operator, number, error
+        self.operator, self.number, self.error, self.phase = operator, number, error, phase
         self.armed, self.calls, self.injected, self.traces = False, 0, 0, None
 
     def _measuring(self) -> bool:
@@ -180,7 +185,8 @@ class WrongKernel(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         output = func(*args, **(kwargs or {}))
-        if self.armed and str(func) == self.operator and torch._C._current_autograd_node() is None and \
+        backward = torch._C._current_autograd_node() is not None
+        if self.armed and str(func) == self.operator and backward == (self.phase == "backward") and \
                 not self._measuring():
             if self.calls == self.number:
                 (output[0] if isinstance(output, tuple) else output).mul_(1 + self.error)
@@ -291,8 +297,10 @@ def locate(a: Path, b: Path, step: int):
     return msprobe_mlflow.locate(a, b, step=step, log_run=False)
 
 
-def benign_cases(family: str, seed: int, work: Path, steps) -> tuple[list[Outcome], dict]:
-    outcomes, at_fault_step = [], {}
+def benign_cases(family: str, seed: int, work: Path, steps) -> tuple[list[Outcome], dict, dict, list]:
+    """The benign pairs' outcomes; at ``FAULT_STEP``, the forward's pairs and the leaf modules' backward pairs, by
+    PyTorch's name, with their judgements, and PyTorch's backward calls."""
+    outcomes, at_fault_step, modules, backward_calls = [], {}, {}, []
     for step in steps:
         folder = work / f"{family}-{seed}-benign-{step}"
         result = locate(train_mindspore(family, seed, folder / "ms", step), train_torch(family, seed, folder / "pt", step),
@@ -301,8 +309,12 @@ def benign_cases(family: str, seed: int, work: Path, steps) -> tuple[list[Outcom
         outcomes.append(Outcome(family, seed, step, None, 0.0, found.kind, _named(found), False, False, None, False,
                                 found.module_share))
         if step == FAULT_STEP:
-            at_fault_step = {pair.b.name: (pair, judgement) for pair, judgement in found.rows if not pair.one_sided}
-    return outcomes, at_fault_step
+            paired = [(pair, judgement) for pair, judgement in found.rows if not pair.one_sided]
+            at_fault_step = {pair.b.name: (pair, j) for pair, j in paired if not pair.b.is_module}
+            modules = {pair.b.name: (pair, j) for pair, j in paired if pair.b.is_module}
+            backward_calls = [c for c in read_trace(trace_folder(folder / "pt", step, 0)).calls
+                              if c.phase == "backward" and not c.is_module]
+    return outcomes, at_fault_step, modules, backward_calls
 
 
 def fault_cases(family: str, seed: int, work: Path, twins: dict, errors) -> list[Outcome]:
@@ -340,6 +352,35 @@ def mindspore_fault_cases(family: str, seed: int, work: Path, twins: dict, error
             if fault.injected != 1:
                 raise RuntimeError(f"{family} seed {seed}: the fault in {truth} ran {fault.injected} times")
             outcomes.append(_fault_outcome(family, seed, truth, error, result, pair, benign, "A"))
+    return outcomes
+
+
+def backward_fault_cases(family: str, seed: int, work: Path, modules: dict, backward_calls: list,
+                         errors) -> list[Outcome]:
+    """A wrong kernel in one PyTorch backward call at a time, each call that a paired leaf module's backward ran
+    (MindSpore has no operator-level backward: the module is what can be named). Counted where the fault reaches
+    that module's gradient of its input beyond the benign pair's difference there; a kernel computing a parameter's
+    gradient does not (the verdict's culprits name that parameter), a row of its own."""
+    saved_ms = train_mindspore(family, seed, work / f"{family}-{seed}-ms-backward", FAULT_STEP)
+    outcomes = []
+    for module, (pair, benign) in modules.items():
+        for call in (c for c in backward_calls if c.parent == module):
+            operator = call.name.rsplit(".", 2)[0]
+            number = sum(c.name.rsplit(".", 2)[0] == operator for c in backward_calls[:backward_calls.index(call)])
+            for error in errors:
+                fault = WrongKernel("aten." + operator.removeprefix("Aten."), number, error, phase="backward")
+                folder = work / f"{family}-{seed}-{call.name}-{error:g}"
+                result = locate(saved_ms, train_torch(family, seed, folder, FAULT_STEP, fault=fault), FAULT_STEP)
+                if fault.injected != 1:
+                    raise RuntimeError(f"{family} seed {seed}: the fault in {call.name} ran {fault.injected} times")
+                found = result.localization
+                row = next((j for p, j in found.rows if p.b is not None and p.b.name == module), None)
+                named = found.pair.b if found.pair is not None else None
+                outcomes.append(Outcome(
+                    family, seed, FAULT_STEP, call.name, error, found.kind, _named(found), exact=False,
+                    module=found.kind == OPERATOR and named is not None and named.name == module, side=None,
+                    below_noise=row is None or row.output_difference <= benign.output_difference,
+                    module_share=found.module_share, faulty_side="B backward"))
     return outcomes
 
 
@@ -386,6 +427,10 @@ def summarise(outcomes: list[Outcome]) -> dict:
                 f"{prefix}module": share(counted, lambda o: o.module),
                 f"{prefix}side": share([o for o in counted if o.exact], lambda o, side=side: o.side == side),
                 f"{prefix}below_noise": sum(o.below_noise for o in faults)})
+        backward = [o for o in rows if o.faulty_side == "B backward"]
+        summary[group].update({"backward_module": share([o for o in backward if not o.below_noise],
+                                                        lambda o: o.module),
+                               "backward_below_noise": sum(o.below_noise for o in backward)})
     return summary
 
 
@@ -408,13 +453,18 @@ def markdown(result: dict) -> str:
                                ("mindspore_side", "... side named right (A), of those named exactly", "90%"),
                                ("mindspore_below_noise", "... below the pair's rounding at their call (not counted)",
                                 ""),
+                               ("backward_module", "wrong PyTorch backward kernel in a leaf module: its module "
+                                "named (MindSpore's backward is per cell)", "98%"),
+                               ("backward_below_noise", "... not reaching its module's gradient of the input beyond "
+                                "the pair's rounding (a parameter's gradient; not counted)", ""),
                                ("benign_quiet", "benign pairs naming no operator", "29 of 30")):
         values = [groups[group].get(key) for group in ("in sample", "held out")]
         lines.append(f"| {label} | {target} | " + " | ".join(
             "n/a" if v is None else str(v) if isinstance(v, int) else cell(v) for v in values) + " |")
     lines.append(f"| module entries aligned, lowest over benign pairs | 95% | "
                  f"{groups['in sample']['module_share_min']:.0%} | {groups['held out']['module_share_min']:.0%} |")
-    misses = [o for o in result["outcomes"] if o["fault"] and not o["below_noise"] and not (o["exact"] and o["module"])]
+    misses = [o for o in result["outcomes"] if o["fault"] and not o["below_noise"]
+              and not (o["module"] if o["faulty_side"] == "B backward" else o["exact"] and o["module"])]
     loud = [o for o in result["outcomes"] if not o["fault"] and o["kind"] in NAMED]
     if misses or loud:
         lines += ["", "| family | seed | step | fault | d | found | named (MindSpore / PyTorch) | side named |",
@@ -444,9 +494,10 @@ def main() -> int:
         for family in FAMILIES:
             for seed in seeds:
                 print(f"{family} seed {seed}", file=sys.stderr, flush=True)
-                benign, twins = benign_cases(family, seed, Path(scratch), steps)
+                benign, twins, modules, backward_calls = benign_cases(family, seed, Path(scratch), steps)
                 outcomes += benign + fault_cases(family, seed, Path(scratch), twins, errors)
                 outcomes += mindspore_fault_cases(family, seed, Path(scratch), twins, errors)
+                outcomes += backward_fault_cases(family, seed, Path(scratch), modules, backward_calls, errors)
         os.chdir(ROOT)
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout
     result = {"machine": f"{os.cpu_count()} CPUs, Python {platform.python_version()}, torch {torch.__version__} "
