@@ -28,8 +28,9 @@ stop 55 and measured then for the first time, on both families, with no change t
 are not replayed, so its side is found by elimination). And, added at stop 63 with the backward's comparison per
 leaf module (MindSpore's backward is per cell), a wrong kernel in one PyTorch backward call at a time, each call a
 paired leaf module's backward ran: counted *module* (that module's backward named), where the fault reaches the
-module's gradient of its input beyond the benign pair's difference there (a kernel computing a parameter's gradient
-does not: a row of its own, not counted). Measured for the first time at that stop, no constant added.
+module's gradient of its input beyond the benign pair's difference there (a kernel computing a parameter's gradient,
+or summing two paths' gradients, does not: a row of its own, not counted). Measured for the first time at that stop,
+no constant added.
 
     .venv/bin/python benchmarks/locate_across_frameworks.py [--seeds 3] [--out benchmarks/results]
     .venv/bin/python benchmarks/locate_across_frameworks.py --quick --out DIR   # one seed, one step: the harness
@@ -360,7 +361,8 @@ def backward_fault_cases(family: str, seed: int, work: Path, modules: dict, back
     """A wrong kernel in one PyTorch backward call at a time, each call that a paired leaf module's backward ran
     (MindSpore has no operator-level backward: the module is what can be named). Counted where the fault reaches
     that module's gradient of its input beyond the benign pair's difference there; a kernel computing a parameter's
-    gradient does not (the verdict's culprits name that parameter), a row of its own."""
+    gradient does not (the verdict's culprits name that parameter), nor one summing two paths' gradients (a residual
+    stream's, which torch names by the module whose input it is): a row of its own."""
     saved_ms = train_mindspore(family, seed, work / f"{family}-{seed}-ms-backward", FAULT_STEP)
     outcomes = []
     for module, (pair, benign) in modules.items():
@@ -456,7 +458,8 @@ def markdown(result: dict) -> str:
                                ("backward_module", "wrong PyTorch backward kernel in a leaf module: its module "
                                 "named (MindSpore's backward is per cell)", "98%"),
                                ("backward_below_noise", "... not reaching its module's gradient of the input beyond "
-                                "the pair's rounding (a parameter's gradient; not counted)", ""),
+                                "the pair's rounding (a parameter's gradient, two paths' gradients summed; not "
+                                "counted)", ""),
                                ("benign_quiet", "benign pairs naming no operator", "29 of 30")):
         values = [groups[group].get(key) for group in ("in sample", "held out")]
         lines.append(f"| {label} | {target} | " + " | ".join(
