@@ -75,44 +75,50 @@ def align_across(a: Trace, b: Trace) -> tuple[list[AlignedCall], float]:
 
 
 def _backward_by_module(a: Trace, b: Trace, modules: list[AlignedCall]) -> list[AlignedCall]:
-    """The backward of each paired leaf module called once, as one call per side (:func:`_module_backward`), in
-    the backward's order (the forward's reversed). A module with children is left to them; one called twice has
+    """The backward of each paired leaf module called once, as one call per side (:class:`_Backward`), in the
+    backward's order (the forward's reversed). A module with children is left to them; one called twice has
     backward entries whose numbering neither framework ties to its forward calls."""
+    backward_a, backward_b = _Backward(a), _Backward(b)
     pairs = []
     for pair in reversed(modules):
-        if not (_leaf_called_once(a, pair.a) and _leaf_called_once(b, pair.b)):
-            continue
-        (call_a, ran_a), (call_b, ran_b) = _module_backward(a, pair.a), _module_backward(b, pair.b)
+        (call_a, ran_a), (call_b, ran_b) = backward_a.of(pair.a), backward_b.of(pair.b)
         if call_a is not None and call_b is not None:
             pairs.append(AlignedCall(call_a, call_b, rounding_reach(*ran_a, *ran_b) if ran_a or ran_b else None))
     return pairs
 
 
-def _leaf_called_once(trace: Trace, module: OperatorCall) -> bool:
-    head, _, number = module.name.rpartition(".forward.")
-    return number == "0" and not any(c.is_module and (c.parent == module.name or c.name == f"{head}.forward.1")
-                                     for c in trace.calls)
+class _Backward:
+    """One trace's module backward: its backward entries by name, the operators each module's backward ran (torch
+    names each by the module that created it), which modules have children and which ran twice."""
 
+    def __init__(self, trace: Trace):
+        self.entries = {c.name: c for c in trace.calls if c.is_module}
+        self.ran: dict[str, list[OperatorCall]] = {}
+        for call in trace.calls:
+            if not call.is_module and call.parent:
+                self.ran.setdefault(call.parent, []).append(call)
+        self.parents = {c.parent for c in trace.calls if c.is_module}
 
-def _module_backward(trace: Trace, module: OperatorCall) -> tuple[OperatorCall | None, list[OperatorCall]]:
-    """``module``'s backward as one call (None: not comparable): the gradient of its first output and its forward's
-    first input and output in, the gradient of that input out; from its backward entry where the trace has one
-    (MindSpore's cells, msprobe's dumps), else from the backward operators it ran (torch's, named by the module
-    that created them), the first tensors of those shapes, returned too for their rounding."""
-    if not module.tensors_in or not module.tensors_out:
-        return None, []
-    head, _, number = module.name.rpartition(".forward.")
-    name = f"{head}.backward.{number}"
-    entry = next((c for c in trace.calls if c.name == name), None)
-    ran = [] if entry is not None else [c for c in trace.calls if c.parent == name and not c.is_module]
-    gradients_in = entry.tensors_in if entry is not None else [t for c in ran for t in c.tensors_in]
-    gradients_out = entry.tensors_out if entry is not None else [t for c in ran for t in c.tensors_out]
-    output, given = module.tensors_out[0], module.tensors_in[0]
-    gradient_of_output = next((t for t in gradients_in if t.shape == output.shape), None)
-    gradient_of_input = next((t for t in gradients_out if t.shape == given.shape), None)
-    if gradient_of_output is None or gradient_of_input is None:
-        return None, []
-    return OperatorCall(name, [gradient_of_output, given, output], [gradient_of_input], parent=name), ran
+    def of(self, module: OperatorCall) -> tuple[OperatorCall | None, list[OperatorCall]]:
+        """``module``'s backward as one call (None: not comparable): the gradient of its first output and its
+        forward's first input and output in, the gradient of that input out; from its backward entry where the trace
+        has one (MindSpore's cells, msprobe's dumps), else from the backward operators it ran, the first tensors of
+        those shapes, returned too for their rounding."""
+        head, _, number = module.name.rpartition(".forward.")
+        if number != "0" or f"{head}.forward.1" in self.entries or module.name in self.parents \
+                or not module.tensors_in or not module.tensors_out:
+            return None, []
+        name = f"{head}.backward.{number}"
+        entry = self.entries.get(name)
+        ran = [] if entry is not None else self.ran.get(name, [])
+        gradients_in = entry.tensors_in if entry is not None else [t for c in ran for t in c.tensors_in]
+        gradients_out = entry.tensors_out if entry is not None else [t for c in ran for t in c.tensors_out]
+        output, given = module.tensors_out[0], module.tensors_in[0]
+        gradient_of_output = next((t for t in gradients_in if t.shape == output.shape), None)
+        gradient_of_input = next((t for t in gradients_out if t.shape == given.shape), None)
+        if gradient_of_output is None or gradient_of_input is None:
+            return None, []
+        return OperatorCall(name, [gradient_of_output, given, output], [gradient_of_input], parent=name), ran
 
 
 def _bias_fused(calls: list[OperatorCall]) -> list[OperatorCall]:
