@@ -97,9 +97,9 @@ def compare(a: str, b: str, output: str | None, experiment: str | None, run_name
     the runs' formats are known, anti-aligned signs, a weight that jumped in one run, every weight parting at
     once, a format change, any difference after bit-for-bit agreement); a 'departure' is beyond the pair's learnt
     noise only (amplified rounding, as in a sharp region or a loss spike, or a small bug). Parameters whose signs
-    differ only at rounding level are reported as "sign is noise". The first steps are judged at the coarsest format the runs
-    computed in: --precision, else what both runs' monitors recorded; where neither says, at bfloat16's rounding,
-    and first steps that differ beyond float32 rounding are noted ("first steps").
+    differ only at rounding level are reported as "sign is noise". The first steps are judged at the coarsest
+    format the runs computed in: --precision, else what both runs' monitors recorded; where neither says, at
+    bfloat16's rounding, and first steps that differ beyond float32 rounding are noted ("first steps").
     --rule msprobe: the first compared step below --first-threshold, or a drop of more than --drop-threshold. The
     first suspicious step per rank is printed with the parameters that moved most beyond their noise.
 
