@@ -211,9 +211,11 @@ def test_locate_across_frameworks_quick_judges_both_families_and_writes_only_whe
         assert summary["exact"]["of"] > 0 and summary["benign_quiet"]["of"] == families, summary
         assert summary["module_share_min"] > 0
         assert summary["mindspore_exact"]["of"] > 0, summary
+        assert summary["backward_module"]["of"] > 0 and summary["backward_below_noise"] > 0, summary
     faults = [o for o in result["outcomes"] if o["fault"]]
     assert all(o["error"] == 1e-2 for o in faults)
-    assert {o["faulty_side"] for o in faults if o["fault"].startswith("Aten.")} == {"B"}
+    assert {o["faulty_side"] for o in faults if o["fault"].startswith("Aten.")} == {"B", "B backward"}
+    assert all(o["fault"].endswith(".backward") for o in faults if o["faulty_side"] == "B backward")
     assert {o["faulty_side"] for o in faults if not o["fault"].startswith("Aten.")} == {"A"}
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]  # MindSpore's compiler reports went elsewhere
 
