@@ -102,15 +102,14 @@ class _Backward:
     def of(self, module: OperatorCall) -> tuple[OperatorCall | None, list[OperatorCall]]:
         """``module``'s backward as one call (None: not comparable): the gradient of its first output and its
         forward's first input and output in, the gradient of that input out; from its backward entry where the trace
-        has one (MindSpore's cells, msprobe's dumps), else from the backward operators it ran, the first tensors of
-        those shapes, returned too for their rounding."""
+        has one (MindSpore's cells, msprobe's dumps), else from the backward operators it ran (their first tensors of
+        those shapes); with those operators, for their rounding."""
         head, _, number = module.name.rpartition(".forward.")
         if number != "0" or f"{head}.forward.1" in self.entries or module.name in self.parents \
                 or not module.tensors_in or not module.tensors_out:
             return None, []
         name = f"{head}.backward.{number}"
-        entry = self.entries.get(name)
-        ran = [] if entry is not None else self.ran.get(name, [])
+        entry, ran = self.entries.get(name), self.ran.get(name, [])
         gradients_in = entry.tensors_in if entry is not None else [t for c in ran for t in c.tensors_in]
         gradients_out = entry.tensors_out if entry is not None else [t for c in ran for t in c.tensors_out]
         output, given = module.tensors_out[0], module.tensors_in[0]
