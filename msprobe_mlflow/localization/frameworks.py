@@ -88,8 +88,8 @@ def _backward_by_module(a: Trace, b: Trace, modules: list[AlignedCall]) -> list[
 
 
 class _Backward:
-    """One trace's module backward: its backward entries by name, the operators each module's backward ran (torch
-    names each by the module that created it), which modules have children and which ran twice."""
+    """One trace's module backward: its backward entries by name, the operators each module ran (its backward's:
+    torch names each by the module that created it), which modules have children and which ran twice."""
 
     def __init__(self, trace: Trace):
         self.entries = {c.name: c for c in trace.calls if c.is_module}
@@ -103,13 +103,17 @@ class _Backward:
         """``module``'s backward as one call (None: not comparable): the gradient of its first output and its
         forward's first input and output in, the gradient of that input out; from its backward entry where the trace
         has one (MindSpore's cells, msprobe's dumps), else from the backward operators it ran (their first tensors of
-        those shapes); with those operators, for their rounding."""
+        those shapes), where its forward was one operator: a module of several (a LayerNorm written out) may use its
+        input twice, and the sum of the two gradients is made outside it; with those operators, for their
+        rounding."""
         head, _, number = module.name.rpartition(".forward.")
         if number != "0" or f"{head}.forward.1" in self.entries or module.name in self.parents \
                 or not module.tensors_in or not module.tensors_out:
             return None, []
         name = f"{head}.backward.{number}"
         entry, ran = self.entries.get(name), self.ran.get(name, [])
+        if entry is None and len(self.ran.get(module.name, [])) != 1:
+            return None, []
         gradients_in = entry.tensors_in if entry is not None else [t for c in ran for t in c.tensors_in]
         gradients_out = entry.tensors_out if entry is not None else [t for c in ran for t in c.tensors_out]
         output, given = module.tensors_out[0], module.tensors_in[0]
