@@ -13,7 +13,7 @@ import re
 from dataclasses import replace
 
 from msprobe_mlflow.localization.align import AlignedCall
-from msprobe_mlflow.localization.judge import rounding_reach
+from msprobe_mlflow.localization.judge import rounding_reach, same_bits
 from msprobe_mlflow.trace.files import MODULE_PREFIXES, OperatorCall, Trace
 
 # An operator's family: the name without framework prefix, overload and dunder, then these (else itself).
@@ -103,8 +103,8 @@ class _Backward:
         """``module``'s backward as one call (None: not comparable): the gradient of its first output and its
         forward's first input and output in, the gradient of that input out; from its backward entry where the trace
         has one (MindSpore's cells, msprobe's dumps), else from the backward operators it ran (their first tensors of
-        those shapes), where its forward was one operator: a module of several (a LayerNorm written out) may use its
-        input twice, and the sum of the two gradients is made outside it; with those operators, for their
+        those shapes), where one operator of its forward took its input: a module that uses its input twice (a
+        LayerNorm written out) has the sum of the two gradients made outside it; with those operators, for their
         rounding."""
         head, _, number = module.name.rpartition(".forward.")
         if number != "0" or f"{head}.forward.1" in self.entries or module.name in self.parents \
@@ -112,11 +112,13 @@ class _Backward:
             return None, []
         name = f"{head}.backward.{number}"
         entry, ran = self.entries.get(name), self.ran.get(name, [])
-        if entry is None and len(self.ran.get(module.name, [])) != 1:
+        given = module.tensors_in[0]
+        if entry is None and sum(any(same_bits(t, given) for t in c.tensors_in)
+                                 for c in self.ran.get(module.name, [])) != 1:
             return None, []
         gradients_in = entry.tensors_in if entry is not None else [t for c in ran for t in c.tensors_in]
         gradients_out = entry.tensors_out if entry is not None else [t for c in ran for t in c.tensors_out]
-        output, given = module.tensors_out[0], module.tensors_in[0]
+        output = module.tensors_out[0]
         gradient_of_output = next((t for t in gradients_in if t.shape == output.shape), None)
         gradient_of_input = next((t for t in gradients_out if t.shape == given.shape), None)
         if gradient_of_output is None or gradient_of_input is None:
