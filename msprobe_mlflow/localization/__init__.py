@@ -46,8 +46,9 @@ class Localization:
     def describe(self) -> str:
         unseen = "; across frameworks the backward is compared per leaf module, on the gradient of its input " \
             "(MindSpore's autograd runs below Python), so a wrong kernel computing a parameter's gradient, or " \
-            "outside any leaf module, is not ruled out: the verdict's culprits name such a parameter; trace the " \
-            "step on one framework on both devices to compare every operator" if self.across else ""
+            "outside the leaf modules it could pair, is not ruled out: the verdict's culprits name such a " \
+            "parameter; trace the step on one framework on both devices to compare every operator" \
+            if self.across else ""
         if self.kind == IDENTICAL:
             return f"identical: every traced operator's inputs and outputs have equal bits in A and B{unseen}"
         if self.kind == DRIFT:
