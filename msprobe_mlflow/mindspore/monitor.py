@@ -88,7 +88,7 @@ class GradientMonitor(SessionMonitor):
         _refuse_non_optimizer(optimizer)
         scale = _scale_of(loss_scaler)
         if optimizer is self._optimizer:
-            if self._probe.settings[-1] != (None if scale is None else id(scale)):  # probe_settings' last field
+            if not self._probe.made_with_loss_scale(scale):
                 self.notices.warn("monitor() was called again for the optimizer it probes, with another loss_scaler: "
                                   "the probe keeps the one it was given; call stop(), then monitor() with the new one")
             return self

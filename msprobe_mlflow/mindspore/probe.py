@@ -153,6 +153,11 @@ class GradientProbe(nn.Cell):
             if self.with_parameter_norms:
                 _parameter_norms_graph(ms.mutable(samples), (True,) * len(samples))
 
+    def made_with_loss_scale(self, loss_scale: Parameter | None) -> bool:
+        """Whether this probe was made with ``loss_scale`` (None: without one); :func:`probe_settings` keeps its
+        identity last."""
+        return self.settings[-1] == (None if loss_scale is None else id(loss_scale))
+
     def read_progress(self) -> tuple[int, int]:
         """``(steps_run, probed_step)`` as the last finished step left them."""
         return int(self.steps_run.asnumpy()), int(self.probed_step.asnumpy())
